@@ -1,0 +1,45 @@
+"""The ``tfstrategy`` command: registers subcommands and turns errors into one line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from tfstrategy.cli.check import check_parser
+from tfstrategy.errors import TFStrategyError
+
+SUBCOMMANDS = (check_parser,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The root parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="tfstrategy",
+        description="TensorFlow distribution strategies, correct, checked and fast.",
+        epilog="Run 'tfstrategy COMMAND --help' for a command's options and examples.",
+    )
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    for register in SUBCOMMANDS:
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.command(args)
+    except TFStrategyError as error:
+        if args.debug:
+            raise
+        print(f"tfstrategy {args.command.__name__.removesuffix('_command')}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tfstrategy: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""What every subcommand shares: the strategy flags and quieting TensorFlow's logs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind
+
+STRATEGY_CHOICES = [kind.value for kind in StrategyKind]
+
+
+def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--strategy``, ``--devices`` and ``--cpu-replicas``."""
+    group = parser.add_argument_group("strategy selection (flag > TFSTRATEGY_* variable > default)")
+    group.add_argument(
+        "--strategy",
+        metavar="KIND",
+        help=f"one of {', '.join(STRATEGY_CHOICES)} (default: auto; env {ENV_STRATEGY})",
+    )
+    group.add_argument(
+        "--devices",
+        metavar="SPEC",
+        help="devices for mirrored/one_device: all, cpu, gpu, gpu:0,gpu:1, /device:GPU:1 or GPU ids 0,1 "
+        f"(default: every GPU, else the CPU; env {ENV_DEVICES})",
+    )
+    group.add_argument(
+        "--cpu-replicas",
+        metavar="N",
+        help=f"split the CPU into N logical devices to rehearse N replicas without GPUs (env {ENV_CPU_REPLICAS})",
+    )
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, *, json_help: str) -> None:
+    """Add ``--json`` and ``--debug``."""
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
+
+
+def quiet_tensorflow(debug: bool) -> None:
+    """Hide TensorFlow's C++ info lines unless debugging (only effective before TF loads)."""
+    if not debug:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

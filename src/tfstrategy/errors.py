@@ -1,0 +1,36 @@
+"""The exceptions tfstrategy raises.
+
+Every error a user can cause derives from :class:`TFStrategyError`, so a script
+can catch one class and the CLI can turn any of them into one clear line.
+Each message says what was received, what was expected and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class TFStrategyError(Exception):
+    """Base class of every error tfstrategy raises on bad input or state."""
+
+
+class DeviceError(TFStrategyError, ValueError):
+    """A device specification is malformed or names devices this host lacks."""
+
+
+class StrategyError(TFStrategyError, ValueError):
+    """A strategy kind is unknown, or cannot be built with these settings."""
+
+
+class SettingsConflictError(TFStrategyError, ValueError):
+    """Code and a ``TFSTRATEGY_*`` environment variable ask for different things."""
+
+
+class RuntimeInitializedError(TFStrategyError, RuntimeError):
+    """The TensorFlow runtime started before a setting that must precede it."""
+
+
+class ClusterConfigError(TFStrategyError, ValueError):
+    """``TF_CONFIG`` (or the values used to build it) is malformed."""
+
+
+class MissingDependencyError(TFStrategyError, ImportError):
+    """An optional dependency (TensorFlow itself, matplotlib, ...) is missing."""
