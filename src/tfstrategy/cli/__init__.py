@@ -29,16 +29,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    name = f"tfstrategy {args.command.__name__.removesuffix('_command')}"
     try:
         return args.command(args)
     except TFStrategyError as error:
         if args.debug:
             raise
-        print(f"tfstrategy {args.command.__name__.removesuffix('_command')}: error: {error}", file=sys.stderr)
+        print(f"{name}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("tfstrategy: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
+    except Exception as error:  # anything else is our bug or TensorFlow's: one line, details on demand
+        if args.debug:
+            raise
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        print(f"{name}: failed: {type(error).__name__}: {first_line} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
