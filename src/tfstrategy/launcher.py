@@ -365,10 +365,11 @@ class Launcher:
             code = worker.process.poll()
             if code is not None:
                 states[worker.index] = f"{_describe_status(code)} before joining"
-            elif _is_listening(worker.port):
-                states[worker.index] = f"started its TensorFlow server on {LOOPBACK}:{worker.port} but is still waiting for its peers"
+            elif Path(f"{worker.join_file}.starting").exists() or _is_listening(worker.port):
+                states[worker.index] = f"is creating its strategy on {LOOPBACK}:{worker.port}, waiting for its peers"
             else:
-                states[worker.index] = f"never started its TensorFlow server ({LOOPBACK}:{worker.port} is not listening)"
+                states[worker.index] = (f"never started creating its strategy ({LOOPBACK}:{worker.port} is not "
+                                        "listening; is it stuck before tfstrategy.select()?)")
         culprit = next((w for w in missing if "waiting" not in states[w.index]), missing[0])
         others = "; ".join(f"worker {w.index} {states[w.index]}" for w in missing if w is not culprit)
         reason = (

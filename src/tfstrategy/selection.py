@@ -26,7 +26,7 @@ from tfstrategy.settings import (
     StrategyKind,
     resolve_setting,
 )
-from tfstrategy.worker import collective_timeout_from_env, signal_joined
+from tfstrategy.worker import collective_timeout_from_env, signal_joined, signal_starting
 
 #: Seconds a collective op may wait for a peer before MultiWorkerMirroredStrategy
 #: raises instead of hanging on a dead or stalled worker.
@@ -156,13 +156,14 @@ def build(choice: Choice, *, collective_timeout: float | None = DEFAULT_COLLECTI
         collective_timeout: for multi-worker, seconds a collective may wait for
             a peer before raising (``None``: wait forever, as TensorFlow does).
 
-    Under ``tfstrategy launch`` it then writes ``TFSTRATEGY_JOIN_FILE`` (see
+    Under ``tfstrategy launch`` it signals joining through ``TFSTRATEGY_JOIN_FILE`` (see
     :mod:`tfstrategy.worker`); for multi-worker it also installs
     :func:`tfstrategy.apply_keras_mwms_fix` where the installed Keras needs it.
 
     Raises:
         StrategyError: TensorFlow cannot create it here (e.g. no TPU reachable).
     """
+    signal_starting()
     strategy = _build(choice, collective_timeout)
     # Under `tfstrategy launch`, tell the launcher this worker has joined the job.
     signal_joined()

@@ -12,9 +12,12 @@
 
 Joining: MultiWorkerMirroredStrategy's constructor returns only once every
 worker has connected, so :func:`tfstrategy.select` (and :func:`tfstrategy.build`)
-writes ``TFSTRATEGY_JOIN_FILE`` right after creating it. The launcher counts a
-worker as joined when that file exists; a script that creates the strategy
-itself calls :func:`signal_joined` afterwards.
+writes ``<TFSTRATEGY_JOIN_FILE>.starting`` just before creating it and
+``TFSTRATEGY_JOIN_FILE`` right after. The launcher counts a worker as joined
+when the second file exists, and uses the first (or the worker's port
+accepting connections) to tell a worker still waiting for its peers from one
+that never got as far as creating its strategy. A script that creates the
+strategy itself calls :func:`signal_joined` afterwards.
 """
 
 from __future__ import annotations
@@ -43,7 +46,17 @@ def signal_joined(env: Mapping[str, str] | None = None) -> bool:
         Whether a join file was written.
     """
     env = os.environ if env is None else env
+    return _touch(env.get(ENV_JOIN_FILE))
+
+
+def signal_starting(env: Mapping[str, str] | None = None) -> bool:
+    """Tell ``tfstrategy launch`` this worker is creating its strategy (waiting for its peers)."""
+    env = os.environ if env is None else env
     path = env.get(ENV_JOIN_FILE)
+    return _touch(f"{path}.starting" if path else None)
+
+
+def _touch(path: str | None) -> bool:
     if not path:
         return False
     # Write then rename, so the launcher never sees a half-written file.
