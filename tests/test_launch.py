@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -123,6 +124,34 @@ def test_worker_that_never_joins_is_named_within_the_timeout():
     assert code == 124
     assert "worker 1 did not join within --timeout 3 s: it never started creating its strategy" in err
     assert seconds < 15
+
+
+def _namespaces_allowed() -> bool:
+    probe = subprocess.run(["unshare", "--net", "--map-root-user", "true"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+def test_isolated_network_keeps_wildcard_servers_off_the_host():
+    run = Run("-n", "2", "--isolate-network", "--", sys.executable, str(PLAIN_WORKER), "listen")
+    if not _namespaces_allowed():
+        code, _, err, _ = run.finish(timeout=60)
+        assert code == 2 and "does not allow a private network namespace" in err
+        return
+    assert run.process.stdout is not None
+    ports = []
+    deadline = time.monotonic() + 60
+    while len(ports) < 2 and time.monotonic() < deadline:
+        line = run.process.stdout.readline()
+        if "peers reachable" in line:
+            ports.append(int(line.split("0.0.0.0:")[1].split(";")[0]))
+    assert len(ports) == 2  # bound to 0.0.0.0 inside, reachable from each other on 127.0.0.1
+    for port in ports:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2)
+    run.process.send_signal(signal.SIGINT)
+    code, _, err, _ = run.finish(timeout=30)
+    assert code == 130 and "in a private network namespace" in err
+    assert _tagged(run.tag) == []
 
 
 # --- with TensorFlow ------------------------------------------------------------------------

@@ -9,14 +9,15 @@ a dead peer surfaces as an ``UnavailableError`` seconds later on the survivors
 only. The launcher therefore:
 
 - prefixes every output line with ``[worker i]``;
-- stops the whole group (SIGTERM, then SIGKILL after ``grace`` seconds) as soon
-  as one worker exits non-zero or dies, and reports the first failure with its
-  last lines;
+- stops the whole group (SIGKILL: the survivors are stuck in collectives with a
+  dead peer) as soon as one worker exits non-zero or dies, and reports the first
+  failure with its last lines;
 - fails the job, naming the laggards, when not every worker has joined (see
   :mod:`tfstrategy.worker`) within ``join_timeout`` seconds;
 - with ``max_restarts``, restarts the whole group on fresh ports, so that
   per-worker BackupAndRestore state (:func:`tfstrategy.backup_callbacks`) resumes;
-- on SIGINT/SIGTERM stops every worker, and their children, before returning.
+- on SIGINT/SIGTERM stops every worker, and their children (SIGTERM, then SIGKILL
+  after ``grace`` seconds), before returning.
 
 Each worker runs in its own process group so that stopping it also stops any
 process it started, and so that a terminal's Ctrl-C reaches only the launcher,
@@ -315,7 +316,9 @@ class Launcher:
                 return result
             failed_at = time.monotonic()
             result.failures.append(failure)
-            self._stop_all()
+            # No grace: the survivors are blocked in collectives with a dead peer (and
+            # TensorFlow's preemption handler swallows SIGTERM), and are discarded anyway.
+            self._stop_all(grace=0.0)
             self._say(f"{failure.report()}\nstopped every worker {time.monotonic() - failed_at:.1f} s after the failure")
             if attempt >= self.options.max_restarts:
                 result.returncode = failure.status
@@ -380,15 +383,16 @@ class Launcher:
         )
         return WorkerFailure(index=culprit.index, reason=reason, status=JOIN_TIMEOUT_STATUS, last_lines=culprit.last_lines())
 
-    def _stop_all(self) -> None:
-        """SIGTERM every worker's process group, SIGKILL what is left after ``grace``, reap all."""
+    def _stop_all(self, grace: float | None = None) -> None:
+        """SIGTERM every worker's process group, SIGKILL what is left after ``grace`` seconds, reap all."""
         workers, self._workers = self._workers, []
         if not workers:
             return
+        grace = self.options.grace if grace is None else grace
         for worker in workers:
-            if worker.process.poll() is None:
+            if grace and worker.process.poll() is None:
                 worker.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + self.options.grace
+        deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(worker.process.poll() is None for worker in workers):
             time.sleep(_POLL_SECONDS)
         for worker in workers:

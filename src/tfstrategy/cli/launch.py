@@ -7,6 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tfstrategy import netns
 from tfstrategy.cli._common import quiet_tensorflow
 from tfstrategy.launcher import JOIN_TIMEOUT_STATUS, LaunchOptions, Launcher, validate_launch_options
 
@@ -60,6 +61,9 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
                         "(default with --max-restarts: a temporary directory)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="seconds for every worker to join, i.e. to create its strategy (default: 300; 0: no limit)")
+    parser.add_argument("--isolate-network", action="store_true",
+                        help="run the job in a private network namespace with only loopback, so TensorFlow's servers "
+                        "(which listen on 0.0.0.0) are unreachable from other hosts; workers then have no network")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="the program to run in every worker, after '--'")
@@ -87,10 +91,27 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
     )
 
 
+def _command_line(args: argparse.Namespace, options: LaunchOptions) -> list[str]:
+    """These arguments as a ``tfstrategy`` command line (to re-run it in a network namespace)."""
+    line = ["launch", "-n", str(options.num_workers), "--max-restarts", str(options.max_restarts),
+            "--timeout", str(args.timeout), "--isolate-network"]
+    if options.backup_dir is not None:
+        line += ["--backup-dir", str(options.backup_dir.resolve())]
+    if args.debug:
+        line.append("--debug")
+    return [*line, "--", *options.command]
+
+
 def launch_command(args: argparse.Namespace) -> int:
     """Run the job; its exit status."""
     quiet_tensorflow(args.debug)
     options = options_from_args(args)
+    if args.isolate_network:
+        if not netns.is_isolated():
+            netns.reexec_isolated(_command_line(args, options))
+        netns.bring_up_loopback()
+        print("tfstrategy launch: in a private network namespace: workers reach each other on 127.0.0.1 only, "
+              "other hosts cannot reach them", file=sys.stderr)
     result = Launcher(options).run()
     if result.restart_seconds:
         timings = ", ".join(f"{seconds:.1f} s" for seconds in result.restart_seconds)
