@@ -21,7 +21,7 @@ from typing import Any
 from tfstrategy.errors import ClusterConfigError
 
 EXAMPLE_TF_CONFIG = (
-    '{"cluster": {"worker": ["127.0.0.1:12345", "127.0.0.1:12346"]}, "task": {"type": "worker", "index": 0}}'
+    '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}'
 )
 
 #: Task types TensorFlow's multi-worker code accepts in a cluster.
