@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.distribute.values import PerReplica
 
-from tfstrategy import mwms_fix
+from tfstrategy import StrategyError, mwms_fix
 
 
 @pytest.fixture
@@ -63,6 +63,17 @@ def test_fixed_functions_reduce_across_replicas_only(fixed):
     trainer.TensorFlowTrainer._maybe_symbolic_build(Model(), iterator=[(0, 1, iter([(PerReplica((x,)), PerReplica((y,)))]))])
     assert calls == []  # no reduce, hence no collective, to build
     assert built[0][0] is x and built[0][1] is y
+
+
+def test_several_steps_per_execution_are_refused_on_multi_worker(fixed):
+    from keras.src.backend.tensorflow import trainer
+
+    class Model:
+        _distribute_strategy = distribute_strategy = mwms_fix._stand_in_strategy([])
+        steps_per_execution = 4
+
+    with pytest.raises(StrategyError, match=r"steps_per_execution=4\) with MultiWorkerMirroredStrategy.*steps_per_execution=1"):
+        trainer.TensorFlowTrainer._maybe_symbolic_build(Model(), iterator=[])
 
 
 def _fit_on_four_cpus():

@@ -18,7 +18,14 @@ worker (keras-team/keras#20585, #20329; seen in Keras 3.0 to 3.15):
    axis *inside* each replica's value (a further mean over the batch); the
    losses and metrics are scalars, hence ``Invalid reduction dimension 0 for
    input with 0 dimensions``. Every other strategy averages across replicas
-   only. Fix: ``axis=None`` (the cross-replica mean) for ``auto``/``mean``.
+   only. Fix: ``axis=None`` (the cross-replica mean) for ``auto``/``mean``; the
+   same for ``sum``, which Keras calls without the required ``axis`` (unused by
+   ``fit``/``evaluate``/``predict`` today). ``concat`` (``predict``) works as is.
+
+Not fixed: ``compile(steps_per_execution>1)`` under MWMS fails inside the
+``while_loop`` Keras builds around several steps ("You must feed a value for
+placeholder tensor ...while/cond/Placeholder"), with or without this fix; the
+fixed symbolic build refuses it up front with a clear error instead.
 
 Both replacements call the original Keras function unless the strategy is
 MWMS in multi-worker mode, so every other strategy runs Keras' own code.
@@ -35,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tfstrategy._tf import tf
+from tfstrategy.errors import StrategyError
 
 #: Keras versions known to need the fix (checked by tests/test_mwms_fix.py).
 FIRST_AFFECTED = (3, 0)
@@ -90,7 +98,15 @@ def _fixed_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
         strategy = getattr(self, "_distribute_strategy", None)
-        if iterator is not None and data_batch is None and strategy is not None and _multi_worker(strategy):
+        multi_worker = strategy is not None and _multi_worker(strategy)
+        steps = int(getattr(self, "steps_per_execution", 1) or 1)
+        if multi_worker and steps > 1:
+            raise StrategyError(
+                f"Received compile(steps_per_execution={steps}) with MultiWorkerMirroredStrategy; Keras "
+                f"{_keras_trainer()[0]} cannot run several steps per call across workers (it fails with 'You must "
+                "feed a value for placeholder tensor'). Compile with steps_per_execution=1 (the default)."
+            )
+        if iterator is not None and data_batch is None and multi_worker:
             from keras.src import tree
 
             # The same single peek Keras makes (fit resets the iterator afterwards).
@@ -108,10 +124,11 @@ def _fixed_reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any
     @functools.wraps(original)
     def reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
         # MWMS is never a TPUStrategy, so Keras' "auto" means "mean" here.
-        if reduction in ("auto", "mean") and _multi_worker(strategy):
+        if reduction in ("auto", "mean", "sum") and _multi_worker(strategy):
             from keras.src import tree
 
-            return tree.map_structure(lambda value: strategy.reduce("MEAN", value, axis=None), values)
+            op = "SUM" if reduction == "sum" else "MEAN"
+            return tree.map_structure(lambda value: strategy.reduce(op, value, axis=None), values)
         return original(values, strategy, reduction)
 
     return reduce_per_replica
