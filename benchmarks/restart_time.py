@@ -39,7 +39,7 @@ def _worker_pid(tag: str, index: int) -> int | None:
     return None
 
 
-def measure_once(workdir: Path, tag: str) -> dict[str, float]:
+def measure_once(workdir: Path, tag: str, show: bool = False) -> dict[str, float]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "RESTART_BENCH": tag}
     command = [sys.executable, "-m", "tfstrategy", "launch", "-n", "2", "--max-restarts", "1", "--timeout", "180", "--",
                sys.executable, str(ROOT / "examples" / "multi_worker_train.py"), "--epochs", "6", "--out", str(workdir / "m.keras")]
@@ -49,6 +49,8 @@ def measure_once(workdir: Path, tag: str) -> dict[str, float]:
     assert launcher.stdout is not None
     deadline = time.monotonic() + 600
     for line in launcher.stdout:
+        if show:
+            print(line, end="", flush=True)
         if killed_at is None and "[worker 1] Epoch 3/6" in line:
             pid = _worker_pid(tag, 1)
             if pid is not None:
@@ -72,11 +74,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "restart_time.json")
+    parser.add_argument("--show-output", action="store_true", help="echo the job's output")
     args = parser.parse_args()
     runs = []
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory() as workdir:
-            runs.append(measure_once(Path(workdir), f"{os.getpid()}-{repeat}"))
+            runs.append(measure_once(Path(workdir), f"{os.getpid()}-{repeat}", args.show_output))
         print(f"run {repeat + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in runs[-1].items()), flush=True)
     print(f"\n{'measure (seconds after the SIGKILL)':42} {'min':>6} {'median':>7} {'max':>6}")
     for key in runs[0]:
