@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
+
 from tfstrategy import LaunchError
 from tfstrategy.cli import build_parser
 from tfstrategy.cli.launch import options_from_args

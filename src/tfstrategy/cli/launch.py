@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tfstrategy import netns
 from tfstrategy.cli._common import quiet_tensorflow
-from tfstrategy.launcher import JOIN_TIMEOUT_STATUS, LaunchOptions, Launcher, validate_launch_options
+from tfstrategy.launcher import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
 
 DESCRIPTION = textwrap.dedent(
     f"""\
