@@ -316,8 +316,8 @@ class Launcher:
                 return result
             failed_at = time.monotonic()
             result.failures.append(failure)
-            # No grace: the survivors are blocked in collectives with a dead peer (and
-            # TensorFlow's preemption handler swallows SIGTERM), and are discarded anyway.
+            # No grace: the survivors are blocked in collectives with a dead peer and are
+            # discarded anyway (measured: an MWMS worker outlived SIGTERM by a 5 s grace).
             self._stop_all(grace=0.0)
             self._say(f"{failure.report()}\nstopped every worker {time.monotonic() - failed_at:.1f} s after the failure")
             if attempt >= self.options.max_restarts:
