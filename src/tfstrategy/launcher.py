@@ -308,8 +308,10 @@ class Launcher:
                 result.restart_seconds.append(time.monotonic() - failed_at)
             failure = self._watch(started, failed_at, result)
             if self._signal is not None:
+                stopping = time.monotonic()
                 self._stop_all()
-                self._say(f"received {signal.Signals(self._signal).name}: stopped every worker")
+                self._say(f"received {signal.Signals(self._signal).name}: stopped every worker in "
+                          f"{time.monotonic() - stopping:.1f} s")
                 result.returncode = 128 + self._signal
                 return result
             if failure is None:
