@@ -34,3 +34,11 @@ class ClusterConfigError(TFStrategyError, ValueError):
 
 class MissingDependencyError(TFStrategyError, ImportError):
     """An optional dependency (TensorFlow itself, matplotlib, ...) is missing."""
+
+
+class SaveError(TFStrategyError, ValueError):
+    """A save path tfstrategy cannot write under a distribution strategy."""
+
+
+class LaunchError(TFStrategyError, ValueError):
+    """``tfstrategy launch`` received options or a command it cannot run."""

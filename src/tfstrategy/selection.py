@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy._tf import tf
-from tfstrategy.cluster import count_cluster_tasks, read_tf_config
+from tfstrategy.cluster import load_cluster_config
 from tfstrategy.devices import Device, DeviceRequest, DeviceSpec, parse_devices, resolve_devices
 from tfstrategy.errors import StrategyError
 from tfstrategy.host import HostInfo
@@ -26,6 +26,7 @@ from tfstrategy.settings import (
     StrategyKind,
     resolve_setting,
 )
+from tfstrategy.worker import collective_timeout_from_env, signal_joined, signal_starting
 
 #: Seconds a collective op may wait for a peer before MultiWorkerMirroredStrategy
 #: raises instead of hanging on a dead or stalled worker.
@@ -155,9 +156,21 @@ def build(choice: Choice, *, collective_timeout: float | None = DEFAULT_COLLECTI
         collective_timeout: for multi-worker, seconds a collective may wait for
             a peer before raising (``None``: wait forever, as TensorFlow does).
 
+    Under ``tfstrategy launch`` it signals joining through ``TFSTRATEGY_JOIN_FILE`` (see
+    :mod:`tfstrategy.worker`); for multi-worker it also installs
+    :func:`tfstrategy.apply_keras_mwms_fix` where the installed Keras needs it.
+
     Raises:
         StrategyError: TensorFlow cannot create it here (e.g. no TPU reachable).
     """
+    signal_starting()
+    strategy = _build(choice, collective_timeout)
+    # Under `tfstrategy launch`, tell the launcher this worker has joined the job.
+    signal_joined()
+    return strategy
+
+
+def _build(choice: Choice, collective_timeout: float | None) -> Any:
     distribute = tf().distribute
     if choice.kind is StrategyKind.MIRRORED:
         return distribute.MirroredStrategy(devices=[device.tf_name for device in choice.devices])
@@ -167,7 +180,24 @@ def build(choice: Choice, *, collective_timeout: float | None = DEFAULT_COLLECTI
         return distribute.get_strategy()
     if choice.kind is StrategyKind.MULTI_WORKER:
         options = distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
-        return distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        try:
+            # Returns once every worker in TF_CONFIG has connected.
+            strategy = distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        except tf().errors.UnknownError as error:
+            if "Could not start gRPC server" not in str(error):
+                raise
+            config = load_cluster_config()
+            where = f"{config.task_name} at {config.address}" if config else "this task"
+            raise StrategyError(
+                f"Received TF_CONFIG placing {where}, but TensorFlow could not start its server there ({error}); "
+                "the port is most likely held by another process. Free it or pick another port in TF_CONFIG "
+                "(tfstrategy launch picks free ports itself)."
+            ) from error
+        # Keras 3's fit/evaluate fail on a multi-worker MWMS without it (see mwms_fix).
+        from tfstrategy.mwms_fix import apply_keras_mwms_fix
+
+        apply_keras_mwms_fix()
+        return strategy
     if choice.kind is StrategyKind.TPU:
         try:
             resolver = distribute.cluster_resolver.TPUClusterResolver()
@@ -233,7 +263,8 @@ def select(
         devices: e.g. ``"gpu:0,gpu:1"``, ``[0, 1]``, ``"cpu"``; ``None`` for all.
         cpu_replicas: split the CPU into this many logical devices and use
             them as replicas. Must come before anything starts TensorFlow.
-        collective_timeout: seconds a multi-worker collective may wait for a peer.
+        collective_timeout: seconds a multi-worker collective may wait for a peer;
+            ``TFSTRATEGY_COLLECTIVE_TIMEOUT`` replaces the default when set.
         env: environment to read instead of ``os.environ``.
 
     Raises:
@@ -252,7 +283,10 @@ def select(
     kind = StrategyKind.parse(kind_setting.value)
     request = parse_devices(devices_setting.value)
     replicas = validate_cpu_replicas(replicas_setting.value)
-    cluster_tasks = count_cluster_tasks(read_tf_config(env))
+    cluster = load_cluster_config(env)
+    cluster_tasks = cluster.num_workers if cluster else 0
+    if collective_timeout == DEFAULT_COLLECTIVE_TIMEOUT:
+        collective_timeout = collective_timeout_from_env(collective_timeout, env)
     if replicas is not None and kind in (StrategyKind.AUTO, StrategyKind.MIRRORED, StrategyKind.ONE_DEVICE):
         configure_cpu_replicas(replicas)
     choice = choose(kind=kind, devices=request, cpu_replicas=replicas, host=HostInfo.detect(), cluster_tasks=cluster_tasks)

@@ -1,0 +1,46 @@
+"""A worker without TensorFlow for the launcher's supervision tests (starts in milliseconds).
+
+Each worker first starts a child (``sleep``) so the tests can check that nothing survives.
+``fail``: worker 1 prints 30 lines and exits 3, the others wait. ``sleep``: every worker waits.
+``joined``: worker 0 signals that it joined; worker 1 never does.
+``listen``: every worker listens on 0.0.0.0:<its TF_CONFIG port>, as TensorFlow's server does,
+checks that its peers answer on 127.0.0.1, and waits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+mode = sys.argv[1]
+index = int(os.environ["TFSTRATEGY_WORKER_INDEX"])
+subprocess.Popen(["sleep", "600"])
+print(f"ready {os.environ['TF_CONFIG']}", flush=True)
+if mode == "fail" and index == 1:
+    for line in range(30):
+        print(f"line {line}", flush=True)
+    sys.exit(3)
+if mode == "joined" and index == 0:
+    from tfstrategy.worker import signal_joined
+
+    signal_joined()
+if mode == "listen":
+    ports = [int(a.rsplit(":", 1)[1]) for a in json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]]
+    server = socket.socket()
+    server.bind(("0.0.0.0", ports[index]))
+    server.listen()
+    for port in ports:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            sys.exit(f"peer on 127.0.0.1:{port} unreachable")
+    print(f"listening on 0.0.0.0:{ports[index]}; peers reachable", flush=True)
+time.sleep(600)
