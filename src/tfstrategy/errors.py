@@ -34,3 +34,11 @@ class ClusterConfigError(TFStrategyError, ValueError):
 
 class MissingDependencyError(TFStrategyError, ImportError):
     """An optional dependency (TensorFlow itself, matplotlib, ...) is missing."""
+
+
+class ScopeError(TFStrategyError, RuntimeError):
+    """Model, optimizer or metric variables were created outside the strategy's scope."""
+
+
+class CheckpointError(TFStrategyError, ValueError):
+    """A checkpoint to restore is missing, unreadable, or does not match the model."""

@@ -26,6 +26,7 @@ from tfstrategy.settings import (
     StrategyKind,
     resolve_setting,
 )
+from tfstrategy.sites import start_recording
 
 #: Seconds a collective op may wait for a peer before MultiWorkerMirroredStrategy
 #: raises instead of hanging on a dead or stalled worker.
@@ -261,4 +262,7 @@ def select(
         sources["devices"] = devices_setting.source
     if replicas is not None:
         sources["cpu_replicas"] = replicas_setting.source
+    # From here on tfstrategy is active: record where variables are created so
+    # the scope audit can name the file:line of any made outside the scope.
+    start_recording()
     return Selection(strategy=build(choice, collective_timeout=collective_timeout), choice=choice, sources=sources)
