@@ -5,9 +5,11 @@ from tfstrategy._tf import ensure_tensorflow_installed
 ensure_tensorflow_installed()
 
 from tfstrategy.audit import AuditReport, VariableRecord, audit_scope, guard_model, require_scope, scope_guard  # noqa: E402
+from tfstrategy.build import BuildReport, build_in_scope  # noqa: E402
 from tfstrategy.check import CheckReport, run_check  # noqa: E402
 from tfstrategy.devices import Device, parse_devices, resolve_devices  # noqa: E402
 from tfstrategy.errors import (  # noqa: E402
+    BuildError,
     CheckpointError,
     ClusterConfigError,
     DeviceError,
@@ -19,6 +21,7 @@ from tfstrategy.errors import (  # noqa: E402
     TFStrategyError,
 )
 from tfstrategy.host import HostInfo  # noqa: E402
+from tfstrategy.restore import RestoreReport, restore_checkpoint  # noqa: E402
 from tfstrategy.runtime import configure_cpu_replicas  # noqa: E402
 from tfstrategy.selection import Choice, Selection, build, choose, select  # noqa: E402
 from tfstrategy.settings import StrategyKind  # noqa: E402
@@ -28,33 +31,38 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AuditReport",
-    "CheckpointError",
-    "ScopeError",
-    "VariableRecord",
-    "audit_scope",
-    "guard_model",
-    "recording",
-    "require_scope",
-    "scope_guard",
-    "start_recording",
+    "BuildError",
+    "BuildReport",
     "CheckReport",
+    "CheckpointError",
     "Choice",
     "ClusterConfigError",
     "Device",
     "DeviceError",
     "HostInfo",
     "MissingDependencyError",
+    "RestoreReport",
     "RuntimeInitializedError",
+    "ScopeError",
     "Selection",
     "SettingsConflictError",
     "StrategyError",
     "StrategyKind",
     "TFStrategyError",
+    "VariableRecord",
+    "audit_scope",
     "build",
+    "build_in_scope",
     "choose",
     "configure_cpu_replicas",
+    "guard_model",
     "parse_devices",
+    "recording",
+    "require_scope",
     "resolve_devices",
+    "restore_checkpoint",
     "run_check",
+    "scope_guard",
     "select",
+    "start_recording",
 ]

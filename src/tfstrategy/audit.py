@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy._tf import tf
-from tfstrategy.errors import ScopeError
+from tfstrategy.errors import BuildError, ScopeError
 from tfstrategy.sites import site_of
 
 MODEL, OPTIMIZER, METRIC = "model", "optimizer", "metric"
@@ -116,7 +116,7 @@ def strategy_of(strategy_or_selection: Any) -> Any:
     if isinstance(strategy_or_selection, Selection):
         return strategy_or_selection.strategy
     if not hasattr(strategy_or_selection, "extended") or not hasattr(strategy_or_selection, "scope"):
-        raise TypeError(
+        raise BuildError(
             f"Received {type(strategy_or_selection).__name__}; expected a tf.distribute.Strategy or a "
             "tfstrategy.Selection (from tfstrategy.select())."
         )

@@ -42,3 +42,7 @@ class ScopeError(TFStrategyError, RuntimeError):
 
 class CheckpointError(TFStrategyError, ValueError):
     """A checkpoint to restore is missing, unreadable, or does not match the model."""
+
+
+class BuildError(TFStrategyError, ValueError):
+    """``build_in_scope`` received something it cannot build a compiled model from."""
