@@ -70,6 +70,9 @@ class AuditReport:
     def passed(self) -> bool:
         return not self.offenders and not self.problems
 
+    def _replicas(self) -> str:
+        return f"{self.replicas} replica{'' if self.replicas == 1 else 's'}"
+
     def counts(self) -> dict[str, int]:
         """Variables per owner."""
         result = {MODEL: 0, OPTIMIZER: 0, METRIC: 0}
@@ -79,7 +82,7 @@ class AuditReport:
 
     def lines(self) -> list[str]:
         """A table of every variable, then the problems."""
-        head = f"{len(self.variables)} variables, {len(self.offenders)} outside {self.strategy} ({self.replicas} replicas)"
+        head = f"{len(self.variables)} variables, {len(self.offenders)} outside {self.strategy} ({self._replicas()})"
         return [head, *(record.line() for record in self.variables), *self.problems]
 
     def message(self) -> str:
@@ -91,7 +94,7 @@ class AuditReport:
         if offenders:
             parts.append(
                 f"{len(offenders)} of {len(self.variables)} variables were not created in the scope of "
-                f"{self.strategy} ({self.replicas} replicas):"
+                f"{self.strategy} ({self._replicas()}):"
             )
             groups: dict[tuple[str, str | None], list[str]] = {}
             for record in offenders:
