@@ -29,7 +29,10 @@ MODEL, OPTIMIZER, METRIC = "model", "optimizer", "metric"
 #: How to fix a stray variable, by owner.
 FIXES = {
     MODEL: "build (or keras.models.load_model) the model inside `with strategy.scope():`",
-    OPTIMIZER: "create the optimizer inside the scope, or pass its name (optimizer='adam') to compile() inside the scope",
+    OPTIMIZER: (
+        "create the optimizer inside the scope, or pass its name (optimizer='adam') to compile() inside the scope "
+        "(build_in_scope also takes a function that makes it: optimizer=lambda: keras.optimizers.SGD(momentum=0.9))"
+    ),
     METRIC: "create metric objects inside the scope, or pass their names (metrics=['mae']) to compile() inside the scope",
 }
 #: Model methods :func:`guard_model` audits before Keras runs them.

@@ -57,7 +57,7 @@ def _make_model(source: ModelSource, compile_args: dict[str, Any]) -> tuple[Any,
                 "Pass a .keras file (model.save('model.keras')), or build_model without parentheses."
             )
         return load_keras_model(path, compile=not compile_args)
-    if not callable(source):
+    if not callable(source) or isinstance(source, tf().keras.Model):
         raise BuildError(
             f"Received model of type {type(source).__name__}; expected a function that builds and returns a Keras "
             "model (pass build_model, not build_model()), or a path to a .keras file. A model built before this call "
@@ -72,7 +72,7 @@ def _make_model(source: ModelSource, compile_args: dict[str, Any]) -> tuple[Any,
 
 
 def _build_optimizer(model: Any) -> None:
-    if model.optimizer is None:
+    if getattr(model, "optimizer", None) is None:
         raise BuildError(
             f"Received model {model.name!r} that is not compiled and no compile arguments; expected e.g. "
             "optimizer='adam', loss='mse' (passed on to model.compile), or a build_model that compiles."
@@ -112,7 +112,9 @@ def build_in_scope(
         guard: make ``fit``/``evaluate``/``predict`` audit the scope first
             (:func:`tfstrategy.guard_model`).
         **compile_args: passed to ``model.compile`` inside the scope
-            (``optimizer``, ``loss``, ``metrics``, ...).
+            (``optimizer``, ``loss``, ``metrics``, ...). ``optimizer`` may
+            also be a function that makes it (called inside the scope), e.g.
+            ``optimizer=lambda: keras.optimizers.SGD(momentum=0.9)``.
 
     Returns:
         The compiled model (optimizer built, checkpoint restored) and a
@@ -135,7 +137,15 @@ def build_in_scope(
     with strategy.scope(), recording():
         built, restored = _make_model(model, compile_args)
         if compile_args:
+            optimizer = compile_args.get("optimizer")
+            if callable(optimizer) and not isinstance(optimizer, tf().keras.optimizers.Optimizer):
+                # A factory: the optimizer is made here, inside the scope.
+                compile_args = {**compile_args, "optimizer": optimizer()}
             built.compile(**compile_args)
+        # Audit before building the optimizer: an optimizer made outside the
+        # scope would fail there with "Mixing different tf.distribute.Strategy
+        # objects" instead of this error naming where it was made.
+        require_scope(built, strategy)
         _build_optimizer(built)
         if checkpoint is not None:
             if restored is not None:
