@@ -218,3 +218,13 @@ def test_keras_model_and_checkpoint_together_are_refused(written):
     directory, _ = written[1]
     with pytest.raises(CheckpointError, match="Pass only one of them"):
         build_in_scope(selection_for(1), directory / "model.keras", checkpoint=directory / "model.weights.h5")
+
+
+def test_two_selections_in_one_process_train_different_models():
+    # Plain MirroredStrategy objects share collective keys: the second one's
+    # training fails with "Shape mismatch in the collective instance 100".
+    for build_model in (lambda: two_layer_model(units=1), lambda: two_layer_model(units=5)):
+        model, _ = build_in_scope(selection_for(4), build_model, optimizer="adam", loss="mse")
+        model.fit(X, np.repeat(Y, model.output_shape[-1], axis=1), batch_size=8, epochs=1, verbose=0)
+        assert int(model.optimizer.iterations.numpy()) == STEPS
+    assert tf.distribute.MirroredStrategy._collective_key_base == 0

@@ -80,7 +80,7 @@ def _all_or_nothing(model: Any, source: str, what: str) -> Iterator[None]:
     except BaseException as error:
         for variable, value in zip(variables, saved):
             variable.assign(value)
-        if isinstance(error, CheckpointError):
+        if isinstance(error, CheckpointError) or not isinstance(error, Exception):
             raise
         raise CheckpointError(
             f"Could not restore {what} {source!r}: {_first_line(error)}. The model and optimizer were left as "

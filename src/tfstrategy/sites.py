@@ -13,6 +13,7 @@ short stack walk per variable created (see the README for the measurement).
 
 from __future__ import annotations
 
+import functools
 import os
 import site
 import sys
@@ -33,7 +34,9 @@ _STARTED = threading.local()
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+@functools.lru_cache(maxsize=1)
 def _library_dirs() -> tuple[str, ...]:
+    """Directories whose frames are never the user's code."""
     dirs = {_PACKAGE_DIR}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         path = sysconfig.get_paths().get(key)
@@ -54,21 +57,13 @@ def _is_library(filename: str) -> bool:
             known = True
         else:
             real = os.path.realpath(filename)
-            known = real.startswith(_library_dirs_cached()) or os.sep + "site-packages" + os.sep in real
+            known = real.startswith(_library_dirs()) or os.sep + "site-packages" + os.sep in real
         _LIBRARY_CACHE[filename] = known
     return known
 
 
-_DIRS: tuple[str, ...] | None = None
 
-
-def _library_dirs_cached() -> tuple[str, ...]:
-    global _DIRS
-    if _DIRS is None:
-        _DIRS = _library_dirs()
-    return _DIRS
-
-
+@functools.lru_cache(maxsize=1024)
 def _display(filename: str) -> str:
     try:
         relative = os.path.relpath(filename)
