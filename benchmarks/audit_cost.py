@@ -65,27 +65,32 @@ def main() -> None:
     variables = len(tfstrategy.audit_scope(model, selection).variables)
 
     # Recording on vs off: select() installed the recorder in this thread only,
-    # so build in a fresh thread (plain TensorFlow) and there inside recording().
+    # so create variables in a fresh thread (plain TensorFlow) and there inside
+    # recording(), alternating the two so load changes hit both alike.
     import threading
 
-    def in_thread(record: bool) -> float:
-        result = {}
+    def plain() -> float:
+        started = time.perf_counter()
+        create_variables()
+        return time.perf_counter() - started
 
-        def work() -> None:
-            def once() -> None:
-                if record:
-                    with recording():
-                        create_variables()
-                else:
-                    create_variables()
+    def recorded() -> float:
+        with recording():
+            return plain()
 
-            once()  # warm up
-            result["t"] = median_seconds(once, args.repeat)
+    timings: dict[str, list[float]] = {"plain": [], "recorded": []}
 
-        thread = threading.Thread(target=work)
-        thread.start()
-        thread.join()
-        return result["t"]
+    def work() -> None:
+        plain(), recorded()  # warm up
+        for _ in range(args.repeat):
+            timings["plain"].append(plain())
+            timings["recorded"].append(recorded())
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    plain_create = statistics.median(timings["plain"])
+    recorded_create = statistics.median(timings["recorded"])
 
     # The recorder's own work per variable (stack walk + bookkeeping), without
     # TensorFlow's variable creation around it.
@@ -93,12 +98,9 @@ def main() -> None:
 
     variable = tf.Variable(0.0)
     calls = 20000
-    recorder_alone = median_seconds(
-        lambda: [_record_site(lambda **kwargs: variable) for _ in range(calls)], args.repeat
-    ) / calls
-
-    plain_create = in_thread(False)
-    recorded_create = in_thread(True)
+    recorder_alone = (
+        median_seconds(lambda: [_record_site(lambda **kwargs: variable) for _ in range(calls)], args.repeat) / calls
+    )
     rows = {
         "replicas": selection.num_replicas,
         "variables_audited": variables,

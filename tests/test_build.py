@@ -140,7 +140,9 @@ CORRUPTIONS = [
     pytest.param("missing.keras", None, "no such .keras file", id="missing-keras"),
     pytest.param("missing/ckpt-1", None, "no such file or directory", id="missing-checkpoint"),
     pytest.param("empty", None, "a directory with no tf.train.Checkpoint", id="empty-directory"),
-    pytest.param("model.weights.h5", "model.weights.h5", "truncated or not written by Keras", id="truncated-weights-h5"),
+    pytest.param(
+        "model.weights.h5", "model.weights.h5", "truncated or not written by Keras", id="truncated-weights-h5"
+    ),
     pytest.param("model.keras", "model.keras", "truncated or not written by Keras", id="truncated-keras"),
     pytest.param("ckpts/ckpt-1", "ckpts/ckpt-1.index", "Could not read the checkpoint", id="truncated-index"),
     pytest.param(
@@ -204,7 +206,9 @@ def test_optimizer_made_outside_is_named_with_its_line():
     ("model", "compile_args", "expected"),
     [
         pytest.param(two_layer_model(), {"loss": "mse"}, "pass build_model, not build_model()", id="model-instance"),
-        pytest.param("model.h5", {}, "expected a function that builds the model, or a path ending in .keras", id="h5-path"),
+        pytest.param(
+            "model.h5", {}, "expected a function that builds the model, or a path ending in .keras", id="h5-path"
+        ),
         pytest.param(two_layer_model, {}, "not compiled and no compile arguments", id="not-compiled"),
         pytest.param(lambda: "model", {}, "returned str; expected it to return a keras.Model", id="returns-no-model"),
     ],

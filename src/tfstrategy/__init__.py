@@ -4,7 +4,14 @@ from tfstrategy._tf import ensure_tensorflow_installed
 
 ensure_tensorflow_installed()
 
-from tfstrategy.audit import AuditReport, VariableRecord, audit_scope, guard_model, require_scope, scope_guard  # noqa: E402
+from tfstrategy.audit import (  # noqa: E402
+    AuditReport,
+    VariableRecord,
+    audit_scope,
+    guard_model,
+    require_scope,
+    scope_guard,
+)
 from tfstrategy.build import BuildReport, build_in_scope  # noqa: E402
 from tfstrategy.check import CheckReport, run_check  # noqa: E402
 from tfstrategy.devices import Device, parse_devices, resolve_devices  # noqa: E402

@@ -33,7 +33,9 @@ FIXES = {
         "create the optimizer inside the scope, or pass its name (optimizer='adam') to compile() inside the scope "
         "(build_in_scope also takes a function that makes it: optimizer=lambda: keras.optimizers.SGD(momentum=0.9))"
     ),
-    METRIC: "create metric objects inside the scope, or pass their names (metrics=['mae']) to compile() inside the scope",
+    METRIC: (
+        "create metric objects inside the scope, or pass their names (metrics=['mae']) to compile() inside the scope"
+    ),
 }
 #: Model methods :func:`guard_model` audits before Keras runs them.
 GUARDED_METHODS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")

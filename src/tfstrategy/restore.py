@@ -168,12 +168,11 @@ def _checkpoint_prefix(path: str) -> str:
                 f"file naming a prefix with its .index). {EXPECTED}."
             )
         return prefix
-    for suffix in (".index",):
-        if path.endswith(suffix):
-            path = path[: -len(suffix)]
-    path = re.sub(r"\.data-\d+-of-\d+$", "", path)
+    path = re.sub(r"\.(index|data-\d+-of-\d+)$", "", path)  # accept a file of the checkpoint too
     if not os.path.isfile(path + ".index"):
-        raise CheckpointError(f"Received checkpoint={path!r}; no such file or directory ({path}.index is missing). {EXPECTED}.")
+        raise CheckpointError(
+            f"Received checkpoint={path!r}; no such file or directory ({path}.index is missing). {EXPECTED}."
+        )
     return path
 
 
@@ -249,7 +248,10 @@ def restore_checkpoint(model: Any, checkpoint: str | os.PathLike) -> RestoreRepo
     if path.endswith(".keras"):
         return _restore_keras_weights(model, path, inside_zip=True)
     if path.endswith(".h5"):
-        raise CheckpointError(f"Received checkpoint={path!r}, a legacy .h5 file, which Keras 3 does not restore optimizer state from. {EXPECTED}.")
+        raise CheckpointError(
+            f"Received checkpoint={path!r}, a legacy .h5 file, which Keras 3 does not restore optimizer state from. "
+            f"{EXPECTED}."
+        )
     return _restore_tf_checkpoint(model, path)
 
 
