@@ -158,15 +158,6 @@ def test_audit_names_each_offender_and_the_guards_stop_fit(mistake, keras_callba
 
 
 @pytest.mark.parametrize("replicas", REPLICAS)
-def test_plain_sgd_outside_counts_steps_per_replica_without_the_guard(replicas):
-    # The silent failure the guard prevents: iterations counts once per replica.
-    selection = selection_for(replicas)
-    model, _ = sgd_outside(selection.strategy, None)
-    model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
-    assert int(model.optimizer.iterations.numpy()) == 2 * replicas
-
-
-@pytest.mark.parametrize("replicas", REPLICAS)
 def test_correct_build_passes_before_and_after_fit(replicas):
     selection = selection_for(replicas)
     with selection.scope():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import keras
@@ -11,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tfstrategy
+from conftest import ROOT
 from tfstrategy import BuildError, CheckpointError, ScopeError, build_in_scope, restore_checkpoint
 
 RNG = np.random.default_rng(0)
@@ -91,6 +94,7 @@ def test_keras_file_as_the_model_continues_training_on_4_replicas(written):
         np.testing.assert_allclose(got, want, rtol=1e-6)
     model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 2 * STEPS
+    assert tfstrategy.require_scope(model, selection).passed  # still correct after fit
 
 
 def test_built_optimizer_works_in_a_custom_loop_on_4_replicas():
@@ -113,6 +117,7 @@ def test_built_optimizer_works_in_a_custom_loop_on_4_replicas():
     for x, y in dataset:
         step(x, y)
     assert int(optimizer.iterations.numpy()) == STEPS
+    assert tfstrategy.require_scope(model, strategy, require_built_optimizer=True).passed
 
 
 def test_checkpoint_without_optimizer_restores_weights_only(tmp_path, written):
@@ -232,3 +237,25 @@ def test_two_selections_in_one_process_train_different_models():
         model.fit(X, np.repeat(Y, model.output_shape[-1], axis=1), batch_size=8, epochs=1, verbose=0)
         assert int(model.optimizer.iterations.numpy()) == STEPS
     assert tf.distribute.MirroredStrategy._collective_key_base == 0
+
+
+def test_readme_example_prints_the_report_and_names_the_stray_optimizer():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "step2-build-in-scope.py")],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:5] == [
+        "strategy MirroredStrategy",
+        "replicas 4",
+        "variables_in_scope True",
+        "variables model=2, optimizer=6, metric=2",
+        "optimizer_built True",
+    ]
+    assert lines[5].startswith("restored ") and lines[5].endswith("model.weights.h5 (weights.h5)")
+    assert lines[6:9] == ["restored_weights 2", "restored_optimizer_state True", "restored_step 4"]
+    source = (ROOT / "examples" / "step2-build-in-scope.py").read_text().splitlines()
+    line = source.index("optimizer = keras.optimizers.Adam()") + 1
+    assert lines[9] == "ScopeError: 2 of 6 variables were not created in the scope of MirroredStrategy (4 replicas):"
+    assert lines[10].startswith(f"  - optimizer variables created at examples/step2-build-in-scope.py:{line}: ")
