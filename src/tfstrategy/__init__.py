@@ -4,6 +4,15 @@ from tfstrategy._tf import ensure_tensorflow_installed
 
 ensure_tensorflow_installed()
 
+from tfstrategy.audit import (  # noqa: E402
+    AuditReport,
+    VariableRecord,
+    audit_scope,
+    guard_model,
+    require_scope,
+    scope_guard,
+)
+from tfstrategy.build import BuildReport, build_in_scope  # noqa: E402
 from tfstrategy.check import CheckReport, run_check  # noqa: E402
 from tfstrategy.cluster import (  # noqa: E402
     ClusterConfig,
@@ -14,12 +23,15 @@ from tfstrategy.cluster import (  # noqa: E402
 )
 from tfstrategy.devices import Device, parse_devices, resolve_devices  # noqa: E402
 from tfstrategy.errors import (  # noqa: E402
+    BuildError,
+    CheckpointError,
     ClusterConfigError,
     DeviceError,
     LaunchError,
     MissingDependencyError,
     RuntimeInitializedError,
     SaveError,
+    ScopeError,
     SettingsConflictError,
     StrategyError,
     TFStrategyError,
@@ -27,16 +39,22 @@ from tfstrategy.errors import (  # noqa: E402
 from tfstrategy.host import HostInfo  # noqa: E402
 from tfstrategy.launcher import LaunchResult, launch  # noqa: E402
 from tfstrategy.mwms_fix import apply_keras_mwms_fix  # noqa: E402
+from tfstrategy.restore import RestoreReport, restore_checkpoint  # noqa: E402
 from tfstrategy.runtime import configure_cpu_replicas  # noqa: E402
 from tfstrategy.saving import save_model  # noqa: E402
 from tfstrategy.selection import Choice, Selection, build, choose, select  # noqa: E402
 from tfstrategy.settings import StrategyKind  # noqa: E402
+from tfstrategy.sites import recording, start_recording  # noqa: E402
 from tfstrategy.worker import backup_callbacks, signal_joined  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuditReport",
+    "BuildError",
+    "BuildReport",
     "CheckReport",
+    "CheckpointError",
     "Choice",
     "ClusterConfig",
     "ClusterConfigError",
@@ -46,26 +64,37 @@ __all__ = [
     "LaunchError",
     "LaunchResult",
     "MissingDependencyError",
+    "RestoreReport",
     "RuntimeInitializedError",
     "SaveError",
+    "ScopeError",
     "Selection",
     "SettingsConflictError",
     "StrategyError",
     "StrategyKind",
     "TFStrategyError",
+    "VariableRecord",
     "apply_keras_mwms_fix",
+    "audit_scope",
     "backup_callbacks",
     "build",
+    "build_in_scope",
     "choose",
     "configure_cpu_replicas",
+    "guard_model",
     "launch",
     "load_cluster_config",
     "parse_devices",
+    "recording",
+    "require_scope",
     "resolve_devices",
+    "restore_checkpoint",
     "run_check",
     "save_model",
+    "scope_guard",
     "select",
     "signal_joined",
+    "start_recording",
     "tf_config_from_hosts",
     "tf_config_from_slurm",
     "validate_tf_config",

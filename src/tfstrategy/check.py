@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy._tf import tf
+from tfstrategy.audit import audit_scope
 from tfstrategy.selection import Selection, select
 
 #: The seed's smoke-test batch; rounded up to a multiple of the replicas.
@@ -66,9 +67,9 @@ def _short(device: str) -> str:
 
 
 def _variables_in_scope(strategy: Any, model: Any) -> tuple[bool, int]:
-    variables = list(model.weights) + list(model.optimizer.variables) + list(model.metrics_variables)
-    in_scope = [strategy.extended.variable_created_in_scope(getattr(v, "_value", v)) for v in variables]
-    return all(in_scope), len(variables)
+    """The scope audit of the model, its optimizer and metrics: (passed, variable count)."""
+    report = audit_scope(model, strategy)
+    return report.passed, len(report.variables)
 
 
 def _all_reduce(strategy: Any) -> tuple[bool, float]:

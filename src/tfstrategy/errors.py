@@ -42,3 +42,13 @@ class SaveError(TFStrategyError, ValueError):
 
 class LaunchError(TFStrategyError, ValueError):
     """``tfstrategy launch`` received options or a command it cannot run."""
+class ScopeError(TFStrategyError, RuntimeError):
+    """Model, optimizer or metric variables were created outside the strategy's scope."""
+
+
+class CheckpointError(TFStrategyError, ValueError):
+    """A checkpoint to restore is missing, unreadable, or does not match the model."""
+
+
+class BuildError(TFStrategyError, ValueError):
+    """``build_in_scope`` received something it cannot build a compiled model from."""
