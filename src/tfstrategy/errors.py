@@ -34,3 +34,15 @@ class ClusterConfigError(TFStrategyError, ValueError):
 
 class MissingDependencyError(TFStrategyError, ImportError):
     """An optional dependency (TensorFlow itself, matplotlib, ...) is missing."""
+
+
+class BatchError(TFStrategyError, ValueError):
+    """A batch size, dataset size or dataset shape cannot be split evenly across replicas."""
+
+
+class TrainingError(TFStrategyError, ValueError):
+    """A training helper was given a model, optimizer or step setting it cannot use."""
+
+
+class LossReductionError(TrainingError):
+    """A loss averages per replica, which scales gradients wrongly under a strategy."""
