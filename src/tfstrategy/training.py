@@ -22,9 +22,9 @@ from tfstrategy._tf import tf
 from tfstrategy.batching import BatchPlan, replicas_of
 from tfstrategy.errors import BatchError, LossReductionError, TrainingError
 
-#: Reductions that keep one loss per example (or sum them), so the step can
+#: Reductions that keep one loss per example, so the step can weight them and
 #: divide by the global batch itself.
-_PER_EXAMPLE_REDUCTIONS = (None, "none", "sum")
+_PER_EXAMPLE_REDUCTIONS = (None, "none")
 
 
 def _loss_name(loss: Any) -> str:
@@ -50,18 +50,23 @@ def resolve_loss(loss: Any) -> Callable[..., Any]:
         text = getattr(reduction, "value", reduction)
         text = text.lower() if isinstance(text, str) else text
         if text not in _PER_EXAMPLE_REDUCTIONS:
+            if text == "sum":
+                why = "it sums over each replica's batch, leaving no per-example losses to weight and divide by the global batch."
+            else:
+                why = (
+                    "under a distribution strategy it averages over each replica's own batch, and the optimizer "
+                    "then sums the replicas' gradients, so updates come out N times too large for N replicas."
+                )
             raise LossReductionError(
-                f"Received loss {_loss_name(loss)} with reduction={text!r}; expected reduction=None. Under a "
-                "distribution strategy that reduction averages over each replica's own batch, and the optimizer "
-                "then sums the replicas' gradients, so updates come out N times too large for N replicas. Pass "
-                f"{type(loss).__name__}(reduction=None): make_train_step divides by the global batch itself."
+                f"Received loss {_loss_name(loss)} with reduction={text!r}; expected reduction=None, because {why} "
+                f"Pass {type(loss).__name__}(reduction=None): make_train_step divides by the global batch itself."
             )
     return loss
 
 
 def _per_example(loss_fn: Callable[..., Any], labels: Any, predictions: Any, name: str) -> Any:
     values = loss_fn(labels, predictions)
-    if values.shape.rank == 0 and getattr(loss_fn, "reduction", "") != "sum":
+    if values.shape.rank == 0:
         raise LossReductionError(
             f"Received loss {name}, which returned a scalar; expected one loss per example (shape [batch]). A "
             "scalar is usually a per-replica mean, which makes updates N times too large for N replicas. "
@@ -94,7 +99,9 @@ class TrainStep:
         self.loss = loss
         self.optimizer = optimizer
         self.metrics = list(metrics)
-        self._function = tf().function(self._distributed_step)
+        # No autograph: the step has no tensor-dependent Python control flow,
+        # and autograph would wrap our errors in its StagingError.
+        self._function = tf().function(self._distributed_step, autograph=False)
 
     def _replica_step(self, batch: Any) -> Any:
         tf_ = tf()
@@ -202,7 +209,11 @@ def make_train_step(
     with strategy.scope():
         for metric in metrics:
             if isinstance(metric, str):
-                function = keras.metrics.get(metric)
-                metric = function if isinstance(function, keras.metrics.Metric) else keras.metrics.MeanMetricWrapper(function, name=metric)
+                # Named as given ("mae"), like the logs of Keras' compile(metrics=[...]).
+                found = keras.metrics.get(metric)
+                if isinstance(found, keras.metrics.Metric):
+                    metric = type(found).from_config({**found.get_config(), "name": metric})
+                else:
+                    metric = keras.metrics.MeanMetricWrapper(found, name=metric)
             built.append(metric)
     return TrainStep(model, strategy=strategy, global_batch=global_batch, loss=resolve_loss(loss), optimizer=optimizer, metrics=built)
