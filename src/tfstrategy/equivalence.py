@@ -195,7 +195,7 @@ class EquivalenceReport:
 def replica_equivalence(
     strategy: Any,
     *,
-    steps: int = 16,
+    steps: int = 8,
     global_batch: int | None = None,
     steps_per_execution: int = 8,
     tolerance: float = DEFAULT_TOLERANCE,
