@@ -25,7 +25,7 @@ def test_example_trains_one_epoch_on_two_replicas():
     assert out.startswith("strategy MirroredStrategy with 2 replica(s)")
     assert "  per_replica_batch 128\n  drop_remainder True\n  dataset_size 10000\n  steps_per_epoch 39" in out
     assert "  drop_remainder False\n  dataset_size 2000\n  steps_per_epoch 8\n  last_batch 208" in out
-    assert "Epoch 1/1" in out  # Keras' progress bar
+    assert "39/39" in out  # Keras' progress bar reached the last step
     final = dict(item.split("=") for item in out.strip().splitlines()[-1].removeprefix("final ").split())
     assert set(final) == {"loss", "mae", "val_loss", "val_mae"}
     assert all(math.isfinite(float(value)) for value in final.values())
