@@ -76,7 +76,12 @@ class _TfKerasStyleLoss:
 @pytest.mark.parametrize(
     ("loss", "message"),
     [
-        pytest.param(keras.losses.MeanSquaredError(), "reduction='sum_over_batch_size'; expected reduction=None, because under a distribution strategy it averages over each replica's own batch", id="sum-over-batch-size"),
+        pytest.param(
+            keras.losses.MeanSquaredError(),
+            "reduction='sum_over_batch_size'; expected reduction=None, because under a distribution strategy it "
+            "averages over each replica's own batch",
+            id="sum-over-batch-size",
+        ),
         pytest.param(keras.losses.MeanSquaredError(reduction="mean"), "reduction='mean'.*N times too large", id="mean"),
         pytest.param(keras.losses.MeanSquaredError(reduction="sum"), "reduction='sum'; expected reduction=None, because it sums", id="sum"),
         pytest.param(_TfKerasStyleLoss(), "legacy_mse with reduction='auto'", id="tf-keras-auto"),

@@ -145,7 +145,8 @@ def plan_dataset(
             (see :func:`~tfstrategy.plan_batch`).
 
     Example:
-        >>> print(plan_dataset(tf.data.Dataset.range(1000), selection, global_batch=256))
+        >>> plan_dataset(tf.data.Dataset.range(1000), selection, global_batch=256).steps_per_epoch
+        3
     """
     if not isinstance(dataset, tf().data.Dataset):
         raise BatchError(
@@ -182,7 +183,8 @@ def prepare_dataset(
         global_batch: examples per step across all replicas.
         per_replica_batch: or, examples per step on each replica.
         plan: a plan from :func:`plan_dataset` instead of the two above.
-        training: drop the last partial batch (``True``), or keep it for validation.
+        training: drop the last partial batch (``True``), or keep it for
+            validation. With ``plan=``, the plan's ``drop_remainder`` decides.
         auto_shard: override the shard policy: ``off``, ``data``, ``file`` or ``auto``.
 
     Returns:
