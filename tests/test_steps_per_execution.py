@@ -84,11 +84,13 @@ def test_fix_applies_only_where_needed(replicas, steps_per_execution, fixed, sta
         assert set(history.history) == {"loss", "mae", "val_loss", "val_mae"}
 
 
-def test_fixed_fit_handles_a_partial_last_execution(start):
-    # 20 steps at 8 per execution: 8 + 8 + 4, twice.
+def test_fixed_fit_handles_a_partial_last_execution_and_unknown_size(start):
+    # 20 steps at 8 per execution: 8 + 8 + 4, twice, on data whose size tf.data cannot know.
+    # (Plain Keras on 4 replicas counts 41 or 42 iterations here: its get_next() at the end
+    # of the data ticks the counter before failing. The fixed loop runs no step then.)
     model = _compiled(4, 8, start)
     fix_steps_per_execution(model)
-    model.fit(_data(model.distribute_strategy, steps=20), epochs=2, verbose=0)
+    model.fit(_data(model.distribute_strategy, steps=20).filter(lambda x, y: True), epochs=2, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 40
     one = _compiled(1, 1, start)
     one.fit(_data(one.distribute_strategy, steps=20), epochs=2, verbose=0, shuffle=False)

@@ -114,13 +114,16 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
         outputs = strategy.run(step_function, args=(_without_optionals(data),))
         return reduce_per_replica(outputs, strategy, reduction="auto")
 
-    def multi_step(iterator: Any) -> Any:
+    one_step_function = tf_.function(one_step, reduce_retracing=True, autograph=False)
+
+    def multi_step(iterator: Any, outputs_like: Any) -> Any:
         steps = int(model.steps_per_execution)
-        # The first step runs outside the loop so the loop variables have the
-        # outputs' structure. On an exhausted iterator get_next raises
-        # OutOfRangeError before any update; Keras' epoch iterator turns that
-        # into the end of the epoch.
-        outputs = one_step(iterator.get_next())
+        # Every step runs inside the loop, guarded by the loop condition, so an
+        # exhausted iterator runs none. (Taking the first batch with get_next()
+        # outside the loop would let the optimizer's iteration counter tick
+        # once more at the end of data of unknown size, before get_next fails.)
+        # The loop's outputs start as zeros shaped like the step's outputs.
+        initial = tf_.nest.map_structure(lambda spec: tf_.zeros([d or 0 for d in spec.shape], spec.dtype), outputs_like)
 
         def more(done: Any, outputs: Any, next_data: Any) -> Any:
             return tf_.logical_and(done < steps, next_data.has_value())
@@ -132,17 +135,29 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
             next_data = tf_.cond(done + 1 < steps, iterator.get_next_as_optional, lambda: next_data)
             return done + 1, outputs, next_data
 
-        if steps == 1:
-            return outputs
-        _, outputs, _ = tf_.while_loop(more, step, (tf_.constant(1), outputs, iterator.get_next_as_optional()))
-        return outputs
+        first = iterator.get_next_as_optional()
+        loop_vars = (tf_.constant(0), initial, first)
+        options = {}
+        if any(not spec.shape.is_fully_defined() for spec in tf_.nest.flatten(outputs_like)):
+            # Outputs of dynamic shape (custom steps) may change shape between iterations.
+            shapes = tf_.nest.map_structure(lambda spec: spec.shape, outputs_like)
+            options["shape_invariants"] = (tf_.TensorShape([]), shapes, first._type_spec)
+        done, outputs, _ = tf_.while_loop(more, step, loop_vars, **options)
+        return done, outputs
 
-    multi_step_function = tf_.function(multi_step, reduce_retracing=True, autograph=False)
-    one_step_function = tf_.function(one_step, reduce_retracing=True, autograph=False)
+    compiled: list[Any] = []
 
     def function(iterator: Any) -> Any:
         if isinstance(iterator, (tf_.data.Iterator, tf_.distribute.DistributedIterator)):
-            return multi_step_function(iterator)
+            if not compiled:
+                # The step's output structure, from a trace that never runs.
+                traced = one_step_function.get_concrete_function(iterator.element_spec).structured_outputs
+                like = tf_.nest.map_structure(lambda t: tf_.TensorSpec(t.shape, t.dtype), traced)
+                compiled.append(tf_.function(lambda it: multi_step(it, like), reduce_retracing=True, autograph=False))
+            done, outputs = compiled[0](iterator)
+            if int(done) == 0:
+                raise StopIteration  # Keras' signal that the epoch's data ran out
+            return outputs
         # train_on_batch/test_on_batch pass a Python list of batches.
         outputs = None
         for _, data in zip(range(int(model.steps_per_execution)), iterator):
