@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             model.fit(data, epochs=1, verbose=0)  # warm-up: tracing
         except tf.errors.InvalidArgumentError as error:
-            return "fails: " + str(error).strip().splitlines()[0][:70]
+            lines = str(error).strip().splitlines()
+            return "fails: " + next((line.strip() for line in lines if "You must feed" in line), lines[0])[:120]
         timer = EpochTimer()
         model.fit(data, epochs=args.epochs, verbose=0, callbacks=[timer])
         return statistics.median(timer.seconds), statistics.median(timer.cpu_seconds)

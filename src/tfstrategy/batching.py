@@ -12,7 +12,8 @@ Why the rules, measured on TensorFlow 2.21 / Keras 3.15 under MirroredStrategy:
   uneven, and ``fit`` crashes ("Inputs to operation AddN ... must have the same
   size");
 - an uneven *last* training batch trains, but the result differs from one
-  replica (by 1.6e-3 on a small MLP), so training drops the remainder by
+  replica (largest weight difference 6.3e-3 after 16 small steps, against
+  1.2e-7 with even batches), so training drops the remainder by
   default. Validation keeps it: Keras weights each replica's loss and metrics
   by its batch size, so the averages stay exact.
 """
