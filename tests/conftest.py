@@ -7,6 +7,7 @@ test runs. Tests then use 1, 2 or 4 of them as replicas.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -53,3 +54,23 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180)
         env=full_env,
         cwd=ROOT,
     )
+
+
+@functools.cache
+def mirrored(replicas: int):
+    """A MirroredStrategy over ``/cpu:0`` .. ``/cpu:{replicas-1}``, one per count per process.
+
+    Every MirroredStrategy numbers its collective groups from 1, so a 2-replica
+    and a 4-replica strategy in one process both claim group 1 with different
+    sizes, and every later collective aborts ("joining a group with size 2, but
+    that group has size 4"). TensorFlow's ``_collective_key_base`` ("only set this
+    in tests") gives each replica count its own range.
+    """
+    import tensorflow as tf
+
+    previous = tf.distribute.MirroredStrategy._collective_key_base
+    tf.distribute.MirroredStrategy._collective_key_base = 1000 * replicas
+    try:
+        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    finally:
+        tf.distribute.MirroredStrategy._collective_key_base = previous

@@ -12,6 +12,7 @@ from tfstrategy.audit import (  # noqa: E402
     require_scope,
     scope_guard,
 )
+from tfstrategy.batching import BatchPlan, plan_batch  # noqa: E402
 from tfstrategy.build import BuildReport, build_in_scope  # noqa: E402
 from tfstrategy.check import CheckReport, run_check  # noqa: E402
 from tfstrategy.cluster import (  # noqa: E402
@@ -21,13 +22,17 @@ from tfstrategy.cluster import (  # noqa: E402
     tf_config_from_slurm,
     validate_tf_config,
 )
+from tfstrategy.data import plan_dataset, prepare_dataset  # noqa: E402
 from tfstrategy.devices import Device, parse_devices, resolve_devices  # noqa: E402
+from tfstrategy.equivalence import EquivalenceReport, replica_equivalence  # noqa: E402
 from tfstrategy.errors import (  # noqa: E402
+    BatchError,
     BuildError,
     CheckpointError,
     ClusterConfigError,
     DeviceError,
     LaunchError,
+    LossReductionError,
     MissingDependencyError,
     RuntimeInitializedError,
     SaveError,
@@ -35,6 +40,7 @@ from tfstrategy.errors import (  # noqa: E402
     SettingsConflictError,
     StrategyError,
     TFStrategyError,
+    TrainingError,
 )
 from tfstrategy.host import HostInfo  # noqa: E402
 from tfstrategy.launcher import LaunchResult, launch  # noqa: E402
@@ -45,12 +51,16 @@ from tfstrategy.saving import save_model  # noqa: E402
 from tfstrategy.selection import Choice, Selection, build, choose, select  # noqa: E402
 from tfstrategy.settings import StrategyKind  # noqa: E402
 from tfstrategy.sites import recording, start_recording  # noqa: E402
+from tfstrategy.steps_per_execution import fix_steps_per_execution  # noqa: E402
+from tfstrategy.training import TrainStep, make_train_step  # noqa: E402
 from tfstrategy.worker import backup_callbacks, signal_joined  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AuditReport",
+    "BatchError",
+    "BatchPlan",
     "BuildError",
     "BuildReport",
     "CheckReport",
@@ -60,9 +70,11 @@ __all__ = [
     "ClusterConfigError",
     "Device",
     "DeviceError",
+    "EquivalenceReport",
     "HostInfo",
     "LaunchError",
     "LaunchResult",
+    "LossReductionError",
     "MissingDependencyError",
     "RestoreReport",
     "RuntimeInitializedError",
@@ -73,6 +85,8 @@ __all__ = [
     "StrategyError",
     "StrategyKind",
     "TFStrategyError",
+    "TrainStep",
+    "TrainingError",
     "VariableRecord",
     "apply_keras_mwms_fix",
     "audit_scope",
@@ -81,11 +95,17 @@ __all__ = [
     "build_in_scope",
     "choose",
     "configure_cpu_replicas",
+    "fix_steps_per_execution",
     "guard_model",
     "launch",
     "load_cluster_config",
+    "make_train_step",
     "parse_devices",
+    "plan_batch",
+    "plan_dataset",
+    "prepare_dataset",
     "recording",
+    "replica_equivalence",
     "require_scope",
     "resolve_devices",
     "restore_checkpoint",

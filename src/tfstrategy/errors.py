@@ -42,6 +42,8 @@ class SaveError(TFStrategyError, ValueError):
 
 class LaunchError(TFStrategyError, ValueError):
     """``tfstrategy launch`` received options or a command it cannot run."""
+
+
 class ScopeError(TFStrategyError, RuntimeError):
     """Model, optimizer or metric variables were created outside the strategy's scope."""
 
@@ -52,3 +54,15 @@ class CheckpointError(TFStrategyError, ValueError):
 
 class BuildError(TFStrategyError, ValueError):
     """``build_in_scope`` received something it cannot build a compiled model from."""
+
+
+class BatchError(TFStrategyError, ValueError):
+    """A batch size, dataset size or dataset shape cannot be split evenly across replicas."""
+
+
+class TrainingError(TFStrategyError, ValueError):
+    """A training helper was given a model, optimizer or step setting it cannot use."""
+
+
+class LossReductionError(TrainingError):
+    """A loss averages per replica, which scales gradients wrongly under a strategy."""

@@ -21,6 +21,13 @@ strategy-demo.py:
 then the devices, whether every model/optimizer/metric variable was created in the
 scope, an all-reduce across replicas, and how a global batch splits per replica.
 
+With --equivalence it then trains a small model for a few steps from the same
+initial weights on one replica and on the selected N replicas, and prints the
+largest weight difference for Keras fit (steps_per_execution 1 and 8), for
+tfstrategy's custom-loop step, and for a planted bug (a loop averaging the loss
+per replica), which must come out DIFFERENT. Logical CPUs must be split before
+TensorFlow starts, so rehearse N replicas with --cpu-replicas N.
+
 exit status: 0 every check passed, 1 a check failed, 2 bad input.
 
 examples:
@@ -28,6 +35,7 @@ examples:
   tfstrategy check --cpu-replicas 4      # rehearse 4 replicas on the CPU
   tfstrategy check --devices gpu:0,gpu:1 # two chosen GPUs
   tfstrategy check --json                # one JSON object for scripts
+  tfstrategy check --cpu-replicas 4 --equivalence  # 4 replicas train like 1?
 """
 
 
@@ -40,6 +48,11 @@ def check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_strategy_arguments(parser)
+    parser.add_argument(
+        "--equivalence",
+        action="store_true",
+        help="also check that training on the N replicas matches 1 replica (fit, custom loop, planted bug)",
+    )
     add_output_arguments(parser, json_help="print one JSON object instead of key value lines")
     parser.set_defaults(command=check_command)
     return parser
@@ -49,8 +62,14 @@ def check_command(args: argparse.Namespace) -> int:
     """Run the check; return the exit status."""
     quiet_tensorflow(args.debug)
     from tfstrategy.check import run_check
+    from tfstrategy.selection import select
 
-    report = run_check(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)
+    selection = select(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)
+    report = run_check(selection)
+    if getattr(args, "equivalence", False):
+        from tfstrategy.equivalence import add_equivalence
+
+        add_equivalence(report, selection)
     if args.json:
         print(json.dumps(report.as_dict()))
     else:
