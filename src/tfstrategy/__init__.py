@@ -6,6 +6,7 @@ ensure_tensorflow_installed()
 
 from tfstrategy.check import CheckReport, run_check  # noqa: E402
 from tfstrategy.devices import Device, parse_devices, resolve_devices  # noqa: E402
+from tfstrategy.env_report import EnvReport, collect_env_report, env_report_as_dict, format_env_report  # noqa: E402
 from tfstrategy.errors import (  # noqa: E402
     ClusterConfigError,
     DeviceError,
@@ -28,6 +29,7 @@ __all__ = [
     "ClusterConfigError",
     "Device",
     "DeviceError",
+    "EnvReport",
     "HostInfo",
     "MissingDependencyError",
     "RuntimeInitializedError",
@@ -38,7 +40,10 @@ __all__ = [
     "TFStrategyError",
     "build",
     "choose",
+    "collect_env_report",
     "configure_cpu_replicas",
+    "env_report_as_dict",
+    "format_env_report",
     "parse_devices",
     "resolve_devices",
     "run_check",

@@ -7,9 +7,10 @@ import sys
 from collections.abc import Sequence
 
 from tfstrategy.cli.check import check_parser
+from tfstrategy.cli.env import env_parser
 from tfstrategy.errors import TFStrategyError
 
-SUBCOMMANDS = (check_parser,)
+SUBCOMMANDS = (check_parser, env_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
