@@ -123,6 +123,8 @@ def _value(value: float, unit: str) -> str:
         return f"{value:.2f} s"
     if unit == "examples/s":
         return f"{value:,.0f}/s"
+    if unit == "examples/CPU-s":
+        return f"{value:,.0f}/CPU-s"
     return f"{value:.3g} {unit}"
 
 
