@@ -104,7 +104,7 @@ def run_process_suite(repeats: int) -> SuiteResult:
     )
     return SuiteResult(
         name="process",
-        title="1. Checking a strategy: whole-process wall time (lower is better)",
+        title="1. Checking a strategy: whole-process time (lower is better)",
         rows=rows,
         notes=(
             "`tfstrategy check` does more than the demo: it also verifies every variable is in the scope, "
