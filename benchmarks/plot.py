@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,8 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
         positions = list(range(len(rows)))[::-1]
         axis.errorbar(medians, positions, xerr=[low, high], fmt="o", capsize=4, color="tab:blue")
         axis.axvline(1.0, color="grey", linestyle="--", linewidth=1)
-        axis.set_yticks(positions, [name if len(name) <= 60 else name[:57] + "..." for name in names], fontsize=8)
-        axis.set_title(suite["title"], fontsize=9, loc="left")
+        axis.set_yticks(positions, [name if len(name) <= 70 else name[:67] + "..." for name in names], fontsize=8)
+        axis.set_title(textwrap.fill(suite["title"], 90), fontsize=9, loc="left")
         axis.set_xlabel("ratio compared / plain TensorFlow (median, min-max)", fontsize=8)
     machine = results["machine"]
     figure.suptitle(

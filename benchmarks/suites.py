@@ -63,7 +63,7 @@ def _rows(name: str, run: dict, baseline: str, candidate: str, labels: tuple[str
             name=f"{name}{suffix}", unit=unit, better="higher", baseline_label=labels[0], candidate_label=labels[1],
             baseline=tuple(sides[baseline][key]), candidate=tuple(sides[candidate][key]),
         )
-        for key, unit, suffix in (("samples", "examples/s", ""), ("cpu_samples", "examples/CPU-s", ", per CPU-second"))
+        for key, unit, suffix in (("samples", "examples/s", ", wall time"), ("cpu_samples", "examples/CPU-s", ", per CPU-second"))
     )
 
 
@@ -82,11 +82,11 @@ def run_fit_suites(budget: Budget) -> list[SuiteResult]:
         rows=tuple(
             row
             for r in REPLICA_COUNTS
-            for row in _rows(f"{r} replica{'s' if r > 1 else ''}: `select()` + scope vs `MirroredStrategy()` + scope",
-                             runs[r], "seed", "tfstrategy", ("by hand", "tfstrategy"))
+            for row in _rows(f"{r} replica{'s' if r > 1 else ''}", runs[r], "seed", "tfstrategy", ("by hand", "tfstrategy"))
         ),
-        notes=("Same model (4-64-64-1 MLP), data, global batch 256, `compile(adam, mse, mae)` and `fit`; "
-               "only the preparation differs. Target: ratio 1.0 (no overhead).",),
+        notes=("By hand: `tf.distribute.MirroredStrategy()` (over `/cpu:0..3` for 4 replicas) and its scope; tfstrategy: "
+               "`tfstrategy.select()` (`cpu_replicas=4` for 4) and `selection.scope()`. Same model (4-64-64-1 MLP), data, "
+               "global batch 256, `compile(adam, mse, mae)` and `fit`. Target: ratio 1.0 (no overhead).",),
         details=details,
     )
     reference = SuiteResult(
@@ -95,10 +95,11 @@ def run_fit_suites(budget: Budget) -> list[SuiteResult]:
         rows=tuple(
             row
             for r in REPLICA_COUNTS
-            for row in _rows(f"{r} logical replica{'s' if r > 1 else ''}, global batch 256", runs[r], "seed",
-                             "recommended", ("seed recipe", "recommended"))
+            for row in _rows(f"{r} logical replica{'s' if r > 1 else ''}", runs[r], "seed", "recommended",
+                             ("seed recipe", "recommended"))
         ),
-        notes=("Seed recipe: `MirroredStrategy`, `batch(256).prefetch(AUTOTUNE)`. Recommended: `tfstrategy.select`, "
+        notes=("Seed-shaped regression (4 features, 1 target), global batch 256, with a partial last batch. "
+               "Seed recipe: `MirroredStrategy`, `batch(256).prefetch(AUTOTUNE)`. Recommended: `tfstrategy.select`, "
                "`batch(256, drop_remainder=True)`, explicit auto-shard policy, prefetch (see `benchmarks/workloads.py`).",),
         details=details,
     )

@@ -180,8 +180,8 @@ def keras_flavour(env: Mapping[str, str]) -> tuple[str, str | None]:
     if version is None:
         return "none: keras is not installed", "keras is not installed, so tf.keras cannot load. Run pip install keras."
     flavour = "Keras 3" if version.startswith("3.") else f"Keras {version.split('.')[0]}"
-    legacy_text = "unset" if legacy is None else f"={legacy!r} is ignored"
-    return f"{version} ({flavour}, TF_USE_LEGACY_KERAS {legacy_text})".replace("KERAS =", "KERAS="), problem
+    legacy_text = "TF_USE_LEGACY_KERAS unset" if legacy is None else f"TF_USE_LEGACY_KERAS={legacy!r} is ignored"
+    return f"{version} ({flavour}, {legacy_text})", problem
 
 
 def _package_version(name: str) -> str | None:
