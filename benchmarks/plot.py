@@ -16,7 +16,8 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
 
     suites = results["suites"]
     heights = [max(1.6, 0.55 * len(suite["rows"]) + 1.0) for suite in suites]
-    figure, axes = plt.subplots(len(suites), 1, figsize=(10, sum(heights) + 0.8), gridspec_kw={"height_ratios": heights})
+    size = (10, sum(heights) + 0.8)
+    figure, axes = plt.subplots(len(suites), 1, figsize=size, gridspec_kw={"height_ratios": heights})
     axes = axes if len(suites) > 1 else [axes]
     for axis, suite in zip(axes, suites):
         rows = suite["rows"]

@@ -6,8 +6,8 @@ machine (cores, CPU, TensorFlow and Keras versions, load) is stated beside
 every table, since the machine may be shared.
 
 examples:
-  python benchmarks/run.py                         # the full run (a few minutes), as in the README
-  python benchmarks/run.py --quick                 # every suite with a tiny budget (CI, under a minute idle)
+  python benchmarks/run.py                         # the full run, as in the README
+  python benchmarks/run.py --quick                 # every suite with a tiny budget, for CI
   python benchmarks/run.py --only process --out /tmp/bench
 """
 
@@ -29,8 +29,9 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny budget: checks the suites run, not for numbers")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for results.json and results.png (default {DEFAULT_OUT})")
-    parser.add_argument("--only", action="append", choices=[suite.name for suite in SUITES], help="run only this suite (repeatable)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for results.json and results.png")
+    names = [suite.name for suite in SUITES]
+    parser.add_argument("--only", action="append", choices=names, help="run only this suite (repeatable)")
     return parser.parse_args(argv)
 
 

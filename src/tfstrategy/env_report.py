@@ -152,6 +152,8 @@ def runtime_started() -> bool:
     """Whether this process's TensorFlow runtime (eager context) has started."""
     from tensorflow.python.eager import context
 
+    # TensorFlow has no public "is the runtime up" query; the eager context's
+    # handle is created exactly when it starts (the first op or device listing).
     return context.context()._context_handle is not None
 
 
@@ -205,12 +207,15 @@ def read_device_facts() -> DeviceFacts:
     if started:
         # Once started, the runtime's own list is exact and reading it costs nothing.
         logical = tuple(
-            f"/{d.device_type.lower()}:{d.name.rsplit(':', 1)[-1]}" for d in config.list_logical_devices() if d.device_type in ("CPU", "GPU", "TPU")
+            f"/{d.device_type.lower()}:{d.name.rsplit(':', 1)[-1]}"
+            for d in config.list_logical_devices()
+            if d.device_type in ("CPU", "GPU", "TPU")
         )
     else:
         names: list[str] = []
         for kind in ("CPU", "GPU", "TPU"):
-            count = sum(len(config.get_logical_device_configuration(d) or [d]) for d in config.get_visible_devices(kind))
+            visible_of_kind = config.get_visible_devices(kind)
+            count = sum(len(config.get_logical_device_configuration(d) or [d]) for d in visible_of_kind)
             names += [f"/{kind.lower()}:{i}" for i in range(count)]
         logical = tuple(names)
     gpus = []
@@ -219,9 +224,8 @@ def read_device_facts() -> DeviceFacts:
             continue
         details = config.experimental.get_device_details(device)
         capability = details.get("compute_capability")
-        limits = tuple(
-            int(c.memory_limit) for c in (config.get_logical_device_configuration(device) or []) if c.memory_limit is not None
-        )
+        logical_configs = config.get_logical_device_configuration(device) or []
+        limits = tuple(int(c.memory_limit) for c in logical_configs if c.memory_limit is not None)
         gpus.append(
             GPUInfo(
                 name=_short(device),
@@ -294,9 +298,8 @@ def preview_selection(env: Mapping[str, str], host: HostInfo, *, can_split_cpu: 
         tasks = count_cluster_tasks(read_tf_config(env))
         if replicas is not None and can_split_cpu:
             host = dataclasses.replace(host, cpus=max(host.cpus, replicas))
-        choice = choose(
-            kind=kind, devices=parse_devices(devices_setting.value), cpu_replicas=replicas, host=host, cluster_tasks=tasks
-        )
+        request = parse_devices(devices_setting.value)
+        choice = choose(kind=kind, devices=request, cpu_replicas=replicas, host=host, cluster_tasks=tasks)
     except TFStrategyError as error:
         return SelectionPreview(error=f"{type(error).__name__}: {error}")
     sources = [f"strategy from {kind_setting.source}"]
@@ -339,7 +342,9 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
     tf_config = read_tf_config_info(env)
     selection = preview_selection(env, host, can_split_cpu=not devices.runtime_started)
     if tf_config.error:
-        problems.append("TF_CONFIG is invalid, so select() and MultiWorkerMirroredStrategy would fail: see the TF_CONFIG line.")
+        problems.append(
+            "TF_CONFIG is invalid, so select() and MultiWorkerMirroredStrategy would fail: see the TF_CONFIG line."
+        )
     elif selection.error:
         problems.append(f"select() would raise {selection.error}")
     affinity = getattr(os, "sched_getaffinity", None)
