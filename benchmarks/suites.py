@@ -31,7 +31,7 @@ class Budget:
 
     process_repeats: int = 5
     fit_repeats: int = 9
-    steps: int = 32
+    steps: int = 96
     epochs: int = 1
 
     @classmethod

@@ -3,7 +3,7 @@
 Run as a script, once per replica count, because logical CPU devices can only be
 configured before TensorFlow's runtime starts::
 
-    python benchmarks/workloads.py --replicas 4 --repeats 9 --steps 32 --epochs 1
+    python benchmarks/workloads.py --replicas 4 --repeats 9 --steps 96 --epochs 1
 
 It prints one JSON object: examples per second (wall) and per CPU-second for
 three sides, timed in rotating order within the process so drift hits all of
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", type=int, default=1, help="logical CPU replicas (1 = the CPU unsplit)")
     parser.add_argument("--repeats", type=int, default=9, help="timed fit calls per side")
-    parser.add_argument("--steps", type=int, default=32, help="full global batches per epoch")
+    parser.add_argument("--steps", type=int, default=96, help="full global batches per epoch")
     parser.add_argument("--epochs", type=int, default=1, help="epochs per timed fit call")
     args = parser.parse_args(argv)
     print(json.dumps(run(args.replicas, args.repeats, args.steps, args.epochs)))
