@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make check   set up .venv and run `tfstrategy check` on the default strategy
 #   make test    set up .venv and run the test suite
+#   make bench   set up .venv and run the benchmarks (tables, benchmarks/results/results.{json,png})
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -20,6 +21,9 @@ check: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

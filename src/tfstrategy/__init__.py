@@ -24,6 +24,7 @@ from tfstrategy.cluster import (  # noqa: E402
 )
 from tfstrategy.data import plan_dataset, prepare_dataset  # noqa: E402
 from tfstrategy.devices import Device, parse_devices, resolve_devices  # noqa: E402
+from tfstrategy.env_report import EnvReport, collect_env_report, env_report_as_dict, format_env_report  # noqa: E402
 from tfstrategy.equivalence import EquivalenceReport, replica_equivalence  # noqa: E402
 from tfstrategy.errors import (  # noqa: E402
     BatchError,
@@ -70,6 +71,7 @@ __all__ = [
     "ClusterConfigError",
     "Device",
     "DeviceError",
+    "EnvReport",
     "EquivalenceReport",
     "HostInfo",
     "LaunchError",
@@ -94,8 +96,11 @@ __all__ = [
     "build",
     "build_in_scope",
     "choose",
+    "collect_env_report",
     "configure_cpu_replicas",
+    "env_report_as_dict",
     "fix_steps_per_execution",
+    "format_env_report",
     "guard_model",
     "launch",
     "load_cluster_config",

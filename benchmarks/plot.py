@@ -1,0 +1,43 @@
+"""One PNG: a panel per suite, each row's median ratio with its min-max spread."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+
+def plot_results(results: dict[str, Any], path: Path) -> Path:
+    """Draw ``results`` (the JSON ``run.py`` writes) to ``path`` with the Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed, and none is available in CI
+    import matplotlib.pyplot as plt
+
+    suites = results["suites"]
+    heights = [max(1.6, 0.55 * len(suite["rows"]) + 1.0) for suite in suites]
+    size = (10, sum(heights) + 0.8)
+    figure, axes = plt.subplots(len(suites), 1, figsize=size, gridspec_kw={"height_ratios": heights})
+    axes = axes if len(suites) > 1 else [axes]
+    for axis, suite in zip(axes, suites):
+        rows = suite["rows"]
+        names = [row["name"].replace("`", "") for row in rows]
+        medians = [row["ratio_median"] for row in rows]
+        low = [row["ratio_median"] - row["ratio_min"] for row in rows]
+        high = [row["ratio_max"] - row["ratio_median"] for row in rows]
+        positions = list(range(len(rows)))[::-1]
+        axis.errorbar(medians, positions, xerr=[low, high], fmt="o", capsize=4, color="tab:blue")
+        axis.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+        axis.set_yticks(positions, [name if len(name) <= 70 else name[:67] + "..." for name in names], fontsize=8)
+        axis.set_title(textwrap.fill(suite["title"], 90), fontsize=9, loc="left")
+        axis.set_xlabel("ratio compared / plain TensorFlow (median, min-max)", fontsize=8)
+    machine = results["machine"]
+    figure.suptitle(
+        f"{machine['usable_cores']} cores, TensorFlow {machine['tensorflow']}, Keras {machine['keras']}"
+        f"{' (quick)' if results['quick'] else ''}", fontsize=9,
+    )
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

@@ -1,0 +1,112 @@
+"""The benchmark suites ``run.py`` runs, in order, and how to add one.
+
+A suite is a :class:`Suite`: a name, and a function taking the run's
+:class:`Budget` and returning a :class:`~stats.SuiteResult` whose rows compare
+tfstrategy with plain TensorFlow doing the same work in the same run. To add
+one (multi-worker weak scaling, all-reduce cost against parameter bytes), write
+a module in this folder with a function ``run_<name>_suite(budget)`` and append
+``Suite("<name>", run_<name>_suite)`` to :data:`SUITES`; ``run.py`` prints its
+table, stores it in the JSON and gives it a panel in the plot.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from process_time import ROOT, clean_env, run_process_suite
+from stats import Comparison, SuiteResult
+
+WORKLOADS = Path(__file__).resolve().parent / "workloads.py"
+REPLICA_COUNTS = (1, 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """How much work each suite does: ``quick`` for CI, the defaults for the README table."""
+
+    process_repeats: int = 5
+    fit_repeats: int = 9
+    steps: int = 96
+    epochs: int = 1
+
+    @classmethod
+    def quick(cls) -> Budget:
+        return cls(process_repeats=1, fit_repeats=2, steps=4, epochs=1)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    run: Callable[[Budget], SuiteResult | list[SuiteResult]]
+
+
+def run_workload(replicas: int, budget: Budget, timeout: float = 900.0) -> dict:
+    """Run ``workloads.py`` in a fresh process (logical devices need one) and read its JSON."""
+    command = [sys.executable, str(WORKLOADS), "--replicas", str(replicas), "--repeats", str(budget.fit_repeats),
+               "--steps", str(budget.steps), "--epochs", str(budget.epochs)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=clean_env(), cwd=ROOT)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {result.returncode}: {result.stderr.strip()[-800:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _rows(name: str, run: dict, baseline: str, candidate: str, labels: tuple[str, str]) -> tuple[Comparison, ...]:
+    """Examples per second of wall time, then per CPU-second (steadier on a shared machine)."""
+    sides = run["sides"]
+    return tuple(
+        Comparison(
+            name=f"{name}{suffix}", unit=unit, better="higher", baseline_label=labels[0], candidate_label=labels[1],
+            baseline=tuple(sides[baseline][key]), candidate=tuple(sides[candidate][key]),
+        )
+        for key, unit, suffix in (("samples", "examples/s", ", wall time"), ("cpu_samples", "examples/CPU-s", ", per CPU-second"))
+    )
+
+
+def run_fit_suites(budget: Budget) -> list[SuiteResult]:
+    """Suites 2 and 3 share processes: one per replica count, all sides interleaved inside it."""
+    runs = {replicas: run_workload(replicas, budget) for replicas in REPLICA_COUNTS}
+    details = {
+        "global_batch": 256, "steps_per_epoch": budget.steps, "epochs_per_sample": budget.epochs,
+        "repeats": budget.fit_repeats,
+        "examples": {r: {side: v["examples"] for side, v in run["sides"].items()} for r, run in runs.items()},
+        "replicas_in_sync": {r: {side: v["replicas"] for side, v in run["sides"].items()} for r, run in runs.items()},
+    }
+    overhead = SuiteResult(
+        name="fit_overhead",
+        title="2. Keras fit on a model prepared by tfstrategy vs by hand, same settings (higher is better)",
+        rows=tuple(
+            row
+            for r in REPLICA_COUNTS
+            for row in _rows(f"{r} replica{'s' if r > 1 else ''}", runs[r], "seed", "tfstrategy", ("by hand", "tfstrategy"))
+        ),
+        notes=("By hand: `tf.distribute.MirroredStrategy()` (over `/cpu:0..3` for 4 replicas) and its scope; tfstrategy: "
+               "`tfstrategy.select()` (`cpu_replicas=4` for 4) and `selection.scope()`. Same model (4-64-64-1 MLP), data, "
+               "global batch 256, `compile(adam, mse, mae)` and `fit`. Target: ratio 1.0 (no overhead).",),
+        details=details,
+    )
+    reference = SuiteResult(
+        name="reference_mlp",
+        title="3. Small-MLP reference workload: tfstrategy recommended settings vs the seed recipe (higher is better)",
+        rows=tuple(
+            row
+            for r in REPLICA_COUNTS
+            for row in _rows(f"{r} logical replica{'s' if r > 1 else ''}", runs[r], "seed", "recommended",
+                             ("seed recipe", "recommended"))
+        ),
+        notes=("Seed-shaped regression (4 features, 1 target), global batch 256, with a partial last batch. "
+               "Seed recipe: `MirroredStrategy`, `batch(256).prefetch(AUTOTUNE)`. Recommended: `tfstrategy.select`, "
+               "`batch(256, drop_remainder=True)`, explicit auto-shard policy, prefetch (see `benchmarks/workloads.py`).",),
+        details=details,
+    )
+    return [overhead, reference]
+
+
+SUITES: list[Suite] = [
+    Suite("process", lambda budget: run_process_suite(budget.process_repeats)),
+    Suite("fit", run_fit_suites),
+]

@@ -1,0 +1,73 @@
+"""The benchmark runner in quick mode, once, so it cannot rot. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from stats import Comparison, SuiteResult, format_table, interleaved_order  # noqa: E402
+from suites import Budget  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("repeat", "order"),
+    [
+        pytest.param(0, ["a", "b", "c"], id="first"),
+        pytest.param(1, ["b", "c", "a"], id="rotated-once"),
+        pytest.param(3, ["a", "b", "c"], id="wraps-around"),
+    ],
+)
+def test_interleaved_order_rotates(repeat, order):
+    assert interleaved_order(["a", "b", "c"], repeat) == order
+
+
+def test_comparison_summarises_pair_ratios():
+    row = Comparison(name="x", unit="s", better="lower", baseline_label="plain", candidate_label="tfs",
+                     baseline=(2.0, 4.0, 10.0), candidate=(3.0, 4.0, 5.0))
+    summary = row.summary()
+    assert summary["ratios"] == [1.5, 1.0, 0.5]
+    assert (summary["ratio_median"], summary["ratio_min"], summary["ratio_max"]) == (1.0, 0.5, 1.5)
+    assert summary["baseline_median"] == 4.0 and summary["candidate_median"] == 4.0
+    machine = {"usable_cores": 2, "cores": 2, "cpu": "cpu", "platform": "p", "python": "3", "tensorflow": "2.21.0",
+               "keras": "3.15.1", "load_average_1m": 0.5}
+    table = format_table(SuiteResult(name="s", title="T", rows=(row,)), machine).splitlines()
+    assert table[2].startswith("machine: 2 of 2 cores") and "TensorFlow 2.21.0" in table[2]
+    assert table[-1] == "| x | plain: 4.00 s | tfs: 4.00 s | **1.000** | 0.500-1.500 | 3 | lower |"
+
+
+def test_quick_run_writes_tables_json_and_plot(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert results["quick"] is True
+    assert [suite["name"] for suite in results["suites"]] == ["process", "fit_overhead", "reference_mlp"]
+    # The machine is stated beside every table.
+    assert result.stdout.count("machine: ") == len(results["suites"])
+    assert results["machine"]["tensorflow"] == __import__("tensorflow").__version__
+    budget = Budget.quick()
+    for suite in results["suites"]:
+        expected_pairs = budget.process_repeats if suite["name"] == "process" else budget.fit_repeats
+        for row in suite["rows"]:
+            assert row["pairs"] == expected_pairs == len(row["baseline"]) == len(row["candidate"])
+            assert row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"]
+    fit = results["suites"][1]
+    assert [(row["name"], row["unit"]) for row in fit["rows"]] == [
+        ("1 replica, wall time", "examples/s"), ("1 replica, per CPU-second", "examples/CPU-s"),
+        ("4 replicas, wall time", "examples/s"), ("4 replicas, per CPU-second", "examples/CPU-s"),
+    ]
+    # The recommended input drops the partial last batch; the seed recipe trains on it.
+    examples = fit["details"]["examples"]
+    for replicas in ("1", "4"):
+        assert set(fit["details"]["replicas_in_sync"][replicas].values()) == {int(replicas)}
+        assert examples[replicas]["recommended"] == budget.steps * 256 * budget.epochs
+        assert examples[replicas]["seed"] == examples[replicas]["tfstrategy"] == (budget.steps * 256 + 128) * budget.epochs
