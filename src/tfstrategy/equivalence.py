@@ -16,6 +16,7 @@ batch, and expects that one to differ. ``tfstrategy check --equivalence`` runs i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +201,7 @@ def replica_equivalence(
     steps_per_execution: int = 8,
     tolerance: float = DEFAULT_TOLERANCE,
     seed: int = 0,
+    progress: Callable[[str], None] | None = None,
 ) -> EquivalenceReport:
     """Train on 1 replica and on ``strategy``'s N replicas; compare the weights.
 
@@ -215,6 +217,8 @@ def replica_equivalence(
         steps_per_execution: the ``fit`` setting checked besides 1.
         tolerance: largest weight difference counted as equal.
         seed: for the initial weights and the data.
+        progress: called with a short message before each training run
+            (the CLI prints them to stderr: the check takes tens of seconds).
 
     Raises:
         StrategyError: a multi-worker strategy (run it per worker instead).
@@ -237,14 +241,19 @@ def replica_equivalence(
     weights = initial_weights(seed)
     common = {"global_batch": plan.global_batch, "steps": steps, "seed": seed}
 
+    say = progress or (lambda message: None)
+    total = 6
+    say(f"[1/{total}] fit on 1 replica (reference)")
     fit_reference = train_weights(reference, "fit", weights, **common)
+    say(f"[2/{total}] custom loop on 1 replica (reference)")
     loop_reference = train_weights(reference, "loop", weights, **common)
     report = EquivalenceReport(
         replicas=replicas, reference_device=first_device.rsplit("device:", 1)[-1], global_batch=plan.global_batch, steps=steps
     )
     runs = [("fit", "fit", 1, fit_reference), ("fit", f"fit_spe{steps_per_execution}", steps_per_execution, fit_reference)]
     runs += [("loop", "loop", 1, loop_reference), ("planted", "planted_per_replica_mean", 1, loop_reference)]
-    for method, name, spe, expected in runs:
+    for number, (method, name, spe, expected) in enumerate(runs, start=3):
+        say(f"[{number}/{total}] {name} on {replicas} replicas")
         trained = train_weights(strategy, method, weights, steps_per_execution=spe, **common)
         report.results.append(
             EquivalenceResult(

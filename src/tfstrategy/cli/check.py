@@ -66,10 +66,10 @@ def check_command(args: argparse.Namespace) -> int:
 
     selection = select(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)
     report = run_check(selection)
-    if getattr(args, "equivalence", False):
+    if args.equivalence:
         from tfstrategy.equivalence import add_equivalence
 
-        add_equivalence(report, selection)
+        add_equivalence(report, selection, progress=lambda message: print(f"equivalence: {message}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(report.as_dict()))
     else:
