@@ -21,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="TensorFlow distribution strategies, correct, checked and fast.",
         epilog="Run 'tfstrategy COMMAND --help' for a command's options and examples.",
     )
+    from tfstrategy import __version__
+
+    parser.add_argument("--version", action="version", version=f"tfstrategy {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     for register in SUBCOMMANDS:
         register(subparsers)
