@@ -15,8 +15,9 @@ efficiency = examples/s of 2 workers / (2 x examples/s of 1 worker), per side, p
 round, rounds interleaved. (b) All-reduce: inside the 2-worker jobs, the median
 time of a SUM ``strategy.reduce`` of float32 tensors from 1 KB to 16 MB.
 
-Quick mode runs only the 2-worker jobs with tiny sizes (b); (a) needs the
-1-worker jobs too and is skipped, which the JSON and the table say.
+Quick mode runs one round with 2 steps per window and two tiny sizes (about
+40 s). ``Budget(mw_rounds=0)`` runs only the 2-worker jobs, i.e. (b) alone, and
+the JSON and the table say that (a) was skipped.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def _size(size: int) -> str:
 
 
 def run_multi_worker_suite(budget: Any) -> list[SuiteResult]:
-    """Interleaved rounds of 1- and 2-worker jobs per side (2-worker only in quick mode)."""
+    """Interleaved rounds of 1- and 2-worker jobs per side (only 2-worker jobs when ``mw_rounds`` is 0)."""
     scaling = budget.mw_rounds > 0
     rounds = max(1, budget.mw_rounds)
     jobs = [(side, workers) for workers in ((1, 2) if scaling else (2,)) for side in SIDES]
@@ -126,7 +127,7 @@ def run_multi_worker_suite(budget: Any) -> list[SuiteResult]:
         "per_worker_batch": budget.mw_batch, "steps_per_window": budget.mw_steps, "windows": budget.mw_windows,
         "rounds": rounds, "jobs": facts,
         "throughput": {f"{side}, {workers} worker(s)": values for (side, workers), values in throughput.items()},
-        "weak_scaling": "measured" if scaling else "skipped in quick mode (it needs 1-worker jobs too)",
+        "weak_scaling": "measured" if scaling else "skipped: mw_rounds=0 runs only the 2-worker jobs",
     }
     results = []
     if scaling:
@@ -174,7 +175,7 @@ def run_multi_worker_suite(budget: Any) -> list[SuiteResult]:
             f"`strategy.reduce(SUM, per_replica, axis=None)` in a `tf.function` on float32 tensors; worker 0's median of "
             f"{budget.allreduce_repeats} timed calls after one warm-up, per job; pairs are rounds. The same job as 4a's "
             "2-worker run (tfstrategy's strategy carries its collective timeout, plain's none).",
-            *(() if scaling else ("Quick mode: only this part ran (tiny sizes, 1 repeat); 4a needs 1-worker jobs too.",)),
+            *(() if scaling else ("mw_rounds=0: only this part ran; 4a needs the 1-worker jobs too.",)),
         ),
         details={**details, "loglog": {"bytes": sizes, "series": medians, "unit": "ms"}},
     ))
