@@ -1,4 +1,8 @@
-"""One PNG: a panel per suite, each row's median ratio with its min-max spread."""
+"""One PNG: a panel per suite, each row's median ratio with its min-max spread.
+
+A suite whose details carry ``loglog`` (``bytes``, per-side ``series``, ``unit``)
+gets a second panel: its values against bytes on log-log axes (all-reduce cost).
+"""
 
 from __future__ import annotations
 
@@ -15,10 +19,20 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     suites = results["suites"]
-    heights = [max(1.6, 0.55 * len(suite["rows"]) + 1.0) for suite in suites]
+    curves = [suite for suite in suites if "loglog" in suite.get("details", {})]
+    heights = [max(1.6, 0.55 * len(suite["rows"]) + 1.0) for suite in suites] + [3.2] * len(curves)
     size = (10, sum(heights) + 0.8)
-    figure, axes = plt.subplots(len(suites), 1, figsize=size, gridspec_kw={"height_ratios": heights})
-    axes = axes if len(suites) > 1 else [axes]
+    figure, axes = plt.subplots(len(heights), 1, figsize=size, gridspec_kw={"height_ratios": heights})
+    axes = list(axes) if len(heights) > 1 else [axes]
+    for axis, suite in zip(axes[len(suites):], curves):
+        curve = suite["details"]["loglog"]
+        for side, values in curve["series"].items():
+            axis.loglog(curve["bytes"], values, marker="o", label=side)
+        axis.set_xlabel("tensor bytes", fontsize=8)
+        axis.set_ylabel(f"median time ({curve['unit']})", fontsize=8)
+        axis.set_title(textwrap.fill(suite["title"], 90), fontsize=9, loc="left")
+        axis.grid(True, which="both", linewidth=0.3)
+        axis.legend(fontsize=8)
     for axis, suite in zip(axes, suites):
         rows = suite["rows"]
         names = [row["name"].replace("`", "") for row in rows]

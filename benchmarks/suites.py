@@ -3,8 +3,7 @@
 A suite is a :class:`Suite`: a name, and a function taking the run's
 :class:`Budget` and returning a :class:`~stats.SuiteResult` whose rows compare
 tfstrategy with plain TensorFlow doing the same work in the same run. To add
-one (multi-worker weak scaling, all-reduce cost against parameter bytes), write
-a module in this folder with a function ``run_<name>_suite(budget)`` and append
+one, write a module (as ``multi_worker.py`` does) in this folder with a function ``run_<name>_suite(budget)`` and append
 ``Suite("<name>", run_<name>_suite)`` to :data:`SUITES`; ``run.py`` prints its
 table, stores it in the JSON and gives it a panel in the plot.
 """
@@ -18,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from multi_worker import run_multi_worker_suite
 from process_time import ROOT, clean_env, run_process_suite
 from stats import Comparison, SuiteResult
 
@@ -33,10 +33,18 @@ class Budget:
     fit_repeats: int = 9
     steps: int = 96
     epochs: int = 1
+    #: Suite 4: interleaved rounds of 1- and 2-worker jobs per side (0: only the 2-worker all-reduce jobs).
+    mw_rounds: int = 3
+    mw_batch: int = 256
+    mw_steps: int = 50
+    mw_windows: int = 3
+    allreduce_bytes: tuple[int, ...] = (1024, 16 * 1024, 128 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2)
+    allreduce_repeats: int = 7
 
     @classmethod
     def quick(cls) -> Budget:
-        return cls(process_repeats=1, fit_repeats=2, steps=4, epochs=1)
+        return cls(process_repeats=1, fit_repeats=2, steps=4, epochs=1, mw_rounds=1, mw_steps=2, mw_windows=1,
+                   allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1)
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,7 @@ def run_fit_suites(budget: Budget) -> list[SuiteResult]:
         "repeats": budget.fit_repeats,
         "examples": {r: {side: v["examples"] for side, v in run["sides"].items()} for r, run in runs.items()},
         "replicas_in_sync": {r: {side: v["replicas"] for side, v in run["sides"].items()} for r, run in runs.items()},
+        "steps_per_execution": {r: {side: v["steps_per_execution"] for side, v in run["sides"].items()} for r, run in runs.items()},
     }
     overhead = SuiteResult(
         name="fit_overhead",
@@ -84,9 +93,11 @@ def run_fit_suites(budget: Budget) -> list[SuiteResult]:
             for r in REPLICA_COUNTS
             for row in _rows(f"{r} replica{'s' if r > 1 else ''}", runs[r], "seed", "tfstrategy", ("by hand", "tfstrategy"))
         ),
-        notes=("By hand: `tf.distribute.MirroredStrategy()` (over `/cpu:0..3` for 4 replicas) and its scope; tfstrategy: "
-               "`tfstrategy.select()` (`cpu_replicas=4` for 4) and `selection.scope()`. Same model (4-64-64-1 MLP), data, "
-               "global batch 256, `compile(adam, mse, mae)` and `fit`. Target: ratio 1.0 (no overhead).",),
+        notes=("By hand: `tf.distribute.MirroredStrategy()` (over `/cpu:0..3` for 4 replicas), model and `compile` in its "
+               "scope, `batch(256).prefetch(AUTOTUNE)`; tfstrategy: `tfstrategy.select()` (`cpu_replicas=4` for 4), "
+               "`build_in_scope` (fit guarded by the scope audit), `prepare_dataset(global_batch=256, training=False)` "
+               "(the partial batch kept, as by hand). Same model (4-64-64-1 MLP), data, `compile(adam, mse, mae)` and "
+               "`fit`. Target: ratio 1.0 (no overhead).",),
         details=details,
     )
     reference = SuiteResult(
@@ -99,8 +110,10 @@ def run_fit_suites(budget: Budget) -> list[SuiteResult]:
                              ("seed recipe", "recommended"))
         ),
         notes=("Seed-shaped regression (4 features, 1 target), global batch 256, with a partial last batch. "
-               "Seed recipe: `MirroredStrategy`, `batch(256).prefetch(AUTOTUNE)`. Recommended: `tfstrategy.select`, "
-               "`batch(256, drop_remainder=True)`, explicit auto-shard policy, prefetch (see `benchmarks/workloads.py`).",),
+               "Seed recipe: `MirroredStrategy`, `batch(256).prefetch(AUTOTUNE)`, `steps_per_execution=1`. Recommended: "
+               "`tfstrategy.select`, `build_in_scope(..., steps_per_execution=8)` + `fix_steps_per_execution` (needed "
+               "on 4 replicas, where plain Keras fails with K > 1), `plan_dataset` + `prepare_dataset` (remainder "
+               "dropped, explicit shard policy, prefetch); see `benchmarks/workloads.py`.",),
         details=details,
     )
     return [overhead, reference]
@@ -109,4 +122,5 @@ def run_fit_suites(budget: Budget) -> list[SuiteResult]:
 SUITES: list[Suite] = [
     Suite("process", lambda budget: run_process_suite(budget.process_repeats)),
     Suite("fit", run_fit_suites),
+    Suite("multi_worker", run_multi_worker_suite),
 ]

@@ -13,9 +13,13 @@ them alike.
   once the CPU is split, the how-to's step 5 form), model built and compiled in
   its scope, ``dataset.batch(256).prefetch(AUTOTUNE)``, ``fit``.
 - ``tfstrategy``: the same model, data and settings, prepared with
-  ``tfstrategy.select`` and the selection's scope (suite 2: overhead).
-- ``recommended``: tfstrategy's preparation with the input settings tfstrategy
-  recommends (suite 3), see :func:`recommended_dataset`.
+  ``tfstrategy.select`` and ``tfstrategy.build_in_scope`` (fit guarded by the
+  scope audit, as users get it), input from ``tfstrategy.prepare_dataset``
+  keeping the last partial batch like the seed (suite 2: overhead).
+- ``recommended``: tfstrategy's recommended settings (suite 3): the batch plan
+  (``plan_dataset``: remainder dropped), ``prepare_dataset`` and
+  ``steps_per_execution`` > 1 with ``tfstrategy.fix_steps_per_execution``
+  (explicit: ``build_in_scope`` does not apply it), see :func:`prepare_recommended`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ GLOBAL_BATCH = 256
 FEATURES = 4
 SIDES = ("seed", "tfstrategy", "recommended")
 COMPILE_ARGS = {"optimizer": "adam", "loss": "mse", "metrics": ["mae"]}
+#: tfstrategy's recommended ``steps_per_execution`` for this small model (see the README's fix section).
+STEPS_PER_EXECUTION = 8
 
 
 def make_data(examples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -57,28 +63,35 @@ def build_model() -> Any:
     return tf.keras.Model(inputs, outputs)
 
 
-def seed_dataset(features: np.ndarray, labels: np.ndarray) -> Any:
+def seed_dataset(_: Any, features: np.ndarray, labels: np.ndarray) -> Any:
     """The how-to's step 3: batch with the global batch, prefetch."""
     import tensorflow as tf
 
     return tf.data.Dataset.from_tensor_slices((features, labels)).batch(GLOBAL_BATCH).prefetch(tf.data.AUTOTUNE)
 
 
-def recommended_dataset(features: np.ndarray, labels: np.ndarray) -> Any:
-    """The input settings tfstrategy recommends today.
-
-    The global batch, with the remainder dropped so every replica gets an equal
-    share of every training step, an explicit auto-shard policy (OFF: one
-    process reads in-memory data, so TensorFlow's AUTO guess and its warning
-    are avoided), and AUTOTUNE prefetch. When tfstrategy gains its own dataset
-    preparation, this function is where the benchmark calls it.
-    """
+def examples_dataset(features: np.ndarray, labels: np.ndarray) -> Any:
+    """Unbatched examples: what tfstrategy's dataset preparation starts from."""
     import tensorflow as tf
 
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(GLOBAL_BATCH, drop_remainder=True)
-    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+    return tf.data.Dataset.from_tensor_slices((features, labels))
+
+
+def tfstrategy_dataset(selection: Any, features: np.ndarray, labels: np.ndarray) -> Any:
+    """Suite 2's input through tfstrategy, same settings as the seed: every example, the partial batch kept."""
+    import tfstrategy
+
+    return tfstrategy.prepare_dataset(examples_dataset(features, labels), selection, global_batch=GLOBAL_BATCH, training=False)
+
+
+def recommended_dataset(selection: Any, features: np.ndarray, labels: np.ndarray) -> Any:
+    """tfstrategy's recommended input: the batch plan (remainder dropped, so every replica gets an
+    equal share of every step), an explicit shard policy and AUTOTUNE prefetch."""
+    import tfstrategy
+
+    source = examples_dataset(features, labels)
+    plan = tfstrategy.plan_dataset(source, selection, global_batch=GLOBAL_BATCH)
+    return tfstrategy.prepare_dataset(source, selection, plan=plan)
 
 
 def prepare_by_hand(replicas: int) -> tuple[Any, Any]:
@@ -94,19 +107,29 @@ def prepare_by_hand(replicas: int) -> tuple[Any, Any]:
     return strategy, model
 
 
-def prepare_with_tfstrategy(replicas: int) -> tuple[Any, Any]:
-    """tfstrategy's way: ``select`` then build and compile in the selection's scope.
-
-    This is the one place the benchmark builds a model through tfstrategy; a
-    build helper replaces the ``with`` block when the library offers one.
-    """
+def _select(replicas: int) -> Any:
     import tfstrategy
 
-    selection = tfstrategy.select(cpu_replicas=replicas if replicas > 1 else None, env={})
-    with selection.scope():
-        model = build_model()
-        model.compile(**COMPILE_ARGS)
-    return selection.strategy, model
+    return tfstrategy.select(cpu_replicas=replicas if replicas > 1 else None, env={})
+
+
+def prepare_with_tfstrategy(replicas: int) -> tuple[Any, Any]:
+    """tfstrategy's way, same settings as by hand: ``select`` then ``build_in_scope``."""
+    import tfstrategy
+
+    selection = _select(replicas)
+    model, _ = tfstrategy.build_in_scope(selection, build_model, **COMPILE_ARGS)
+    return selection, model
+
+
+def prepare_recommended(replicas: int) -> tuple[Any, Any]:
+    """tfstrategy's recommended settings: ``build_in_scope`` with ``steps_per_execution`` > 1, fixed for 2+ replicas."""
+    import tfstrategy
+
+    selection = _select(replicas)
+    model, _ = tfstrategy.build_in_scope(selection, build_model, **COMPILE_ARGS, steps_per_execution=STEPS_PER_EXECUTION)
+    tfstrategy.fix_steps_per_execution(model)  # Keras 3.15 fails without it on 2+ replicas; no-op on 1
+    return selection, model
 
 
 def split_cpu(replicas: int) -> None:
@@ -127,17 +150,18 @@ def run(replicas: int, repeats: int, steps: int, epochs: int) -> dict[str, Any]:
     features, labels = make_data(steps * GLOBAL_BATCH + GLOBAL_BATCH // 2)
     preparers: dict[str, tuple[Callable[[int], tuple[Any, Any]], Callable[..., Any]]] = {
         "seed": (prepare_by_hand, seed_dataset),
-        "tfstrategy": (prepare_with_tfstrategy, seed_dataset),
-        "recommended": (prepare_with_tfstrategy, recommended_dataset),
+        "tfstrategy": (prepare_with_tfstrategy, tfstrategy_dataset),
+        "recommended": (prepare_recommended, recommended_dataset),
     }
     sides: dict[str, dict[str, Any]] = {}
     for name, (prepare, make_dataset) in preparers.items():
-        strategy, model = prepare(replicas)
-        dataset = make_dataset(features, labels)
+        strategy, model = prepare(replicas)  # a strategy by hand, a Selection through tfstrategy
+        dataset = make_dataset(strategy, features, labels)
         examples = sum(int(batch[0].shape[0]) for batch in dataset) * epochs
         model.fit(dataset, epochs=1, verbose=0)  # warm-up: tracing and first-step costs are not throughput
         sides[name] = {"model": model, "dataset": dataset, "examples": examples, "samples": [],
-                       "cpu_samples": [], "replicas": int(strategy.num_replicas_in_sync)}
+                       "cpu_samples": [], "replicas": int(getattr(strategy, "strategy", strategy).num_replicas_in_sync),
+                       "steps_per_execution": int(getattr(model, "steps_per_execution", 1) or 1)}
     for repeat in range(repeats):
         for name in SIDES[repeat % len(SIDES):] + SIDES[: repeat % len(SIDES)]:
             side = sides[name]
@@ -150,7 +174,7 @@ def run(replicas: int, repeats: int, steps: int, epochs: int) -> dict[str, Any]:
         "replicas": replicas,
         "tensorflow": tf.__version__,
         "keras": tf.keras.__version__,
-        "sides": {name: {key: side[key] for key in ("samples", "cpu_samples", "examples", "replicas")} for name, side in sides.items()},
+        "sides": {name: {key: side[key] for key in ("samples", "cpu_samples", "examples", "replicas", "steps_per_execution")} for name, side in sides.items()},
     }
 
 

@@ -214,3 +214,19 @@ def test_validation_remainder_is_averaged_like_one_replica():
     one, four = results
     assert four["loss"] == pytest.approx(one["loss"], rel=1e-5)
     assert four["mae"] == pytest.approx(one["mae"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("training", "sizes"),
+    [
+        pytest.param(True, [256, 256], id="training-drops-the-partial-step"),
+        pytest.param(False, [256, 256, 88], id="validation-keeps-it"),
+    ],
+)
+def test_dataset_function_on_one_replica_per_pipeline(training, sizes):
+    # One replica per pipeline: the pipeline's batch is the replica's, with no rebatch stage.
+    strategy = mirrored(1)
+    batches = prepare_dataset(lambda _: tf.data.Dataset.range(600), strategy, global_batch=256, training=training)
+    values = [strategy.experimental_local_results(batch)[0].numpy() for batch in batches]
+    assert [len(value) for value in values] == sizes
+    assert [int(value[0]) for value in values] == [0, 256, 512][: len(sizes)]

@@ -50,13 +50,16 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert results["quick"] is True
-    assert [suite["name"] for suite in results["suites"]] == ["process", "fit_overhead", "reference_mlp"]
+    assert [suite["name"] for suite in results["suites"]] == [
+        "process", "fit_overhead", "reference_mlp", "multi_worker_scaling", "multi_worker_allreduce",
+    ]
     # The machine is stated beside every table.
     assert result.stdout.count("machine: ") == len(results["suites"])
     assert results["machine"]["tensorflow"] == __import__("tensorflow").__version__
     budget = Budget.quick()
     for suite in results["suites"]:
-        expected_pairs = budget.process_repeats if suite["name"] == "process" else budget.fit_repeats
+        expected_pairs = {"process": budget.process_repeats, "fit_overhead": budget.fit_repeats,
+                          "reference_mlp": budget.fit_repeats}.get(suite["name"], budget.mw_rounds)
         for row in suite["rows"]:
             assert row["pairs"] == expected_pairs == len(row["baseline"]) == len(row["candidate"])
             assert row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"]
@@ -71,3 +74,14 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
         assert set(fit["details"]["replicas_in_sync"][replicas].values()) == {int(replicas)}
         assert examples[replicas]["recommended"] == budget.steps * 256 * budget.epochs
         assert examples[replicas]["seed"] == examples[replicas]["tfstrategy"] == (budget.steps * 256 + 128) * budget.epochs
+    # The recommended settings include steps_per_execution > 1, which runs on 4 replicas with tfstrategy's fix.
+    assert fit["details"]["steps_per_execution"] == {r: {"seed": 1, "tfstrategy": 1, "recommended": 8} for r in ("1", "4")}
+    scaling, allreduce = results["suites"][3:]
+    jobs = scaling["details"]["jobs"]
+    assert jobs["plain, 2 worker(s)"]["strategy"] == jobs["tfstrategy, 2 worker(s)"]["strategy"] == "CollectiveAllReduceStrategy"
+    assert jobs["tfstrategy, 2 worker(s)"]["replicas_in_sync"] == 2 and jobs["plain, 1 worker(s)"]["replicas_in_sync"] == 1
+    # Each worker pinned to its own core (where the machine has two).
+    assert len(set(jobs["plain, 2 worker(s)"]["cores"])) == min(2, results["machine"]["usable_cores"])
+    curve = allreduce["details"]["loglog"]
+    assert curve["bytes"] == list(budget.allreduce_bytes)
+    assert all(len(values) == len(curve["bytes"]) and min(values) > 0 for values in curve["series"].values())

@@ -13,7 +13,6 @@ import tensorflow as tf
 from conftest import ROOT
 from tfstrategy import ClusterConfigError, TFStrategyError, collect_env_report, env_report_as_dict, format_env_report, select
 from tfstrategy import env_report
-from tfstrategy.cluster import read_tf_config
 from tfstrategy.env_report import DeviceFacts, GPUInfo, describe_build, describe_gpus, keras_flavour, parse_nvidia_smi
 
 TWO_WORKERS = {"cluster": {"worker": ["127.0.0.1:20001", "127.0.0.1:20002"]}, "task": {"type": "worker", "index": 1}}
@@ -32,7 +31,8 @@ def _short(device: str) -> str:
         pytest.param({"TFSTRATEGY_DEVICES": "cpu:0,cpu:1"}, id="devices-from-env"),
         pytest.param({"TFSTRATEGY_CPU_REPLICAS": "2"}, id="cpu-replicas-from-env"),
         pytest.param({"TFSTRATEGY_STRATEGY": "one_device"}, id="one-device"),
-        pytest.param({"TFSTRATEGY_STRATEGY": "mirrored", "TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}})}, id="one-task-cluster"),
+        pytest.param({"TFSTRATEGY_STRATEGY": "mirrored", "TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})},
+                     id="one-task-cluster"),
     ],
 )
 def test_preview_matches_what_select_builds(env):
@@ -86,28 +86,31 @@ def test_tf_config_summary(raw, summary):
 
 
 @pytest.mark.parametrize(
-    "raw",
+    ("raw", "summary"),
     [
-        pytest.param("{bad json", id="not-json"),
-        pytest.param('"worker"', id="not-an-object"),
-        pytest.param('{"cluster": ["127.0.0.1:1"]}', id="cluster-not-an-object"),
+        pytest.param("{bad json", "invalid (see the Problem line)", id="not-json"),
+        pytest.param('"worker"', "invalid (see the Problem line)", id="not-an-object"),
+        pytest.param('{"cluster": ["127.0.0.1:1"]}', "no cluster; this task: not given; invalid (see the Problem line)",
+                     id="cluster-not-an-object"),
+        pytest.param(json.dumps({**TWO_WORKERS, "task": {"type": "worker", "index": 2}}),
+                     "worker x2; this task: worker 2; invalid (see the Problem line)", id="index-out-of-range"),
+        pytest.param(json.dumps({"cluster": TWO_WORKERS["cluster"]}),
+                     "worker x2; this task: not given; invalid (see the Problem line)", id="no-task"),
+        pytest.param(json.dumps({"cluster": {"worker": ["127.0.0.1:20001", "127.0.0.1:20001"]}, "task": TWO_WORKERS["task"]}),
+                     "worker x2; this task: worker 1; invalid (see the Problem line)", id="duplicate-address"),
     ],
 )
-def test_bad_tf_config_is_reported_not_raised(raw):
+def test_tf_config_select_refuses_is_a_problem_with_selects_message(raw, summary):
+    env = {"TF_CONFIG": raw}
     with pytest.raises(ClusterConfigError) as raised:
-        _tasks(raw)  # what select() does with it
-    report = collect_env_report({"TF_CONFIG": raw})
+        select(env=env)  # refused while reading TF_CONFIG, before any strategy is built
+    report = collect_env_report(env)
     assert report.tf_config.error == str(raised.value)
+    assert report.selection.error == f"ClusterConfigError: {raised.value}"
     lines = format_env_report(report).splitlines()
-    assert f"- TF_CONFIG: invalid: {raised.value}" in lines
-    assert "- select() would choose: nothing: it would raise ClusterConfigError for TF_CONFIG (see the TF_CONFIG line)" in lines
-    assert any(line.startswith("- Problem: TF_CONFIG is invalid") for line in lines)
-
-
-def _tasks(raw: str) -> int:
-    from tfstrategy.cluster import count_cluster_tasks
-
-    return count_cluster_tasks(read_tf_config({"TF_CONFIG": raw}))
+    assert f"- TF_CONFIG: {summary}" in lines
+    assert "- select() would choose: nothing: it would raise ClusterConfigError for TF_CONFIG (see the Problem line)" in lines
+    assert [line for line in lines if line.startswith("- Problem")] == [f"- Problem: select() would raise ClusterConfigError: {raised.value}"]
 
 
 def test_report_lists_this_process_devices_and_versions():
@@ -216,8 +219,8 @@ def test_cli_bad_tf_config_is_a_clear_line_not_a_traceback():
     result = _run([sys.executable, "-m", "tfstrategy", "env"], {"TF_CONFIG": '{"cluster": {'})
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    assert "- TF_CONFIG: invalid: Received TF_CONFIG='{\"cluster\": {', which is not valid JSON" in result.stdout
-    assert "- Problem: TF_CONFIG is invalid" in result.stdout
+    assert "- TF_CONFIG: invalid (see the Problem line)" in result.stdout
+    assert "- Problem: select() would raise ClusterConfigError: Received TF_CONFIG='{\"cluster\": {', which is not valid JSON" in result.stdout
 
 
 REPORT_THEN_SPLIT = """

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy._tf import tf
-from tfstrategy.cluster import count_cluster_tasks, read_tf_config
+from tfstrategy.cluster import load_cluster_config, read_tf_config, validate_tf_config
 from tfstrategy.devices import parse_devices
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.host import HostInfo
@@ -97,14 +97,18 @@ class TFConfigInfo:
     def summary(self) -> str:
         if self.raw is None:
             return "unset"
-        if self.error is not None:
-            return f"invalid: {self.error}"
         if self.config is None:
-            return "set but empty (ignored)"
-        cluster = self.config.get("cluster") or {}
-        roles = ", ".join(f"{role} x{len(addresses or [])}" for role, addresses in cluster.items()) or "no cluster"
-        task = self.config.get("task") or {}
-        this = f"{task.get('type')} {task.get('index')}" if task else "not given"
+            return "invalid (see the Problem line)" if self.error is not None else "set but empty (ignored)"
+        # An invalid config may have any shape: describe only what has the expected one.
+        cluster = self.config.get("cluster")
+        cluster = cluster if isinstance(cluster, dict) else {}
+        roles = ", ".join(
+            f"{role} x{len(addresses) if isinstance(addresses, list) else '?'}" for role, addresses in cluster.items()
+        ) or "no cluster"
+        task = self.config.get("task")
+        this = f"{task.get('type')} {task.get('index')}" if isinstance(task, dict) and task else "not given"
+        if self.error is not None:
+            return f"{roles}; this task: {this}; invalid (see the Problem line)"
         return f"{roles}; this task: {this}; {self.tasks} training task(s)"
 
 
@@ -272,15 +276,26 @@ def parse_nvidia_smi(output: str) -> tuple[dict[str, str], ...]:
 
 
 def read_tf_config_info(env: Mapping[str, str]) -> TFConfigInfo:
-    """Read and check ``TF_CONFIG``; a bad value becomes the error text, never an exception."""
+    """Read and validate ``TF_CONFIG`` as ``select()`` does; a bad value becomes the error text.
+
+    The error is the exact message ``select()`` would raise (``load_cluster_config``
+    parses and then validates: JSON, roles, addresses, task type and index). A
+    value that parses but fails validation keeps its parsed ``config`` for ``--json``.
+    """
     raw = env.get("TF_CONFIG")
     if raw is None:
         return TFConfigInfo()
     try:
         config = read_tf_config(env)
-        return TFConfigInfo(raw=raw, config=config, tasks=count_cluster_tasks(config))
     except TFStrategyError as error:
         return TFConfigInfo(raw=raw, error=str(error))
+    if config is None:
+        return TFConfigInfo(raw=raw)
+    try:
+        cluster = validate_tf_config(config)
+    except TFStrategyError as error:
+        return TFConfigInfo(raw=raw, config=config, error=str(error))
+    return TFConfigInfo(raw=raw, config=config, tasks=cluster.num_workers)
 
 
 def preview_selection(env: Mapping[str, str], host: HostInfo, *, can_split_cpu: bool = True) -> SelectionPreview:
@@ -295,7 +310,8 @@ def preview_selection(env: Mapping[str, str], host: HostInfo, *, can_split_cpu: 
         replicas_setting = resolve_setting("cpu_replicas", None, ENV_CPU_REPLICAS, None, env)
         kind = StrategyKind.parse(kind_setting.value)
         replicas = validate_cpu_replicas(replicas_setting.value)
-        tasks = count_cluster_tasks(read_tf_config(env))
+        cluster = load_cluster_config(env)  # what select() reads: the same checks, the same errors
+        tasks = cluster.num_workers if cluster else 0
         if replicas is not None and can_split_cpu:
             host = dataclasses.replace(host, cpus=max(host.cpus, replicas))
         request = parse_devices(devices_setting.value)
@@ -342,9 +358,7 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
     tf_config = read_tf_config_info(env)
     selection = preview_selection(env, host, can_split_cpu=not devices.runtime_started)
     if tf_config.error:
-        problems.append(
-            "TF_CONFIG is invalid, so select() and MultiWorkerMirroredStrategy would fail: see the TF_CONFIG line."
-        )
+        problems.append(f"select() would raise ClusterConfigError: {tf_config.error}")
     elif selection.error:
         problems.append(f"select() would raise {selection.error}")
     affinity = getattr(os, "sched_getaffinity", None)
@@ -413,7 +427,7 @@ def _selection_line(report: EnvReport) -> str:
     error = report.tf_config.error
     if error and report.selection.error and report.selection.error.endswith(error):
         # The same text is on the TF_CONFIG line; once is enough in a bug report.
-        return "nothing: it would raise ClusterConfigError for TF_CONFIG (see the TF_CONFIG line)"
+        return "nothing: it would raise ClusterConfigError for TF_CONFIG (see the Problem line)"
     if report.selection.error:
         return "nothing: it would raise " + report.selection.error
     return report.selection.summary()
