@@ -50,7 +50,8 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
         f"{machine['usable_cores']} cores, TensorFlow {machine['tensorflow']}, Keras {machine['keras']}"
         f"{' (quick)' if results['quick'] else ''}", fontsize=9,
     )
-    figure.tight_layout()
+    # Leave the top strip to the machine line, so it does not overlap the first panel's title.
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.35 / figure.get_figheight()))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
