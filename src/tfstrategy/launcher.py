@@ -201,8 +201,10 @@ class _Worker:
         self._pump.start()
 
     def _copy_output(self, out: TextIO, lock: threading.Lock) -> None:
-        assert self.process.stdout is not None  # always a pipe here
-        for raw in iter(self.process.stdout.readline, b""):
+        stdout = self.process.stdout
+        if stdout is None:  # only when started without stdout=PIPE, which this class never does
+            return
+        for raw in iter(stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             self.tail.append(line)
             with lock:
