@@ -26,13 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy._tf import tf
-from tfstrategy.cluster import load_cluster_config, read_tf_config, validate_tf_config
-from tfstrategy.devices import parse_devices
+from tfstrategy.cluster import read_tf_config, validate_tf_config
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.host import HostInfo
-from tfstrategy.runtime import validate_cpu_replicas
-from tfstrategy.selection import choose
-from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind, resolve_setting
+from tfstrategy.selection import choose, resolve_request
+from tfstrategy.settings import StrategyKind
 
 #: Values TensorFlow accepts for TF_USE_LEGACY_KERAS (tensorflow/__init__.py).
 LEGACY_KERAS_TRUE = ("true", "True", "1")
@@ -305,24 +303,20 @@ def preview_selection(env: Mapping[str, str], host: HostInfo, *, can_split_cpu: 
     unless ``can_split_cpu`` is false (the runtime started, so ``select`` could not split).
     """
     try:
-        kind_setting = resolve_setting("strategy", None, ENV_STRATEGY, StrategyKind.AUTO, env)
-        devices_setting = resolve_setting("devices", None, ENV_DEVICES, None, env)
-        replicas_setting = resolve_setting("cpu_replicas", None, ENV_CPU_REPLICAS, None, env)
-        kind = StrategyKind.parse(kind_setting.value)
-        replicas = validate_cpu_replicas(replicas_setting.value)
-        cluster = load_cluster_config(env)  # what select() reads: the same checks, the same errors
-        tasks = cluster.num_workers if cluster else 0
-        if replicas is not None and can_split_cpu:
-            host = dataclasses.replace(host, cpus=max(host.cpus, replicas))
-        request = parse_devices(devices_setting.value)
-        choice = choose(kind=kind, devices=request, cpu_replicas=replicas, host=host, cluster_tasks=tasks)
+        request = resolve_request(env=env)  # what select() reads: the same checks, the same errors
+        if request.cpu_replicas is not None and can_split_cpu:
+            host = dataclasses.replace(host, cpus=max(host.cpus, request.cpu_replicas))
+        choice = choose(
+            kind=request.kind,
+            devices=request.devices,
+            cpu_replicas=request.cpu_replicas,
+            host=host,
+            cluster_tasks=request.cluster_tasks,
+        )
     except TFStrategyError as error:
         return SelectionPreview(error=f"{type(error).__name__}: {error}")
-    sources = [f"strategy from {kind_setting.source}"]
-    if devices_setting.value is not None:
-        sources.append(f"devices from {devices_setting.source}")
-    if replicas is not None:
-        sources.append(f"cpu_replicas from {replicas_setting.source}")
+    sources = [f"{name} from {source}" for name, source in request.sources.items()]
+    tasks = request.cluster_tasks
     total = choice.replicas * tasks if choice.kind is StrategyKind.MULTI_WORKER and tasks else choice.replicas
     return SelectionPreview(
         kind=choice.kind.value,

@@ -263,6 +263,57 @@ class Selection:
         return "; ".join([*self.choice.reasons, settings] if settings else self.choice.reasons)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What :func:`select` was asked for, after precedence and validation, before any TensorFlow call."""
+
+    kind: StrategyKind
+    devices: DeviceRequest | None
+    cpu_replicas: int | None
+    cluster_tasks: int
+    sources: Mapping[str, str]
+
+
+def resolve_request(
+    strategy: StrategyKind | str | None = None,
+    devices: DeviceSpec | None = None,
+    cpu_replicas: int | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> Request:
+    """Apply argument > ``TFSTRATEGY_*`` > default and validate each setting and ``TF_CONFIG``.
+
+    Pure apart from reading the environment; :func:`select` and ``tfstrategy env``
+    share it so the report predicts exactly what ``select`` would do.
+
+    Raises:
+        TFStrategyError: a setting is invalid or code and environment conflict.
+    """
+    kind_setting = resolve_setting(
+        "strategy", strategy, ENV_STRATEGY, StrategyKind.AUTO, env, normalise=lambda v: StrategyKind.parse(v).value
+    )
+    devices_setting = resolve_setting("devices", devices, ENV_DEVICES, None, env, normalise=_devices_key)
+    replicas_setting = resolve_setting(
+        "cpu_replicas", cpu_replicas, ENV_CPU_REPLICAS, None, env, normalise=lambda v: str(validate_cpu_replicas(v))
+    )
+    kind = StrategyKind.parse(kind_setting.value)
+    request = parse_devices(devices_setting.value)
+    replicas = validate_cpu_replicas(replicas_setting.value)
+    cluster = load_cluster_config(env)
+    sources = {"strategy": kind_setting.source}
+    if devices_setting.value is not None:
+        sources["devices"] = devices_setting.source
+    if replicas is not None:
+        sources["cpu_replicas"] = replicas_setting.source
+    return Request(
+        kind=kind,
+        devices=request,
+        cpu_replicas=replicas,
+        cluster_tasks=cluster.num_workers if cluster else 0,
+        sources=sources,
+    )
+
+
 def _devices_key(value: Any) -> str:
     return str(parse_devices(value))
 
@@ -299,27 +350,19 @@ def select(
         >>> with selection.scope():
         ...     model = build_model()
     """
-    kind_setting = resolve_setting("strategy", strategy, ENV_STRATEGY, StrategyKind.AUTO, env, normalise=lambda v: StrategyKind.parse(v).value)
-    devices_setting = resolve_setting("devices", devices, ENV_DEVICES, None, env, normalise=_devices_key)
-    replicas_setting = resolve_setting(
-        "cpu_replicas", cpu_replicas, ENV_CPU_REPLICAS, None, env, normalise=lambda v: str(validate_cpu_replicas(v))
-    )
-    kind = StrategyKind.parse(kind_setting.value)
-    request = parse_devices(devices_setting.value)
-    replicas = validate_cpu_replicas(replicas_setting.value)
-    cluster = load_cluster_config(env)
-    cluster_tasks = cluster.num_workers if cluster else 0
+    request = resolve_request(strategy, devices, cpu_replicas, env=env)
     if collective_timeout == DEFAULT_COLLECTIVE_TIMEOUT:
         collective_timeout = collective_timeout_from_env(collective_timeout, env)
-    if replicas is not None and kind in (StrategyKind.AUTO, StrategyKind.MIRRORED, StrategyKind.ONE_DEVICE):
-        configure_cpu_replicas(replicas)
-    choice = choose(kind=kind, devices=request, cpu_replicas=replicas, host=HostInfo.detect(), cluster_tasks=cluster_tasks)
-    sources = {"strategy": kind_setting.source}
-    if devices_setting.value is not None:
-        sources["devices"] = devices_setting.source
-    if replicas is not None:
-        sources["cpu_replicas"] = replicas_setting.source
+    if request.cpu_replicas is not None and request.kind in (StrategyKind.AUTO, StrategyKind.MIRRORED, StrategyKind.ONE_DEVICE):
+        configure_cpu_replicas(request.cpu_replicas)
+    choice = choose(
+        kind=request.kind,
+        devices=request.devices,
+        cpu_replicas=request.cpu_replicas,
+        host=HostInfo.detect(),
+        cluster_tasks=request.cluster_tasks,
+    )
     # From here on tfstrategy is active: record where variables are created so
     # the scope audit can name the file:line of any made outside the scope.
     start_recording()
-    return Selection(strategy=build(choice, collective_timeout=collective_timeout), choice=choice, sources=sources)
+    return Selection(strategy=build(choice, collective_timeout=collective_timeout), choice=choice, sources=request.sources)
