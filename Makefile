@@ -1,12 +1,16 @@
 # Two commands on a fresh machine:
-#   make check   set up .venv and run `tfstrategy check` on the default strategy
-#   make test    set up .venv and run the test suite
-#   make bench   set up .venv and run the benchmarks (tables, benchmarks/results/results.{json,png})
+#   make check       set up .venv and run `tfstrategy check` on the default strategy
+#   make test        set up .venv and run the whole test suite (what CI runs)
+# For developers:
+#   make test-fast   the edit-test loop: no worker processes, no long training (under 2 minutes)
+#   make lint        ruff
+#   make versions    the smoke set on the oldest supported TensorFlow/Keras and on tf_keras (own venvs)
+#   make bench       the benchmarks (tables, benchmarks/results/results.{json,png})
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup check test bench clean
+.PHONY: setup check test test-fast lint versions bench clean
 
 setup: $(VENV)/.installed
 
@@ -19,11 +23,20 @@ $(VENV)/.installed: pyproject.toml
 check: setup
 	$(BIN)/tfstrategy check
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow and not multiprocess" -q
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks examples
+
+versions:
+	bash .ci/versions
 
 bench: setup
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venvs .pytest_cache

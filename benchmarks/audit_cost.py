@@ -43,7 +43,7 @@ def main() -> None:
     import numpy as np
     import tensorflow as tf
 
-    from tfstrategy.sites import recording
+    from tfstrategy.scope.creation_sites import recording
 
     def build_model() -> keras.Model:
         inputs = keras.Input(shape=(32,))
@@ -94,7 +94,7 @@ def main() -> None:
 
     # The recorder's own work per variable (stack walk + bookkeeping), without
     # TensorFlow's variable creation around it.
-    from tfstrategy.sites import _record_site
+    from tfstrategy.scope.creation_sites import _record_site
 
     variable = tf.Variable(0.0)
     calls = 20000

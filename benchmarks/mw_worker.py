@@ -154,7 +154,7 @@ def time_allreduce(strategy, sizes: list[int], repeats: int) -> dict[str, float]
     for size in sizes:
         elements = max(1, size // 4)
         # One tensor per replica, on the replica's device, as gradients are.
-        value = strategy.experimental_distribute_values_from_function(lambda _: tf.ones([elements], tf.float32))
+        value = strategy.experimental_distribute_values_from_function(lambda _, elements=elements: tf.ones([elements], tf.float32))
 
         @tf.function(autograph=False)
         def all_reduce(per_replica):

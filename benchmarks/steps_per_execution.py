@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     replica_counts = [int(part) for part in args.replicas.split(",")]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tfstrategy
-    from tfstrategy.runtime import configure_cpu_replicas
+    from tfstrategy.selection.cpu_split import configure_cpu_replicas
 
     configure_cpu_replicas(max(replica_counts))
     import keras

@@ -27,8 +27,9 @@ if "SLURM_PROCID" in os.environ and "TF_CONFIG" not in os.environ:
 selection = tfstrategy.select()  # MultiWorkerMirroredStrategy when TF_CONFIG has >1 worker
 print(selection.explain(), flush=True)
 
-import keras  # noqa: E402  (after select(): the strategy must exist before TensorFlow ops run)
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf  # noqa: E402  (after select(): the strategy must exist before TensorFlow ops run)
+
+keras = tf.keras  # Keras 3, or tf_keras under TF_USE_LEGACY_KERAS=1
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(4096, 8)).astype("float32")

@@ -6,6 +6,7 @@
 import tempfile
 
 import tfstrategy
+from tfstrategy.errors import ScopeError
 
 selection = tfstrategy.select(cpu_replicas=4)  # before anything else starts TensorFlow
 
@@ -39,5 +40,5 @@ with selection.scope():
     model.compile(optimizer, "mse")
 try:
     tfstrategy.require_scope(model, selection)
-except tfstrategy.ScopeError as error:
+except ScopeError as error:
     print(f"ScopeError: {error}")

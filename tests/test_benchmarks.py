@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from stats import Comparison, SuiteResult, format_table, interleaved_order  # noqa: E402
@@ -41,6 +41,7 @@ def test_comparison_summarises_pair_ratios():
     assert table[-1] == "| x | plain: 4.00 s | tfs: 4.00 s | **1.000** | 0.500-1.500 | 3 | lower |"
 
 
+@pytest.mark.slow
 def test_quick_run_writes_tables_json_and_plot(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path)],

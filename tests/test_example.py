@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+import pytest
+
+from helpers import ROOT
 
 
+@pytest.mark.slow
 def test_example_trains_one_epoch_on_two_replicas():
     environment = {key: value for key, value in os.environ.items() if not key.startswith("TFSTRATEGY_")}
     result = subprocess.run(

@@ -1,126 +1,125 @@
-"""tfstrategy: TensorFlow distribution strategies made correct, checked and fast."""
+"""tfstrategy: TensorFlow distribution strategies made correct, checked and fast.
+
+The public API is the names in ``__all__``; errors live in :mod:`tfstrategy.errors`.
+Names from earlier releases that moved still resolve, with a DeprecationWarning
+that gives their new home.
+"""
 
 from tfstrategy._tf import ensure_tensorflow_installed
 
 ensure_tensorflow_installed()
 
-from tfstrategy.audit import (  # noqa: E402
-    AuditReport,
-    VariableRecord,
-    audit_scope,
-    guard_model,
-    require_scope,
-    scope_guard,
-)
-from tfstrategy.batching import BatchPlan, plan_batch  # noqa: E402
-from tfstrategy.build import BuildReport, build_in_scope  # noqa: E402
-from tfstrategy.check import CheckReport, run_check  # noqa: E402
-from tfstrategy.cluster import (  # noqa: E402
-    ClusterConfig,
-    load_cluster_config,
-    tf_config_from_hosts,
-    tf_config_from_slurm,
-    validate_tf_config,
-)
-from tfstrategy.data import plan_dataset, prepare_dataset  # noqa: E402
-from tfstrategy.devices import Device, parse_devices, resolve_devices  # noqa: E402
-from tfstrategy.env_report import EnvReport, collect_env_report, env_report_as_dict, format_env_report  # noqa: E402
-from tfstrategy.equivalence import EquivalenceReport, replica_equivalence  # noqa: E402
-from tfstrategy.errors import (  # noqa: E402
-    BatchError,
-    BuildError,
-    CheckpointError,
-    ClusterConfigError,
-    DeviceError,
-    LaunchError,
-    LossReductionError,
-    MissingDependencyError,
-    RuntimeInitializedError,
-    SaveError,
-    ScopeError,
-    SettingsConflictError,
-    StrategyError,
-    TFStrategyError,
-    TrainingError,
-)
-from tfstrategy.host import HostInfo  # noqa: E402
-from tfstrategy.launcher import LaunchResult, launch  # noqa: E402
-from tfstrategy.mwms_fix import apply_keras_mwms_fix  # noqa: E402
-from tfstrategy.restore import RestoreReport, restore_checkpoint  # noqa: E402
-from tfstrategy.runtime import configure_cpu_replicas  # noqa: E402
-from tfstrategy.saving import save_model  # noqa: E402
-from tfstrategy.selection import Choice, Selection, build, choose, select  # noqa: E402
-from tfstrategy.settings import StrategyKind  # noqa: E402
-from tfstrategy.sites import recording, start_recording  # noqa: E402
-from tfstrategy.steps_per_execution import fix_steps_per_execution  # noqa: E402
-from tfstrategy.training import TrainStep, make_train_step  # noqa: E402
-from tfstrategy.worker import backup_callbacks, signal_joined  # noqa: E402
+import importlib as _importlib  # noqa: E402
+import warnings as _warnings  # noqa: E402
 
-__version__ = "0.1.0"
+from tfstrategy.diagnostics.check import run_check  # noqa: E402
+from tfstrategy.diagnostics.env_report import collect_env_report  # noqa: E402
+from tfstrategy.diagnostics.equivalence import replica_equivalence  # noqa: E402
+from tfstrategy.errors import TFStrategyError  # noqa: E402
+from tfstrategy.launch.supervisor import launch  # noqa: E402
+from tfstrategy.multiworker.cluster import tf_config_from_hosts, tf_config_from_slurm  # noqa: E402
+from tfstrategy.multiworker.saving import save_model  # noqa: E402
+from tfstrategy.multiworker.worker_protocol import backup_callbacks, signal_joined  # noqa: E402
+from tfstrategy.patches import apply_patches, patch_status  # noqa: E402
+from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution  # noqa: E402
+from tfstrategy.scope.audit import audit_scope, require_scope, scope_guard  # noqa: E402
+from tfstrategy.scope.build import build_in_scope  # noqa: E402
+from tfstrategy.scope.restore import restore_checkpoint  # noqa: E402
+from tfstrategy.selection.choose import choose  # noqa: E402
+from tfstrategy.selection.cpu_split import configure_cpu_replicas  # noqa: E402
+from tfstrategy.selection.host import HostInfo  # noqa: E402
+from tfstrategy.selection.select import Selection, select  # noqa: E402
+from tfstrategy.selection.strategies import build  # noqa: E402
+from tfstrategy.settings import StrategyKind  # noqa: E402
+from tfstrategy.training.batching import plan_batch  # noqa: E402
+from tfstrategy.training.custom_loop import make_train_step  # noqa: E402
+from tfstrategy.training.datasets import plan_dataset, prepare_dataset  # noqa: E402
+
+__version__ = "0.2.0"
 
 __all__ = [
-    "AuditReport",
-    "BatchError",
-    "BatchPlan",
-    "BuildError",
-    "BuildReport",
-    "CheckReport",
-    "CheckpointError",
-    "Choice",
-    "ClusterConfig",
-    "ClusterConfigError",
-    "Device",
-    "DeviceError",
-    "EnvReport",
-    "EquivalenceReport",
-    "HostInfo",
-    "LaunchError",
-    "LaunchResult",
-    "LossReductionError",
-    "MissingDependencyError",
-    "RestoreReport",
-    "RuntimeInitializedError",
-    "SaveError",
-    "ScopeError",
+    # Select the strategy (how-to steps 2 and 5).
+    "select",
     "Selection",
-    "SettingsConflictError",
-    "StrategyError",
     "StrategyKind",
-    "TFStrategyError",
-    "TrainStep",
-    "TrainingError",
-    "VariableRecord",
-    "apply_keras_mwms_fix",
-    "audit_scope",
-    "backup_callbacks",
-    "build",
-    "build_in_scope",
     "choose",
-    "collect_env_report",
+    "build",
+    "HostInfo",
     "configure_cpu_replicas",
-    "env_report_as_dict",
-    "fix_steps_per_execution",
-    "format_env_report",
-    "guard_model",
-    "launch",
-    "load_cluster_config",
-    "make_train_step",
-    "parse_devices",
+    # Build in scope and audit (step 2).
+    "build_in_scope",
+    "audit_scope",
+    "require_scope",
+    "scope_guard",
+    "restore_checkpoint",
+    # Batching, input pipelines, training (steps 3 and 4).
     "plan_batch",
     "plan_dataset",
     "prepare_dataset",
-    "recording",
-    "replica_equivalence",
-    "require_scope",
-    "resolve_devices",
-    "restore_checkpoint",
+    "make_train_step",
+    "fix_steps_per_execution",
+    # Keras workarounds.
+    "apply_patches",
+    "patch_status",
+    # Diagnostics (steps 1 and 6).
     "run_check",
+    "replica_equivalence",
+    "collect_env_report",
+    # Multi-worker.
+    "launch",
+    "backup_callbacks",
     "save_model",
-    "scope_guard",
-    "select",
     "signal_joined",
-    "start_recording",
     "tf_config_from_hosts",
     "tf_config_from_slurm",
-    "validate_tf_config",
+    # Errors: the base class; every error class is in tfstrategy.errors.
+    "TFStrategyError",
 ]
+
+#: Names exported by tfstrategy 0.1 that moved: name -> module that has it now.
+_MOVED = {
+    "AuditReport": "tfstrategy.scope.audit",
+    "VariableRecord": "tfstrategy.scope.audit",
+    "guard_model": "tfstrategy.scope.audit",
+    "BatchPlan": "tfstrategy.training.batching",
+    "BuildReport": "tfstrategy.scope.build",
+    "CheckReport": "tfstrategy.diagnostics.check",
+    "Choice": "tfstrategy.selection.choose",
+    "ClusterConfig": "tfstrategy.multiworker.cluster",
+    "load_cluster_config": "tfstrategy.multiworker.cluster",
+    "validate_tf_config": "tfstrategy.multiworker.cluster",
+    "Device": "tfstrategy.selection.devices",
+    "parse_devices": "tfstrategy.selection.devices",
+    "resolve_devices": "tfstrategy.selection.devices",
+    "EnvReport": "tfstrategy.diagnostics.env_report",
+    "env_report_as_dict": "tfstrategy.diagnostics.env_report",
+    "format_env_report": "tfstrategy.diagnostics.env_report",
+    "EquivalenceReport": "tfstrategy.diagnostics.equivalence",
+    "LaunchResult": "tfstrategy.launch.supervisor",
+    "RestoreReport": "tfstrategy.scope.restore",
+    "TrainStep": "tfstrategy.training.custom_loop",
+    "apply_keras_mwms_fix": "tfstrategy.patches.keras_mwms",
+    "recording": "tfstrategy.scope.creation_sites",
+    "start_recording": "tfstrategy.scope.creation_sites",
+    **{
+        name: "tfstrategy.errors"
+        for name in (
+            "BatchError", "BuildError", "CheckpointError", "ClusterConfigError", "DeviceError", "LaunchError",
+            "LossReductionError", "MissingDependencyError", "RuntimeInitializedError", "SaveError", "ScopeError",
+            "SettingsConflictError", "StrategyError", "TrainingError",
+        )
+    },
+}
+
+
+def __getattr__(name: str):
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tfstrategy' has no attribute {name!r}")
+    _warnings.warn(
+        f"tfstrategy.{name} moved out of the top-level API; import it from {module} "
+        f"(from {module} import {name}).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(_importlib.import_module(module), name)

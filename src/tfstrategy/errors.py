@@ -36,6 +36,14 @@ class MissingDependencyError(TFStrategyError, ImportError):
     """An optional dependency (TensorFlow itself, matplotlib, ...) is missing."""
 
 
+class UnsupportedVersionError(TFStrategyError, RuntimeError):
+    """The installed TensorFlow or Keras is older than tfstrategy supports."""
+
+
+class PlatformError(TFStrategyError, RuntimeError):
+    """This system lacks a tool or permission a feature needs (e.g. ``unshare`` for network isolation)."""
+
+
 class SaveError(TFStrategyError, ValueError):
     """A save path tfstrategy cannot write under a distribution strategy."""
 

@@ -1,24 +1,45 @@
-"""Where each setting comes from: explicit argument > ``TFSTRATEGY_*`` variable > default.
+"""Every ``TFSTRATEGY_*`` variable, and the rule for settings: argument > variable > default.
 
 The CLI (``tfstrategy launch``) hands settings to a user's script through the
 environment, so one script runs unchanged under different command lines. When
 the script *also* passes a different value in code, neither silently wins: the
 conflict is an error that says which one to remove.
+
+Two kinds of variables live here. *Settings* a user may set
+(:data:`ENV_STRATEGY`, :data:`ENV_DEVICES`, :data:`ENV_CPU_REPLICAS`,
+:data:`ENV_COLLECTIVE_TIMEOUT`) and the *launch protocol* that ``tfstrategy
+launch`` sets for each worker (:data:`ENV_NUM_WORKERS` ... :data:`ENV_ISOLATED`).
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from tfstrategy.errors import SettingsConflictError, StrategyError
 
+# Settings (argument > variable > default).
 ENV_STRATEGY = "TFSTRATEGY_STRATEGY"
 ENV_DEVICES = "TFSTRATEGY_DEVICES"
 ENV_CPU_REPLICAS = "TFSTRATEGY_CPU_REPLICAS"
+#: Seconds a multi-worker collective waits for a peer before raising.
+ENV_COLLECTIVE_TIMEOUT = "TFSTRATEGY_COLLECTIVE_TIMEOUT"
+
+# The launch protocol: set by `tfstrategy launch` for each worker it starts.
+ENV_NUM_WORKERS = "TFSTRATEGY_NUM_WORKERS"
+ENV_WORKER_INDEX = "TFSTRATEGY_WORKER_INDEX"
+ENV_RESTART = "TFSTRATEGY_RESTART"
+ENV_JOIN_FILE = "TFSTRATEGY_JOIN_FILE"
+ENV_BACKUP_DIR = "TFSTRATEGY_BACKUP_DIR"
+#: Set by the launcher after it re-executed itself in a private network namespace.
+ENV_ISOLATED = "TFSTRATEGY_ISOLATED_NETWORK"
+
+#: Seconds a collective may wait for a peer when neither code nor environment says.
+DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 
 
 class StrategyKind(str, Enum):
@@ -102,3 +123,47 @@ def _normalise(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         value = ",".join(str(item) for item in value)
     return str(value).strip().lower().replace(" ", "")
+
+
+def parse_collective_timeout(value: Any, *, name: str = "collective_timeout") -> float | None:
+    """Seconds > 0 as a float; ``None`` for "wait forever" (``"none"``, ``0`` or ``inf``).
+
+    Raises:
+        StrategyError: not a finite positive number, ``0``, ``inf`` or ``"none"``.
+    """
+    text = str(value).strip().lower()
+    if text in ("none", "0", "0.0", "inf", "infinity"):
+        return None
+    number = math.nan
+    if not isinstance(value, bool) and len(text) <= 32:
+        try:
+            number = float(text)
+        except ValueError:
+            pass
+    if not math.isfinite(number) or number <= 0:
+        raise StrategyError(
+            f"Received {name}={value!r}; expected seconds > 0 (e.g. 120), or 'none' to wait forever "
+            "as TensorFlow does by default."
+        )
+    return number
+
+
+def resolve_collective_timeout(
+    argument: float | str | None, env: Mapping[str, str] | None = None
+) -> tuple[float | None, str]:
+    """The collective timeout by argument > ``TFSTRATEGY_COLLECTIVE_TIMEOUT`` > 300 s, and its source.
+
+    Raises:
+        StrategyError: a value is not a valid timeout (the message names the variable if it came from there).
+        SettingsConflictError: code and environment both set it and differ.
+    """
+    setting = resolve_setting(
+        "collective_timeout",
+        argument,
+        ENV_COLLECTIVE_TIMEOUT,
+        DEFAULT_COLLECTIVE_TIMEOUT,
+        env,
+        normalise=lambda v: str(parse_collective_timeout(v)),
+    )
+    name = ENV_COLLECTIVE_TIMEOUT if setting.source.startswith("env") else "collective_timeout"
+    return parse_collective_timeout(setting.value, name=name), setting.source

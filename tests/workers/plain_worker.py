@@ -25,7 +25,7 @@ if mode == "fail" and index == 1:
         print(f"line {line}", flush=True)
     sys.exit(3)
 if mode == "joined" and index == 0:
-    from tfstrategy.worker import signal_joined
+    from tfstrategy.multiworker.worker_protocol import signal_joined
 
     signal_joined()
 if mode == "listen":

@@ -61,13 +61,13 @@ def check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
 def check_command(args: argparse.Namespace) -> int:
     """Run the check; return the exit status."""
     quiet_tensorflow(args.debug)
-    from tfstrategy.check import run_check
-    from tfstrategy.selection import select
+    from tfstrategy.diagnostics.check import run_check
+    from tfstrategy.selection.select import select
 
     selection = select(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)
     report = run_check(selection)
     if args.equivalence:
-        from tfstrategy.equivalence import add_equivalence
+        from tfstrategy.diagnostics.equivalence import add_equivalence
 
         add_equivalence(report, selection, progress=lambda message: print(f"equivalence: {message}", file=sys.stderr, flush=True))
     if args.json:

@@ -43,7 +43,7 @@ def env_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def env_command(args: argparse.Namespace) -> int:
     """Print the report; return the exit status."""
     quiet_tensorflow(args.debug)
-    from tfstrategy.env_report import collect_env_report, env_report_as_dict, format_env_report
+    from tfstrategy.diagnostics.env_report import collect_env_report, env_report_as_dict, format_env_report
 
     report = collect_env_report()
     if args.json:

@@ -7,9 +7,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tfstrategy import netns
 from tfstrategy.cli._common import quiet_tensorflow
-from tfstrategy.launcher import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
+from tfstrategy.launch import network_isolation
+from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
 
 DESCRIPTION = textwrap.dedent(
     f"""\
@@ -107,9 +107,9 @@ def launch_command(args: argparse.Namespace) -> int:
     quiet_tensorflow(args.debug)
     options = options_from_args(args)
     if args.isolate_network:
-        if not netns.is_isolated():
-            netns.reexec_isolated(_command_line(args, options))
-        netns.bring_up_loopback()
+        if not network_isolation.is_isolated():
+            network_isolation.reexec_isolated(_command_line(args, options))
+        network_isolation.bring_up_loopback()
         print("tfstrategy launch: in a private network namespace: workers reach each other on 127.0.0.1 only, "
               "other hosts cannot reach them", file=sys.stderr)
     result = Launcher(options).run()

@@ -1,0 +1,228 @@
+"""Every private TensorFlow and Keras attribute tfstrategy reads or writes, in one place.
+
+TensorFlow and Keras have no public API for some things tfstrategy must know
+(which strategy owns a model, whether the runtime has started, the Keras trainer
+functions the patches replace). Each such access is one small function here,
+so a new release breaks this file only, and ``tests/test_compat.py`` says which
+function broke. Nothing else in tfstrategy names a private TF/Keras attribute.
+
+Keras flavours: a model is either Keras 3 (``keras``) or tf_keras (legacy
+Keras 2, ``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``); functions taking a
+model handle both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+from tfstrategy._tf import tf
+
+# --- Keras flavour -------------------------------------------------------------------
+
+
+def is_tf_keras_object(obj: Any) -> bool:
+    """Whether ``obj`` (a model, optimizer, metric, ...) comes from tf_keras rather than Keras 3."""
+    return any(klass.__module__.split(".", 1)[0] == "tf_keras" for klass in type(obj).__mro__)
+
+
+def keras_for(obj: Any = None) -> ModuleType:
+    """The Keras package ``obj`` belongs to, or the one ``tf.keras`` resolves to when ``obj`` is ``None``."""
+    from tfstrategy._versions import legacy_keras_requested
+
+    if is_tf_keras_object(obj) if obj is not None else legacy_keras_requested():
+        import tf_keras
+
+        return tf_keras
+    import keras
+
+    return keras
+
+
+def keras_version(module: ModuleType) -> str:
+    """The ``__version__`` of a Keras package (Keras 3 or tf_keras)."""
+    return str(getattr(module, "__version__", "0"))
+
+
+# --- Keras 3 trainer internals that the patches replace ------------------------------
+
+
+def keras3_tensorflow_trainer() -> ModuleType | None:
+    """``keras.src.backend.tensorflow.trainer`` when Keras 3 runs on TensorFlow; else ``None``.
+
+    Imports Keras only if it is already imported, or asked for by the caller's
+    code path (the patches call this once TensorFlow is in use).
+    """
+    try:
+        import keras
+
+        if keras.backend.backend() != "tensorflow":
+            return None
+        from keras.src.backend.tensorflow import trainer
+    except ImportError:  # internals moved or Keras 3 missing: nothing of ours applies
+        return None
+    return trainer
+
+
+def keras3_tree() -> ModuleType:
+    """Keras 3's nest utilities (``keras.src.tree``), which handle its ``None`` leaves as Keras does."""
+    from keras.src import tree
+
+    return tree
+
+
+def get_path(root: Any, path: str) -> Any:
+    """``root.a.b`` for ``path="a.b"``; ``AttributeError`` if any part is missing."""
+    value = root
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def set_path(root: Any, path: str, value: Any) -> None:
+    """Set ``root.a.b = value`` for ``path="a.b"``."""
+    owner_path, _, name = path.rpartition(".")
+    setattr(get_path(root, owner_path) if owner_path else root, name, value)
+
+
+# --- Strategies and variables -------------------------------------------------------
+
+
+def model_strategy(model: Any) -> Any:
+    """The strategy a model was created under (``None`` if Keras recorded none)."""
+    # Keras 3 keeps it in `_distribute_strategy`, tf_keras in `_distribution_strategy`.
+    for name in ("_distribute_strategy", "_distribution_strategy"):
+        strategy = getattr(model, name, None)
+        if strategy is not None:
+            return strategy
+    return None
+
+
+def optimizer_strategy(optimizer: Any, default: Any = None) -> Any:
+    """The strategy an optimizer was created under (Keras 3 and tf_keras both call it ``_distribution_strategy``)."""
+    return getattr(optimizer, "_distribution_strategy", default)
+
+
+def tf_variable(variable: Any) -> Any:
+    """The ``tf.Variable`` behind a Keras 3 variable (which wraps it in ``_value``); tf_keras' are already one."""
+    return getattr(variable, "_value", variable)
+
+
+def model_metric_variables(model: Any) -> list[Any]:
+    """Variables of a model's built metrics (Keras 3 ``metrics_variables``; tf_keras has only ``metrics``)."""
+    variables = getattr(model, "metrics_variables", None)
+    if variables is not None:
+        return list(variables)
+    return [variable for metric in getattr(model, "metrics", ()) for variable in metric.variables]
+
+
+def optimizer_variables(optimizer: Any) -> list[Any]:
+    """An optimizer's variables (a list in Keras 3 and tf_keras; a method on tf_keras' legacy optimizers)."""
+    variables = optimizer.variables
+    return list(variables() if callable(variables) and not isinstance(variables, list) else variables)
+
+
+def variable_path(variable: Any) -> str:
+    """A variable's name for messages: Keras 3's ``path`` (``dense/kernel``), else the tf.Variable ``name``."""
+    return str(getattr(variable, "path", None) or variable.name)
+
+
+def compiled_metric_objects(model: Any) -> list[Any]:
+    """Metric objects passed to ``compile`` that Keras has not built yet (before the first step).
+
+    Keras 3 holds them in ``model._compile_metrics._user_metrics`` (and
+    ``_user_weighted_metrics``) until the first step; tf_keras in
+    ``model.compiled_metrics._user_metrics``.
+    """
+    found: list[Any] = []
+    for holder_name in ("_compile_metrics", "compiled_metrics"):
+        compiled = getattr(model, holder_name, None)
+        if compiled is None or getattr(compiled, "built", getattr(compiled, "_built", True)):
+            continue
+        for structure in (getattr(compiled, "_user_metrics", None), getattr(compiled, "_user_weighted_metrics", None)):
+            if structure is not None:
+                found.extend(item for item in tf().nest.flatten(structure) if hasattr(item, "variables"))
+    return found
+
+
+def in_multi_worker_mode(strategy: Any) -> bool:
+    """Whether a MultiWorkerMirroredStrategy spans more than one worker (Keras' own test)."""
+    return isinstance(strategy, tf().distribute.MultiWorkerMirroredStrategy) and bool(
+        strategy.extended._in_multi_worker_mode()
+    )
+
+
+def is_default_strategy(strategy: Any) -> bool:
+    """Whether ``strategy`` is TensorFlow's default (no-distribution) strategy."""
+    return type(strategy).__name__ == "_DefaultDistributionStrategy"
+
+
+@contextlib.contextmanager
+def mirrored_collective_key_base(base: int) -> Iterator[None]:
+    """Create MirroredStrategies in this block with collective keys starting at ``base``.
+
+    Every MirroredStrategy starts its collective group and instance keys at the
+    same numbers, so two in one process over the same devices collide ("Shape
+    mismatch in the collective instance 100"). TensorFlow's tests set the class
+    attribute ``_collective_key_base``; the default is put back afterwards.
+    """
+    cls = tf().distribute.MirroredStrategy
+    default = cls._collective_key_base
+    cls._collective_key_base = base
+    try:
+        yield
+    finally:
+        cls._collective_key_base = default
+
+
+def per_replica(values: tuple[Any, ...]) -> Any:
+    """A ``PerReplica`` value (what a distributed iterator yields) from per-replica parts."""
+    from tensorflow.python.distribute.values import PerReplica
+
+    return PerReplica(values)
+
+
+def optional_type_spec(optional: Any) -> Any:
+    """The ``TypeSpec`` of a ``tf.experimental.Optional`` (a ``while_loop`` shape invariant needs it)."""
+    return optional._type_spec
+
+
+def capture_call_time_value(function: Any, spec: Any) -> Any:
+    """A deferred capture in the graph being traced, as the collective ops' instance keys use."""
+    return tf().compat.v1.get_default_graph().capture_call_time_value(function, spec)
+
+
+# --- Runtime and tracing state ------------------------------------------------------
+
+
+def runtime_started() -> bool:
+    """Whether this process's TensorFlow runtime (eager context) has started; ``False`` if TF is not imported."""
+    if "tensorflow" not in sys.modules:
+        return False
+    from tensorflow.python.eager import context
+
+    # No public query exists; the eager context's handle is created exactly when
+    # the runtime starts (the first op or device listing).
+    return context.context()._context_handle is not None
+
+
+def variable_creator_scope_open() -> bool:
+    """Whether some ``tf.variable_creator_scope`` is open in this thread."""
+    graph = tf().compat.v1.get_default_graph()
+    return bool(getattr(graph, "_variable_creator_stack", None))
+
+
+# --- Slurm ------------------------------------------------------------------------------
+
+
+def slurm_hostlist_helpers() -> tuple[Any, Any]:
+    """TensorFlow's Slurm parsers: ``(expand_hostlist, expand_tasks_per_node)``."""
+    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (
+        expand_hostlist,
+        expand_tasks_per_node,
+    )
+
+    return expand_hostlist, expand_tasks_per_node

@@ -1,0 +1,144 @@
+"""Which TensorFlow and Keras are installed, and whether tfstrategy supports them.
+
+Every version comparison in tfstrategy goes through :func:`parse` and
+:func:`at_least`; nothing else parses a version string. Versions are read from
+package metadata, never by importing TensorFlow or Keras (seconds each, and
+TensorFlow must not start before ``cpu_replicas`` splits the CPU).
+
+Supported (each measured; see CONTRIBUTING.md for the version table):
+
+- TensorFlow 2.16 and later (``tensorflow`` or ``tensorflow-cpu``).
+- Keras 3.8 and later. Keras 3.0-3.7 do not scale the loss for distribution
+  (``fit`` on 4 replicas differs from 1 replica by 0.6 on the equivalence check),
+  so their distributed training is wrong and tfstrategy refuses them.
+- tf_keras 2.16 and later when ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` tf_keras.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+from tfstrategy.errors import UnsupportedVersionError
+
+MIN_TENSORFLOW = "2.16"
+MIN_KERAS = "3.8"
+MIN_TF_KERAS = "2.16"
+#: The values of TF_USE_LEGACY_KERAS that make TensorFlow load tf_keras as tf.keras.
+LEGACY_KERAS_TRUE = ("true", "True", "1")
+
+_TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel", "tf-nightly")
+
+
+def parse(text: str) -> Version:
+    """A comparable version; an unparsable string counts as ``0``."""
+    try:
+        return Version(str(text))
+    except InvalidVersion:
+        return Version("0")
+
+
+def at_least(version: str, minimum: str) -> bool:
+    """Whether ``version`` is ``minimum`` or newer, ignoring pre-release tags of the same release."""
+    return parse(version).release >= parse(minimum).release
+
+
+def newer_than(version: str, reference: str) -> bool:
+    """Whether ``version`` is a later release than ``reference``."""
+    return parse(version).release > parse(reference).release
+
+
+def installed(*distributions: str) -> str | None:
+    """The version of the first of ``distributions`` that is installed, else ``None``."""
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def legacy_keras_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TF_USE_LEGACY_KERAS`` makes ``tf.keras`` load tf_keras (TensorFlow's own rule)."""
+    env = os.environ if env is None else env
+    return env.get("TF_USE_LEGACY_KERAS") in LEGACY_KERAS_TRUE
+
+
+@dataclass(frozen=True, kw_only=True)
+class Versions:
+    """The installed TensorFlow and the Keras that ``tf.keras`` resolves to."""
+
+    tensorflow: str | None
+    keras: str | None
+    #: ``"keras"`` (Keras 3) or ``"tf_keras"`` (legacy Keras 2 under TF_USE_LEGACY_KERAS).
+    keras_package: str
+
+    @property
+    def legacy_keras(self) -> bool:
+        return self.keras_package == "tf_keras"
+
+    def describe(self) -> str:
+        return f"tensorflow {self.tensorflow or 'missing'}, {self.keras_package} {self.keras or 'missing'}"
+
+    def problem(self) -> str | None:
+        """Why this combination is unsupported, with the fix; ``None`` when it is supported."""
+        if self.tensorflow is None:
+            return None  # reported by ensure_tensorflow_installed with its own install hint
+        if not at_least(self.tensorflow, MIN_TENSORFLOW):
+            return (
+                f"Received TensorFlow {self.tensorflow}; tfstrategy needs TensorFlow {MIN_TENSORFLOW} or later. "
+                f"Upgrade with pip install 'tensorflow-cpu>={MIN_TENSORFLOW}' (or 'tensorflow>={MIN_TENSORFLOW}')."
+            )
+        if self.legacy_keras:
+            if self.keras is None:
+                return (
+                    "Received TF_USE_LEGACY_KERAS=1, which makes tf.keras load tf_keras, but tf_keras is not "
+                    "installed. Install it with pip install 'tf-keras>=2.16', or unset TF_USE_LEGACY_KERAS."
+                )
+            if not at_least(self.keras, MIN_TF_KERAS):
+                return (
+                    f"Received tf_keras {self.keras}; tfstrategy needs tf_keras {MIN_TF_KERAS} or later. "
+                    f"Upgrade with pip install 'tf-keras>={MIN_TF_KERAS}'."
+                )
+            return None
+        if self.keras is None:
+            return "Received no keras package; tf.keras needs it. Install it with pip install 'keras>=3.8'."
+        if not at_least(self.keras, MIN_KERAS):
+            return (
+                f"Received Keras {self.keras}; tfstrategy needs Keras {MIN_KERAS} or later, because Keras "
+                "before 3.8 does not scale the loss across replicas (distributed fit trains a different model "
+                f"than one device). Upgrade with pip install 'keras>={MIN_KERAS}', or use tf_keras "
+                "(pip install tf-keras; TF_USE_LEGACY_KERAS=1)."
+            )
+        return None
+
+
+def detect(env: Mapping[str, str] | None = None) -> Versions:
+    """Read the installed versions from package metadata (no import)."""
+    legacy = legacy_keras_requested(env)
+    return Versions(
+        tensorflow=installed(*_TENSORFLOW_DISTRIBUTIONS),
+        keras=installed("tf-keras", "tf_keras") if legacy else installed("keras"),
+        keras_package="tf_keras" if legacy else "keras",
+    )
+
+
+@functools.cache
+def _cached_problem(legacy: bool) -> str | None:
+    return detect({"TF_USE_LEGACY_KERAS": "1"} if legacy else {}).problem()
+
+
+def require_supported(env: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`UnsupportedVersionError` on a TensorFlow/Keras tfstrategy does not support.
+
+    Raises:
+        UnsupportedVersionError: names the installed version, the minimum and the upgrade.
+    """
+    problem = _cached_problem(legacy_keras_requested(env)) if env is None else detect(env).problem()
+    if problem is not None:
+        raise UnsupportedVersionError(problem)

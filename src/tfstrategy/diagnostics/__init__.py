@@ -1,0 +1,1 @@
+"""Diagnostics: the strategy check, replica equivalence, and the environment report."""

@@ -1,0 +1,1 @@
+"""``tfstrategy launch``: the supervisor of local worker groups, and network isolation."""

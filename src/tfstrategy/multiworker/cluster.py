@@ -1,0 +1,319 @@
+"""Read, validate and build the multi-worker cluster description (``TF_CONFIG``).
+
+``TF_CONFIG`` is what MultiWorkerMirroredStrategy reads to find its peers. A
+typo in it does not fail early in TensorFlow: a wrong index or a duplicated
+address makes the workers wait for each other forever. :func:`validate_tf_config`
+checks every rule up front and names the offending part with a correct example.
+:func:`tf_config_from_hosts` and :func:`tf_config_from_slurm` build it instead
+of writing it by hand.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tfstrategy import _compat
+from tfstrategy.errors import ClusterConfigError
+
+EXAMPLE_TF_CONFIG = (
+    '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}'
+)
+
+#: Task types TensorFlow's multi-worker code accepts in a cluster.
+TASK_TYPES = ("chief", "worker", "evaluator", "ps")
+#: Task types that train (and take part in MultiWorkerMirroredStrategy's collectives).
+TRAINING_TASK_TYPES = ("chief", "worker")
+#: TensorFlow's own default port for Slurm jobs (SlurmClusterResolver's port_base).
+DEFAULT_SLURM_PORT = 8888
+
+_HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.\-]+)):(?P<port>\d{1,5})$")
+_LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def read_tf_config(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """Parse ``TF_CONFIG`` from the environment; ``None`` when it is unset or empty.
+
+    Raises:
+        ClusterConfigError: it is not a JSON object.
+    """
+    env = os.environ if env is None else env
+    raw = env.get("TF_CONFIG", "").strip()
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ClusterConfigError(
+            f"Received TF_CONFIG={raw[:80]!r}, which is not valid JSON ({error.msg} at character {error.pos}). "
+            f"Expected for example {EXAMPLE_TF_CONFIG}."
+        ) from error
+    if not isinstance(config, dict):
+        raise ClusterConfigError(f"Received TF_CONFIG={raw[:80]!r}; expected a JSON object such as {EXAMPLE_TF_CONFIG}.")
+    return config
+
+
+def count_cluster_tasks(config: Mapping[str, Any] | None) -> int:
+    """How many training tasks (chief and workers) the cluster has; 0 without a config."""
+    if not config:
+        return 0
+    cluster = config.get("cluster") or {}
+    if not isinstance(cluster, dict):
+        raise ClusterConfigError(f"Received TF_CONFIG cluster={cluster!r}; expected an object such as {EXAMPLE_TF_CONFIG}.")
+    return sum(len(cluster.get(role) or []) for role in TRAINING_TASK_TYPES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """A validated ``TF_CONFIG``: every task's address and which task this process is."""
+
+    cluster: Mapping[str, tuple[str, ...]]
+    task_type: str
+    task_index: int
+
+    @property
+    def num_workers(self) -> int:
+        """Training tasks (chief and workers) in the job."""
+        return sum(len(self.cluster.get(role, ())) for role in TRAINING_TASK_TYPES)
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this task writes checkpoints and saved models (``chief``, else ``worker`` 0)."""
+        if "chief" in self.cluster:
+            return self.task_type == "chief"
+        return self.task_type == "worker" and self.task_index == 0
+
+    @property
+    def address(self) -> str:
+        """This task's ``host:port``."""
+        return self.cluster[self.task_type][self.task_index]
+
+    @property
+    def task_name(self) -> str:
+        """``worker-1``, ``chief-0``: unique per task, used for per-worker directories."""
+        return f"{self.task_type}-{self.task_index}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``TF_CONFIG`` object."""
+        return {
+            "cluster": {role: list(addresses) for role, addresses in self.cluster.items()},
+            "task": {"type": self.task_type, "index": self.task_index},
+        }
+
+    def to_json(self) -> str:
+        """The ``TF_CONFIG`` value, ready for ``os.environ["TF_CONFIG"]``."""
+        return json.dumps(self.to_dict())
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (dict, list, str, int)) else repr(value)
+
+
+def _fail(problem: str, fix: str) -> ClusterConfigError:
+    return ClusterConfigError(f"{problem}. {fix} Expected for example TF_CONFIG={EXAMPLE_TF_CONFIG}.")
+
+
+def parse_address(address: Any, where: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[::1]:port`` for IPv6) and check the port.
+
+    Raises:
+        ClusterConfigError: not a string of that shape, or the port is not 1-65535.
+    """
+    match = _HOST_PORT.match(address) if isinstance(address, str) else None
+    if match is None:
+        raise _fail(
+            f"Received {where}={_show(address)}, which is not host:port",
+            "Write each address as 'host:port', e.g. '10.0.0.5:12345' or '[::1]:12345'.",
+        )
+    port = int(match["port"])
+    if not 1 <= port <= 65535:
+        raise _fail(f"Received {where}={_show(address)}, whose port {port} is not in 1-65535", "Use a port such as 12345.")
+    return match["ipv6"] or match["host"], port
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in _LOCAL_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def validate_tf_config(config: Mapping[str, Any]) -> ClusterConfig:
+    """Check a parsed ``TF_CONFIG`` and return it as a :class:`ClusterConfig`.
+
+    Raises:
+        ClusterConfigError: missing ``cluster``/``task``, an unknown or absent
+            task type, an index out of range, an unparseable or duplicated
+            address, or ``localhost`` mixed with other hosts.
+
+    Example:
+        >>> validate_tf_config(json.loads(EXAMPLE_TF_CONFIG)).num_workers
+        2
+    """
+    cluster = config.get("cluster")
+    if not isinstance(cluster, dict) or not cluster:
+        raise _fail(
+            f"Received TF_CONFIG without a usable 'cluster' (cluster={_show(cluster)})",
+            "Add \"cluster\": {\"worker\": [...every worker's host:port...]}.",
+        )
+    parsed: dict[str, tuple[str, ...]] = {}
+    seen: dict[str, str] = {}
+    hosts: dict[str, str] = {}
+    for role, addresses in cluster.items():
+        if role not in TASK_TYPES:
+            raise _fail(
+                f"Received cluster.{role}, an unknown task type",
+                f"Use only {', '.join(TASK_TYPES)} (MultiWorkerMirroredStrategy needs just 'worker', optionally one 'chief').",
+            )
+        if not isinstance(addresses, list) or not addresses:
+            raise _fail(
+                f"Received cluster.{role}={_show(addresses)}; expected a non-empty list of 'host:port' strings",
+                f"Write cluster.{role} as a list such as [\"10.0.0.5:12345\"].",
+            )
+        if role in ("chief", "evaluator") and len(addresses) > 1:
+            raise _fail(f"Received cluster.{role} with {len(addresses)} addresses; a job has at most one {role}",
+                        f"Keep one address in cluster.{role} and move the others to cluster.worker.")
+        for index, address in enumerate(addresses):
+            where = f"cluster.{role}[{index}]"
+            host, _ = parse_address(address, where)
+            if address in seen:
+                raise _fail(
+                    f"Received {where}={_show(address)}, the same address as {seen[address]}",
+                    "Give every task its own host:port (on one machine: one port per worker).",
+                )
+            seen[address] = where
+            hosts[where] = host
+        parsed[role] = tuple(addresses)
+    local = [where for where, host in hosts.items() if _is_loopback(host)]
+    remote = [where for where, host in hosts.items() if not _is_loopback(host)]
+    if local and remote:
+        raise _fail(
+            f"Received {local[0]}={_show(_address_at(cluster, local[0]))} (this machine only) in a cluster whose "
+            f"{remote[0]}={_show(_address_at(cluster, remote[0]))} is another host, which could never reach it",
+            "Use this machine's network name or IP address instead of localhost/127.0.0.1.",
+        )
+
+    task = config.get("task")
+    if not isinstance(task, dict):
+        raise _fail(
+            f"Received TF_CONFIG without a 'task' object (task={_show(task)}); each process must say which task it is",
+            "Add \"task\": {\"type\": \"worker\", \"index\": I} with a different I on each machine.",
+        )
+    task_type, task_index = task.get("type"), task.get("index")
+    if task_type not in parsed:
+        raise _fail(
+            f"Received task.type={_show(task_type)}, which is not in the cluster (it has {', '.join(parsed)})",
+            f"Set task.type to one of {', '.join(parsed)}.",
+        )
+    if isinstance(task_index, str) and task_index.strip().isdigit():
+        task_index = int(task_index)
+    if isinstance(task_index, bool) or not isinstance(task_index, int) or not 0 <= task_index < len(parsed[task_type]):
+        count = len(parsed[task_type])
+        raise _fail(
+            f"Received task={_show(task)}; index must be 0..{count - 1} as cluster.{task_type} has {count} address(es)",
+            f"Set task.index to this process's position in cluster.{task_type}.",
+        )
+    return ClusterConfig(cluster=parsed, task_type=task_type, task_index=task_index)
+
+
+def _address_at(cluster: Mapping[str, Any], where: str) -> Any:
+    """The address at ``cluster.ROLE[I]`` (``where`` as produced by validation)."""
+    role, index = where.removeprefix("cluster.").rstrip("]").split("[")
+    return cluster[role][int(index)]
+
+
+def load_cluster_config(env: Mapping[str, str] | None = None) -> ClusterConfig | None:
+    """Read and validate ``TF_CONFIG``; ``None`` when it is unset.
+
+    Raises:
+        ClusterConfigError: ``TF_CONFIG`` is set but invalid.
+    """
+    config = read_tf_config(env)
+    return None if config is None else validate_tf_config(config)
+
+
+def tf_config_from_hosts(hosts: Sequence[str] | str, task_index: int, *, port: int = 12345) -> ClusterConfig:
+    """Build the config of worker ``task_index`` in a cluster of ``hosts``.
+
+    Args:
+        hosts: ``["node1", "node2:23456"]`` or ``"node1,node2"``; a host without
+            a port gets ``port``. Every machine must receive the same list.
+        task_index: this machine's position in ``hosts``.
+        port: the port of hosts given without one.
+
+    Raises:
+        ClusterConfigError: empty list, bad address, duplicate, or index out of range.
+
+    Example:
+        >>> tf_config_from_hosts("node1,node2", 1).to_json()
+        '{"cluster": {"worker": ["node1:12345", "node2:12345"]}, "task": {"type": "worker", "index": 1}}'
+    """
+    items = [h.strip() for h in hosts.split(",")] if isinstance(hosts, str) else [str(h).strip() for h in hosts]
+    if not items or not all(items):
+        raise ClusterConfigError(
+            f"Received hosts={hosts!r}; expected a non-empty list of host names without blanks, "
+            "e.g. 'node1,node2' or ['10.0.0.5:12345', '10.0.0.6:12345']."
+        )
+    addresses = [h if _HOST_PORT.match(h) else f"{h}:{port}" for h in items]
+    config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": task_index}}
+    return validate_tf_config(config)
+
+
+def tf_config_from_slurm(env: Mapping[str, str] | None = None, *, port: int = DEFAULT_SLURM_PORT) -> ClusterConfig:
+    """Build this Slurm task's config from the job step's ``SLURM_*`` variables.
+
+    Tasks are numbered as Slurm's default block distribution numbers them
+    (``SLURM_PROCID``): node by node in ``SLURM_STEP_NODELIST`` order; the k-th
+    task on a node listens on ``port + k``. Node lists such as ``gpu[01-04]``
+    and counts such as ``2(x3)`` are expanded by TensorFlow's
+    SlurmClusterResolver helpers.
+
+    Raises:
+        ClusterConfigError: a variable is missing or malformed (not in a Slurm step),
+            or the task layout is not the block distribution.
+    """
+    env = os.environ if env is None else env
+    names = ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
+    missing = [name for name in names if not env.get(name)]
+    if missing:
+        raise ClusterConfigError(
+            f"Received no {', '.join(missing)} in the environment; these are set by srun inside a Slurm job step. "
+            "Run the script with srun (e.g. srun --ntasks-per-node=1 python train.py), "
+            "or build the cluster with tf_config_from_hosts(...)."
+        )
+    expand_hostlist, expand_tasks_per_node = _compat.slurm_hostlist_helpers()
+
+    try:
+        nodes = expand_hostlist(env["SLURM_STEP_NODELIST"])
+        counts = expand_tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"])
+        rank = int(env["SLURM_PROCID"])
+    except ValueError as error:
+        raise ClusterConfigError(
+            f"Received SLURM_STEP_NODELIST={env['SLURM_STEP_NODELIST']!r}, SLURM_STEP_TASKS_PER_NODE="
+            f"{env['SLURM_STEP_TASKS_PER_NODE']!r}, SLURM_PROCID={env['SLURM_PROCID']!r}, which do not parse ({error}). "
+            "Expected e.g. 'node[1-2]', '2(x2)' and '0'; run inside srun."
+        ) from error
+    if len(counts) != len(nodes):
+        raise ClusterConfigError(
+            f"Received {len(nodes)} node(s) in SLURM_STEP_NODELIST but {len(counts)} count(s) in "
+            "SLURM_STEP_TASKS_PER_NODE; expected one count per node. Run inside srun so Slurm sets both."
+        )
+    addresses = [f"{node}:{port + k}" for node, count in zip(nodes, counts) for k in range(count)]
+    if not 0 <= rank < len(addresses):
+        raise ClusterConfigError(
+            f"Received SLURM_PROCID={rank} for a step of {len(addresses)} task(s); expected 0..{len(addresses) - 1}."
+        )
+    own_node = env.get("SLURMD_NODENAME")
+    if own_node and addresses[rank].rsplit(":", 1)[0] != own_node:
+        raise ClusterConfigError(
+            f"Received SLURM_PROCID={rank} on node {own_node!r}, but block distribution puts task {rank} on "
+            f"{addresses[rank]!r}. Launch with srun --distribution=block (the default)."
+        )
+    return validate_tf_config({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}})

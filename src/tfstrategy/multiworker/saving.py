@@ -1,0 +1,77 @@
+"""Save a model from every worker without deadlocking a multi-worker job.
+
+Under MultiWorkerMirroredStrategy, saving reads variables, and reading a
+variable that is synchronised on read (metrics, some optimizer slots) is a
+collective op: every worker must take part. ``if chief: model.save(path)``
+therefore leaves the chief waiting for peers that never join the all-reduce.
+:func:`save_model` is called by every worker: the chief writes the real path,
+the others write the same thing to a private temporary directory that is
+removed afterwards, so the collectives match and only one file appears.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tfstrategy.errors import SaveError
+from tfstrategy.multiworker.cluster import ClusterConfig, load_cluster_config
+
+SUFFIXES = (".keras", ".weights.h5")
+
+
+def save_target(path: str | os.PathLike[str], config: ClusterConfig | None) -> tuple[Path, bool]:
+    """Where this task writes ``path``: ``(target, is_temporary)``.
+
+    The chief (or a process without ``TF_CONFIG``) writes ``path`` itself; any
+    other task gets a fresh temporary directory holding a file of the same name.
+
+    Raises:
+        SaveError: ``path`` does not end in ``.keras`` or ``.weights.h5``.
+    """
+    path = Path(path)
+    if not path.name.endswith(SUFFIXES):
+        raise SaveError(
+            f"Received path={str(path)!r}; expected a file ending in {' or '.join(SUFFIXES)} "
+            "(a whole model or its weights), e.g. 'out/model.keras'."
+        )
+    if config is None or config.is_chief:
+        return path, False
+    scratch = Path(tempfile.mkdtemp(prefix=f"tfstrategy-save-{config.task_name}-"))
+    return scratch / path.name, True
+
+
+def save_model(model: Any, path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Path | None:
+    """Save ``model`` (``.keras``) or its weights (``.weights.h5``); call it on every worker.
+
+    Args:
+        model: a Keras model.
+        path: the file the chief writes; parent directories are created.
+        env: environment to read ``TF_CONFIG`` from (``os.environ`` when omitted).
+
+    Returns:
+        ``path`` on the chief (and in a single process), ``None`` on other workers.
+
+    Raises:
+        SaveError: unsupported file name.
+        ClusterConfigError: ``TF_CONFIG`` is invalid.
+
+    Example:
+        >>> tfstrategy.save_model(model, "out/model.keras")  # same line on every worker
+    """
+    config = load_cluster_config(env)
+    target, temporary = save_target(path, config)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if target.name.endswith(".weights.h5"):
+            model.save_weights(str(target), overwrite=True)
+        else:
+            model.save(str(target), overwrite=True)
+    finally:
+        if temporary:
+            shutil.rmtree(target.parent, ignore_errors=True)
+    return None if temporary else target

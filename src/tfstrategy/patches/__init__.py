@@ -1,0 +1,46 @@
+"""Workarounds for upstream Keras bugs that break distributed training, all of one shape.
+
+Each module here holds one :class:`~tfstrategy.patches.mechanism.Patch` with
+its bug's root cause written out: :mod:`~tfstrategy.patches.keras_mwms` (Keras 3
+``fit`` on a multi-worker MultiWorkerMirroredStrategy) and
+:mod:`~tfstrategy.patches.keras_steps_per_execution` (``steps_per_execution > 1``
+on 2+ replicas). :func:`apply_patches` is what ``tfstrategy.select`` calls;
+:func:`patch_status` reports each one (``tfstrategy env`` prints it).
+
+Example:
+    >>> for status in tfstrategy.apply_patches():
+    ...     print(status.line())
+    keras_mwms: installed (TensorFlowTrainer._maybe_symbolic_build, reduce_per_replica); keras 3.15.1
+    keras_steps_per_execution: installed (TensorFlowTrainer._make_function); keras 3.15.1; probes when a model first needs it
+"""
+
+from __future__ import annotations
+
+from tfstrategy.patches import keras_mwms, keras_steps_per_execution
+from tfstrategy.patches.mechanism import Patch, PatchStatus
+
+#: Every patch, by name, in the order they are applied.
+PATCHES: dict[str, Patch] = {
+    keras_mwms.PATCH.name: keras_mwms.PATCH,
+    keras_steps_per_execution.PATCH.name: keras_steps_per_execution.PATCH,
+}
+
+
+def apply_patches() -> tuple[PatchStatus, ...]:
+    """Install every workaround the installed Keras needs (process-wide, idempotent); return their statuses.
+
+    Never raises because of the library: a patch whose probe fails warns once
+    and leaves Keras alone. A tf_keras (``TF_USE_LEGACY_KERAS=1``) process gets
+    no patch, as tf_keras has none of these bugs.
+    """
+    return tuple(patch.apply() for patch in PATCHES.values())
+
+
+def remove_patches() -> tuple[PatchStatus, ...]:
+    """Put back every Keras function a patch replaced."""
+    return tuple(patch.remove() for patch in PATCHES.values())
+
+
+def patch_status() -> tuple[PatchStatus, ...]:
+    """What each patch found and installed so far (no probing, no installing)."""
+    return tuple(patch.status() for patch in PATCHES.values())

@@ -1,0 +1,217 @@
+"""Make Keras 3 ``fit``/``evaluate`` work on MultiWorkerMirroredStrategy (TensorFlow backend).
+
+Two functions of ``keras/src/backend/tensorflow/trainer.py`` go wrong only
+when the strategy is MultiWorkerMirroredStrategy (MWMS) with more than one
+worker (keras-team/keras#20585, #20329; seen in Keras 3.0 to 3.15):
+
+1. ``TensorFlowTrainer._maybe_symbolic_build`` takes one batch from the
+   distributed iterator to build the model. In multi-worker mode every leaf
+   of that batch is a ``PerReplica``, so Keras calls
+   ``strategy.reduce("MEAN", (x, y, ...), axis=None)`` on the whole tuple.
+   MirroredStrategy reduces nests; MWMS does not, and the tuple reaches
+   ``convert_to_tensor``: ``ValueError: Attempt to convert a value (PerReplica...)``.
+   Fix: while Keras' own function runs, that strategy's ``reduce`` returns the
+   first local replica's part of each leaf instead. Only shapes and dtypes
+   matter for a symbolic build, so no communication is needed, and Keras' own
+   code (whichever way its release iterates the data) does the rest.
+
+2. ``reduce_per_replica``, in its MWMS branch, averages step outputs with
+   ``strategy.reduce("MEAN", v, axis=0)``. ``axis`` of ``Strategy.reduce`` is an
+   axis *inside* each replica's value (a further mean over the batch); the
+   losses and metrics are scalars, hence ``Invalid reduction dimension 0 for
+   input with 0 dimensions``. Every other strategy averages across replicas
+   only. Fix: ``axis=None`` (the cross-replica mean) for ``auto``/``mean``; the
+   same for ``sum``, which Keras calls without the required ``axis`` (unused by
+   ``fit``/``evaluate``/``predict`` today). ``concat`` (``predict``) works as is.
+
+Not fixed: ``compile(steps_per_execution>1)`` under MWMS fails inside the
+``while_loop`` Keras builds around several steps ("You must feed a value for
+placeholder tensor ...while/cond/Placeholder"), with or without this fix; the
+fixed symbolic build refuses it up front with a clear error instead.
+
+Both replacements call the original Keras function unless the strategy is
+MWMS in multi-worker mode, so every other strategy runs Keras' own code. The
+probe runs the *original* functions against a stand-in for a multi-worker MWMS
+(a real one needs a cluster), on NumPy values only (it neither starts the
+runtime nor needs a cluster), and the patch installs only the parts whose bug is
+still there. tf_keras has neither bug and is never patched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tfstrategy import _compat, _versions
+from tfstrategy._tf import tf
+from tfstrategy.errors import StrategyError
+from tfstrategy.patches.mechanism import Patch, PatchStatus, ProbeResult
+
+BUILD = "TensorFlowTrainer._maybe_symbolic_build"
+REDUCE = "reduce_per_replica"
+
+
+def _first_local_replica(strategy: Any, value: Any) -> Any:
+    if isinstance(value, tf().distribute.DistributedValues):
+        return strategy.experimental_local_results(value)[0]
+    return value
+
+
+@contextlib.contextmanager
+def _reduce_to_first_replica(strategy: Any) -> Iterator[None]:
+    """Within the block, ``strategy.reduce`` returns each leaf's first local replica (shapes only)."""
+    tree = _compat.keras3_tree()
+
+    def reduce(reduce_op: Any, value: Any, axis: Any = None) -> Any:
+        return tree.map_structure(lambda leaf: _first_local_replica(strategy, leaf), value)
+
+    strategy.reduce = reduce  # an instance attribute shadows the method until deleted
+    try:
+        yield
+    finally:
+        del strategy.reduce
+
+
+def _fixed_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _maybe_symbolic_build(self: Any, *args: Any, **kwargs: Any) -> Any:
+        strategy = _compat.model_strategy(self)
+        if strategy is None or not _compat.in_multi_worker_mode(strategy):
+            return original(self, *args, **kwargs)
+        steps = int(getattr(self, "steps_per_execution", 1) or 1)
+        if steps > 1:
+            raise StrategyError(
+                f"Received compile(steps_per_execution={steps}) with MultiWorkerMirroredStrategy; Keras "
+                f"{_compat.keras_version(_compat.keras_for())} cannot run several steps per call across workers "
+                "(it fails with 'You must feed a value for placeholder tensor'). Compile with "
+                "steps_per_execution=1 (the default)."
+            )
+        with _reduce_to_first_replica(strategy):
+            return original(self, *args, **kwargs)
+
+    return _maybe_symbolic_build
+
+
+def _fixed_reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
+        # MWMS is never a TPUStrategy, so Keras' "auto" means "mean" here.
+        if reduction in ("auto", "mean", "sum") and _compat.in_multi_worker_mode(strategy):
+            op = "SUM" if reduction == "sum" else "MEAN"
+            return _compat.keras3_tree().map_structure(lambda value: strategy.reduce(op, value, axis=None), values)
+        return original(values, strategy, reduction)
+
+    return reduce_per_replica
+
+
+def _stand_in_strategy(calls: list[tuple[Any, Any]]) -> Any:
+    """Something Keras takes for a multi-worker MWMS, without a cluster; records ``reduce`` calls."""
+    distribute = tf().distribute
+
+    class _Extended:
+        worker_devices = ("/job:worker/replica:0/task:0/device:CPU:0",)
+
+        def _in_multi_worker_mode(self) -> bool:
+            return True
+
+    class _StandIn(distribute.MultiWorkerMirroredStrategy):
+        def __init__(self) -> None:  # the real constructor would start a server and wait for peers
+            self._stand_in_extended = _Extended()
+
+        @property
+        def extended(self) -> Any:
+            return self._stand_in_extended
+
+        def reduce(self, reduce_op: Any, value: Any, axis: Any = None) -> Any:
+            calls.append((value, axis))
+            return value.values[0] if isinstance(value, distribute.DistributedValues) else value
+
+        def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+            return tuple(value.values) if isinstance(value, distribute.DistributedValues) else (value,)
+
+        def scope(self) -> Any:
+            return contextlib.nullcontext()
+
+    return _StandIn()
+
+
+def _epoch_iterator_forms(batch: Any) -> list[Any]:
+    """One epoch of one batch, in each form Keras' TensorFlow trainer has iterated (newest first)."""
+    return [[(0, 1, iter([batch]))], [(0, iter([batch]))]]
+
+
+class MWMSPatch(Patch):
+    """Keras 3 ``fit``/``evaluate`` under a multi-worker MultiWorkerMirroredStrategy."""
+
+    name = "keras_mwms"
+    upstream = "keras-team/keras#20585, keras-team/keras#20329"
+    verified_up_to = "3.15.1"
+    targets = (BUILD, REDUCE)
+
+    def target_module(self) -> Any:
+        # Under TF_USE_LEGACY_KERAS=1 the user's models are tf_keras, which has no such bug.
+        return None if _versions.legacy_keras_requested() else _compat.keras3_tensorflow_trainer()
+
+    def run_probe(self, module: Any) -> ProbeResult:
+        import numpy as np
+
+        calls: list[tuple[Any, Any]] = []
+        strategy = _stand_in_strategy(calls)
+
+        class _Model:
+            _distribute_strategy = distribute_strategy = strategy
+
+            def _symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
+                calls.append((data_batch, "built"))
+
+        batch = (
+            _compat.per_replica((np.zeros((2, 3), "float32"),)),
+            _compat.per_replica((np.zeros((2, 1), "float32"),)),
+        )
+        build = self.original(BUILD)
+        for form in _epoch_iterator_forms(batch):
+            calls.clear()
+            try:
+                build(_Model(), iterator=form)
+                break
+            except ValueError as error:  # this release unpacks another form
+                if "unpack" not in str(error):
+                    raise
+        else:
+            raise RuntimeError("Keras' _maybe_symbolic_build accepted none of the known epoch iterator forms")
+        # Bug 1: a whole nest handed to Strategy.reduce (MWMS cannot reduce nests).
+        build_broken = any(axis != "built" and isinstance(value, (tuple, list, dict)) for value, axis in calls)
+
+        calls.clear()
+        self.original(REDUCE)({"loss": _compat.per_replica((np.float32(1.0),))}, strategy, "auto")
+        # Bug 2: a scalar reduced along axis 0.
+        reduce_broken = any(
+            axis is not None and np.ndim(_first_local_replica(strategy, value)) == 0 for value, axis in calls
+        )
+        return ProbeResult({BUILD: build_broken, REDUCE: reduce_broken})
+
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        if target == BUILD:
+            return _fixed_symbolic_build(original)
+        return _fixed_reduce_per_replica(original)
+
+
+PATCH = MWMSPatch()
+
+
+def apply_keras_mwms_fix() -> PatchStatus:
+    """Install the parts of the fix the installed Keras still needs (idempotent).
+
+    ``tfstrategy.select`` installs it when it builds a MultiWorkerMirroredStrategy
+    (and ``tfstrategy launch`` in every worker); call it yourself before ``fit``
+    if you create the strategy without tfstrategy. Other strategies keep running
+    Keras' own code.
+    """
+    return PATCH.apply()
+
+
+def remove_keras_mwms_fix() -> PatchStatus:
+    """Restore Keras' original functions."""
+    return PATCH.remove()

@@ -1,0 +1,200 @@
+"""The one shape every tfstrategy workaround of an upstream bug has.
+
+A :class:`Patch` replaces named functions of a library we do not own, and only
+while the installed library still has the bug:
+
+- :meth:`Patch.probe` runs a *behaviour* probe of the installed library (never
+  only its version number). It cannot raise: if probing itself fails, it warns
+  once and the library is left alone.
+- ``verified_up_to`` is the newest release the patch was checked against. On a
+  newer one the probe still decides, and the status says the release is newer.
+- :meth:`Patch.apply` installs replacements for the targets the probe found
+  broken (idempotent), :meth:`Patch.remove` puts the originals back, and
+  :meth:`Patch.status` reports what is installed as a :class:`PatchStatus`.
+
+Some probes must run TensorFlow ops, which would start the runtime too early
+(before a CPU split); such patches set ``probe_on_first_use``: :meth:`apply`
+then installs a thin dispatcher that probes the first time a model needs the
+fix, and runs the library's own code until then and whenever it is not needed.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, ClassVar
+
+from tfstrategy import _compat, _versions
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchStatus:
+    """What one patch found in the installed library, and what it installed."""
+
+    name: str
+    library: str
+    #: True: the bug is present; False: absent; None: not probed (yet) or not applicable.
+    needed: bool | None
+    installed: tuple[str, ...] = ()
+    verified_up_to: str = ""
+    note: str = ""
+
+    def line(self) -> str:
+        """``name: installed (...)`` / ``not needed`` / ``not applicable``, with the note."""
+        if self.installed:
+            state = f"installed ({', '.join(self.installed)})"
+        elif self.needed is False:
+            state = "not needed"
+        else:
+            state = "not installed"
+        return f"{self.name}: {state}; {self.library}" + (f"; {self.note}" if self.note else "")
+
+
+#: Set on every replacement: the function it replaced, so a probe always reaches the library's own.
+_ORIGINAL = "__tfstrategy_original__"
+
+
+class ProbeResult(dict):
+    """Target path -> whether the installed library's version of it is broken."""
+
+
+class Patch:
+    """Base of every upstream workaround; subclasses fill in the class attributes and three methods."""
+
+    #: Short name used in statuses and messages.
+    name: ClassVar[str]
+    #: The upstream bug report(s).
+    upstream: ClassVar[str]
+    #: Newest library release this patch was verified against.
+    verified_up_to: ClassVar[str]
+    #: Attribute paths, inside :meth:`target_module`, that the patch may replace.
+    targets: ClassVar[tuple[str, ...]]
+    #: Probe lazily, the first time a model needs it (the probe runs TensorFlow ops).
+    probe_on_first_use: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._originals: dict[str, Any] = {}
+        self._probed: ProbeResult | None = None
+        self._probe_error: str | None = None
+        self._warned = False
+
+    # -- to implement -----------------------------------------------------------------
+
+    def target_module(self) -> ModuleType | None:
+        """The module holding the targets, or ``None`` when the installed library has nothing to patch."""
+        raise NotImplementedError
+
+    def run_probe(self, module: ModuleType) -> ProbeResult:
+        """Exercise the *original* targets; may raise (the caller catches)."""
+        raise NotImplementedError
+
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        """The function installed in place of ``original``."""
+        raise NotImplementedError
+
+    # -- the mechanism ------------------------------------------------------------------
+
+    def library(self) -> str:
+        keras = _compat.keras_for()
+        return f"{keras.__name__} {_compat.keras_version(keras)}"
+
+    def original(self, target: str) -> Callable[..., Any]:
+        """The library's own function for ``target``, whether or not some patch replaced it."""
+        function = self._originals.get(target) or _compat.get_path(self.target_module(), target)
+        while hasattr(function, _ORIGINAL):
+            function = getattr(function, _ORIGINAL)
+        return function
+
+    def probe(self) -> ProbeResult | None:
+        """Which targets are broken in the installed library; ``None`` if it could not tell (never raises)."""
+        with self._lock:
+            if self._probed is not None or self._probe_error is not None:
+                return self._probed
+            module = self.target_module()
+            if module is None:
+                self._probed = ProbeResult()
+                return self._probed
+            try:
+                self._probed = ProbeResult(self.run_probe(module))
+            except Exception as error:  # a probe must never take the user's program down
+                self._probe_error = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+                self._warn(
+                    f"tfstrategy could not probe {self.library()} for {self.name} ({self._probe_error}); "
+                    "leaving it unpatched. Please report this with `tfstrategy env` output."
+                )
+            return self._probed
+
+    def needed(self) -> bool | None:
+        """Whether any target is broken (probing now if not done yet)."""
+        result = self.probe()
+        return None if result is None else any(result.values())
+
+    def apply(self) -> PatchStatus:
+        """Install replacements for the broken targets (all targets as dispatchers if probing lazily)."""
+        with self._lock:
+            module = self.target_module()
+            if module is None:
+                return self.status()
+            if self.probe_on_first_use:
+                broken = [target for target in self.targets if self._has(module, target)]
+            else:
+                result = self.probe() or {}
+                broken = [target for target in self.targets if result.get(target)]
+            for target in broken:
+                if target not in self._originals:
+                    original = _compat.get_path(module, target)
+                    self._originals[target] = original
+                    replacement = self.replacement(target, original)
+                    setattr(replacement, _ORIGINAL, original)
+                    _compat.set_path(module, target, replacement)
+            return self.status()
+
+    def remove(self) -> PatchStatus:
+        """Put the library's original functions back."""
+        with self._lock:
+            module = self.target_module()
+            for target, original in list(self._originals.items()):
+                if module is not None:
+                    _compat.set_path(module, target, original)
+                del self._originals[target]
+            return self.status()
+
+    def status(self) -> PatchStatus:
+        """What this patch found and installed, without probing anew."""
+        library = self.library()
+        notes = []
+        module = self.target_module()
+        if module is None:
+            return PatchStatus(name=self.name, library=library, needed=None, verified_up_to=self.verified_up_to,
+                               note="not applicable to this Keras")
+        needed = None if self._probed is None else any(self._probed.values())
+        if self._probe_error:
+            notes.append(f"probe failed ({self._probe_error}); left unpatched")
+        elif self._probed is None and self._originals:
+            notes.append("probes when a model first needs it")
+        version = _compat.keras_version(_compat.keras_for())
+        if _versions.newer_than(version, self.verified_up_to):
+            notes.append(f"{version} is newer than verified ({self.verified_up_to}); the probe decides")
+        return PatchStatus(name=self.name, library=library, needed=needed, installed=tuple(self._originals),
+                           verified_up_to=self.verified_up_to, note="; ".join(notes))
+
+    def installed(self, target: str) -> bool:
+        return target in self._originals
+
+    def _has(self, module: ModuleType, target: str) -> bool:
+        try:
+            _compat.get_path(module, target)
+        except AttributeError:
+            return False
+        return True
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+

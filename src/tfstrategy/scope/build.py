@@ -1,0 +1,166 @@
+"""The how-to's step 2 in one call: build, compile, build the optimizer and restore, in scope.
+
+:func:`build_in_scope` creates the model (from a ``build_model`` callable or a
+``.keras`` file), compiles it, builds the optimizer so its slot variables exist,
+and restores a checkpoint, all inside the strategy's scope, then audits the
+result (:mod:`tfstrategy.scope.audit`) and guards ``fit``. Checkpoint reading lives
+in :mod:`tfstrategy.scope.restore`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tfstrategy._tf import tf
+from tfstrategy.errors import BuildError, CheckpointError
+from tfstrategy.scope.audit import AuditReport, guard_model, require_scope, strategy_of
+from tfstrategy.scope.creation_sites import recording
+from tfstrategy.scope.restore import RestoreReport, load_keras_model, restore_checkpoint
+
+ModelSource = Callable[[], Any] | str | os.PathLike
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """What :func:`build_in_scope` did: strategy, restore and the scope audit."""
+
+    strategy: str
+    replicas: int
+    audit: AuditReport
+    restore: RestoreReport | None
+
+    def lines(self) -> list[str]:
+        counts = self.audit.counts()
+        lines = [
+            f"strategy {self.strategy}",
+            f"replicas {self.replicas}",
+            f"variables_in_scope {self.audit.passed}",
+            "variables " + ", ".join(f"{owner}={count}" for owner, count in counts.items()),
+            f"optimizer_built {self.audit.optimizer_built}",
+        ]
+        if self.restore is None:
+            lines.append("restored nothing")
+        else:
+            lines.extend(self.restore.lines())
+        return lines
+
+
+def _make_model(source: ModelSource, compile_args: dict[str, Any]) -> tuple[Any, RestoreReport | None]:
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not path.endswith(".keras"):
+            raise BuildError(
+                f"Received model={path!r}; expected a function that builds the model, or a path ending in .keras. "
+                "Pass a .keras file (model.save('model.keras')), or build_model without parentheses."
+            )
+        return load_keras_model(path, compile=not compile_args)
+    if not callable(source) or isinstance(source, tf().keras.Model):
+        raise BuildError(
+            f"Received model of type {type(source).__name__}; expected a function that builds and returns a Keras "
+            "model (pass build_model, not build_model()), or a path to a .keras file. A model built before this call "
+            "was built outside the scope."
+        )
+    model = source()
+    if not isinstance(model, tf().keras.Model):
+        raise BuildError(
+            f"Received a build_model that returned {type(model).__name__}; expected it to return a keras.Model."
+        )
+    return model, None
+
+
+def _build_optimizer(model: Any) -> None:
+    if getattr(model, "optimizer", None) is None:
+        raise BuildError(
+            f"Received model {model.name!r} that is not compiled and no compile arguments; expected e.g. "
+            "optimizer='adam', loss='mse' (passed on to model.compile), or a build_model that compiles."
+        )
+    if not model.built or not model.trainable_variables:
+        raise BuildError(
+            f"Received model {model.name!r} with no variables yet; the optimizer's slots cannot be built for it. "
+            "Give the model its input shape (keras.Input(shape=...)) or call model.build(shape) in build_model."
+        )
+    if not model.optimizer.built:
+        # Building now, in the scope, creates the slot variables before any
+        # restore (else .weights.h5 drops the optimizer state with a warning)
+        # and before a custom loop (else they are made lazily inside
+        # strategy.run, which fails on several replicas).
+        model.optimizer.build(model.trainable_variables)
+
+
+def build_in_scope(
+    strategy: Any,
+    model: ModelSource,
+    *,
+    checkpoint: str | os.PathLike | None = None,
+    guard: bool = True,
+    **compile_args: Any,
+) -> tuple[Any, BuildReport]:
+    """Build, compile and restore a model inside the strategy's scope, then audit it.
+
+    Args:
+        strategy: a :class:`tfstrategy.Selection` or a ``tf.distribute.Strategy``.
+        model: a function returning a Keras model (called inside the scope),
+            or the path of a ``.keras`` file (loaded inside the scope, with its
+            saved optimizer state unless compile arguments are given).
+        checkpoint: restore this after the optimizer is built: a
+            ``tf.train.Checkpoint`` directory or prefix (written with
+            ``tf.train.Checkpoint(model=model, optimizer=model.optimizer)``),
+            a ``.weights.h5`` or a ``.keras`` file.
+        guard: make ``fit``/``evaluate``/``predict`` audit the scope first
+            (:func:`tfstrategy.guard_model`).
+        **compile_args: passed to ``model.compile`` inside the scope
+            (``optimizer``, ``loss``, ``metrics``, ...). ``optimizer`` may
+            also be a function that makes it (called inside the scope), e.g.
+            ``optimizer=lambda: keras.optimizers.SGD(momentum=0.9)``.
+
+    Returns:
+        The compiled model (optimizer built, checkpoint restored) and a
+        :class:`BuildReport`.
+
+    Raises:
+        BuildError: the model source or compile arguments are unusable.
+        CheckpointError: the checkpoint is missing, unreadable or does not
+            match; the model and optimizer are then left as they were.
+        ScopeError: a variable was still created outside the scope (e.g. an
+            optimizer object made before the call), named with its file:line.
+
+    Example:
+        >>> model, report = tfstrategy.build_in_scope(
+        ...     selection, build_model, optimizer="adam", loss="mse", checkpoint="ckpts/")
+        >>> report.restore.step
+        120
+    """
+    strategy = strategy_of(strategy)
+    with strategy.scope(), recording():
+        built, restored = _make_model(model, compile_args)
+        if compile_args:
+            optimizer = compile_args.get("optimizer")
+            if callable(optimizer) and not isinstance(optimizer, tf().keras.optimizers.Optimizer):
+                # A factory: the optimizer is made here, inside the scope.
+                compile_args = {**compile_args, "optimizer": optimizer()}
+            built.compile(**compile_args)
+        # Audit before building the optimizer: an optimizer made outside the
+        # scope would fail there with "Mixing different tf.distribute.Strategy
+        # objects" instead of this error naming where it was made.
+        require_scope(built, strategy)
+        _build_optimizer(built)
+        if checkpoint is not None:
+            if restored is not None:
+                raise CheckpointError(
+                    f"Received model={os.fspath(model)!r} and checkpoint={os.fspath(checkpoint)!r}; a .keras model "
+                    "already carries its weights. Pass only one of them."
+                )
+            restored = restore_checkpoint(built, checkpoint)
+    audit = require_scope(built, strategy, require_built_optimizer=True)
+    if guard:
+        guard_model(built, strategy)
+    report = BuildReport(
+        strategy=type(strategy).__name__,
+        replicas=int(strategy.num_replicas_in_sync),
+        audit=audit,
+        restore=restored,
+    )
+    return built, report

@@ -1,0 +1,197 @@
+"""``select()``: settings, choice, strategy, and every process-wide step, in one visible place.
+
+:func:`select` reads the settings (argument > ``TFSTRATEGY_*`` > default,
+:func:`resolve_request`), chooses purely (:func:`~tfstrategy.choose`), builds
+the strategy (:func:`~tfstrategy.build`), and around those takes the named
+steps that change the process, each recorded on the :class:`Selection`:
+
+1. ``split_cpu``: split the CPU into logical devices (``cpu_replicas``);
+2. ``record_creation_sites``: remember where variables are created, so the
+   scope audit can name a stray one's file:line;
+3. ``signal_launcher``: under ``tfstrategy launch``, say "creating the strategy"
+   and then "joined" (:mod:`tfstrategy.multiworker.worker_protocol`);
+4. ``apply_patches``: install the Keras workarounds the installed release needs
+   (:mod:`tfstrategy.patches`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfstrategy import _versions
+from tfstrategy.multiworker.cluster import load_cluster_config
+from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
+from tfstrategy.patches import apply_patches
+from tfstrategy.patches.mechanism import PatchStatus
+from tfstrategy.scope.creation_sites import start_recording
+from tfstrategy.selection.choose import Choice, choose
+from tfstrategy.selection.cpu_split import configure_cpu_replicas, validate_cpu_replicas
+from tfstrategy.selection.devices import DeviceRequest, DeviceSpec, parse_devices
+from tfstrategy.selection.host import HostInfo
+from tfstrategy.selection.strategies import build
+from tfstrategy.settings import (
+    ENV_CPU_REPLICAS,
+    ENV_DEVICES,
+    ENV_STRATEGY,
+    StrategyKind,
+    resolve_collective_timeout,
+    resolve_setting,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Selection:
+    """A ready strategy, why it was chosen, and what :func:`select` changed in the process to get it."""
+
+    strategy: Any
+    choice: Choice
+    sources: Mapping[str, str] = field(default_factory=dict)
+    #: The process-wide steps select() took, in order: ``(name, what it did)``.
+    steps: tuple[tuple[str, str], ...] = ()
+    #: What each Keras workaround found and installed (see :mod:`tfstrategy.patches`).
+    patches: tuple[PatchStatus, ...] = ()
+
+    @property
+    def kind(self) -> StrategyKind:
+        return self.choice.kind
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas in sync across the whole job (all workers)."""
+        return int(self.strategy.num_replicas_in_sync)
+
+    def scope(self) -> Any:
+        """The strategy's scope: build model, optimizer and metrics inside it."""
+        return self.strategy.scope()
+
+    def explain(self) -> str:
+        """Why this strategy: the rules that applied, the settings' sources, and the steps taken."""
+        parts = list(self.choice.reasons)
+        settings = ", ".join(f"{name} from {source}" for name, source in self.sources.items())
+        if settings:
+            parts.append(settings)
+        parts.extend(f"{name}: {done}" for name, done in self.steps)
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What :func:`select` was asked for, after precedence and validation, before any TensorFlow call."""
+
+    kind: StrategyKind
+    devices: DeviceRequest | None
+    cpu_replicas: int | None
+    cluster_tasks: int
+    collective_timeout: float | None
+    sources: Mapping[str, str]
+
+
+def resolve_request(
+    strategy: StrategyKind | str | None = None,
+    devices: DeviceSpec | None = None,
+    cpu_replicas: int | None = None,
+    *,
+    collective_timeout: float | str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Request:
+    """Apply argument > ``TFSTRATEGY_*`` > default and validate each setting and ``TF_CONFIG``.
+
+    Pure apart from reading the environment; :func:`select` and ``tfstrategy env``
+    share it so the report predicts exactly what ``select`` would do.
+
+    Raises:
+        TFStrategyError: a setting is invalid or code and environment conflict.
+    """
+    kind_setting = resolve_setting(
+        "strategy", strategy, ENV_STRATEGY, StrategyKind.AUTO, env, normalise=lambda v: StrategyKind.parse(v).value
+    )
+    devices_setting = resolve_setting("devices", devices, ENV_DEVICES, None, env, normalise=_devices_key)
+    replicas_setting = resolve_setting(
+        "cpu_replicas", cpu_replicas, ENV_CPU_REPLICAS, None, env, normalise=lambda v: str(validate_cpu_replicas(v))
+    )
+    kind = StrategyKind.parse(kind_setting.value)
+    request = parse_devices(devices_setting.value)
+    replicas = validate_cpu_replicas(replicas_setting.value)
+    timeout, timeout_source = resolve_collective_timeout(collective_timeout, env)
+    cluster = load_cluster_config(env)
+    sources = {"strategy": kind_setting.source}
+    if devices_setting.value is not None:
+        sources["devices"] = devices_setting.source
+    if replicas is not None:
+        sources["cpu_replicas"] = replicas_setting.source
+    if kind in (StrategyKind.AUTO, StrategyKind.MULTI_WORKER) and timeout_source != "default":
+        sources["collective_timeout"] = timeout_source
+    return Request(
+        kind=kind,
+        devices=request,
+        cpu_replicas=replicas,
+        cluster_tasks=cluster.num_workers if cluster else 0,
+        collective_timeout=timeout,
+        sources=sources,
+    )
+
+
+def _devices_key(value: Any) -> str:
+    return str(parse_devices(value))
+
+
+def select(
+    strategy: StrategyKind | str | None = None,
+    devices: DeviceSpec | None = None,
+    cpu_replicas: int | None = None,
+    *,
+    collective_timeout: float | str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Selection:
+    """Select, validate and build a distribution strategy in one call.
+
+    Each argument left as ``None`` falls back to its ``TFSTRATEGY_*`` variable
+    (``TFSTRATEGY_STRATEGY``, ``TFSTRATEGY_DEVICES``, ``TFSTRATEGY_CPU_REPLICAS``,
+    ``TFSTRATEGY_COLLECTIVE_TIMEOUT``), then to the default: ``auto`` on every
+    visible GPU or the CPU, and a 300 s collective timeout.
+
+    Args:
+        strategy: ``auto``, ``mirrored``, ``one_device``, ``default``,
+            ``multi_worker`` or ``tpu``.
+        devices: e.g. ``"gpu:0,gpu:1"``, ``[0, 1]``, ``"cpu"``; ``None`` for all.
+        cpu_replicas: split the CPU into this many logical devices and use
+            them as replicas. Must come before anything starts TensorFlow.
+        collective_timeout: seconds a multi-worker collective may wait for a
+            peer before raising; ``"none"`` waits forever.
+        env: environment to read instead of ``os.environ``.
+
+    Raises:
+        TFStrategyError: any invalid input, with a message saying how to fix it.
+        UnsupportedVersionError: TensorFlow or Keras is older than supported.
+
+    Example:
+        >>> selection = tfstrategy.select(cpu_replicas=4)
+        >>> with selection.scope():
+        ...     model = build_model()
+    """
+    _versions.require_supported(env)
+    request = resolve_request(strategy, devices, cpu_replicas, collective_timeout=collective_timeout, env=env)
+    steps: list[tuple[str, str]] = []
+    if request.cpu_replicas is not None and request.kind in (StrategyKind.AUTO, StrategyKind.MIRRORED, StrategyKind.ONE_DEVICE):
+        count = configure_cpu_replicas(request.cpu_replicas)
+        steps.append(("split_cpu", f"{count} logical CPU devices"))
+    choice = choose(
+        kind=request.kind,
+        devices=request.devices,
+        cpu_replicas=request.cpu_replicas,
+        host=HostInfo.detect(),
+        cluster_tasks=request.cluster_tasks,
+    )
+    if start_recording():
+        steps.append(("record_creation_sites", "on in this thread, for the scope audit"))
+    starting = signal_starting()
+    strategy = build(choice, collective_timeout=request.collective_timeout)
+    if signal_joined() or starting:
+        steps.append(("signal_launcher", "told tfstrategy launch this worker joined"))
+    patches = apply_patches()
+    installed = [status.name for status in patches if status.installed]
+    if installed:
+        steps.append(("apply_patches", ", ".join(installed)))
+    return Selection(strategy=strategy, choice=choice, sources=request.sources, steps=tuple(steps), patches=patches)

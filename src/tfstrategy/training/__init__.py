@@ -1,0 +1,1 @@
+"""Batching for replicas, input pipelines, and custom training loops."""

@@ -1,0 +1,219 @@
+"""A custom training loop step that gives the same answer on 1 or N replicas.
+
+The how-to's step 4 ends with "custom training loops need additional
+``strategy.run()`` handling". The handling is about *scale*: each replica sees
+``global_batch / N`` examples, and the optimizer *sums* the replicas'
+gradients. So each replica must divide its summed per-example loss by the
+**global** batch (``tf.nn.compute_average_loss(..., global_batch_size=...)``),
+and regularisation losses, added once per replica, by N
+(``tf.nn.scale_regularization_loss``). A loss that averages over the replica's
+own batch (Keras' default ``sum_over_batch_size``, tf.keras' ``AUTO``) gives
+gradients N times too large: the run silently diverges from 1 replica.
+:func:`make_train_step` builds the step that gets this right and refuses such
+losses up front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tfstrategy._tf import tf
+from tfstrategy.errors import BatchError, LossReductionError, TrainingError
+from tfstrategy.training.batching import BatchPlan, replicas_of
+
+#: Reductions that keep one loss per example, so the step can weight them and
+#: divide by the global batch itself.
+_PER_EXAMPLE_REDUCTIONS = (None, "none")
+
+
+def _loss_name(loss: Any) -> str:
+    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
+
+
+def resolve_loss(loss: Any) -> Callable[..., Any]:
+    """Turn a loss (object, function or Keras name) into a per-example loss function.
+
+    Raises:
+        LossReductionError: the loss averages over the batch itself.
+    """
+    keras = tf().keras
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    if not callable(loss):
+        raise LossReductionError(
+            f"Received loss={loss!r}; expected a Keras loss with reduction='none', a function returning one loss per "
+            "example, or a Keras loss name such as 'mse'."
+        )
+    if hasattr(loss, "reduction"):
+        reduction = loss.reduction
+        text = getattr(reduction, "value", reduction)
+        text = text.lower() if isinstance(text, str) else text
+        if text not in _PER_EXAMPLE_REDUCTIONS:
+            if text == "sum":
+                why = "it sums over each replica's batch, leaving no per-example losses to weight and divide by the global batch."
+            else:
+                why = (
+                    "under a distribution strategy it averages over each replica's own batch, and the optimizer "
+                    "then sums the replicas' gradients, so updates come out N times too large for N replicas."
+                )
+            raise LossReductionError(
+                f"Received loss {_loss_name(loss)} with reduction={text!r}; expected reduction='none', because {why} "
+                f"Pass {type(loss).__name__}(reduction='none'): make_train_step divides by the global batch itself."
+            )
+    return loss
+
+
+def _per_example(loss_fn: Callable[..., Any], labels: Any, predictions: Any, name: str) -> Any:
+    values = loss_fn(labels, predictions)
+    if values.shape.rank == 0:
+        raise LossReductionError(
+            f"Received loss {name}, which returned a scalar; expected one loss per example (shape [batch]). A "
+            "scalar is usually a per-replica mean, which makes updates N times too large for N replicas. "
+            "Return the per-example losses and let make_train_step average over the global batch."
+        )
+    return values
+
+
+class TrainStep:
+    """A distributed training step: call it with one batch from a distributed dataset.
+
+    Built by :func:`make_train_step`; returns ``{"loss": ..., <metric>: ...}``
+    where the loss is the global-batch mean (plus regularisation) and each
+    metric is reduced over all replicas.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        strategy: Any,
+        global_batch: int,
+        loss: Callable[..., Any],
+        optimizer: Any,
+        metrics: Sequence[Any],
+    ) -> None:
+        self.model = model
+        self.strategy = strategy
+        self.global_batch = global_batch
+        self.loss = loss
+        self.optimizer = optimizer
+        self.metrics = list(metrics)
+        # No autograph: the step has no tensor-dependent Python control flow,
+        # and autograph would wrap our errors in its StagingError.
+        self._function = tf().function(self._distributed_step, autograph=False)
+
+    def _replica_step(self, batch: Any) -> Any:
+        tf_ = tf()
+        features, labels, weights = (tuple(batch) + (None,))[:3] if isinstance(batch, (tuple, list)) else (batch, None, None)
+        if labels is None:
+            raise BatchError("Received batches without labels; expected (features, labels) or (features, labels, sample_weight).")
+        with tf_.GradientTape() as tape:
+            predictions = self.model(features, training=True)
+            per_example = _per_example(self.loss, labels, predictions, _loss_name(self.loss))
+            # Divide by the *global* batch: the optimizer sums the replicas' gradients.
+            loss = tf_.nn.compute_average_loss(per_example, sample_weight=weights, global_batch_size=self.global_batch)
+            if self.model.losses:
+                # Regularisation is added once per replica, so divide it by the replicas.
+                loss += tf_.nn.scale_regularization_loss(tf_.add_n(self.model.losses))
+        variables = self.model.trainable_variables
+        gradients = tape.gradient(loss, variables)
+        self.optimizer.apply_gradients(zip(gradients, variables))
+        for metric in self.metrics:
+            metric.update_state(labels, predictions, sample_weight=weights)
+        return loss
+
+    def _distributed_step(self, batch: Any) -> dict[str, Any]:
+        per_replica = self.strategy.run(self._replica_step, args=(batch,))
+        logs = {"loss": self.strategy.reduce(tf().distribute.ReduceOp.SUM, per_replica, axis=None)}
+        # Metric variables sum over replicas when read here, in cross-replica context.
+        logs.update({metric.name: metric.result() for metric in self.metrics})
+        return logs
+
+    def __call__(self, batch: Any) -> dict[str, Any]:
+        return self._function(batch)
+
+    def reset_metrics(self) -> None:
+        """Reset every metric, e.g. at the start of an epoch."""
+        for metric in self.metrics:
+            metric.reset_state()
+
+    def run_epoch(self, dataset: Any, steps: int | None = None) -> dict[str, float]:
+        """Run one pass (or ``steps`` steps) over a distributed dataset; return the last logs as floats."""
+        self.reset_metrics()
+        logs: dict[str, Any] = {}
+        for index, batch in enumerate(dataset):
+            if steps is not None and index >= steps:
+                break
+            logs = self(batch)
+        return {name: float(value) for name, value in logs.items()}
+
+
+def make_train_step(
+    model: Any,
+    *,
+    strategy: Any,
+    global_batch: int | BatchPlan,
+    loss: Any,
+    optimizer: Any | None = None,
+    metrics: Sequence[Any] = (),
+) -> TrainStep:
+    """Build a custom-loop training step that matches 1-replica training on N replicas.
+
+    Create ``model``, ``optimizer`` and ``metrics`` inside ``strategy.scope()``
+    first; metric names (``"mae"``) are created here, inside it.
+
+    Args:
+        model: a Keras model built in the strategy's scope.
+        strategy: a strategy or a :class:`~tfstrategy.Selection`.
+        global_batch: the global batch, or the :class:`BatchPlan` of the data.
+        loss: a Keras loss with ``reduction="none"``, a function returning one
+            loss per example, or a Keras loss name (``"mse"``).
+        optimizer: defaults to ``model.optimizer``.
+        metrics: Keras metric objects or names.
+
+    Raises:
+        LossReductionError: the loss averages per replica (``AUTO`` /
+            ``SUM_OVER_BATCH_SIZE``), which scales gradients by the replicas.
+        BatchError: the global batch does not fit the strategy.
+
+    Example:
+        >>> with strategy.scope():
+        ...     model, optimizer = build_model(), keras.optimizers.SGD(0.01)
+        >>> step = make_train_step(model, strategy=strategy, global_batch=256, loss="mse", optimizer=optimizer)
+        >>> for batch in strategy.experimental_distribute_dataset(train_ds):
+        ...     logs = step(batch)
+    """
+    strategy = getattr(strategy, "strategy", strategy)
+    replicas = replicas_of(strategy)
+    if isinstance(global_batch, BatchPlan):
+        if global_batch.replicas != replicas:
+            raise BatchError(
+                f"Received a batch plan for {global_batch.replicas} replicas with a strategy of {replicas}; "
+                "expected the same. Make the plan with this strategy."
+            )
+        global_batch = global_batch.global_batch
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < replicas or global_batch % replicas:
+        raise BatchError(
+            f"Received global_batch={global_batch!r} for {replicas} replicas; expected a multiple of {replicas}, "
+            "the batch of one step across all replicas. Use tfstrategy.plan_batch to choose it."
+        )
+    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise TrainingError(
+            "Received no optimizer and a model that was not compiled; expected optimizer=... created in the "
+            "strategy's scope (e.g. keras.optimizers.SGD(0.01))."
+        )
+    keras = tf().keras
+    built: list[Any] = []
+    with strategy.scope():
+        for metric in metrics:
+            if isinstance(metric, str):
+                # Named as given ("mae"), like the logs of Keras' compile(metrics=[...]).
+                found = keras.metrics.get(metric)
+                if isinstance(found, keras.metrics.Metric):
+                    metric = type(found).from_config({**found.get_config(), "name": metric})
+                else:
+                    metric = keras.metrics.MeanMetricWrapper(found, name=metric)
+            built.append(metric)
+    return TrainStep(model, strategy=strategy, global_batch=global_batch, loss=resolve_loss(loss), optimizer=optimizer, metrics=built)

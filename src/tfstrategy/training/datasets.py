@@ -1,0 +1,262 @@
+"""Dataset preparation: the how-to's step 3, with the batch plan enforced.
+
+One call batches with the global batch (dropping the remainder when training),
+sets the auto-shard policy explicitly for the strategy and prefetches with
+``AUTOTUNE``. It accepts a ``tf.data.Dataset`` or, for per-worker pipelines, a
+function ``fn(input_context) -> Dataset`` (``distribute_datasets_from_function``).
+
+Why the explicit shard policy: left at ``AUTO``, a multi-worker job over an
+in-memory dataset logs "AUTO sharding policy will apply DATA sharding policy as
+it failed to apply FILE sharding policy", and the reader cannot tell whether
+that is what they wanted. One worker has one input pipeline, so there is
+nothing to shard (``OFF``); several workers shard ``DATA`` (every worker reads
+and keeps its share of elements) unless the source reads files, where ``FILE``
+(each worker reads its own files) saves the reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tfstrategy._tf import tf
+from tfstrategy.errors import BatchError
+from tfstrategy.training.batching import BatchPlan, plan_batch, replicas_of
+
+#: tf.data classes that read files; their pipelines can be sharded by file.
+_FILE_SOURCES = ("tfrecord", "textline", "fixedlengthrecord")
+AUTO_SHARD_POLICIES = ("off", "data", "file", "auto")
+
+
+def _dataset_chain(dataset: Any) -> list[Any]:
+    """The dataset and every dataset it reads from, outermost first."""
+    seen, order, stack = set(), [], [dataset]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        order.append(current)
+        try:
+            stack.extend(reversed(current._inputs()))  # tf.data's own record of a dataset's inputs
+        except (AttributeError, NotImplementedError):
+            pass
+    return order
+
+
+def batched_by(dataset: Any) -> str | None:
+    """The name of the batching transformation whose batches ``dataset`` yields, or ``None``.
+
+    Walks the pipeline from the output towards the source; an ``unbatch``
+    met before any ``batch`` means elements are single examples again.
+    """
+
+    def visit(current: Any) -> str | None:
+        name = type(current).__name__.lstrip("_")
+        lowered = name.lower()
+        if "unbatch" in lowered:
+            return None
+        if "batch" in lowered:
+            return name
+        try:
+            inputs = current._inputs()
+        except (AttributeError, NotImplementedError):
+            return None
+        for source in inputs:
+            found = visit(source)
+            if found:
+                return found
+        return None
+
+    return visit(dataset)
+
+
+def reads_files(dataset: Any) -> bool:
+    """Whether the pipeline's source reads TFRecord, text-line or fixed-length files."""
+    return any(
+        any(marker in type(part).__name__.lower() for marker in _FILE_SOURCES) for part in _dataset_chain(dataset)
+    )
+
+
+def is_multi_worker(strategy: Any) -> bool:
+    """Whether the strategy has more than one input pipeline's worth of workers."""
+    distribute = tf().distribute
+    if not isinstance(strategy, distribute.MultiWorkerMirroredStrategy):
+        return False
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None:
+        return False
+    spec = resolver.cluster_spec().as_dict()
+    return sum(len(spec.get(role) or []) for role in ("chief", "worker")) > 1
+
+
+def auto_shard_policy(strategy: Any, dataset: Any | None = None, requested: str | None = None) -> Any:
+    """The ``tf.data.experimental.AutoShardPolicy`` to set for this strategy and dataset.
+
+    Args:
+        strategy: the strategy the dataset feeds.
+        dataset: the unbatched source, inspected for file readers.
+        requested: ``off``, ``data``, ``file`` or ``auto`` to override.
+
+    Raises:
+        BatchError: ``requested`` is not a policy name.
+    """
+    policy = tf().data.experimental.AutoShardPolicy
+    if requested is not None:
+        text = str(requested).strip().lower()
+        if text not in AUTO_SHARD_POLICIES:
+            raise BatchError(
+                f"Received auto_shard={requested!r}; expected one of {', '.join(AUTO_SHARD_POLICIES)}, or None to "
+                "let tfstrategy choose (off on one worker, data or file on several)."
+            )
+        return getattr(policy, text.upper())
+    if not is_multi_worker(strategy):
+        return policy.OFF
+    return policy.FILE if dataset is not None and reads_files(dataset) else policy.DATA
+
+
+def _refuse_batched(dataset: Any) -> None:
+    name = batched_by(dataset)
+    if name:
+        raise BatchError(
+            f"Received a dataset already batched by {name}; expected single examples, because tfstrategy batches "
+            "with the global batch itself. Remove the .batch(...) call from the dataset (or .unbatch() it first)."
+        )
+
+
+def dataset_size(dataset: Any) -> int | None:
+    """Examples in one pass over an unbatched dataset; ``None`` when infinite or unknown."""
+    cardinality = int(dataset.cardinality())
+    return cardinality if cardinality >= 0 else None
+
+
+def plan_dataset(
+    dataset: Any,
+    strategy: Any,
+    *,
+    global_batch: int | None = None,
+    per_replica_batch: int | None = None,
+    training: bool = True,
+) -> BatchPlan:
+    """The :class:`BatchPlan` for an unbatched dataset, its size read from its cardinality.
+
+    Raises:
+        BatchError: the dataset is already batched, or the plan is invalid
+            (see :func:`~tfstrategy.plan_batch`).
+
+    Example:
+        >>> plan_dataset(tf.data.Dataset.range(1000), selection, global_batch=256).steps_per_epoch
+        3
+    """
+    if not isinstance(dataset, tf().data.Dataset):
+        raise BatchError(
+            f"Received {type(dataset).__name__}; expected a tf.data.Dataset of single examples. "
+            "Wrap arrays with tf.data.Dataset.from_tensor_slices((x, y))."
+        )
+    _refuse_batched(dataset)
+    return plan_batch(
+        strategy,
+        global_batch=global_batch,
+        per_replica_batch=per_replica_batch,
+        dataset_size=dataset_size(dataset),
+        drop_remainder=training,
+    )
+
+
+def prepare_dataset(
+    data: Any | Callable[[Any], Any],
+    strategy: Any,
+    *,
+    global_batch: int | None = None,
+    per_replica_batch: int | None = None,
+    plan: BatchPlan | None = None,
+    training: bool = True,
+    auto_shard: str | None = None,
+) -> Any:
+    """Batch, shard and prefetch a dataset for ``strategy``: the how-to's step 3.
+
+    Args:
+        data: a ``tf.data.Dataset`` of single examples, or a function taking a
+            ``tf.distribute.InputContext`` and returning one (for per-worker
+            pipelines; it should shard by ``input_context.input_pipeline_id``).
+        strategy: a strategy or a :class:`~tfstrategy.Selection`.
+        global_batch: examples per step across all replicas.
+        per_replica_batch: or, examples per step on each replica.
+        plan: a plan from :func:`plan_dataset` instead of the two above.
+        training: drop the last partial batch (``True``), or keep it for
+            validation. With ``plan=``, the plan's ``drop_remainder`` decides.
+        auto_shard: override the shard policy: ``off``, ``data``, ``file`` or ``auto``.
+
+    Returns:
+        For a dataset, a ``tf.data.Dataset`` of global batches to pass to
+        ``fit``. For a function, a distributed dataset of per-replica batches.
+
+    Raises:
+        BatchError: the data is already batched, or the batch plan is invalid.
+
+    Example:
+        >>> train_ds = prepare_dataset(make_train_dataset(), selection, global_batch=256)
+        >>> val_ds = prepare_dataset(make_validation_dataset(), selection, global_batch=256, training=False)
+    """
+    strategy = getattr(strategy, "strategy", strategy)
+    if callable(data) and not isinstance(data, tf().data.Dataset):
+        return _prepare_from_function(data, strategy, global_batch, per_replica_batch, plan, training)
+    if plan is None:
+        plan = plan_dataset(data, strategy, global_batch=global_batch, per_replica_batch=per_replica_batch, training=training)
+    else:
+        _check_plan(plan, strategy, global_batch, per_replica_batch)
+        _refuse_batched(data)
+    options = tf().data.Options()
+    options.experimental_distribute.auto_shard_policy = auto_shard_policy(strategy, data, auto_shard)
+    batched = data.batch(plan.global_batch, drop_remainder=plan.drop_remainder)
+    return batched.with_options(options).prefetch(tf().data.AUTOTUNE)
+
+
+def _check_plan(plan: BatchPlan, strategy: Any, global_batch: int | None, per_replica_batch: int | None) -> None:
+    if global_batch is not None or per_replica_batch is not None:
+        raise BatchError(
+            f"Received plan= and global_batch={global_batch!r}/per_replica_batch={per_replica_batch!r}; expected "
+            "one way of giving the batch. Pass either plan= or a batch size."
+        )
+    replicas = replicas_of(strategy)
+    if plan.replicas != replicas:
+        raise BatchError(
+            f"Received a plan for {plan.replicas} replicas with a strategy of {replicas}; expected the same. "
+            "Make the plan with this strategy: plan_dataset(dataset, strategy, global_batch=...)."
+        )
+
+
+def _prepare_from_function(
+    dataset_fn: Callable[[Any], Any],
+    strategy: Any,
+    global_batch: int | None,
+    per_replica_batch: int | None,
+    plan: BatchPlan | None,
+    training: bool,
+) -> Any:
+    if plan is None:
+        plan = plan_batch(strategy, global_batch=global_batch, per_replica_batch=per_replica_batch, drop_remainder=training)
+    else:
+        _check_plan(plan, strategy, global_batch, per_replica_batch)
+
+    def batched_fn(input_context: Any) -> Any:
+        dataset = dataset_fn(input_context)
+        if not isinstance(dataset, tf().data.Dataset):
+            raise BatchError(
+                f"Received a dataset function returning {type(dataset).__name__}; expected a tf.data.Dataset "
+                "of single examples."
+            )
+        _refuse_batched(dataset)
+        # Batch this pipeline's share of one global step first, so a partial
+        # step is dropped as a whole, then split it into per-replica batches:
+        # distribute_datasets_from_function hands each replica one element.
+        replicas_here = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+        pipeline_batch = plan.per_replica_batch * replicas_here
+        dataset = dataset.batch(pipeline_batch, drop_remainder=plan.drop_remainder)
+        if replicas_here > 1:
+            # With one replica per pipeline the batch already is the replica's:
+            # a rebatch stage would change nothing and halved a small model's steps/s.
+            dataset = dataset.rebatch(plan.per_replica_batch, drop_remainder=plan.drop_remainder)
+        return dataset.prefetch(tf().data.AUTOTUNE)
+
+    return strategy.distribute_datasets_from_function(batched_fn)

@@ -1,0 +1,91 @@
+"""The strategy check, in process and through the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT, run_cli
+from tfstrategy import run_check, select
+
+SEED_LINES = ["strategy MirroredStrategy", "replicas 1", "model_strategy True", "train_on_batch True"]
+
+
+@pytest.mark.parametrize("replicas", [1, 4])
+def test_check_passes_in_process(replicas):
+    report = run_check(select(devices=[f"/cpu:{i}" for i in range(replicas)], env={}))
+    values = report.as_dict()
+    assert report.passed, report.lines()
+    assert values["replicas"] == replicas
+    assert values["all_reduce_sum"] == replicas * (replicas + 1) / 2
+    assert values["per_replica_batch"] * replicas == values["global_batch"]
+    assert values["replica_batches"] == ",".join([str(values["per_replica_batch"])] * replicas)
+
+
+def test_check_reports_a_failure_when_variables_escape_the_scope(monkeypatch):
+    # A strategy whose scope does not own the variables: the check must say so.
+    from tfstrategy.diagnostics import check
+
+    monkeypatch.setattr(check, "_variables_in_scope", lambda strategy, model: (False, 1))
+    report = run_check(select(env={}, devices="cpu:0"))
+    assert not report.passed
+    assert report.failures == ["variables_in_scope"]
+
+
+@pytest.mark.slow
+def test_cli_default_prints_the_seed_lines_first():
+    result = run_cli("check")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:4] == SEED_LINES
+    assert "devices /cpu:0" in lines
+    assert "variables_in_scope True" in lines
+
+
+@pytest.mark.slow
+def test_cli_four_cpu_replicas_as_json():
+    result = run_cli("check", "--cpu-replicas", "4", "--json")
+    assert result.returncode == 0, result.stderr
+    values = json.loads(result.stdout)
+    assert values["replicas"] == 4
+    assert values["devices"] == "/cpu:0,/cpu:1,/cpu:2,/cpu:3"
+    assert values["passed"] is True and values["failed"] == []
+
+
+@pytest.mark.slow
+def test_cli_bad_devices_is_one_line_and_exit_2():
+    result = run_cli("check", "--devices", "gpu0")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("tfstrategy")]
+    assert error_lines == [
+        "tfstrategy check: error: Received devices='gpu0'; 'gpu0' is not a device. Expected 'all', 'cpu', 'gpu', "
+        "'gpu:0,gpu:1', '/gpu:0', '/device:GPU:1' or GPU ids such as '0,1'. Did you mean 'gpu:0'?"
+    ]
+
+
+@pytest.mark.slow
+def test_cli_debug_shows_the_traceback():
+    result = run_cli("check", "--devices", "/gpu:0", "--debug")
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "DeviceError" in result.stderr
+
+
+@pytest.mark.slow
+def test_cli_environment_variables_drive_the_check():
+    result = run_cli("check", env={"TFSTRATEGY_CPU_REPLICAS": "2"})
+    assert result.returncode == 0, result.stderr
+    assert "replicas 2" in result.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_seed_script_runs_unchanged():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "strategy-demo.py")],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == SEED_LINES

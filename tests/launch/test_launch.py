@@ -1,0 +1,247 @@
+"""`tfstrategy launch` with real processes: supervision, fit on 2 workers, restart after a kill.
+
+Every run is bounded in time and tagged through its environment, so each test can check that
+no worker (nor a worker's child) is left behind. TensorFlow workers are started as few times
+as possible: the uninterrupted 2-worker run is shared by the tests that need it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import ROOT
+from tfstrategy.cli import build_parser
+from tfstrategy.cli.launch import options_from_args
+from tfstrategy.errors import LaunchError
+
+FIT_WORKER = ROOT / "tests" / "workers" / "fit_worker.py"
+PLAIN_WORKER = ROOT / "tests" / "workers" / "plain_worker.py"
+TAG = "TFSTRATEGY_TEST_RUN"
+
+
+def _tagged(tag: str) -> list[int]:
+    """Pids of live processes whose environment carries ``tag``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"{TAG}={tag}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+class Run:
+    """One `tfstrategy launch` process, tagged so its descendants can be found."""
+
+    def __init__(self, *args: str) -> None:
+        self.tag = uuid.uuid4().hex
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TAG: self.tag}
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tfstrategy", "launch", *args], cwd=ROOT, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+
+    def finish(self, timeout: float) -> tuple[int, str, str, float]:
+        try:
+            out, err = self.process.communicate(timeout=timeout)
+        finally:
+            if self.process.poll() is None:  # a hung launcher must not outlive the test
+                self.process.kill()
+                self.process.communicate()
+            for pid in _tagged(self.tag):
+                os.kill(pid, signal.SIGKILL)
+        return self.process.returncode, out, err, time.monotonic() - self.started
+
+
+def _launch(*args: str, timeout: float) -> tuple[int, str, str, float]:
+    run = Run(*args)
+    result = run.finish(timeout)
+    assert _tagged(run.tag) == []
+    return result
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["-n", "2"], "Received no command to run", id="no-command"),
+        pytest.param(["-n", "0", "--", "true"], "Received -n 0; expected 1 or more", id="zero-workers"),
+        pytest.param(["-n", "2", "--max-restarts", "-1", "--", "true"], "--max-restarts -1", id="negative-restarts"),
+        pytest.param(["-n", "2", "--timeout", "-5", "--", "true"], "--timeout -5; expected seconds > 0", id="negative-timeout"),
+        pytest.param(["-n", "2", "--", "no-such-program-xyz"], "'no-such-program-xyz', which is not an executable", id="unknown-program"),
+    ],
+)
+def test_invalid_options_are_refused_before_starting(argv, message):
+    with pytest.raises(LaunchError, match=message):
+        options_from_args(build_parser().parse_args(["launch", *argv]))
+
+
+def test_options_from_command_line():
+    options = options_from_args(build_parser().parse_args(["launch", "-n", "3", "--timeout", "0", "--", "python3", "t.py", "-n", "1"]))
+    assert (options.num_workers, options.command, options.join_timeout) == (3, ("python3", "t.py", "-n", "1"), None)
+
+
+@pytest.mark.multiprocess
+def test_failed_worker_stops_the_others_and_shows_its_last_lines():
+    code, out, err, seconds = _launch("-n", "3", "--", sys.executable, str(PLAIN_WORKER), "fail", timeout=60)
+    assert code == 3
+    assert "[worker 1] line 29" in out and "[worker 2] ready" in out
+    assert "worker 1 exited with status 3" in err
+    assert "  | line 29" in err and "  | line 14" not in err  # the last 15 lines
+    assert seconds < 20
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_stops_every_worker_and_their_children():
+    run = Run("-n", "2", "--", sys.executable, str(PLAIN_WORKER), "sleep")
+    deadline = time.monotonic() + 60
+    while len(_tagged(run.tag)) < 5 and time.monotonic() < deadline:  # launcher, 2 workers, 2 children
+        time.sleep(0.1)
+    assert len(_tagged(run.tag)) == 5
+    run.process.send_signal(signal.SIGINT)
+    interrupted = time.monotonic()
+    code, _, err, _ = run.finish(timeout=30)
+    assert code == 130
+    assert "received SIGINT: stopped every worker" in err
+    assert time.monotonic() - interrupted < 10
+    assert _tagged(run.tag) == []
+
+
+@pytest.mark.multiprocess
+def test_worker_that_never_joins_is_named_within_the_timeout():
+    code, _, err, seconds = _launch("-n", "2", "--timeout", "3", "--", sys.executable, str(PLAIN_WORKER), "joined", timeout=60)
+    assert code == 124
+    assert "worker 1 did not join within --timeout 3 s: it never started creating its strategy" in err
+    assert seconds < 15
+
+
+def _namespaces_allowed() -> bool:
+    probe = subprocess.run(["unshare", "--net", "--map-root-user", "true"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+@pytest.mark.multiprocess
+def test_isolated_network_keeps_wildcard_servers_off_the_host():
+    run = Run("-n", "2", "--isolate-network", "--", sys.executable, str(PLAIN_WORKER), "listen")
+    if not _namespaces_allowed():
+        code, _, err, _ = run.finish(timeout=60)
+        assert code == 2 and "does not allow a private network namespace" in err
+        return
+    assert run.process.stdout is not None
+    ports = []
+    deadline = time.monotonic() + 60
+    while len(ports) < 2 and time.monotonic() < deadline:
+        line = run.process.stdout.readline()
+        if "peers reachable" in line:
+            ports.append(int(line.split("0.0.0.0:")[1].split(";")[0]))
+    assert len(ports) == 2  # bound to 0.0.0.0 inside, reachable from each other on 127.0.0.1
+    for port in ports:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2)
+    run.process.send_signal(signal.SIGINT)
+    code, _, err, _ = run.finish(timeout=30)
+    assert code == 130 and "in a private network namespace" in err
+    assert _tagged(run.tag) == []
+
+
+# --- with TensorFlow ------------------------------------------------------------------------
+
+
+def _fit_worker_module():
+    spec = importlib.util.spec_from_file_location("fit_worker", FIT_WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _results(out_dir: Path) -> list[dict]:
+    return [json.loads((out_dir / f"worker-{i}.json").read_text()) for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("uninterrupted")
+    code, out, err, _ = _launch("-n", "2", "--timeout", "120", "--", sys.executable, str(FIT_WORKER), "--out", str(out_dir), timeout=240)
+    assert code == 0, err[-3000:]
+    return out_dir, out
+
+
+@pytest.mark.multiprocess
+def test_two_workers_fit_like_one_process(uninterrupted):
+    out_dir, out = uninterrupted
+    assert "[worker 0] strategy CollectiveAllReduceStrategy replicas 2" in out
+    assert "[worker 1] strategy CollectiveAllReduceStrategy replicas 2" in out
+    import tensorflow as tf
+
+    worker = _fit_worker_module()
+    model, history = worker.train(tf.distribute.get_strategy(), epochs=3)
+    for result in _results(out_dir):
+        assert result["steps"] == 24
+        np.testing.assert_allclose(result["history"]["loss"], history.history["loss"], atol=1e-5, rtol=0)
+        for got, want in zip(result["weights"], model.get_weights()):
+            np.testing.assert_allclose(np.array(got), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.multiprocess
+def test_every_worker_saves_but_only_the_chief_writes(uninterrupted):
+    import keras
+
+    out_dir, _ = uninterrupted
+    chief, other = _results(out_dir)
+    assert chief["saved"] == str(out_dir / "model.keras") and other["saved"] is None
+    assert sorted(p.name for p in out_dir.iterdir()) == ["model.keras", "worker-0.json", "worker-1.json"]
+    for got, want in zip(keras.saving.load_model(out_dir / "model.keras").get_weights(), chief["weights"]):
+        np.testing.assert_array_equal(got, np.array(want, dtype=got.dtype))
+
+
+@pytest.mark.multiprocess
+def test_sigkilled_worker_is_restarted_and_resumes_to_the_same_weights(uninterrupted, tmp_path):
+    reference = _results(uninterrupted[0])[0]
+    code, out, err, _ = _launch(
+        "-n", "2", "--max-restarts", "1", "--timeout", "120", "--",
+        sys.executable, str(FIT_WORKER), "--out", str(tmp_path), "--kill-at", "1:3", timeout=360,
+    )
+    assert code == 0, err[-3000:]
+    assert "[worker 1] killing myself at epoch 1 batch 3" in out
+    assert "worker 1 was killed by SIGKILL" in err and "(restart 1 of 1)" in err
+    print(err.splitlines()[-1])  # the restart timings, for the record
+    for result in _results(tmp_path):
+        assert result["restart"] == 1
+        assert result["steps"] == reference["steps"]
+        # Resumed from the end of epoch 0: epochs 1 and 2 repeat the uninterrupted losses.
+        np.testing.assert_allclose(result["history"]["loss"], reference["history"]["loss"][1:], atol=1e-5, rtol=0)
+        for got, want in zip(result["weights"], reference["weights"]):
+            np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-5, rtol=0)
+
+
+@pytest.mark.multiprocess
+def test_worker_that_never_starts_fails_the_job_within_the_timeout(tmp_path):
+    code, _, err, seconds = _launch("-n", "2", "--timeout", "30", "--", sys.executable, str(FIT_WORKER), "--out", str(tmp_path), "--stall", timeout=120)
+    assert code == 124
+    assert "worker 1 did not join within --timeout 30 s: it never started creating its strategy" in err
+    assert "worker 0 is creating its strategy" in err
+    assert "  | stalling before TensorFlow starts" in err
+    assert seconds < 30 + 15
+
+
+@pytest.mark.multiprocess
+def test_port_conflict_fails_the_job_with_a_clear_message(tmp_path):
+    code, _, err, seconds = _launch("-n", "2", "--timeout", "60", "--", sys.executable, str(FIT_WORKER), "--out", str(tmp_path), "--steal-port", timeout=120)
+    assert code == 1
+    assert "worker 1 exited with status 1 before joining; its port 127.0.0.1:" in err and "is held by another process" in err
+    assert "TensorFlow could not start its server there" in err
+    assert seconds < 60
