@@ -58,8 +58,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 __all__ = ["JobRecord", "SlurmCluster", "SlurmClusterError", "SlurmNotInstalledError"]
 
@@ -236,7 +236,7 @@ class SlurmCluster:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         self.start()
         return self
 
@@ -295,7 +295,7 @@ class SlurmCluster:
         ]
         return "\n".join(lines + self.extra_config) + "\n"
 
-    def start(self, timeout: float = 60) -> "SlurmCluster":
+    def start(self, timeout: float = 60) -> SlurmCluster:
         """Write the config, start slurmctld and slurmd, wait until the node is idle.
 
         Raises:

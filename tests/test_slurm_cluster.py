@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import slurm_cluster  # noqa: E402
-from slurm_cluster import SlurmCluster, SlurmNotInstalledError  # noqa: E402
+import slurm_cluster
+from slurm_cluster import SlurmCluster, SlurmNotInstalledError
+
+pytestmark = pytest.mark.multiprocess
 
 PRINT_STEP = (
     "import os; print(os.environ['SLURM_PROCID'], os.environ['SLURM_STEP_ID'], os.environ['SLURM_JOB_NODELIST'], "
