@@ -79,7 +79,13 @@ def test_fixed_functions_reduce_across_replicas_only(fixed):
 
     x, y = np.ones((2, 3), "float32"), np.zeros((2, 1), "float32")
     calls.clear()
-    trainer.TensorFlowTrainer._maybe_symbolic_build(Model(), iterator=[(0, 1, iter([(PerReplica((x,)), PerReplica((y,)))]))])
+    # Each Keras release's epoch form: (begin, end, batches) from 3.11, (step, batches) before.
+    for form in mwms._epoch_iterator_forms((PerReplica((x,)), PerReplica((y,)))):
+        try:
+            trainer.TensorFlowTrainer._maybe_symbolic_build(Model(), iterator=form)
+            break
+        except ValueError as error:
+            assert "unpack" in str(error)
     assert calls == []  # no reduce, hence no collective, to build
     assert built[0][0] is x and built[0][1] is y
     assert "reduce" not in vars(strategy)  # the strategy's own reduce is back

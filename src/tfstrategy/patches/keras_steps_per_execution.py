@@ -172,7 +172,10 @@ class StepsPerExecutionPatch(Patch):
             steps_per_execution = 2
             unrolled_steps_per_execution = 1
             distribute_strategy = tf_.distribute.get_strategy()
-            _autoconvert_optionals = module.TensorFlowTrainer._autoconvert_optionals
+
+        trainer_class = module.TensorFlowTrainer
+        if hasattr(trainer_class, "_autoconvert_optionals"):  # Keras 3.12+ wraps the step with it
+            _StandIn._autoconvert_optionals = trainer_class._autoconvert_optionals
 
         def step(data: Any) -> Any:
             # What a collective's instance key is: a value captured when the function is called.
