@@ -38,6 +38,14 @@ ENV_BACKUP_DIR = "TFSTRATEGY_BACKUP_DIR"
 #: Set by the launcher after it re-executed itself in a private network namespace.
 ENV_ISOLATED = "TFSTRATEGY_ISOLATED_NETWORK"
 
+# The start-up hook (`tfstrategy run` and `tfstrategy launch`): see tfstrategy.launch.worker_hook.
+#: "1" makes the hook's sitecustomize install tfstrategy's worker side in a process.
+ENV_HOOK = "TFSTRATEGY_HOOK"
+#: What the hook does when a model's variables are outside its strategy's scope: warn, stop or off.
+ENV_AUDIT = "TFSTRATEGY_AUDIT"
+#: "1": print one summary line (strategy, replicas, patches, audit) when the process exits.
+ENV_HOOK_SUMMARY = "TFSTRATEGY_HOOK_SUMMARY"
+
 #: Seconds a collective may wait for a peer when neither code nor environment says.
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0
 

@@ -83,6 +83,12 @@ def _launch(*args: str, timeout: float) -> tuple[int, str, str, float]:
         pytest.param(["-n", "2", "--max-restarts", "-1", "--", "true"], "--max-restarts -1", id="negative-restarts"),
         pytest.param(["-n", "2", "--timeout", "-5", "--", "true"], "--timeout -5; expected seconds > 0", id="negative-timeout"),
         pytest.param(["-n", "2", "--", "no-such-program-xyz"], "'no-such-program-xyz', which is not an executable", id="unknown-program"),
+        pytest.param(["-n", "2", "--timeout", "nan", "--", "true"], "--timeout nan; expected seconds > 0", id="nan-timeout"),
+        pytest.param(["-n", "2", "--timeout", "inf", "--", "true"], "--timeout inf; expected seconds > 0", id="infinite-timeout"),
+        pytest.param(["-n", "2", "--grace", "-1", "--", "true"], "--grace -1; expected seconds >= 0", id="negative-grace"),
+        pytest.param(["-n", "2", "--", str(ROOT / "README.md")], "README.md', a file that is not executable", id="not-executable"),
+        pytest.param(["-n", "2", "--backup-dir", "/proc/1/nope", "--", "true"], "--backup-dir /proc/1/nope, which cannot be created",
+                     id="backup-dir-cannot-be-created"),
     ],
 )
 def test_invalid_options_are_refused_before_starting(argv, message):
@@ -116,7 +122,7 @@ def test_ctrl_c_stops_every_worker_and_their_children():
     interrupted = time.monotonic()
     code, _, err, _ = run.finish(timeout=30)
     assert code == 130
-    assert "received SIGINT: stopped every worker" in err
+    assert "received SIGINT: passed it on; every worker stopped" in err
     assert time.monotonic() - interrupted < 10
     assert _tagged(run.tag) == []
 
@@ -242,6 +248,7 @@ def test_worker_that_never_starts_fails_the_job_within_the_timeout(tmp_path):
 def test_port_conflict_fails_the_job_with_a_clear_message(tmp_path):
     code, _, err, seconds = _launch("-n", "2", "--timeout", "60", "--", sys.executable, str(FIT_WORKER), "--out", str(tmp_path), "--steal-port", timeout=120)
     assert code == 1
-    assert "worker 1 exited with status 1 before joining; its port 127.0.0.1:" in err and "is held by another process" in err
-    assert "TensorFlow could not start its server there" in err
+    headline = next(line for line in err.splitlines() if line.startswith("tfstrategy launch: worker 1 exited"))
+    assert "exited with status 1 before joining: tfstrategy.errors.StrategyError: Received TF_CONFIG" in headline
+    assert "TensorFlow could not serve on its port 127.0.0.1:" in headline and "which another process holds" in headline
     assert seconds < 60

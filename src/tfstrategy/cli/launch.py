@@ -10,22 +10,27 @@ from pathlib import Path
 from tfstrategy.cli._common import quiet_tensorflow
 from tfstrategy.launch import network_isolation
 from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
+from tfstrategy.launch.worker_hook import AUDIT_MODES
 
 DESCRIPTION = textwrap.dedent(
     f"""\
     Run COMMAND as N workers of one MultiWorkerMirroredStrategy job on this machine
-    (like torchrun --standalone). Each worker gets a TF_CONFIG naming free ports on
-    127.0.0.1, plus TFSTRATEGY_NUM_WORKERS, TFSTRATEGY_WORKER_INDEX, TFSTRATEGY_RESTART,
-    TFSTRATEGY_JOIN_FILE and TFSTRATEGY_BACKUP_DIR; tfstrategy.select() in the script
-    then picks MultiWorkerMirroredStrategy by itself. Output lines are prefixed
-    '[worker i]'.
+    (like torchrun --standalone). The script needs no change: each worker gets a
+    TF_CONFIG naming free ports on 127.0.0.1, so tf.distribute.MultiWorkerMirroredStrategy()
+    (or tfstrategy.select()) in it forms the job, and a start-up hook gives every
+    Python worker tfstrategy's side: the Keras workarounds its release needs, the
+    "joined" signal, a collective timeout, and a scope audit before fit (--audit).
+    Output lines are prefixed '[worker i]'.
 
-    Supervision: when a worker exits non-zero or dies, every other worker is stopped
-    within seconds and the first failure is reported with its last lines. A worker
-    that has not joined (created its strategy) within --timeout fails the job with
-    a message naming it. With --max-restarts K the whole group is restarted up to K
-    times; callbacks=tfstrategy.backup_callbacks() in model.fit resumes each worker
-    from its own directory under --backup-dir. Ctrl-C stops every worker.
+    Supervision: --timeout bounds only the wait for every worker to join (its
+    strategy exists; for a non-Python program, every worker's port accepts
+    connections). A joined job runs as long as it is healthy. When a worker exits
+    non-zero or dies, every other worker is stopped within seconds and the first
+    failure is reported with its exception and last lines. With --max-restarts K
+    the whole group is restarted up to K times; callbacks=tfstrategy.backup_callbacks()
+    in model.fit resumes each worker from its own directory under --backup-dir.
+    Ctrl-C or SIGTERM is passed on to every worker, which get --grace seconds to
+    exit. Processes the workers started are stopped with them.
 
     Exit status: 0 when every worker exits 0; else the first failed worker's status
     (128+N when killed by signal N), {JOIN_TIMEOUT_STATUS} when workers did not join
@@ -38,6 +43,7 @@ EPILOG = textwrap.dedent(
       tfstrategy launch -n 2 -- python train.py --epochs 3
       tfstrategy launch -n 4 --max-restarts 2 --backup-dir /tmp/ckpt -- python train.py
       tfstrategy launch -n 2 --timeout 60 -- python train.py
+      tfstrategy launch -n 2 --audit stop -- python -m mypackage.train
 
     On real machines, set TF_CONFIG per machine instead (tfstrategy.tf_config_from_hosts,
     or tfstrategy.tf_config_from_slurm under srun) and run the script directly."""
@@ -60,7 +66,13 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
                         help="base of the per-worker BackupAndRestore directories DIR/worker-i "
                         "(default with --max-restarts: a temporary directory)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                        help="seconds for every worker to join, i.e. to create its strategy (default: 300; 0: no limit)")
+                        help="seconds for every worker to join, i.e. to create its strategy (default: 300; 0: no "
+                        "limit); a joined job is never stopped for running long")
+    parser.add_argument("--grace", type=float, default=10.0, metavar="S",
+                        help="seconds workers get to exit after Ctrl-C or SIGTERM is passed on (default: 10)")
+    parser.add_argument("--audit", default="warn", choices=AUDIT_MODES,
+                        help="before fit/evaluate, variables made outside the strategy's scope: warn (default) "
+                        "reports them once, stop refuses to train, off skips the audit")
     parser.add_argument("--isolate-network", action="store_true",
                         help="run the job in a private network namespace with only loopback, so TensorFlow's servers "
                         "(which listen on 0.0.0.0) are unreachable from other hosts; workers then have no network")
@@ -87,6 +99,8 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             max_restarts=args.max_restarts,
             backup_dir=args.backup_dir,
             join_timeout=None if args.timeout == 0 else args.timeout,
+            grace=args.grace,
+            audit=args.audit,
         )
     )
 
@@ -94,7 +108,8 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
 def _command_line(args: argparse.Namespace, options: LaunchOptions) -> list[str]:
     """These arguments as a ``tfstrategy`` command line (to re-run it in a network namespace)."""
     line = ["launch", "-n", str(options.num_workers), "--max-restarts", str(options.max_restarts),
-            "--timeout", str(args.timeout), "--isolate-network"]
+            "--timeout", str(args.timeout), "--grace", str(options.grace), "--audit", options.audit,
+            "--isolate-network"]
     if options.backup_dir is not None:
         line += ["--backup-dir", str(options.backup_dir.resolve())]
     if args.debug:

@@ -12,23 +12,35 @@ only. The launcher therefore:
 - stops the whole group (SIGKILL: the survivors are stuck in collectives with a
   dead peer) as soon as one worker exits non-zero or dies, and reports the first
   failure with its last lines;
-- fails the job, naming the laggards, when not every worker has joined (see
-  :mod:`tfstrategy.multiworker.worker_protocol`) within ``join_timeout`` seconds;
+- fails the job, naming the laggards, when not every worker has joined within
+  ``join_timeout`` seconds. A worker joins when its MultiWorkerMirroredStrategy
+  exists (the start-up hook of :mod:`tfstrategy.launch.worker_hook` signals it,
+  however the script created the strategy); for a program the hook cannot reach
+  (not Python), when every worker's server port accepts connections. Once all
+  have joined, the timeout no longer applies: only a failure (or a stall the
+  collective timeout turns into one) ends a job, so a healthy job is never killed;
 - with ``max_restarts``, restarts the whole group on fresh ports, so that
   per-worker BackupAndRestore state (:func:`tfstrategy.backup_callbacks`) resumes;
-- on SIGINT/SIGTERM stops every worker, and their children (SIGTERM, then SIGKILL
-  after ``grace`` seconds), before returning.
+- on SIGINT/SIGTERM passes the signal on to every worker (a preempted worker
+  saves and exits), SIGKILLs what is left after ``grace`` seconds, and returns;
+- keeps draining the workers' output when its own reader goes away
+  (``tfstrategy launch ... | head``), so the job neither stops nor hangs.
 
 Each worker runs in its own process group so that stopping it also stops any
 process it started, and so that a terminal's Ctrl-C reaches only the launcher,
-which then stops the workers in order.
+which then stops the workers in order. The launcher is also the "subreaper" of
+everything its workers start (Linux), so even a child that left the group with
+``setsid`` is found and stopped when the job ends.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -43,6 +55,7 @@ from pathlib import Path
 from typing import TextIO
 
 from tfstrategy.errors import LaunchError
+from tfstrategy.launch.worker_hook import hook_environment, validate_audit_mode
 from tfstrategy.settings import (
     ENV_BACKUP_DIR,
     ENV_JOIN_FILE,
@@ -68,15 +81,19 @@ class LaunchOptions:
     max_restarts: int = 0
     backup_dir: Path | None = None
     join_timeout: float | None = 300.0
-    grace: float = 2.0
+    #: Seconds workers get to exit after the launcher passes on SIGINT/SIGTERM.
+    grace: float = 10.0
+    #: What the workers' start-up hook does about variables outside the scope: warn, stop or off.
+    audit: str = "warn"
 
 
 def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
-    """Check the options before anything starts.
+    """Check the options before anything starts; creates the backup directory.
 
     Raises:
-        LaunchError: no command, fewer than one worker, a negative restart
-            count, a non-positive timeout, or a backup path that is a file.
+        LaunchError: no command or one that cannot be run, fewer than one worker,
+            a negative restart count, a timeout that is not a positive number,
+            or a backup directory that cannot be created or written.
     """
     example = "tfstrategy launch -n 2 -- python train.py"
     if not options.command:
@@ -85,18 +102,52 @@ def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
         raise LaunchError(f"Received -n {options.num_workers}; expected 1 or more workers, e.g. {example}.")
     if options.max_restarts < 0:
         raise LaunchError(f"Received --max-restarts {options.max_restarts}; expected 0 (never restart) or more.")
-    if options.join_timeout is not None and options.join_timeout <= 0:
+    timeout = options.join_timeout
+    if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
         raise LaunchError(
-            f"Received --timeout {options.join_timeout:g}; expected seconds > 0 for every worker to join, e.g. --timeout 120."
+            f"Received --timeout {timeout:g}; expected seconds > 0 for every worker to join, e.g. --timeout 120 "
+            "(or 0 for no limit)."
         )
-    if options.backup_dir is not None and options.backup_dir.exists() and not options.backup_dir.is_dir():
-        raise LaunchError(f"Received --backup-dir {options.backup_dir}, which is a file; pass a directory (it is created).")
-    if shutil.which(options.command[0]) is None and not Path(options.command[0]).is_file():
-        raise LaunchError(
-            f"Received the command {options.command[0]!r}, which is not an executable on PATH; "
-            f"expected e.g. {example} (use '{sys.executable}' for this Python)."
-        )
+    if not math.isfinite(options.grace) or options.grace < 0:
+        raise LaunchError(f"Received --grace {options.grace:g}; expected seconds >= 0, e.g. --grace 30.")
+    try:
+        validate_audit_mode(options.audit)
+    except Exception as error:
+        raise LaunchError(str(error)) from None
+    _require_runnable(options.command[0], example)
+    if options.backup_dir is not None:
+        _require_writable_directory(options.backup_dir)
     return options
+
+
+def _require_runnable(program: str, example: str) -> None:
+    found = shutil.which(program)
+    if found is not None:
+        return
+    path = Path(program)
+    if os.sep in program and path.is_file():
+        raise LaunchError(
+            f"Received the command {program!r}, a file that is not executable; expected a program, e.g. {example}. "
+            f"Run it through its interpreter ('{sys.executable} {program}') or chmod +x it."
+        )
+    raise LaunchError(
+        f"Received the command {program!r}, which is not an executable on PATH; "
+        f"expected e.g. {example} (use '{sys.executable}' for this Python)."
+    )
+
+
+def _require_writable_directory(directory: Path) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise LaunchError(f"Received --backup-dir {directory}, which is a file; pass a directory (it is created).")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise LaunchError(
+            f"Received --backup-dir {directory}, which cannot be created ({error.strerror}); pass a directory "
+            "you can write to."
+        ) from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise LaunchError(f"Received --backup-dir {directory}, which is not writable; pass a directory you can write to.")
 
 
 def free_ports(count: int) -> list[int]:
@@ -131,16 +182,6 @@ def _is_listening(port: int) -> bool:
         return False
 
 
-def _port_taken(port: int) -> bool:
-    """Whether some process holds ``port`` (so a worker could not bind it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError:
-            return True
-    return False
-
-
 def _describe_status(returncode: int) -> str:
     if returncode < 0:
         try:
@@ -152,6 +193,61 @@ def _describe_status(returncode: int) -> str:
 
 def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
+
+
+#: The last line of a Python traceback: ``ValueError: ...``, ``module.Error: ...``, ``KeyboardInterrupt``.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b(?::.*)?$")
+#: What TensorFlow (gRPC) prints when a worker's port is taken.
+_PORT_IN_USE = re.compile(r"Could not start gRPC server|[Aa]ddress already in use|Failed to add port")
+
+
+def _exception_line(lines: Sequence[str]) -> str | None:
+    """The last line of the last Python traceback in ``lines``, if any."""
+    after_traceback = False
+    found = None
+    for line in lines:
+        if line.startswith("Traceback (most recent call last)"):
+            after_traceback = True
+        elif after_traceback and _EXCEPTION_LINE.match(line.strip()):
+            found = line.strip()
+    return found
+
+
+def _failure_reason(returncode: int, lines: Sequence[str], port: int, joined: bool) -> str:
+    """The headline of a failed worker: status or signal, the exception, and a port conflict only if seen."""
+    reason = _describe_status(returncode) + ("" if joined else " before joining")
+    exception = _exception_line(lines)
+    if exception:
+        reason += f": {exception}"
+    if any(_PORT_IN_USE.search(line) for line in lines):
+        reason += (f"; TensorFlow could not serve on its port {LOOPBACK}:{port}, which another process holds. "
+                   "Stop that process, or restart the job to get new free ports")
+    return reason
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants children of this process (Linux), so none escapes the job's end."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _own_children(exclude: set[int]) -> list[int]:
+    """Live processes whose parent is this process (orphans reparented to the subreaper), minus ``exclude``."""
+    me, children = os.getpid(), []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            children.append(int(entry))
+    return children
 
 
 @dataclass(kw_only=True)
@@ -197,6 +293,7 @@ class _Worker:
             stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.joined_at: float | None = None
+        self.output_lost: OSError | None = None
         self._pump = threading.Thread(target=self._copy_output, args=(out, lock), daemon=True)
         self._pump.start()
 
@@ -207,9 +304,14 @@ class _Worker:
         for raw in iter(stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             self.tail.append(line)
+            if self.output_lost is not None:
+                continue  # keep draining: a worker blocked on a full pipe would stall the whole job
             with lock:
-                out.write(f"[worker {self.index}] {line}\n")
-                out.flush()
+                try:
+                    out.write(f"[worker {self.index}] {line}\n")
+                    out.flush()
+                except (BrokenPipeError, ValueError, OSError) as error:  # the reader went away (| head)
+                    self.output_lost = error if isinstance(error, OSError) else BrokenPipeError(str(error))
 
     def last_lines(self) -> tuple[str, ...]:
         # Let the pump drain what the process wrote before dying; a child that
@@ -225,7 +327,9 @@ class _Worker:
 
     def close(self) -> None:
         self._pump.join(timeout=1.0)
-        if self.process.stdout is not None:
+        # A descendant may still hold the pipe open; closing it under the reading
+        # thread would block until that descendant exits, so leave it to the pump.
+        if self.process.stdout is not None and not self._pump.is_alive():
             self.process.stdout.close()
 
 
@@ -247,6 +351,8 @@ class Launcher:
         self._lock = threading.Lock()
         self._signal: int | None = None
         self._workers: list[_Worker] = []
+        self._said_output_lost = False
+        self._subreaper = False
 
     def _say(self, message: str) -> None:
         with self._lock:
@@ -266,6 +372,7 @@ class Launcher:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 installed[signum] = signal.signal(signum, self._on_signal)
+            self._subreaper = become_subreaper()
         try:
             return self._supervise(run_dir, backup_dir)
         finally:
@@ -286,7 +393,7 @@ class Launcher:
         for index, port in enumerate(ports):
             join_file = join_dir / f"worker-{index}.joined"
             env = {
-                **self.env,
+                **hook_environment(audit=self.options.audit, env=self.env),
                 "TF_CONFIG": worker_tf_config(ports, index),
                 ENV_NUM_WORKERS: str(self.options.num_workers),
                 ENV_WORKER_INDEX: str(index),
@@ -297,7 +404,14 @@ class Launcher:
             }
             if backup_dir is not None:
                 env[ENV_BACKUP_DIR] = str(backup_dir)
-            self._workers.append(_Worker(index, self.options.command, env, port, join_file, self.out, self._lock))
+            try:
+                worker = _Worker(index, self.options.command, env, port, join_file, self.out, self._lock)
+            except OSError as error:
+                raise LaunchError(
+                    f"Received the command {self.options.command[0]!r}, which could not be started ({error.strerror}); "
+                    "expected a program this user can run."
+                ) from None
+            self._workers.append(worker)
 
     def _supervise(self, run_dir: Path, backup_dir: Path | None) -> LaunchResult:
         result = LaunchResult(returncode=0)
@@ -311,9 +425,10 @@ class Launcher:
             failure = self._watch(started, failed_at, result)
             if self._signal is not None:
                 stopping = time.monotonic()
-                self._stop_all()
-                self._say(f"received {signal.Signals(self._signal).name}: stopped every worker in "
-                          f"{time.monotonic() - stopping:.1f} s")
+                name = signal.Signals(self._signal).name
+                # Pass the signal on (a preempted worker saves and exits), then SIGKILL after the grace.
+                self._stop_all(signum=self._signal)
+                self._say(f"received {name}: passed it on; every worker stopped {time.monotonic() - stopping:.1f} s later")
                 result.returncode = 128 + self._signal
                 return result
             if failure is None:
@@ -333,15 +448,24 @@ class Launcher:
             result.restarts = attempt
 
     def _watch(self, started: float, failed_at: float | None, result: LaunchResult) -> WorkerFailure | None:
-        """Poll the group until it succeeds or is interrupted (``None``), fails or times out."""
+        """Poll the group until it succeeds or is interrupted (``None``), fails, or does not join in time."""
         all_joined = False
+        next_port_check = 0.0
         while True:
             if self._signal is not None:
                 return None
             now = time.monotonic()
+            self._report_lost_output()
             for worker in self._workers:
                 if worker.joined_at is None and worker.join_file.exists():
                     worker.joined_at = now
+            if not all_joined and now >= next_port_check:
+                # A program the start-up hook cannot reach (not Python) signals nothing; its
+                # TensorFlow servers accepting connections is the next best sign of a formed job.
+                next_port_check = now + 0.5
+                if all(worker.joined_at is not None or _is_listening(worker.port) for worker in self._workers):
+                    for worker in self._workers:
+                        worker.joined_at = worker.joined_at or now
             if not all_joined and all(worker.joined_at is not None for worker in self._workers):
                 all_joined = True
                 if failed_at is not None:
@@ -350,19 +474,26 @@ class Launcher:
             codes = [worker.process.poll() for worker in self._workers]
             for worker, code in zip(self._workers, codes):
                 if code is not None and code != 0:
-                    reason = _describe_status(code)
-                    if worker.joined_at is None and _port_taken(worker.port):
-                        reason += (f" before joining; its port {LOOPBACK}:{worker.port} is held by another process "
-                                   "(TensorFlow then says 'Could not start gRPC server'). "
-                                   "Stop that process, or restart the job to get new free ports")
-                    return WorkerFailure(index=worker.index, reason=reason, status=_exit_status(code),
-                                         last_lines=worker.last_lines())
+                    lines = worker.last_lines()
+                    reason = _failure_reason(code, lines, worker.port, worker.joined_at is not None)
+                    return WorkerFailure(index=worker.index, reason=reason, status=_exit_status(code), last_lines=lines)
             if all(code == 0 for code in codes):
                 return None
             timeout = self.options.join_timeout
+            # Only the wait for joining is bounded: a joined job runs as long as it is healthy.
             if not all_joined and timeout is not None and now - started > timeout:
                 return self._join_timeout(timeout)
             time.sleep(_POLL_SECONDS)
+
+    def _report_lost_output(self) -> None:
+        lost = next((worker.output_lost for worker in self._workers if worker.output_lost is not None), None)
+        if lost is not None and not self._said_output_lost:
+            self._said_output_lost = True
+            try:
+                self._say(f"the reader of the workers' output went away ({type(lost).__name__}); the job goes on, "
+                          "its output is discarded")
+            except OSError:
+                pass
 
     def _join_timeout(self, timeout: float) -> WorkerFailure:
         """Name the worker holding the job up: one that never started its server, else the first not joined."""
@@ -382,20 +513,24 @@ class Launcher:
         reason = (
             f"did not join within --timeout {timeout:g} s: it {states[culprit.index]}"
             + (f"; {others}" if others else "")
-            + ". A worker joins when tfstrategy.select() has created its strategy (a script that creates it itself "
-            "calls tfstrategy.signal_joined() afterwards); raise --timeout if start-up is slow"
+            + ". A worker joins when its MultiWorkerMirroredStrategy exists (Python workers signal it; other "
+            "programs when every worker's port accepts connections); raise --timeout if start-up is slow"
         )
         return WorkerFailure(index=culprit.index, reason=reason, status=JOIN_TIMEOUT_STATUS, last_lines=culprit.last_lines())
 
-    def _stop_all(self, grace: float | None = None) -> None:
-        """SIGTERM every worker's process group, SIGKILL what is left after ``grace`` seconds, reap all."""
+    def _stop_all(self, grace: float | None = None, signum: int = signal.SIGTERM) -> None:
+        """Signal every worker's process group, SIGKILL what is left after ``grace`` seconds, reap all.
+
+        Descendants that left their worker's process group (``setsid``) were
+        reparented to this launcher (the subreaper) and are stopped with it.
+        """
         workers, self._workers = self._workers, []
         if not workers:
             return
         grace = self.options.grace if grace is None else grace
         for worker in workers:
             if grace and worker.process.poll() is None:
-                worker.signal_group(signal.SIGTERM)
+                worker.signal_group(signum)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(worker.process.poll() is None for worker in workers):
             time.sleep(_POLL_SECONDS)
@@ -403,7 +538,29 @@ class Launcher:
             # Also reaches children a worker left behind after it exited itself.
             worker.signal_group(signal.SIGKILL)
             worker.process.wait()
+        self._stop_orphans({worker.process.pid for worker in workers})
+        for worker in workers:
             worker.close()
+
+    def _stop_orphans(self, workers: set[int]) -> None:
+        """SIGKILL and reap the descendants reparented to this launcher, until none is left."""
+        if not self._subreaper:
+            return
+        for _ in range(50):
+            orphans = _own_children(workers)
+            if not orphans:
+                return
+            for pid in orphans:
+                for kill, target in ((os.killpg, pid), (os.kill, pid)):
+                    try:
+                        kill(target, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            for pid in orphans:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
 
 
 def launch(
@@ -413,6 +570,8 @@ def launch(
     max_restarts: int = 0,
     backup_dir: str | os.PathLike[str] | None = None,
     join_timeout: float | None = 300.0,
+    audit: str = "warn",
+    grace: float = 10.0,
     env: Mapping[str, str] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
@@ -425,7 +584,11 @@ def launch(
         max_restarts: times the whole group is restarted after a failure.
         backup_dir: base of the per-worker BackupAndRestore directories
             (a temporary one is used when restarts are allowed and none is given).
-        join_timeout: seconds for every worker to join (``None``: no limit).
+        join_timeout: seconds for every worker to join (``None``: no limit); a
+            joined job is never stopped for taking long.
+        audit: ``warn``, ``stop`` or ``off``: what each worker does before ``fit``
+            when variables were made outside the model's strategy's scope.
+        grace: seconds workers get to exit after SIGINT/SIGTERM is passed on.
         env: the workers' base environment (``os.environ`` when omitted).
         out: where ``[worker i]`` lines go (stdout); err: launcher messages (stderr).
 
@@ -440,5 +603,6 @@ def launch(
     options = LaunchOptions(
         command=tuple(command), num_workers=num_workers, max_restarts=max_restarts,
         backup_dir=None if backup_dir is None else Path(backup_dir), join_timeout=join_timeout,
+        audit=audit, grace=grace,
     )
     return Launcher(options, env=env, out=out, err=err).run()

@@ -1,0 +1,97 @@
+"""``tfstrategy run``: rehearse an unchanged single-host script with N replicas, audited and patched."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+
+from tfstrategy.errors import LaunchError
+from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
+from tfstrategy.launch.worker_hook import AUDIT_MODES, hook_environment
+from tfstrategy.selection.cpu_split import validate_cpu_replicas
+from tfstrategy.selection.devices import parse_devices
+
+DESCRIPTION = textwrap.dedent(
+    """\
+    Run COMMAND (one process) with tfstrategy's start-up hook, so a script that
+    creates its own tf.distribute.MirroredStrategy() runs as tfstrategy would set it
+    up, without changing a line:
+
+      - --cpu-replicas N splits the CPU into N logical devices before the script's
+        TensorFlow starts, and MirroredStrategy() without devices uses all N;
+      - --devices SPEC restricts MirroredStrategy() to those devices;
+      - the Keras workarounds the installed release needs are applied (e.g.
+        compile(steps_per_execution=8) on 2+ replicas);
+      - Model.fit/evaluate first audit that the model's variables were created in
+        its strategy's scope: --audit warn (default) reports offenders once with
+        their file:line and trains on; stop refuses to train; off skips it.
+
+    At exit one line sums up: strategies, replicas, patches, audit findings.
+    The exit status is the command's."""
+)
+
+EPILOG = textwrap.dedent(
+    """\
+    examples:
+      tfstrategy run --cpu-replicas 4 -- python strategy-demo.py     # prints replicas 4
+      tfstrategy run --cpu-replicas 2 --audit stop -- python train.py
+      tfstrategy run --devices gpu:0,gpu:1 -- python -m mypackage.train
+
+    For several workers, use tfstrategy launch -n N (it installs the same hook)."""
+)
+
+
+def run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``tfstrategy run``."""
+    parser = subparsers.add_parser(
+        "run",
+        help="run an unchanged script with N CPU replicas, the Keras fixes and a scope audit",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--cpu-replicas", metavar="N",
+                        help="split the CPU into N logical devices; MirroredStrategy() then has N replicas")
+    parser.add_argument("--devices", metavar="SPEC",
+                        help="devices for MirroredStrategy() without devices: all, cpu, gpu, gpu:0,gpu:1, or GPU ids 0,1")
+    parser.add_argument("--audit", default="warn", choices=AUDIT_MODES,
+                        help="variables made outside the strategy's scope before fit/evaluate: warn (default), "
+                        "stop or off")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                        help="the program to run, after '--'")
+    parser.set_defaults(command=run_command)
+    return parser
+
+
+def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment ``run`` executes, validated.
+
+    Raises:
+        TFStrategyError: an invalid flag or a command that cannot be run.
+    """
+    program = list(args.program)
+    if program and program[0] == "--":
+        program = program[1:]
+    example = "tfstrategy run --cpu-replicas 4 -- python train.py"
+    if not program:
+        raise LaunchError(f"Received no command to run; expected it after '--', e.g. {example}.")
+    replicas = validate_cpu_replicas(args.cpu_replicas)
+    if args.devices is not None:
+        parse_devices(args.devices)
+    validate_launch_options(LaunchOptions(command=tuple(program), num_workers=1, audit=args.audit))
+    env = hook_environment(audit=args.audit, cpu_replicas=replicas, devices=args.devices, summary=True)
+    if not args.debug:
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return program, env
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Replace this process by the command, with the hook; returns only on error."""
+    program, env = run_environment(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(program[0], program, env)
+    return 1  # pragma: no cover - execvpe does not return
