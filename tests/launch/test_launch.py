@@ -252,3 +252,32 @@ def test_port_conflict_fails_the_job_with_a_clear_message(tmp_path):
     assert "exited with status 1 before joining: tfstrategy.errors.StrategyError: Received TF_CONFIG" in headline
     assert "TensorFlow could not serve on its port 127.0.0.1:" in headline and "which another process holds" in headline
     assert seconds < 60
+
+
+@pytest.mark.multiprocess
+def test_losing_the_output_reader_neither_stops_nor_hangs_the_job():
+    """`tfstrategy launch ... | head -1`: the job goes on, its output is drained and discarded."""
+    chatty = "import time\nfor i in range(400):\n    print('line', i, flush=True)\n    time.sleep(0.005)\n"
+    run = Run("-n", "2", "--", sys.executable, "-c", chatty)
+    assert run.process.stdout is not None
+    assert run.process.stdout.readline().startswith("[worker ")
+    run.process.stdout.close()  # what `head -1` does after its line
+    try:
+        code = run.process.wait(timeout=60)
+    finally:
+        if run.process.poll() is None:
+            run.process.kill()
+    err = run.process.stderr.read() if run.process.stderr else ""
+    assert code == 0, err
+    assert "the reader of the workers' output went away (BrokenPipeError); the job goes on" in err
+    assert "Traceback" not in err
+    assert _tagged(run.tag) == []
+
+
+@pytest.mark.multiprocess
+def test_a_detached_child_neither_hangs_the_launcher_nor_survives_the_job():
+    code, _, err, seconds = _launch("-n", "1", "--", "sh", "-c", "setsid sleep 300 & setsid sleep 301 >/dev/null 2>&1 & exit 0",
+                                    timeout=60)
+    assert code == 0, err
+    assert seconds < 20
+    # _launch asserts that no process of the run (the setsid sleeps included) is left.
