@@ -17,8 +17,9 @@ from tfstrategy.diagnostics.env_report import collect_env_report  # noqa: E402
 from tfstrategy.diagnostics.equivalence import replica_equivalence  # noqa: E402
 from tfstrategy.errors import TFStrategyError  # noqa: E402
 from tfstrategy.launch.supervisor import launch  # noqa: E402
-from tfstrategy.multiworker.cluster import tf_config_from_hosts, tf_config_from_slurm  # noqa: E402
+from tfstrategy.multiworker.cluster import tf_config_from_hosts  # noqa: E402
 from tfstrategy.multiworker.saving import save_model  # noqa: E402
+from tfstrategy.multiworker.slurm import tf_config_from_slurm  # noqa: E402
 from tfstrategy.multiworker.worker_protocol import backup_callbacks, signal_joined  # noqa: E402
 from tfstrategy.patches import apply_patches, patch_status  # noqa: E402
 from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution  # noqa: E402
