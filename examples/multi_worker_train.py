@@ -36,6 +36,7 @@ y = (x @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(4096, 1))).astype("flo
 # The same global batch on 1 or N workers: the same steps, the same result.
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.global_batch)
 
+keras.utils.set_random_seed(0)  # the same initial weights in every run: 1 worker or N, first run or requeued
 with selection.scope():
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
