@@ -115,6 +115,6 @@ def test_two_worker_fit_agrees_and_the_chief_saves(tmp_path):
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    losses = sorted(line.rsplit(" ", 1)[-1] for line in result.stdout.splitlines() if "final loss" in line)
+    losses = sorted(line.split("final loss ")[1].split()[0] for line in result.stdout.splitlines() if "final loss" in line)
     assert len(losses) == 2 and losses[0] == losses[1]
     assert out.exists()

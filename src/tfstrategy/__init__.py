@@ -17,8 +17,10 @@ from tfstrategy.diagnostics.env_report import collect_env_report  # noqa: E402
 from tfstrategy.diagnostics.equivalence import replica_equivalence  # noqa: E402
 from tfstrategy.errors import TFStrategyError  # noqa: E402
 from tfstrategy.launch.supervisor import launch  # noqa: E402
-from tfstrategy.multiworker.cluster import tf_config_from_hosts, tf_config_from_slurm  # noqa: E402
+from tfstrategy.multiworker.cluster import tf_config_from_hosts  # noqa: E402
+from tfstrategy.multiworker.preemption import preemption_callbacks  # noqa: E402
 from tfstrategy.multiworker.saving import save_model  # noqa: E402
+from tfstrategy.multiworker.slurm import tf_config_from_slurm  # noqa: E402
 from tfstrategy.multiworker.worker_protocol import backup_callbacks, signal_joined  # noqa: E402
 from tfstrategy.patches import apply_patches, patch_status  # noqa: E402
 from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution  # noqa: E402
@@ -68,6 +70,7 @@ __all__ = [
     # Multi-worker.
     "launch",
     "backup_callbacks",
+    "preemption_callbacks",
     "save_model",
     "signal_joined",
     "tf_config_from_hosts",

@@ -7,7 +7,7 @@ conflict is an error that says which one to remove.
 
 Two kinds of variables live here. *Settings* a user may set
 (:data:`ENV_STRATEGY`, :data:`ENV_DEVICES`, :data:`ENV_CPU_REPLICAS`,
-:data:`ENV_COLLECTIVE_TIMEOUT`) and the *launch protocol* that ``tfstrategy
+:data:`ENV_COLLECTIVE_TIMEOUT`, :data:`ENV_SLURM`, :data:`ENV_SLURM_PORT`) and the *launch protocol* that ``tfstrategy
 launch`` sets for each worker (:data:`ENV_NUM_WORKERS` ... :data:`ENV_ISOLATED`).
 """
 
@@ -28,6 +28,10 @@ ENV_DEVICES = "TFSTRATEGY_DEVICES"
 ENV_CPU_REPLICAS = "TFSTRATEGY_CPU_REPLICAS"
 #: Seconds a multi-worker collective waits for a peer before raising.
 ENV_COLLECTIVE_TIMEOUT = "TFSTRATEGY_COLLECTIVE_TIMEOUT"
+#: ``off`` stops select() from building the cluster from a Slurm job step (independent tasks).
+ENV_SLURM = "TFSTRATEGY_SLURM"
+#: Base port of the workers of a Slurm step: the k-th task on a node listens on base + k.
+ENV_SLURM_PORT = "TFSTRATEGY_SLURM_PORT"
 
 # The launch protocol: set by `tfstrategy launch` for each worker it starts.
 ENV_NUM_WORKERS = "TFSTRATEGY_NUM_WORKERS"

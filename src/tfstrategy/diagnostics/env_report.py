@@ -30,6 +30,7 @@ from tfstrategy._tf import tf
 from tfstrategy._versions import LEGACY_KERAS_TRUE
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.multiworker.cluster import read_tf_config, validate_tf_config
+from tfstrategy.multiworker.slurm import cluster_from_slurm_step, read_slurm_step
 from tfstrategy.selection.choose import choose
 from tfstrategy.selection.host import HostInfo
 from tfstrategy.selection.select import resolve_request
@@ -43,6 +44,13 @@ SLURM_SHOWN = (
     "SLURM_NODEID",
     "SLURM_NTASKS",
     "SLURM_NTASKS_PER_NODE",
+    "SLURM_STEP_ID",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_STEP_RESV_PORTS",
+    "SLURM_DISTRIBUTION",
+    "SLURM_RESTART_COUNT",
     "SLURM_PROCID",
     "SLURM_LOCALID",
     "SLURM_CPUS_PER_TASK",
@@ -145,6 +153,8 @@ class EnvReport:
     cuda_visible_devices: str | None
     settings_env: dict[str, str]
     slurm: dict[str, str]
+    #: The Slurm job step this process is a task of, and the cluster select() would build from it.
+    slurm_step: str
     tf_config: TFConfigInfo
     selection: SelectionPreview
     #: What select() would do about each Keras workaround (see preview_patches).
@@ -305,6 +315,7 @@ def preview_selection(env: Mapping[str, str], host: HostInfo, *, can_split_cpu: 
             cpu_replicas=request.cpu_replicas,
             host=host,
             cluster_tasks=request.cluster_tasks,
+            cluster_source=request.cluster_source or "TF_CONFIG",
         )
     except TFStrategyError as error:
         return SelectionPreview(error=f"{type(error).__name__}: {error}")
@@ -365,11 +376,32 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
         settings_env={key: env[key] for key in sorted(env) if key.startswith("TFSTRATEGY_")},
         slurm={key: env[key] for key in sorted(env) if key.startswith("SLURM_")},
+        slurm_step=describe_slurm_step(env),
         tf_config=tf_config,
         selection=selection,
         patches=preview_patches(env),
         problems=tuple(problems),
     )
+
+
+def describe_slurm_step(env: Mapping[str, str]) -> str:
+    """The job step this process is a task of, and what select() does with it, in one line."""
+    try:
+        step = read_slurm_step(env)
+        if step is None:
+            return "not in a job step (a batch script without srun is one worker)" if env.get("SLURM_JOB_ID") else "none"
+        text = step.describe()
+        if env.get("TF_CONFIG", "").strip():
+            return f"{text}; TF_CONFIG is set, so select() uses it instead"
+        if step.num_tasks < 2:
+            return f"{text}; one task, so one worker"
+        cluster = cluster_from_slurm_step(env)
+        if cluster is None:
+            return f"{text}; TFSTRATEGY_SLURM=off, so every task is its own job"
+        return f"{text}; select() sets TF_CONFIG: worker {cluster.config.task_index} of {cluster.config.num_workers} " \
+            f"at {cluster.config.address}, workers {','.join(cluster.config.cluster['worker'])} (ports {cluster.port_source})"
+    except TFStrategyError as error:
+        return f"{type(error).__name__}: {error}"
 
 
 def preview_patches(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -468,6 +500,7 @@ def env_report_lines(report: EnvReport) -> list[tuple[str, str]]:
         ("CUDA_VISIBLE_DEVICES", "unset" if report.cuda_visible_devices is None else repr(report.cuda_visible_devices)),
         ("TF_CONFIG", report.tf_config.summary()),
         ("Slurm", _mapping_line(report.slurm, SLURM_SHOWN, "not under Slurm (no SLURM_* variables)")),
+        *([("Slurm job step", report.slurm_step)] if report.slurm else []),
         ("TFSTRATEGY_* variables", _mapping_line(report.settings_env, None, "none")),
         ("select() would choose", _selection_line(report)),
         ("Keras patches", "; ".join(report.patches) or "none"),

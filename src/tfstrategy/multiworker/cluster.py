@@ -4,8 +4,8 @@
 typo in it does not fail early in TensorFlow: a wrong index or a duplicated
 address makes the workers wait for each other forever. :func:`validate_tf_config`
 checks every rule up front and names the offending part with a correct example.
-:func:`tf_config_from_hosts` and :func:`tf_config_from_slurm` build it instead
-of writing it by hand.
+:func:`tf_config_from_hosts` builds it instead of writing it by hand;
+:mod:`tfstrategy.multiworker.slurm` builds it from a Slurm job step.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tfstrategy import _compat
 from tfstrategy.errors import ClusterConfigError
 
 EXAMPLE_TF_CONFIG = (
@@ -29,8 +28,6 @@ EXAMPLE_TF_CONFIG = (
 TASK_TYPES = ("chief", "worker", "evaluator", "ps")
 #: Task types that train (and take part in MultiWorkerMirroredStrategy's collectives).
 TRAINING_TASK_TYPES = ("chief", "worker")
-#: TensorFlow's own default port for Slurm jobs (SlurmClusterResolver's port_base).
-DEFAULT_SLURM_PORT = 8888
 
 _HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.\-]+)):(?P<port>\d{1,5})$")
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
@@ -264,56 +261,3 @@ def tf_config_from_hosts(hosts: Sequence[str] | str, task_index: int, *, port: i
     addresses = [h if _HOST_PORT.match(h) else f"{h}:{port}" for h in items]
     config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": task_index}}
     return validate_tf_config(config)
-
-
-def tf_config_from_slurm(env: Mapping[str, str] | None = None, *, port: int = DEFAULT_SLURM_PORT) -> ClusterConfig:
-    """Build this Slurm task's config from the job step's ``SLURM_*`` variables.
-
-    Tasks are numbered as Slurm's default block distribution numbers them
-    (``SLURM_PROCID``): node by node in ``SLURM_STEP_NODELIST`` order; the k-th
-    task on a node listens on ``port + k``. Node lists such as ``gpu[01-04]``
-    and counts such as ``2(x3)`` are expanded by TensorFlow's
-    SlurmClusterResolver helpers.
-
-    Raises:
-        ClusterConfigError: a variable is missing or malformed (not in a Slurm step),
-            or the task layout is not the block distribution.
-    """
-    env = os.environ if env is None else env
-    names = ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
-    missing = [name for name in names if not env.get(name)]
-    if missing:
-        raise ClusterConfigError(
-            f"Received no {', '.join(missing)} in the environment; these are set by srun inside a Slurm job step. "
-            "Run the script with srun (e.g. srun --ntasks-per-node=1 python train.py), "
-            "or build the cluster with tf_config_from_hosts(...)."
-        )
-    expand_hostlist, expand_tasks_per_node = _compat.slurm_hostlist_helpers()
-
-    try:
-        nodes = expand_hostlist(env["SLURM_STEP_NODELIST"])
-        counts = expand_tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"])
-        rank = int(env["SLURM_PROCID"])
-    except ValueError as error:
-        raise ClusterConfigError(
-            f"Received SLURM_STEP_NODELIST={env['SLURM_STEP_NODELIST']!r}, SLURM_STEP_TASKS_PER_NODE="
-            f"{env['SLURM_STEP_TASKS_PER_NODE']!r}, SLURM_PROCID={env['SLURM_PROCID']!r}, which do not parse ({error}). "
-            "Expected e.g. 'node[1-2]', '2(x2)' and '0'; run inside srun."
-        ) from error
-    if len(counts) != len(nodes):
-        raise ClusterConfigError(
-            f"Received {len(nodes)} node(s) in SLURM_STEP_NODELIST but {len(counts)} count(s) in "
-            "SLURM_STEP_TASKS_PER_NODE; expected one count per node. Run inside srun so Slurm sets both."
-        )
-    addresses = [f"{node}:{port + k}" for node, count in zip(nodes, counts) for k in range(count)]
-    if not 0 <= rank < len(addresses):
-        raise ClusterConfigError(
-            f"Received SLURM_PROCID={rank} for a step of {len(addresses)} task(s); expected 0..{len(addresses) - 1}."
-        )
-    own_node = env.get("SLURMD_NODENAME")
-    if own_node and addresses[rank].rsplit(":", 1)[0] != own_node:
-        raise ClusterConfigError(
-            f"Received SLURM_PROCID={rank} on node {own_node!r}, but block distribution puts task {rank} on "
-            f"{addresses[rank]!r}. Launch with srun --distribution=block (the default)."
-        )
-    return validate_tf_config({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}})

@@ -49,6 +49,7 @@ def choose(
     cpu_replicas: int | None,
     host: HostInfo,
     cluster_tasks: int = 0,
+    cluster_source: str = "TF_CONFIG",
 ) -> Choice:
     """Decide the strategy and devices from plain values; no TensorFlow involved.
 
@@ -58,6 +59,7 @@ def choose(
         cpu_replicas: logical CPUs requested as replicas, or ``None``.
         host: the devices this host offers (after any CPU split).
         cluster_tasks: chief and worker tasks in ``TF_CONFIG`` (0 when unset).
+        cluster_source: where the cluster comes from, ``"TF_CONFIG"`` or ``"Slurm"`` (a job step).
 
     Raises:
         StrategyError: the combination cannot work (e.g. devices with
@@ -72,7 +74,8 @@ def choose(
     if kind is StrategyKind.AUTO:
         if cluster_tasks > 1:
             kind = StrategyKind.MULTI_WORKER
-            reasons.append(f"auto: TF_CONFIG describes {cluster_tasks} tasks, so MultiWorkerMirroredStrategy")
+            where = "the Slurm job step has" if cluster_source == "Slurm" else "TF_CONFIG describes"
+            reasons.append(f"auto: {where} {cluster_tasks} tasks, so MultiWorkerMirroredStrategy")
         else:
             kind = StrategyKind.MIRRORED
             reasons.append("auto: one machine, so MirroredStrategy")

@@ -8,20 +8,27 @@ steps that change the process, each recorded on the :class:`Selection`:
 1. ``split_cpu``: split the CPU into logical devices (``cpu_replicas``);
 2. ``record_creation_sites``: remember where variables are created, so the
    scope audit can name a stray one's file:line;
-3. ``signal_launcher``: under ``tfstrategy launch``, say "creating the strategy"
+3. ``slurm_tf_config``: inside a Slurm job step of 2+ tasks without
+   ``TF_CONFIG``, set ``TF_CONFIG`` from the step
+   (:mod:`tfstrategy.multiworker.slurm`). The environment variable, not a
+   cluster resolver passed to the strategy, because Keras, ``save_model``,
+   ``backup_callbacks`` and user code read the task and the chief from it;
+4. ``signal_launcher``: under ``tfstrategy launch``, say "creating the strategy"
    and then "joined" (:mod:`tfstrategy.multiworker.worker_protocol`);
-4. ``apply_patches``: install the Keras workarounds the installed release needs
+5. ``apply_patches``: install the Keras workarounds the installed release needs
    (:mod:`tfstrategy.patches`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy import _versions
 from tfstrategy.multiworker.cluster import load_cluster_config
+from tfstrategy.multiworker.slurm import SlurmStepCluster, cluster_from_slurm_step
 from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
 from tfstrategy.patches import apply_patches
 from tfstrategy.patches.mechanism import PatchStatus
@@ -86,6 +93,10 @@ class Request:
     cluster_tasks: int
     collective_timeout: float | None
     sources: Mapping[str, str]
+    #: Where the cluster comes from: ``"TF_CONFIG"``, ``"Slurm"``, or None for one process.
+    cluster_source: str | None = None
+    #: The cluster built from the Slurm job step, when ``cluster_source == "Slurm"``.
+    slurm: SlurmStepCluster | None = None
 
 
 def resolve_request(
@@ -116,6 +127,11 @@ def resolve_request(
     replicas = validate_cpu_replicas(replicas_setting.value)
     timeout, timeout_source = resolve_collective_timeout(collective_timeout, env)
     cluster = load_cluster_config(env)
+    # Only a multi-worker request reads the Slurm step: a refused layout must not break strategy='mirrored'.
+    multi = kind in (StrategyKind.AUTO, StrategyKind.MULTI_WORKER)
+    slurm = cluster_from_slurm_step(env) if multi and cluster is None else None
+    if slurm is not None:
+        cluster = slurm.config
     sources = {"strategy": kind_setting.source}
     if devices_setting.value is not None:
         sources["devices"] = devices_setting.source
@@ -130,6 +146,8 @@ def resolve_request(
         cluster_tasks=cluster.num_workers if cluster else 0,
         collective_timeout=timeout,
         sources=sources,
+        cluster_source=("Slurm" if slurm else "TF_CONFIG") if cluster else None,
+        slurm=slurm,
     )
 
 
@@ -150,7 +168,9 @@ def select(
     Each argument left as ``None`` falls back to its ``TFSTRATEGY_*`` variable
     (``TFSTRATEGY_STRATEGY``, ``TFSTRATEGY_DEVICES``, ``TFSTRATEGY_CPU_REPLICAS``,
     ``TFSTRATEGY_COLLECTIVE_TIMEOUT``), then to the default: ``auto`` on every
-    visible GPU or the CPU, and a 300 s collective timeout.
+    visible GPU or the CPU, and a 300 s collective timeout. Inside a Slurm job
+    step of 2+ tasks without ``TF_CONFIG`` (``srun python train.py``), ``auto``
+    is MultiWorkerMirroredStrategy over the step's tasks.
 
     Args:
         strategy: ``auto``, ``mirrored``, ``one_device``, ``default``,
@@ -183,7 +203,11 @@ def select(
         cpu_replicas=request.cpu_replicas,
         host=HostInfo.detect(),
         cluster_tasks=request.cluster_tasks,
+        cluster_source=request.cluster_source or "TF_CONFIG",
     )
+    if request.slurm is not None and choice.kind is StrategyKind.MULTI_WORKER:
+        os.environ["TF_CONFIG"] = request.slurm.config.to_json()
+        steps.append(("slurm_tf_config", f"set TF_CONFIG from {request.slurm.describe()}"))
     if start_recording():
         steps.append(("record_creation_sites", "on in this thread, for the scope audit"))
     starting = signal_starting()

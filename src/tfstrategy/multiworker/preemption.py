@@ -1,0 +1,187 @@
+"""Stop every worker at one agreed step on SIGTERM, so a requeued job resumes exactly.
+
+Slurm warns a job before ending it (preemption, ``scancel --signal=TERM``,
+``--signal=B:TERM@60`` before the time limit). The signal reaches the workers
+at slightly different moments, while each is somewhere in a step; a worker that
+simply exits leaves its peers stuck in a collective, and one that exits after a
+half-written backup leaves nothing to resume from.
+
+:class:`PreemptionWatcher` records the signal in a flag, and at each batch end
+every worker sums the flags of all workers in one small all-reduce: they all
+see the same sum after the same step, so they all stop there (TensorFlow's
+``PreemptionCheckpointHandler`` agrees through the coordination service
+instead; a collective needs no extra service and cannot race). Keras 3's
+``BackupAndRestore`` resumes at epoch boundaries only, so a worker stopping
+mid-epoch keeps the last epoch's backup and the epoch is redone after the
+restart (its data order is fixed, so the result is the same); a stop agreed on
+an epoch's last batch waits for that epoch's backup. The process then exits
+with :data:`PREEMPTED_EXIT_CODE`, which ``examples/slurm/train.sbatch`` turns
+into ``scontrol requeue`` (or set ``RequeueExit=75`` in slurm.conf).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from tfstrategy import _compat
+from tfstrategy._tf import tf
+from tfstrategy.settings import ENV_RESTART
+
+#: Exit status of a worker that stopped for preemption after saving: EX_TEMPFAIL, "try again later".
+PREEMPTED_EXIT_CODE = 75
+
+
+class PreemptionWatcher:
+    """Turns SIGTERM into a flag, and the flags of all workers into one agreed decision.
+
+    Args:
+        signals: the signals that ask to stop (default SIGTERM).
+    """
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
+        self.signals = signals
+        self.received_at: float | None = None
+        self._previous: dict[int, Any] = {}
+        self._agree_fn: Any = None
+
+    def install(self) -> None:
+        """Handle the signals in this process (main thread only) until :meth:`uninstall`."""
+        for number in self.signals:
+            if number not in self._previous:
+                self._previous[number] = signal.signal(number, self._handle)
+
+    def uninstall(self) -> None:
+        """Put the previous handlers back."""
+        while self._previous:
+            number, handler = self._previous.popitem()
+            signal.signal(number, handler)
+
+    def _handle(self, number: int, frame: Any) -> None:
+        if self.received_at is None:
+            self.received_at = time.time()
+
+    @property
+    def received(self) -> bool:
+        """Whether this worker received a signal."""
+        return self.received_at is not None
+
+    def agreed(self, strategy: Any) -> bool:
+        """Whether any worker received a signal; a collective every worker must call at the same step."""
+        if self._agree_fn is None:
+            self._agree_fn = _make_agree_fn(strategy)
+        flag = tf().constant(1.0 if self.received else 0.0)
+        return bool(self._agree_fn(flag).numpy() > 0)
+
+
+def _make_agree_fn(strategy: Any) -> Any:
+    tf_ = tf()
+
+    def sum_flags(flag: Any) -> Any:
+        # identity() places the value on this replica's device; the all-reduce needs one to send from.
+        return tf_.distribute.get_replica_context().all_reduce(tf_.distribute.ReduceOp.SUM, tf_.identity(flag))
+
+    @tf_.function
+    def agree(flag: Any) -> Any:
+        return strategy.experimental_local_results(strategy.run(sum_flags, args=(flag,)))[0]
+
+    return agree
+
+
+def restart_number(env: Mapping[str, str] | None = None) -> int:
+    """How many times this job was restarted: Slurm's ``SLURM_RESTART_COUNT`` or ``TFSTRATEGY_RESTART``."""
+    env = os.environ if env is None else env
+    for name in ("SLURM_RESTART_COUNT", ENV_RESTART):
+        text = env.get(name, "").strip()
+        if text.isdigit():
+            return int(text)
+    return 0
+
+
+def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
+    """A Keras callback: on SIGTERM, stop every worker at one agreed step and exit with status 75.
+
+    Place it after ``BackupAndRestore`` (as :func:`tfstrategy.preemption_callbacks` does), so a stop
+    agreed on an epoch's last batch exits after that epoch's backup.
+    """
+    keras = _compat.keras_for()
+    watcher = watcher or PreemptionWatcher()
+
+    class StopOnPreemption(keras.callbacks.Callback):
+        """Stops fit at the step every worker agreed on after a SIGTERM, then exits with status 75."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.watcher = watcher
+            self._epoch = 0
+            self._exit_after_epoch = False
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            watcher.install()
+            restart = restart_number()
+            if restart:
+                _say(f"restart {restart}: training resumes from the backup at {time.time():.3f}")
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._epoch = epoch
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if not watcher.agreed(_compat.model_strategy(self.model)):
+                return
+            steps, epochs = self.params.get("steps"), self.params.get("epochs")
+            last_batch = steps is not None and batch + 1 >= steps
+            if last_batch and epochs is not None and self._epoch + 1 >= epochs:
+                return  # the training is done: let fit and the saving after it finish
+            if last_batch:
+                self._exit_after_epoch = True  # BackupAndRestore saves this epoch first
+                self.model.stop_training = True
+                return
+            self._exit(f"epoch {self._epoch + 1} batch {batch + 1}; the epoch is redone from its backup after the restart")
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if self._exit_after_epoch:
+                self._exit(f"the end of epoch {epoch + 1}, after its backup")
+
+        def on_train_end(self, logs: Any = None) -> None:
+            watcher.uninstall()
+
+        def _exit(self, where: str) -> None:
+            watcher.uninstall()
+            mine = f"SIGTERM here at {watcher.received_at:.3f}" if watcher.received else "SIGTERM on another worker"
+            _say(f"{mine}; every worker stops at {where}; exit status {PREEMPTED_EXIT_CODE} asks for a requeue")
+            sys.exit(PREEMPTED_EXIT_CODE)
+
+    return StopOnPreemption()
+
+
+def _say(text: str) -> None:
+    print(f"tfstrategy: {text}", file=sys.stderr, flush=True)
+
+
+def preemption_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options: Any) -> list[Any]:
+    """:func:`tfstrategy.backup_callbacks` plus a callback that stops all workers at one step on SIGTERM.
+
+    Pass the result to ``model.fit(callbacks=[*tfstrategy.preemption_callbacks(), ...])``. On
+    SIGTERM (Slurm preemption, ``scancel --signal=TERM``, ``--signal=B:TERM@60``) every worker
+    stops after the same step, keeping the last backup, and exits with status 75
+    (:data:`PREEMPTED_EXIT_CODE`); the requeued job resumes from the backup and ends with
+    the weights of an uninterrupted run. ``[]`` when no backup directory is configured.
+
+    Args:
+        backup_dir: base directory; defaults to ``TFSTRATEGY_BACKUP_DIR``.
+        **options: passed to ``BackupAndRestore``.
+
+    Raises:
+        ClusterConfigError: ``TF_CONFIG`` is set but invalid.
+
+    Example:
+        >>> model.fit(dataset, epochs=20, callbacks=tfstrategy.preemption_callbacks())
+    """
+    from tfstrategy.multiworker.worker_protocol import backup_callbacks
+
+    callbacks = backup_callbacks(backup_dir, **options)
+    return [*callbacks, preemption_callback()] if callbacks else []

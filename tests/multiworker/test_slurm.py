@@ -1,0 +1,174 @@
+"""Multi-worker training under a real Slurm: srun without TF_CONFIG, two jobs at once, preemption and requeue.
+
+Needs Slurm (``.ci/install-slurm``) and root; without Slurm these tests fail.
+The pure parsing of the step variables is in tests/multiworker/test_slurm_env.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import slurm_cluster
+from helpers import ROOT
+from slurm_cluster import SlurmCluster
+
+pytestmark = pytest.mark.multiprocess
+
+EXAMPLE = str(ROOT / "examples" / "multi_worker_train.py")
+SBATCH = str(ROOT / "examples" / "slurm" / "train.sbatch")
+QUIET = "TF_CPP_MIN_LOG_LEVEL=2"
+FINAL = re.compile(r"final loss (\S+) steps (\d+)")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster = SlurmCluster()
+    cluster.start(timeout=60)
+    yield cluster
+    conf = str(cluster.conf)
+    cluster.stop()
+    assert slurm_cluster._processes_with_env("SLURM_CONF", conf) == []
+
+
+def finals(text: str) -> list[tuple[float, int]]:
+    return [(float(loss), int(steps)) for loss, steps in FINAL.findall(text)]
+
+
+def srun_example(cluster: SlurmCluster, out: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return cluster.srun(
+        ["-n", "2", "--label", f"--export=ALL,{QUIET}", sys.executable, EXAMPLE, "--out", str(out), *args],
+        timeout=timeout,
+    )
+
+
+def test_srun_two_workers_without_tf_config_agree_and_equal_one_process(cluster, tmp_path):
+    result = srun_example(cluster, tmp_path / "model.keras", "--epochs", "2")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TF_CONFIG", "TFSTRATEGY_"))}
+    single = subprocess.run(
+        [sys.executable, EXAMPLE, "--epochs", "2", "--out", str(tmp_path / "single.keras")],
+        capture_output=True, text=True, timeout=240, env={**environment, "TF_CPP_MIN_LOG_LEVEL": "2"}, cwd=ROOT,
+    )
+
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert single.returncode == 0, single.stderr[-3000:]
+    for task in ("0", "1"):
+        explain = next(line for line in result.stdout.splitlines() if line.startswith(f"{task}: auto:"))
+        assert "auto: the Slurm job step has 2 tasks, so MultiWorkerMirroredStrategy" in explain
+        assert "slurm_tf_config: set TF_CONFIG from Slurm job" in explain and f"worker {task} of 2" in explain
+    (loss0, steps0), (loss1, steps1) = finals(result.stdout)
+    ((loss_single, steps_single),) = finals(single.stdout)
+    assert loss0 == loss1
+    assert steps0 == steps1 == steps_single == 2 * 32
+    assert loss0 == pytest.approx(loss_single, abs=1e-5)
+    assert (tmp_path / "model.keras").exists()
+
+
+def test_two_jobs_on_one_node_at_once_both_succeed(cluster, tmp_path):
+    results: dict[int, subprocess.CompletedProcess] = {}
+
+    def run(job: int) -> None:
+        results[job] = srun_example(cluster, tmp_path / f"model-{job}.keras", "--epochs", "1")
+
+    threads = [threading.Thread(target=run, args=(job,)) for job in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    for result in results.values():
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    losses = [finals(r.stdout) for r in results.values()]
+    assert losses[0] == losses[1] and len(losses[0]) == 2 and losses[0][0] == losses[0][1]
+
+
+def test_a_layout_tfstrategy_cannot_serve_is_refused_in_one_line(cluster):
+    # Two tasks on the node but one reserved port: the second worker would have no port of its own.
+    result = cluster.srun(["-n", "2", "--resv-ports=1", f"--export=ALL,{QUIET}", sys.executable, "-m", "tfstrategy",
+                           "check"], timeout=120)
+
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("tfstrategy check: error:")]
+    assert len(errors) == 2, result.stderr[-3000:]
+    assert all(re.search(r"Received SLURM_STEP_RESV_PORTS=\d+ \(1 port\(s\)\) for a step with 2 tasks on a node; "
+                         r"expected one reserved port per task on a node\. .*--resv-ports=2", line) for line in errors)
+
+
+def test_env_inside_a_step_reports_job_step_task_and_nodes(cluster):
+    result = cluster.srun(["-n", "2", "--label", f"--export=ALL,{QUIET}", sys.executable, "-m", "tfstrategy", "env"],
+                          timeout=120)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if "- Slurm job step:" in line]
+    assert len(lines) == 2
+    ports = set()
+    for line in lines:
+        task = line.split(":", 1)[0]
+        match = re.search(rf"job (\d+) step 0, task {task} of 2 on {cluster.node} \(local {task}\), nodes {cluster.node}; "
+                          rf"select\(\) sets TF_CONFIG: worker {task} of 2 at {cluster.node}:(\d+), workers (\S+) "
+                          r"\(ports SLURM_STEP_RESV_PORTS=", line)
+        assert match, line
+        ports.add(match[3])
+    assert len(ports) == 1  # both tasks build the same cluster
+    assert "auto: the Slurm job step has 2 tasks, so MultiWorkerMirroredStrategy" in result.stdout
+
+
+def wait_for(path: Path, pattern: str, timeout: float) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = re.search(pattern, path.read_text() if path.exists() else "")
+        if match:
+            return match
+        time.sleep(0.1)
+    raise AssertionError(f"{pattern!r} not in {path} after {timeout} s:\n{path.read_text() if path.exists() else ''}")
+
+
+def submit(cluster: SlurmCluster, tmp_path: Path, name: str, epochs: int) -> tuple[int, Path]:
+    out = tmp_path / f"{name}.out"
+    result = cluster.run([
+        "sbatch", "--parsable", "-N", "1", "-n", "2", "--ntasks-per-node=2", f"--output={out}", f"--chdir={ROOT}",
+        f"--export=ALL,{QUIET},PYTHON={sys.executable},TFSTRATEGY_BACKUP_DIR={tmp_path / name / 'backup'}",
+        SBATCH, "--epochs", str(epochs), "--out", str(tmp_path / name / "model.keras"),
+    ], timeout=30)
+    return int(result.stdout.strip().split(";")[0]), out
+
+
+def test_preempted_sbatch_job_is_requeued_and_ends_with_the_uninterrupted_weights(cluster, tmp_path):
+    import keras
+
+    epochs = 12
+    reference_job, reference_out = submit(cluster, tmp_path, "reference", epochs)
+    job, out = submit(cluster, tmp_path, "preempted", epochs)
+    wait_for(out, r"Epoch 3/12", timeout=120)
+
+    signalled = time.time()
+    # What --signal=B:TERM@60 does before the time limit: TERM to the batch script.
+    cluster.cancel(job, signal_name="TERM", batch=True)
+    stopped = wait_for(out, r"stopped for preemption \(status 75\) at ([\d.]+)", timeout=60)
+    resumed = wait_for(out, r"restart 1: training resumes from the backup at ([\d.]+)", timeout=120)
+    record = cluster.wait_job(job, timeout=180)
+    reference = cluster.wait_job(reference_job, timeout=180)
+
+    text, reference_text = out.read_text(), reference_out.read_text()
+    print(f"\nsignal -> workers stopped: {float(stopped[1]) - signalled:.1f} s; "
+          f"signal -> training resumed: {float(resumed[1]) - signalled:.1f} s")
+    print("\n".join(line for line in text.splitlines() if "tfstrategy" in line or "final loss" in line))
+    assert (record.state, record.exit_code) == ("COMPLETED", 0), text[-3000:]
+    assert (reference.state, reference.exit_code) == ("COMPLETED", 0), reference_text[-3000:]
+    assert [r.state for r in cluster.job_records(job)] == ["PENDING", "COMPLETED"]
+    assert text.count("every worker stops at") == 2  # both workers, at the same step
+    assert len(set(re.findall(r"every worker stops at ([^;]+);", text))) == 1
+    assert finals(text) == finals(reference_text) and len(finals(text)) == 2  # same final loss and step count
+    losses = re.findall(r"loss: (\S+)", text)
+    assert set(losses) <= set(re.findall(r"loss: (\S+)", reference_text))  # every epoch's loss as uninterrupted
+    weights = [keras.saving.load_model(tmp_path / name / "model.keras").get_weights() for name in ("reference", "preempted")]
+    for a, b in zip(*weights):
+        np.testing.assert_array_equal(a, b)
