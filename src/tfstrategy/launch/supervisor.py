@@ -427,9 +427,13 @@ class Launcher:
                 stopping = time.monotonic()
                 name = signal.Signals(self._signal).name
                 # Pass the signal on (a preempted worker saves and exits), then SIGKILL after the grace.
-                self._stop_all(signum=self._signal)
+                codes = self._stop_all(signum=self._signal)
                 self._say(f"received {name}: passed it on; every worker stopped {time.monotonic() - stopping:.1f} s later")
                 result.returncode = 128 + self._signal
+                if len(set(codes)) == 1 and codes[0] > 0:
+                    # Every worker chose the same status (e.g. 75: saved, requeue me); pass that on to the scheduler.
+                    result.returncode = codes[0]
+                    self._say(f"every worker exited with status {codes[0]}; so does the launcher")
                 return result
             if failure is None:
                 return result
@@ -518,15 +522,17 @@ class Launcher:
         )
         return WorkerFailure(index=culprit.index, reason=reason, status=JOIN_TIMEOUT_STATUS, last_lines=culprit.last_lines())
 
-    def _stop_all(self, grace: float | None = None, signum: int = signal.SIGTERM) -> None:
+    def _stop_all(self, grace: float | None = None, signum: int = signal.SIGTERM) -> list[int]:
         """Signal every worker's process group, SIGKILL what is left after ``grace`` seconds, reap all.
+
+        Returns the workers' exit statuses (128+N for signal N).
 
         Descendants that left their worker's process group (``setsid``) were
         reparented to this launcher (the subreaper) and are stopped with it.
         """
         workers, self._workers = self._workers, []
         if not workers:
-            return
+            return []
         grace = self.options.grace if grace is None else grace
         for worker in workers:
             if grace and worker.process.poll() is None:
@@ -541,6 +547,7 @@ class Launcher:
         self._stop_orphans({worker.process.pid for worker in workers})
         for worker in workers:
             worker.close()
+        return [_exit_status(worker.process.returncode) for worker in workers]
 
     def _stop_orphans(self, workers: set[int]) -> None:
         """SIGKILL and reap the descendants reparented to this launcher, until none is left."""

@@ -15,18 +15,20 @@ takes these named steps, each recorded in :data:`STATE`:
 
 1. ``split_cpu``: split the CPU into ``TFSTRATEGY_CPU_REPLICAS`` logical devices;
 2. ``record_creation_sites``: remember where variables are created, for the audit;
-3. ``default_devices``: ``MirroredStrategy()`` without ``devices`` gets the
+3. ``slurm_tf_config``: in a Slurm job step of 2+ tasks without ``TF_CONFIG``,
+   set it from the step (:mod:`tfstrategy.multiworker.slurm`), as ``select()`` does;
+4. ``default_devices``: ``MirroredStrategy()`` without ``devices`` gets the
    rehearsed CPUs (or ``TFSTRATEGY_DEVICES``), as ``select()`` would choose; and
    when ``TF_CONFIG`` describes several workers (``tfstrategy launch -n N``), it
    becomes a ``MultiWorkerMirroredStrategy`` across them, so one script runs
    unchanged from a laptop to a multi-worker job;
-4. ``watch_multi_worker``: every ``MultiWorkerMirroredStrategy`` tells the launcher
+5. ``watch_multi_worker``: every ``MultiWorkerMirroredStrategy`` tells the launcher
    "creating" and then "joined", and gets the collective timeout when the
    script set none;
-5. ``apply_patches``: the Keras workarounds the installed release needs;
+6. ``apply_patches``: the Keras workarounds the installed release needs;
    ``keras2_aliases``: ``Metric.reset_states()``, which Keras 3 renamed
    ``reset_state()`` and TensorFlow's own distributed tutorials still call;
-6. ``audit``: ``Model.fit``/``evaluate`` audit the model's scope first
+7. ``audit``: ``Model.fit``/``evaluate`` audit the model's scope first
    (``TFSTRATEGY_AUDIT``: ``warn``, the default, reports once; ``stop`` raises
    :class:`~tfstrategy.errors.ScopeError` before the first step; ``off``).
 
@@ -175,8 +177,8 @@ class _RunAfter(importlib.abc.Loader):
 
 def on_tensorflow_imported() -> None:
     """Take the hook's steps in this process; a step that fails is reported and skipped, never raised."""
-    steps = (_split_cpu, _record_creation_sites, _watch_multi_worker, _default_devices, _apply_patches,
-             _keras2_aliases, _audit)
+    steps = (_split_cpu, _record_creation_sites, _slurm_tf_config, _watch_multi_worker, _default_devices,
+             _apply_patches, _keras2_aliases, _audit)
     for step in steps:
         try:
             done = step()
@@ -204,6 +206,16 @@ def _record_creation_sites() -> str | None:
     from tfstrategy.scope.creation_sites import start_recording
 
     return "on in the main thread" if start_recording() else None
+
+
+def _slurm_tf_config() -> str | None:
+    from tfstrategy.multiworker.slurm import cluster_from_slurm_step
+
+    cluster = cluster_from_slurm_step()
+    if cluster is None:
+        return None
+    os.environ["TF_CONFIG"] = cluster.config.to_json()
+    return f"set TF_CONFIG from {cluster.describe()}"
 
 
 def _chosen_devices() -> list[str] | None:
