@@ -125,6 +125,19 @@ def optimizer_variables(optimizer: Any) -> list[Any]:
     return list(variables() if callable(variables) and not isinstance(variables, list) else variables)
 
 
+def keras_variable_types() -> tuple[type, ...]:
+    """Keras 3's own ``keras.Variable`` class, if ``tf.keras`` is Keras 3 (tf_keras uses ``tf.Variable``)."""
+    variable = getattr(tf().keras, "Variable", None)
+    return (variable,) if isinstance(variable, type) else ()
+
+
+def optimizer_built(optimizer: Any) -> bool:
+    """Whether an optimizer has its slot variables (Keras 3 ``built``; tf_keras sets ``_built`` in ``build``)."""
+    if hasattr(optimizer, "built"):
+        return bool(optimizer.built)
+    return bool(getattr(optimizer, "_built", False))
+
+
 def variable_path(variable: Any) -> str:
     """A variable's name for messages: Keras 3's ``path`` (``dense/kernel``), else the tf.Variable ``name``."""
     return str(getattr(variable, "path", None) or variable.name)

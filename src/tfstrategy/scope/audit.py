@@ -217,7 +217,7 @@ def audit_scope(
         for owner, variable in _owned_variables(model, optimizer, metrics)
     ]
     problems = _object_problems(strategy, model, optimizer, records)
-    built = None if optimizer is None else bool(getattr(optimizer, "built", True))
+    built = None if optimizer is None else _compat.optimizer_built(optimizer)
     if require_built_optimizer and built is False:
         problems.append(
             f"optimizer {type(optimizer).__name__} has no slot variables yet; a custom training loop would create "

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import BuildError, CheckpointError
 from tfstrategy.scope.audit import AuditReport, guard_model, require_scope, strategy_of
@@ -82,7 +83,7 @@ def _build_optimizer(model: Any) -> None:
             f"Received model {model.name!r} with no variables yet; the optimizer's slots cannot be built for it. "
             "Give the model its input shape (keras.Input(shape=...)) or call model.build(shape) in build_model."
         )
-    if not model.optimizer.built:
+    if not _compat.optimizer_built(model.optimizer):
         # Building now, in the scope, creates the slot variables before any
         # restore (else .weights.h5 drops the optimizer state with a warning)
         # and before a custom loop (else they are made lazily inside

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import CheckpointError
 
@@ -194,7 +195,8 @@ def _checkpoint_contents(prefix: str) -> tuple[set[str], dict[str, list[int]]]:
 
 
 def _tracked_variable_count(root: Any) -> int:
-    variable_types = (tf().Variable, tf().keras.Variable)
+    # Keras 3 variables wrap a tf.Variable; tf_keras' are tf.Variables.
+    variable_types = (tf().Variable, *_compat.keras_variable_types())
     return sum(1 for obj in tf().train.TrackableView(root).descendants() if isinstance(obj, variable_types))
 
 
@@ -275,7 +277,7 @@ def load_keras_model(path: str, *, compile: bool) -> tuple[Any, RestoreReport]:
             "and that custom layers are registered (keras.saving.register_keras_serializable)."
         ) from error
     model = holder["model"]
-    optimizer_state = bool(loaded) and model.optimizer is not None and model.optimizer.built
+    optimizer_state = bool(loaded) and model.optimizer is not None and _compat.optimizer_built(model.optimizer)
     return model, RestoreReport(
         source=path,
         format=KERAS,
