@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import ROOT
-from tfstrategy.launch.supervisor import _exception_line, _failure_reason
+from tfstrategy.launch.supervisor import exception_line, failure_reason
 from tfstrategy.launch.worker_hook import STARTUP_DIR, hook_environment
 
 SCRIPTS = ROOT / "tests" / "workers"
@@ -59,15 +59,15 @@ def test_startup_directory_holds_only_the_sitecustomize():
     ],
 )
 def test_exception_line(lines, expected):
-    assert _exception_line(lines) == expected
+    assert exception_line(lines) == expected
 
 
 def test_port_conflict_is_reported_only_when_tensorflow_said_so():
     lines = ["Traceback (most recent call last):", "AttributeError: boom"]
-    assert _failure_reason(1, lines, 1234, joined=False) == "exited with status 1 before joining: AttributeError: boom"
+    assert failure_reason(1, lines, 1234, joined=False) == "exited with status 1 before joining: AttributeError: boom"
     port_lines = ["UNKNOWN: Could not start gRPC server", "Traceback (most recent call last):", "StrategyError: x"]
-    assert "could not serve on its port 127.0.0.1:1234" in _failure_reason(1, port_lines, 1234, joined=False)
-    assert _failure_reason(-9, [], 1, joined=True) == "was killed by SIGKILL"
+    assert "could not serve on its port 127.0.0.1:1234" in failure_reason(1, port_lines, 1234, joined=False)
+    assert failure_reason(-9, [], 1, joined=True) == "was killed by SIGKILL"
 
 
 # --- tfstrategy run ----------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def test_fixed_functions_reduce_across_replicas_only(fixed):
     from keras.src.backend.tensorflow import trainer
 
     calls = []
-    strategy = mwms._stand_in_strategy(calls)
+    strategy = mwms.stand_in_strategy(calls)
     trainer.reduce_per_replica({"loss": PerReplica((np.float32(2.0),))}, strategy, "auto")
     assert [axis for _, axis in calls] == [None]
 
@@ -80,7 +80,7 @@ def test_fixed_functions_reduce_across_replicas_only(fixed):
     x, y = np.ones((2, 3), "float32"), np.zeros((2, 1), "float32")
     calls.clear()
     # Each Keras release's epoch form: (begin, end, batches) from 3.11, (step, batches) before.
-    for form in mwms._epoch_iterator_forms((PerReplica((x,)), PerReplica((y,)))):
+    for form in mwms.epoch_iterator_forms((PerReplica((x,)), PerReplica((y,)))):
         try:
             trainer.TensorFlowTrainer._maybe_symbolic_build(Model(), iterator=form)
             break
@@ -95,7 +95,7 @@ def test_several_steps_per_execution_are_refused_on_multi_worker(fixed):
     from keras.src.backend.tensorflow import trainer
 
     class Model:
-        _distribute_strategy = distribute_strategy = mwms._stand_in_strategy([])
+        _distribute_strategy = distribute_strategy = mwms.stand_in_strategy([])
         steps_per_execution = 4
 
     with pytest.raises(StrategyError, match=r"steps_per_execution=4\) with MultiWorkerMirroredStrategy.*steps_per_execution=1"):

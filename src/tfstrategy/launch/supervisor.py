@@ -201,7 +201,7 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Excep
 _PORT_IN_USE = re.compile(r"Could not start gRPC server|[Aa]ddress already in use|Failed to add port")
 
 
-def _exception_line(lines: Sequence[str]) -> str | None:
+def exception_line(lines: Sequence[str]) -> str | None:
     """The last line of the last Python traceback in ``lines``, if any."""
     after_traceback = False
     found = None
@@ -213,10 +213,10 @@ def _exception_line(lines: Sequence[str]) -> str | None:
     return found
 
 
-def _failure_reason(returncode: int, lines: Sequence[str], port: int, joined: bool) -> str:
+def failure_reason(returncode: int, lines: Sequence[str], port: int, joined: bool) -> str:
     """The headline of a failed worker: status or signal, the exception, and a port conflict only if seen."""
     reason = _describe_status(returncode) + ("" if joined else " before joining")
-    exception = _exception_line(lines)
+    exception = exception_line(lines)
     if exception:
         reason += f": {exception}"
     if any(_PORT_IN_USE.search(line) for line in lines):
@@ -479,7 +479,7 @@ class Launcher:
             for worker, code in zip(self._workers, codes):
                 if code is not None and code != 0:
                     lines = worker.last_lines()
-                    reason = _failure_reason(code, lines, worker.port, worker.joined_at is not None)
+                    reason = failure_reason(code, lines, worker.port, worker.joined_at is not None)
                     return WorkerFailure(index=worker.index, reason=reason, status=_exit_status(code), last_lines=lines)
             if all(code == 0 for code in codes):
                 return None

@@ -106,7 +106,7 @@ def _fixed_reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any
     return reduce_per_replica
 
 
-def _stand_in_strategy(calls: list[tuple[Any, Any]]) -> Any:
+def stand_in_strategy(calls: list[tuple[Any, Any]]) -> Any:
     """Something Keras takes for a multi-worker MWMS, without a cluster; records ``reduce`` calls."""
     distribute = tf().distribute
 
@@ -137,7 +137,7 @@ def _stand_in_strategy(calls: list[tuple[Any, Any]]) -> Any:
     return _StandIn()
 
 
-def _epoch_iterator_forms(batch: Any) -> list[Any]:
+def epoch_iterator_forms(batch: Any) -> list[Any]:
     """One epoch of one batch, in each form Keras' TensorFlow trainer has iterated (newest first)."""
     return [[(0, 1, iter([batch]))], [(0, iter([batch]))]]
 
@@ -158,7 +158,7 @@ class MWMSPatch(Patch):
         import numpy as np
 
         calls: list[tuple[Any, Any]] = []
-        strategy = _stand_in_strategy(calls)
+        strategy = stand_in_strategy(calls)
 
         class _Model:
             _distribute_strategy = distribute_strategy = strategy
@@ -171,7 +171,7 @@ class MWMSPatch(Patch):
             _compat.per_replica((np.zeros((2, 1), "float32"),)),
         )
         build = self.original(BUILD)
-        for form in _epoch_iterator_forms(batch):
+        for form in epoch_iterator_forms(batch):
             calls.clear()
             try:
                 build(_Model(), iterator=form)

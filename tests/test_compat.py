@@ -1,0 +1,108 @@
+"""Every private TensorFlow/Keras access tfstrategy makes, checked against the installed releases.
+
+When a new TensorFlow or Keras breaks one, the failing test here names the accessor in
+src/tfstrategy/_compat.py to update. Part of the smoke set, so it also runs on the oldest
+supported release and on tf_keras.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import mirrored
+from tfstrategy import _compat, _versions
+from tfstrategy.patches import PATCHES
+
+pytestmark = pytest.mark.smoke
+keras = tf.keras
+LEGACY = _versions.legacy_keras_requested()
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(optimizer="adam", loss="mse", metrics=[keras.metrics.MeanAbsoluteError()])
+    return strategy, model
+
+
+def test_keras_flavour(compiled):
+    _, model = compiled
+    assert _compat.is_tf_keras_object(model) is LEGACY
+    assert _compat.keras_for(model).__name__ == ("tf_keras" if LEGACY else "keras")
+    assert _versions.at_least(_compat.keras_version(_compat.keras_for()), "2.16")
+
+
+def test_model_and_optimizer_strategy(compiled):
+    strategy, model = compiled
+    assert _compat.model_strategy(model) is strategy
+    assert _compat.optimizer_strategy(model.optimizer) is strategy
+
+
+def test_variables_and_metrics_before_the_first_step(compiled):
+    strategy, model = compiled
+    assert all(strategy.extended.variable_created_in_scope(_compat.tf_variable(v)) for v in model.weights)
+    assert [type(m).__name__ for m in _compat.compiled_metric_objects(model)] == ["MeanAbsoluteError"]
+    assert "kernel" in _compat.variable_path(model.weights[0])
+
+
+def test_optimizer_built_and_its_variables(compiled):
+    _, model = compiled
+    with compiled[0].scope():
+        model.optimizer.build(model.trainable_variables)
+    assert _compat.optimizer_built(model.optimizer)
+    assert len(_compat.optimizer_variables(model.optimizer)) > len(model.trainable_variables)
+
+
+def test_strategy_facts():
+    assert not _compat.in_multi_worker_mode(mirrored(2))
+    assert _compat.is_default_strategy(tf.distribute.get_strategy())
+    assert not _compat.is_default_strategy(mirrored(1))
+
+
+def test_collective_key_base_is_set_and_restored():
+    before = tf.distribute.MirroredStrategy._collective_key_base
+    with _compat.mirrored_collective_key_base(7_000_000):
+        assert tf.distribute.MirroredStrategy._collective_key_base == 7_000_000
+    assert tf.distribute.MirroredStrategy._collective_key_base == before
+
+
+def test_per_replica_and_optional_type_spec():
+    value = _compat.per_replica((np.zeros(2), np.ones(2)))
+    assert isinstance(value, tf.distribute.DistributedValues) and len(value.values) == 2
+    optional = tf.experimental.Optional.from_value(tf.constant(1))
+    assert _compat.optional_type_spec(optional).is_compatible_with(optional)
+
+
+def test_deferred_capture_inside_a_function():
+    @tf.function
+    def read():
+        return _compat.capture_call_time_value(lambda: tf.constant(5.0), tf.TensorSpec([], tf.float32)) + 1.0
+
+    assert float(read()) == 6.0
+
+
+def test_runtime_and_creator_scope_state():
+    assert _compat.runtime_started()  # conftest split the CPU and tests ran ops
+    assert not _compat.variable_creator_scope_open()
+    with tf.variable_creator_scope(lambda next_creator, **kwargs: next_creator(**kwargs)):
+        assert _compat.variable_creator_scope_open()
+
+
+def test_slurm_hostlist_helpers():
+    expand_hostlist, expand_tasks_per_node = _compat.slurm_hostlist_helpers()
+    assert expand_hostlist("node[1-2],gpu7") == ["node1", "node2", "gpu7"]
+    assert expand_tasks_per_node("2(x2),1") == [2, 2, 1]
+
+
+@pytest.mark.skipif(LEGACY, reason="tf_keras: no Keras 3 trainer to patch")
+@pytest.mark.parametrize("name", list(PATCHES))
+def test_every_patch_target_exists_in_the_installed_keras(name):
+    patch = PATCHES[name]
+    module = patch.target_module()
+    assert module is not None, "Keras 3's TensorFlow trainer module moved: update _compat.keras3_tensorflow_trainer"
+    for target in patch.targets:
+        assert callable(_compat.get_path(module, target)), f"{name}: {target} is gone from this Keras"
