@@ -263,3 +263,11 @@ def test_console_blocks_quote_like_bash() -> None:
             if block.language == "console" and block.directive != "skip":
                 for command, _ in console_commands(block.code):
                     shlex.split(command, comments=True)
+
+
+def test_readme_links_resolve() -> None:
+    # README.md is not part of the site, so mkdocs --strict does not see its links.
+    text = (ROOT / "README.md").read_text()
+    targets = [target.split("#")[0] for target in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in target]
+    missing = [target for target in targets if not (ROOT / target).exists()]
+    assert targets and not missing, f"README.md links to missing files: {missing}"
