@@ -6,11 +6,12 @@
 #   make lint        ruff
 #   make versions    the smoke set on the oldest supported TensorFlow/Keras and on tf_keras (own venvs)
 #   make bench       the benchmarks (tables, benchmarks/results/results.{json,png})
+#   make docs        the documentation site, strictly (a broken link or missing docstring fails): site/
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup check test test-fast lint versions bench clean
+.PHONY: setup check test test-fast lint versions bench docs clean
 
 setup: $(VENV)/.installed
 
@@ -38,5 +39,12 @@ versions:
 bench: setup
 	$(BIN)/python benchmarks/run.py
 
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[cpu,test,bench,docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .venvs .pytest_cache
+	rm -rf $(VENV) .venvs .pytest_cache site

@@ -1,0 +1,74 @@
+"""MkDocs hook: pages generated at build time, so they cannot drift from the code.
+
+- ``<!-- cli-reference -->`` in a page becomes the ``--help`` of ``tfstrategy``
+  and of every subcommand, rendered from :func:`tfstrategy.cli.build_parser`.
+- ARCHITECTURE.md, CONTRIBUTING.md and benchmarks/README.md (with its plot)
+  live beside the code they describe; they are added to the site as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER = "<!-- cli-reference -->"
+#: Files outside docs/ that the site publishes under the same relative path.
+ROOT_FILES = ("ARCHITECTURE.md", "CONTRIBUTING.md", "benchmarks/README.md", "benchmarks/latest/results.png")
+
+
+def _help(parser: argparse.ArgumentParser, argv: list[str]) -> str:
+    """What ``tfstrategy ARGV --help`` prints, at a fixed width."""
+    out = io.StringIO()
+    saved = {key: os.environ.get(key) for key in ("COLUMNS", "NO_COLOR")}
+    os.environ.update(COLUMNS="100", NO_COLOR="1")  # argparse wraps to COLUMNS
+    try:
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            parser.parse_args([*argv, "--help"])
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return out.getvalue().rstrip()
+
+
+def subcommands(parser: argparse.ArgumentParser) -> list[str]:
+    """The subcommand names registered on the root parser, in order."""
+    for action in parser._actions:  # argparse keeps subcommands only here
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    return []
+
+
+def render_cli_reference() -> str:
+    """Markdown with one section per command, each its ``--help`` text."""
+    src = str(ROOT / "src")
+    if src not in sys.path:
+        sys.path.insert(0, src)
+    from tfstrategy.cli import build_parser
+
+    parser = build_parser()
+    parts = ["## tfstrategy", "", "```text", _help(parser, []), "```", ""]
+    for name in subcommands(build_parser()):
+        parts += [f"## tfstrategy {name}", "", "```text", _help(build_parser(), [name]), "```", ""]
+    return "\n".join(parts)
+
+
+def on_files(files, config):
+    from mkdocs.structure.files import File
+
+    for relative in ROOT_FILES:
+        files.append(File.generated(config, relative, abs_src_path=str(ROOT / relative)))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    if MARKER in markdown:
+        markdown = markdown.replace(MARKER, render_cli_reference())
+    return markdown
