@@ -306,8 +306,13 @@ def _watch_mirrored(cls: type) -> None:
 
 
 def _apply_patches() -> str | None:
+    from tfstrategy._versions import legacy_keras_requested
     from tfstrategy.patches import apply_patches
 
+    if legacy_keras_requested() and "keras" not in sys.modules:
+        # tf.keras is tf_keras here (no such bugs); patch Keras 3 only if the script imports it.
+        sys.meta_path.insert(0, _AfterImport("keras", _apply_patches))
+        return "deferred until the script imports Keras 3 (tf.keras is tf_keras)"
     installed = [status.name for status in apply_patches() if status.installed]
     STATE.patches = installed
     return ", ".join(installed) or None
@@ -334,10 +339,11 @@ def _audit() -> str | None:
         return None
     from tfstrategy import _compat
 
-    keras = _compat.keras_for()
-    for method in ("fit", "evaluate"):
-        original = getattr(keras.Model, method)
-        setattr(keras.Model, method, _audited(original, method, mode))
+    # tf.keras's Model, and Keras 3's too if the script imported it beside tf_keras.
+    flavours = {_compat.keras_for(), sys.modules.get("keras")} - {None}
+    for keras in flavours:
+        for method in ("fit", "evaluate"):
+            setattr(keras.Model, method, _audited(getattr(keras.Model, method), method, mode))
     return f"Model.fit and Model.evaluate audit the scope first ({mode})"
 
 

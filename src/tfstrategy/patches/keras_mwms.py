@@ -44,7 +44,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tfstrategy import _compat, _versions
+from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import StrategyError
 from tfstrategy.patches.mechanism import Patch, PatchStatus, ProbeResult
@@ -151,8 +151,7 @@ class MWMSPatch(Patch):
     targets = (BUILD, REDUCE)
 
     def target_module(self) -> Any:
-        # Under TF_USE_LEGACY_KERAS=1 the user's models are tf_keras, which has no such bug.
-        return None if _versions.legacy_keras_requested() else _compat.keras3_tensorflow_trainer()
+        return _compat.keras3_tensorflow_trainer_in_use()
 
     def run_probe(self, module: Any) -> ProbeResult:
         import numpy as np

@@ -49,7 +49,7 @@ import functools
 import logging
 from typing import Any
 
-from tfstrategy import _compat, _versions
+from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.mechanism import Patch, ProbeResult
 
@@ -159,8 +159,7 @@ class StepsPerExecutionPatch(Patch):
     probe_on_first_use = True
 
     def target_module(self) -> Any:
-        # Under TF_USE_LEGACY_KERAS=1 the user's models are tf_keras, which has no such bug.
-        return None if _versions.legacy_keras_requested() else _compat.keras3_tensorflow_trainer()
+        return _compat.keras3_tensorflow_trainer_in_use()
 
     def run_probe(self, module: Any) -> ProbeResult:
         tf_ = tf()
