@@ -169,7 +169,12 @@ class _RunAfter(importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        self._callback()
+        try:
+            self._callback()
+        except Exception as error:  # never break the user's import
+            STATE.errors.append(f"{type(error).__name__}: {error}")
+            print(f"tfstrategy: hook after importing {module.__name__}: {type(error).__name__}: {error}",
+                  file=sys.stderr, flush=True)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
