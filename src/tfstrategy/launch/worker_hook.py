@@ -171,7 +171,9 @@ class _RunAfter(importlib.abc.Loader):
         self._loader.exec_module(module)
         try:
             self._callback()
-        except Exception as error:  # never break the user's import
+        except TFStrategyError:
+            raise  # a bad setting (e.g. TFSTRATEGY_CPU_REPLICAS) must not train on the wrong replicas
+        except Exception as error:  # anything else must not break the user's import
             STATE.errors.append(f"{type(error).__name__}: {error}")
             print(f"tfstrategy: hook after importing {module.__name__}: {type(error).__name__}: {error}",
                   file=sys.stderr, flush=True)
