@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from tfstrategy.cli._common import add_output_arguments, add_strategy_arguments, quiet_tensorflow
+from tfstrategy.cli._common import add_output_arguments, add_strategy_arguments, import_tensorflow_quietly
 
 DESCRIPTION = """\
 Build the how-to's model inside the selected strategy's scope, train one batch,
@@ -60,7 +60,7 @@ def check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
 
 def check_command(args: argparse.Namespace) -> int:
     """Run the check; return the exit status."""
-    quiet_tensorflow(args.debug)
+    import_tensorflow_quietly(args.debug)
     from tfstrategy.diagnostics.check import run_check
     from tfstrategy.selection.select import select
 
