@@ -239,6 +239,22 @@ def op_function_outputs(op: Any) -> list[Any]:
 # --- Runtime and tracing state ------------------------------------------------------
 
 
+def autograph_source_map() -> dict[tuple[str, int], tuple[str, int, str]]:
+    """Autograph's map from its generated code to the user's, for the function being converted now.
+
+    ``{(generated_file, line): (user_file, line, function)}``; empty outside
+    autograph. Autograph pushes one mapper per converted call on a per-thread
+    stack in ``tf_stack`` (its tracebacks use it); the top one merges its parents.
+    """
+    try:
+        from tensorflow.python.util import tf_stack
+
+        stack = tf_stack._source_mapper_stacks.get(tf_stack._get_thread_key())
+        return dict(stack[-1].get_effective_source_map()) if stack else {}
+    except Exception:  # internals moved: report the generated file rather than fail a variable's creation
+        return {}
+
+
 def runtime_started() -> bool:
     """Whether this process's TensorFlow runtime (eager context) has started; ``False`` if TF is not imported."""
     if "tensorflow" not in sys.modules:
