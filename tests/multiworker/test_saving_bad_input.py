@@ -42,3 +42,8 @@ def test_backup_callbacks_names_the_variable_when_the_directory_came_from_it(tmp
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(SaveError, match=r"Received TFSTRATEGY_BACKUP_DIR='.*file'; .*tfstrategy launch --backup-dir"):
         tfstrategy.backup_callbacks()
+
+
+def test_save_model_of_something_else_than_a_model_is_a_save_error(tmp_path):
+    with pytest.raises(SaveError, match=r"Received model of type NoneType; expected a Keras model"):
+        tfstrategy.save_model(None, tmp_path / "model.keras", env={})

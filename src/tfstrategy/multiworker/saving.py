@@ -66,6 +66,10 @@ def save_model(model: Any, path: str | os.PathLike[str], *, env: Mapping[str, st
     Example:
         >>> tfstrategy.save_model(model, "out/model.keras")  # same line on every worker
     """
+    if not (hasattr(model, "save") and hasattr(model, "save_weights")):
+        raise SaveError(
+            f"Received model of type {type(model).__name__}; expected a Keras model (with save and save_weights)."
+        )
     config = load_cluster_config(env)
     target, temporary = save_target(path, config)
     try:
