@@ -222,7 +222,64 @@ def capture_call_time_value(function: Any, spec: Any) -> Any:
     return tf().compat.v1.get_default_graph().capture_call_time_value(function, spec)
 
 
+# --- tf.data pipelines ------------------------------------------------------------------
+
+
+def dataset_inputs(dataset: Any) -> list[Any]:
+    """The datasets ``dataset`` reads from (tf.data's own ``_inputs()``); ``[]`` for a source."""
+    try:
+        return list(dataset._inputs())
+    except (AttributeError, NotImplementedError):
+        return []
+
+
+def dataset_function_outputs(dataset: Any) -> list[Any]:
+    """The variant (dataset) outputs of the functions a transformation holds.
+
+    ``interleave``/``flat_map`` keep their ``map_func`` and ``group_by_window``
+    (behind ``bucket_by_sequence_length``) its ``reduce_func`` as
+    ``StructuredFunctionWrapper`` attributes; the datasets those functions return
+    are where their elements come from, yet ``_inputs()`` does not list them.
+    """
+    variant = tf().variant
+    outputs = []
+    for value in vars(dataset).values():
+        graph = getattr(getattr(value, "function", None), "graph", None)
+        if graph is not None:
+            outputs.extend(tensor for tensor in graph.outputs if tensor.dtype == variant)
+    return outputs
+
+
+def op_function_outputs(op: Any) -> list[Any]:
+    """The variant outputs of the functions a dataset op inside a function graph calls (nested interleave)."""
+    variant = tf().variant
+    outputs = []
+    for attr in op.node_def.attr.values():
+        name = attr.func.name if attr.HasField("func") else None
+        function = op.graph._get_function(name) if name else None
+        graph = getattr(function, "graph", None)
+        if graph is not None:
+            outputs.extend(tensor for tensor in graph.outputs if tensor.dtype == variant)
+    return outputs
+
+
 # --- Runtime and tracing state ------------------------------------------------------
+
+
+def autograph_source_map() -> dict[tuple[str, int], tuple[str, int, str]]:
+    """Autograph's map from its generated code to the user's, for the function being converted now.
+
+    ``{(generated_file, line): (user_file, line, function)}``; empty outside
+    autograph. Autograph pushes one mapper per converted call on a per-thread
+    stack in ``tf_stack`` (its tracebacks use it); the top one merges its parents.
+    """
+    try:
+        from tensorflow.python.util import tf_stack
+
+        stack = tf_stack._source_mapper_stacks.get(tf_stack._get_thread_key())
+        return dict(stack[-1].get_effective_source_map()) if stack else {}
+    except Exception:  # internals moved: report the generated file rather than fail a variable's creation
+        return {}
 
 
 def runtime_started() -> bool:

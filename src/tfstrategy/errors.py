@@ -44,6 +44,10 @@ class PlatformError(TFStrategyError, RuntimeError):
     """This system lacks a tool or permission a feature needs (e.g. ``unshare`` for network isolation)."""
 
 
+class PeerTimeoutError(TFStrategyError, TimeoutError):
+    """Another task of the ``TF_CONFIG`` cluster did not start within the time allowed."""
+
+
 class SaveError(TFStrategyError, ValueError):
     """A save path tfstrategy cannot write under a distribution strategy."""
 

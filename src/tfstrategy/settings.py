@@ -65,20 +65,26 @@ class StrategyKind(str, Enum):
     TPU = "tpu"
 
     @classmethod
-    def parse(cls, value: object) -> StrategyKind:
+    def parse(cls, value: object, *, name: str = "strategy") -> StrategyKind:
         """Accept a kind or its name in any case, with ``-`` or ``_``.
+
+        Args:
+            value: the kind or its name.
+            name: what the value is called in messages (``TFSTRATEGY_STRATEGY`` when read from there).
 
         Raises:
             StrategyError: not one of the known kinds.
         """
         if isinstance(value, cls):
             return value
-        text = str(value).strip().lower().replace("-", "_")
+        text = str(value).strip().lower().replace("-", "_") if isinstance(value, str) else None
         for kind in cls:
             if kind.value == text:
                 return kind
         names = ", ".join(kind.value for kind in cls)
-        raise StrategyError(f"Received strategy={value!r}; expected one of: {names}. Pass strategy='auto' to let tfstrategy choose.")
+        raise StrategyError(
+            f"Received {name}={shorten(value)}; expected one of: {names}. Pass strategy='auto' to let tfstrategy choose."
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,13 +95,24 @@ class Setting:
     source: str
 
 
+def shorten(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a 10 KB value makes a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def setting_name(name: str, setting: Setting, env_var: str) -> str:
+    """What to call a resolved setting in messages: the variable when it came from there, else the argument."""
+    return env_var if setting.source.startswith("env") else name
+
+
 def resolve_setting(
     name: str,
     argument: Any,
     env_var: str,
     default: Any,
     env: Mapping[str, str] | None = None,
-    normalise: Callable[[Any], str] | None = None,
+    normalise: Callable[[Any, str], str] | None = None,
 ) -> Setting:
     """Pick one setting by precedence, refusing a conflict between code and environment.
 
@@ -106,7 +123,8 @@ def resolve_setting(
         default: used when neither is set.
         env: the environment to read (``os.environ`` when omitted).
         normalise: maps a value to the text compared when both are set, so
-            ``"gpu:0"`` and ``["/gpu:0"]`` agree.
+            ``"gpu:0"`` and ``["/gpu:0"]`` agree. Its second argument is the name
+            its errors give the value (``env_var`` for the environment's).
 
     Raises:
         SettingsConflictError: both are set and differ.
@@ -120,7 +138,7 @@ def resolve_setting(
             return Setting(value=default, source="default")
         return Setting(value=from_env, source=f"env {env_var}")
     normalise = normalise or _normalise
-    if from_env is not None and normalise(from_env) != normalise(argument):
+    if from_env is not None and normalise(from_env, env_var) != normalise(argument, name):
         raise SettingsConflictError(
             f"Received {name}={argument!r} in code and {env_var}={from_env!r} in the environment (set by you or "
             f"by a tfstrategy command). Remove {name}= from the code to let the command line decide, or unset "
@@ -129,7 +147,7 @@ def resolve_setting(
     return Setting(value=argument, source="argument")
 
 
-def _normalise(value: Any) -> str:
+def _normalise(value: Any, name: str = "") -> str:
     if isinstance(value, Enum):
         value = value.value
     if isinstance(value, (list, tuple)):
@@ -154,7 +172,7 @@ def parse_collective_timeout(value: Any, *, name: str = "collective_timeout") ->
             pass
     if not math.isfinite(number) or number <= 0:
         raise StrategyError(
-            f"Received {name}={value!r}; expected seconds > 0 (e.g. 120), or 'none' to wait forever "
+            f"Received {name}={shorten(value)}; expected seconds > 0 (e.g. 120), or 'none' to wait forever "
             "as TensorFlow does by default."
         )
     return number
@@ -175,7 +193,7 @@ def resolve_collective_timeout(
         ENV_COLLECTIVE_TIMEOUT,
         DEFAULT_COLLECTIVE_TIMEOUT,
         env,
-        normalise=lambda v: str(parse_collective_timeout(v)),
+        normalise=lambda v, n: str(parse_collective_timeout(v, name=n)),
     )
     name = ENV_COLLECTIVE_TIMEOUT if setting.source.startswith("env") else "collective_timeout"
     return parse_collective_timeout(setting.value, name=name), setting.source

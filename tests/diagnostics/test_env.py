@@ -81,9 +81,9 @@ def test_preview_reports_the_error_select_would_raise(env):
         pytest.param("  ", "set but empty (ignored)", id="blank"),
         pytest.param(json.dumps(TWO_WORKERS), "worker x2; this task: worker 1; 2 training task(s)", id="two-workers"),
         pytest.param(
-            json.dumps({"cluster": {"chief": ["h:1"], "worker": ["h:2"], "ps": ["h:3"]}, "task": {"type": "chief", "index": 0}}),
-            "chief x1, worker x1, ps x1; this task: chief 0; 2 training task(s)",
-            id="chief-worker-ps",
+            json.dumps({"cluster": {"chief": ["h:1"], "worker": ["h:2"], "evaluator": ["h:3"]}, "task": {"type": "chief", "index": 0}}),
+            "chief x1, worker x1, evaluator x1; this task: chief 0; 2 training task(s)",
+            id="chief-worker-evaluator",
         ),
     ],
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind
 
@@ -41,3 +42,31 @@ def quiet_tensorflow(debug: bool) -> None:
     """Hide TensorFlow's C++ info lines unless debugging (only effective before TF loads)."""
     if not debug:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def import_tensorflow_quietly(debug: bool) -> None:
+    """Import TensorFlow with its C++ start-up lines hidden, unless debugging.
+
+    On import TensorFlow's C++ code writes straight to file descriptor 2, before
+    it reads ``TF_CPP_MIN_LOG_LEVEL`` (measured on TF 2.21: "WARNING: All log
+    messages before absl::InitializeLog() is called are written to STDERR" and
+    the oneDNN notice, even with the level at 3). They would come before the
+    command's own first line, so descriptor 2 points at ``/dev/null`` for the
+    import only; Python's ``sys.stderr`` writes to the same descriptor and is
+    flushed first. A failed import is left for the command to report with its fix.
+    """
+    quiet_tensorflow(debug)
+    if debug or "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        except ImportError:
+            pass  # tfstrategy._tf says which extra to install when the command needs TensorFlow
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

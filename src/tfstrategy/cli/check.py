@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
-from tfstrategy.cli._common import add_output_arguments, add_strategy_arguments, quiet_tensorflow
+from tfstrategy.cli._common import add_output_arguments, add_strategy_arguments, import_tensorflow_quietly
+
+#: Seconds ``check`` waits for the other tasks of a multi-worker TF_CONFIG.
+DEFAULT_JOIN_TIMEOUT = 120.0
 
 DESCRIPTION = """\
 Build the how-to's model inside the selected strategy's scope, train one batch,
@@ -28,7 +32,11 @@ tfstrategy's custom-loop step, and for a planted bug (a loop averaging the loss
 per replica), which must come out DIFFERENT. Logical CPUs must be split before
 TensorFlow starts, so rehearse N replicas with --cpu-replicas N.
 
-exit status: 0 every check passed, 1 a check failed, 2 bad input.
+With a TF_CONFIG of several tasks (MultiWorkerMirroredStrategy), the check first
+waits for the other tasks to start, at most --join-timeout seconds, and fails
+naming each task that did not.
+
+exit status: 0 every check passed, 1 a check failed (or a peer never started), 2 bad input.
 
 examples:
   tfstrategy check                       # every GPU, or the CPU as one replica
@@ -53,17 +61,50 @@ def check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
         action="store_true",
         help="also check that training on the N replicas matches 1 replica (fit, custom loop, planted bug)",
     )
+    parser.add_argument(
+        "--join-timeout",
+        metavar="SECONDS",
+        type=_join_timeout,
+        default=DEFAULT_JOIN_TIMEOUT,
+        help=f"with a multi-worker TF_CONFIG, how long to wait for the other tasks to start (default: {DEFAULT_JOIN_TIMEOUT:g})",
+    )
     add_output_arguments(parser, json_help="print one JSON object instead of key value lines")
     parser.set_defaults(command=check_command)
     return parser
 
 
+def _join_timeout(text: str) -> float:
+    try:
+        value = float(text) if len(text) <= 32 else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"received {text[:40]!r}; expected seconds > 0, e.g. --join-timeout 60")
+    return value
+
+
 def check_command(args: argparse.Namespace) -> int:
     """Run the check; return the exit status."""
-    quiet_tensorflow(args.debug)
+    import_tensorflow_quietly(args.debug)
     from tfstrategy.diagnostics.check import run_check
-    from tfstrategy.selection.select import select
+    from tfstrategy.errors import PeerTimeoutError
+    from tfstrategy.multiworker.cluster import load_cluster_config
+    from tfstrategy.multiworker.peers import wait_for_peers
+    from tfstrategy.selection.select import resolve_request, select
+    from tfstrategy.settings import StrategyKind
 
+    request = resolve_request(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)
+    if request.cluster_tasks > 1 and request.kind in (StrategyKind.AUTO, StrategyKind.MULTI_WORKER):
+        # Creating the strategy would wait for every peer forever, deaf to SIGTERM.
+        try:
+            wait_for_peers(
+                load_cluster_config(),
+                args.join_timeout,
+                progress=lambda line: print(f"tfstrategy check: {line}", file=sys.stderr, flush=True),
+            )
+        except PeerTimeoutError as error:
+            print(f"tfstrategy check: failed: {error}", file=sys.stderr)
+            return 1
     selection = select(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)
     report = run_check(selection)
     if args.equivalence:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tfstrategy.cli._common import add_output_arguments, quiet_tensorflow
+from tfstrategy.cli._common import add_output_arguments, import_tensorflow_quietly
 
 DESCRIPTION = """\
 Print versions (tfstrategy, TensorFlow, Keras and which flavour tf.keras is,
@@ -42,7 +42,7 @@ def env_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def env_command(args: argparse.Namespace) -> int:
     """Print the report; return the exit status."""
-    quiet_tensorflow(args.debug)
+    import_tensorflow_quietly(args.debug)
     from tfstrategy.diagnostics.env_report import collect_env_report, env_report_as_dict, format_env_report
 
     report = collect_env_report()

@@ -465,7 +465,8 @@ def _mapping_line(values: Mapping[str, str], shown: tuple[str, ...] | None, empt
     if not values:
         return empty
     keys = [key for key in values if shown is None or key in shown]
-    text = ", ".join(f"{key}={values[key]}" for key in keys)
+    # A 10 KB value is shown cut: the report is for pasting (--json keeps it whole).
+    text = ", ".join(f"{key}={values[key] if len(values[key]) <= 200 else values[key][:200] + '...'}" for key in keys)
     hidden = len(values) - len(keys)
     return text + (f" (+{hidden} more with --json)" if hidden else "")
 

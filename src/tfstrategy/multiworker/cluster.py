@@ -29,7 +29,9 @@ TASK_TYPES = ("chief", "worker", "evaluator", "ps")
 #: Task types that train (and take part in MultiWorkerMirroredStrategy's collectives).
 TRAINING_TASK_TYPES = ("chief", "worker")
 
-_HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.\-]+)):(?P<port>\d{1,5})$")
+_HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.\-]+)):(?P<port>[0-9]{1,5})$")
+#: The longest TF_CONFIG read: a real one lists a few thousand addresses at most.
+MAX_TF_CONFIG_CHARS = 1_000_000
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 
 
@@ -43,6 +45,11 @@ def read_tf_config(env: Mapping[str, str] | None = None) -> dict[str, Any] | Non
     raw = env.get("TF_CONFIG", "").strip()
     if not raw:
         return None
+    if len(raw) > MAX_TF_CONFIG_CHARS:
+        raise ClusterConfigError(
+            f"Received TF_CONFIG of {len(raw)} characters ({raw[:40]!r}...); expected at most {MAX_TF_CONFIG_CHARS}, "
+            f"enough for thousands of tasks. Expected for example {EXAMPLE_TF_CONFIG}."
+        )
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as error:
@@ -50,9 +57,23 @@ def read_tf_config(env: Mapping[str, str] | None = None) -> dict[str, Any] | Non
             f"Received TF_CONFIG={raw[:80]!r}, which is not valid JSON ({error.msg} at character {error.pos}). "
             f"Expected for example {EXAMPLE_TF_CONFIG}."
         ) from error
+    except ValueError as error:  # a number of more than 4300 digits
+        raise ClusterConfigError(
+            f"Received TF_CONFIG={raw[:40]!r}... holding a number too long to read ({_first(error)}); expected "
+            f"ports and indexes of a few digits, as in {EXAMPLE_TF_CONFIG}."
+        ) from error
+    except RecursionError as error:  # json gives up on deeply nested arrays or objects
+        raise ClusterConfigError(
+            f"Received TF_CONFIG={raw[:40]!r}..., nested too deeply to parse; expected a flat object such as "
+            f"{EXAMPLE_TF_CONFIG}."
+        ) from error
     if not isinstance(config, dict):
         raise ClusterConfigError(f"Received TF_CONFIG={raw[:80]!r}; expected a JSON object such as {EXAMPLE_TF_CONFIG}.")
     return config
+
+
+def _first(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
 
 
 def count_cluster_tasks(config: Mapping[str, Any] | None) -> int:
@@ -108,7 +129,11 @@ class ClusterConfig:
 
 
 def _show(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, (dict, list, str, int)) else repr(value)
+    try:
+        text = json.dumps(value) if isinstance(value, (dict, list, str, int)) else repr(value)
+    except (ValueError, RecursionError):  # an int over 4300 digits, a deeply nested value
+        text = repr(type(value).__name__)
+    return text if len(text) <= 120 else f"{text[:120]}... ({len(text)} characters)"
 
 
 def _fail(problem: str, fix: str) -> ClusterConfigError:
@@ -131,6 +156,21 @@ def parse_address(address: Any, where: str) -> tuple[str, int]:
     if not 1 <= port <= 65535:
         raise _fail(f"Received {where}={_show(address)}, whose port {port} is not in 1-65535", "Use a port such as 12345.")
     return match["ipv6"] or match["host"], port
+
+
+def _same_machine_key(host: str, port: int) -> tuple[str, int]:
+    """What makes two addresses collide: the machine and the port.
+
+    TensorFlow's server listens on every interface of its machine, so every
+    loopback spelling (``localhost``, ``127.0.0.1``, ``[::1]``,
+    ``[0:0:0:0:0:0:0:1]``) is one machine, and an IP written two ways is one IP.
+    """
+    if _is_loopback(host):
+        return "this machine", port
+    try:
+        return ipaddress.ip_address(host).compressed, port
+    except ValueError:
+        return host.lower().rstrip("."), port
 
 
 def _is_loopback(host: str) -> bool:
@@ -161,13 +201,21 @@ def validate_tf_config(config: Mapping[str, Any]) -> ClusterConfig:
             "Add \"cluster\": {\"worker\": [...every worker's host:port...]}.",
         )
     parsed: dict[str, tuple[str, ...]] = {}
-    seen: dict[str, str] = {}
+    seen: dict[tuple[str, int], str] = {}
     hosts: dict[str, str] = {}
     for role, addresses in cluster.items():
         if role not in TASK_TYPES:
             raise _fail(
-                f"Received cluster.{role}, an unknown task type",
-                f"Use only {', '.join(TASK_TYPES)} (MultiWorkerMirroredStrategy needs just 'worker', optionally one 'chief').",
+                f"Received cluster.{str(role)[:60]}, an unknown task type",
+                "Use only chief, worker and evaluator (MultiWorkerMirroredStrategy needs just 'worker', optionally one 'chief').",
+            )
+        if role == "ps":
+            count = len(addresses) if isinstance(addresses, list) else "?"
+            raise _fail(
+                f"Received cluster.ps with {count} address(es); tfstrategy selects MultiWorkerMirroredStrategy, which "
+                "has no parameter servers, and does not support ParameterServerStrategy yet",
+                "Remove cluster.ps to train with MultiWorkerMirroredStrategy (every task in cluster.worker), or create "
+                "tf.distribute.ParameterServerStrategy yourself without tfstrategy.select().",
             )
         if not isinstance(addresses, list) or not addresses:
             raise _fail(
@@ -179,13 +227,16 @@ def validate_tf_config(config: Mapping[str, Any]) -> ClusterConfig:
                         f"Keep one address in cluster.{role} and move the others to cluster.worker.")
         for index, address in enumerate(addresses):
             where = f"cluster.{role}[{index}]"
-            host, _ = parse_address(address, where)
-            if address in seen:
+            host, port = parse_address(address, where)
+            key = _same_machine_key(host, port)
+            if key in seen:
+                first = seen[key]
+                written = "" if _address_at(cluster, first) == address else f" written as {_show(_address_at(cluster, first))}"
                 raise _fail(
-                    f"Received {where}={_show(address)}, the same address as {seen[address]}",
+                    f"Received {where}={_show(address)}, the same address as {first}{written}",
                     "Give every task its own host:port (on one machine: one port per worker).",
                 )
-            seen[address] = where
+            seen[key] = where
             hosts[where] = host
         parsed[role] = tuple(addresses)
     local = [where for where, host in hosts.items() if _is_loopback(host)]
@@ -204,13 +255,14 @@ def validate_tf_config(config: Mapping[str, Any]) -> ClusterConfig:
             "Add \"task\": {\"type\": \"worker\", \"index\": I} with a different I on each machine.",
         )
     task_type, task_index = task.get("type"), task.get("index")
-    if task_type not in parsed:
+    if not isinstance(task_type, str) or task_type not in parsed:
         raise _fail(
             f"Received task.type={_show(task_type)}, which is not in the cluster (it has {', '.join(parsed)})",
             f"Set task.type to one of {', '.join(parsed)}.",
         )
-    if isinstance(task_index, str) and task_index.strip().isdigit():
-        task_index = int(task_index)
+    if isinstance(task_index, str) and task_index.strip().isascii() and task_index.strip().isdigit():
+        # Bounded: int() of more than 4300 digits raises, and no cluster has a million tasks.
+        task_index = int(task_index) if len(task_index.strip()) <= 6 else -1
     if isinstance(task_index, bool) or not isinstance(task_index, int) or not 0 <= task_index < len(parsed[task_type]):
         count = len(parsed[task_type])
         raise _fail(
@@ -252,7 +304,21 @@ def tf_config_from_hosts(hosts: Sequence[str] | str, task_index: int, *, port: i
         >>> tf_config_from_hosts("node1,node2", 1).to_json()
         '{"cluster": {"worker": ["node1:12345", "node2:12345"]}, "task": {"type": "worker", "index": 1}}'
     """
-    items = [h.strip() for h in hosts.split(",")] if isinstance(hosts, str) else [str(h).strip() for h in hosts]
+    check_port(port)
+    if isinstance(hosts, str):
+        items = [h.strip() for h in hosts.split(",")]
+    elif isinstance(hosts, (list, tuple)) and all(isinstance(h, str) for h in hosts):
+        items = [h.strip() for h in hosts]
+    else:
+        raise ClusterConfigError(
+            f"Received hosts={_show(hosts)} ({type(hosts).__name__}); expected a comma-separated string or a list of "
+            "host names, e.g. 'node1,node2' or ['10.0.0.5:12345', '10.0.0.6:12345']."
+        )
+    if isinstance(task_index, bool) or not isinstance(task_index, int):
+        raise ClusterConfigError(
+            f"Received task_index={_show(task_index)} ({type(task_index).__name__}); expected this machine's position "
+            f"in hosts as an int, 0..{len(items) - 1}, e.g. tf_config_from_hosts('node1,node2', 0)."
+        )
     if not items or not all(items):
         raise ClusterConfigError(
             f"Received hosts={hosts!r}; expected a non-empty list of host names without blanks, "
@@ -261,3 +327,15 @@ def tf_config_from_hosts(hosts: Sequence[str] | str, task_index: int, *, port: i
     addresses = [h if _HOST_PORT.match(h) else f"{h}:{port}" for h in items]
     config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": task_index}}
     return validate_tf_config(config)
+
+
+def check_port(port: Any, name: str = "port") -> None:
+    """Raise unless ``port`` is an int in 1-65535.
+
+    Raises:
+        ClusterConfigError: naming what was received.
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ClusterConfigError(
+            f"Received {name}={_show(port)} ({type(port).__name__}); expected an int in 1-65535, e.g. {name}=12345."
+        )

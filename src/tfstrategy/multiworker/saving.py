@@ -11,6 +11,7 @@ removed afterwards, so the collectives match and only one file appears.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -33,6 +34,8 @@ def save_target(path: str | os.PathLike[str], config: ClusterConfig | None) -> t
     Raises:
         SaveError: ``path`` does not end in ``.keras`` or ``.weights.h5``.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise SaveError(f"Received path={path!r} ({type(path).__name__}); expected a file path such as 'out/model.keras'.")
     path = Path(path)
     if not path.name.endswith(SUFFIXES):
         raise SaveError(
@@ -63,14 +66,27 @@ def save_model(model: Any, path: str | os.PathLike[str], *, env: Mapping[str, st
     Example:
         >>> tfstrategy.save_model(model, "out/model.keras")  # same line on every worker
     """
+    if not (hasattr(model, "save") and hasattr(model, "save_weights")):
+        raise SaveError(
+            f"Received model of type {type(model).__name__}; expected a Keras model (with save and save_weights)."
+        )
     config = load_cluster_config(env)
     target, temporary = save_target(path, config)
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
+        if target.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "it is a directory", str(target))
+        target.parent.mkdir(parents=True, exist_ok=True)
         if target.name.endswith(".weights.h5"):
             model.save_weights(str(target), overwrite=True)
         else:
             model.save(str(target), overwrite=True)
+    except OSError as error:
+        blocker = next((p for p in (target.parent, *target.parent.parents) if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} is a file, not a directory" if blocker else f"{error.strerror or error} ({error.filename or target})"
+        raise SaveError(
+            f"Received path={str(path)!r}, which cannot be written: {reason}. Pass a path in a writable directory, "
+            "or fix the permissions."
+        ) from error
     finally:
         if temporary:
             shutil.rmtree(target.parent, ignore_errors=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from tfstrategy import _compat
 from tfstrategy.errors import ClusterConfigError
-from tfstrategy.multiworker.cluster import ClusterConfig, validate_tf_config
+from tfstrategy.multiworker.cluster import ClusterConfig, check_port, validate_tf_config
 from tfstrategy.settings import ENV_SLURM, ENV_SLURM_PORT, resolve_setting
 
 #: TensorFlow's own default port for Slurm jobs (SlurmClusterResolver's port_base).
@@ -173,6 +173,11 @@ def slurm_task_index(step: SlurmStep) -> int:
         ClusterConfigError: the node is not in the step's node list, the local id
             is out of range, or the rank contradicts the block distribution.
     """
+    if step.num_tasks < 1:
+        raise ClusterConfigError(
+            f"Received SLURM_STEP_TASKS_PER_NODE={','.join(map(str, step.tasks_per_node))!r}, which gives 0 tasks; "
+            "expected at least 1 task per node. Run inside srun with --ntasks or --ntasks-per-node of 1 or more."
+        )
     if len(step.tasks_per_node) != len(step.nodes):
         raise ClusterConfigError(
             f"Received {len(step.nodes)} node(s) in SLURM_STEP_NODELIST but {len(step.tasks_per_node)} count(s) in "
@@ -228,6 +233,8 @@ def tf_config_from_slurm(env: Mapping[str, str] | None = None, *, port: int | No
         >>> os.environ["TF_CONFIG"] = tf_config_from_slurm().to_json()  # inside srun
     """
     env = os.environ if env is None else env
+    if port is not None:
+        check_port(port)
     step = read_slurm_step(env)
     if step is None:
         missing = [name for name in _REQUIRED if not env.get(name)]

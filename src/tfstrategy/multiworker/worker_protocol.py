@@ -22,11 +22,13 @@ strategy itself calls :func:`signal_joined` afterwards.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tfstrategy.errors import SaveError
 from tfstrategy.multiworker.cluster import load_cluster_config
 from tfstrategy.settings import ENV_BACKUP_DIR, ENV_JOIN_FILE, ENV_RESTART
 
@@ -100,12 +102,24 @@ def backup_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options
 
     Raises:
         ClusterConfigError: ``TF_CONFIG`` is set but invalid.
+        SaveError: the directory cannot be created or written.
     """
     directory = worker_backup_dir(backup_dir)
     if directory is None:
         return []
     import keras
 
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "permission denied", str(directory))
+    except OSError as error:
+        source = "backup_dir" if backup_dir is not None else ENV_BACKUP_DIR
+        base = backup_dir if backup_dir is not None else os.environ.get(ENV_BACKUP_DIR)
+        raise SaveError(
+            f"Received {source}={str(base)!r}; the backup directory {str(directory)!r} cannot be created or written "
+            f"({error.strerror or error}: {error.filename or directory}). Pass a writable directory "
+            "(tfstrategy launch --backup-dir DIR)."
+        ) from error
     options.setdefault("double_checkpoint", True)
     return [keras.callbacks.BackupAndRestore(backup_dir=str(directory), **options)]

@@ -91,8 +91,13 @@ class AuditReport:
         head = f"{len(self.variables)} variables, {len(self.offenders)} outside {self.strategy} ({self._replicas()})"
         return [head, *(record.line() for record in self.variables), *self.problems]
 
-    def message(self) -> str:
-        """What is wrong, which variables and where, and how to fix it."""
+    def message(self, *, from_build_in_scope: bool = False) -> str:
+        """What is wrong, which variables and where, and how to fix it.
+
+        Args:
+            from_build_in_scope: the audit ran inside :func:`tfstrategy.build_in_scope`,
+                so the message does not advise calling it.
+        """
         if self.passed:
             return f"All {len(self.variables)} variables were created in the scope of {self.strategy}."
         parts = []
@@ -113,7 +118,7 @@ class AuditReport:
         fixes = "; ".join(FIXES[owner] for owner in owners) if owners else "see above"
         parts.append(
             f"Expected the model, optimizer and metrics to be created inside `with strategy.scope():`. "
-            f"Fix: {fixes}; or build everything with tfstrategy.build_in_scope()."
+            f"Fix: {fixes}" + ("." if from_build_in_scope else "; or build everything with tfstrategy.build_in_scope().")
         )
         return "\n".join(parts)
 
@@ -234,7 +239,7 @@ def audit_scope(
     )
 
 
-def require_scope(model: Any, strategy: Any, **audit_args: Any) -> AuditReport:
+def require_scope(model: Any, strategy: Any, *, from_build_in_scope: bool = False, **audit_args: Any) -> AuditReport:
     """Audit like :func:`audit_scope` and raise if anything is outside the scope.
 
     Raises:
@@ -242,7 +247,7 @@ def require_scope(model: Any, strategy: Any, **audit_args: Any) -> AuditReport:
     """
     report = audit_scope(model, strategy, **audit_args)
     if not report.passed:
-        raise ScopeError(report.message())
+        raise ScopeError(report.message(from_build_in_scope=from_build_in_scope))
     return report
 
 

@@ -135,6 +135,11 @@ def build_in_scope(
         120
     """
     strategy = strategy_of(strategy)
+    if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
+        raise BuildError(
+            f"Received checkpoint={checkpoint!r} ({type(checkpoint).__name__}); expected a path: a tf.train.Checkpoint "
+            "directory or prefix, a .weights.h5 or a .keras file, e.g. checkpoint='ckpts/'."
+        )
     with strategy.scope(), recording():
         built, restored = _make_model(model, compile_args)
         if compile_args:
@@ -146,7 +151,7 @@ def build_in_scope(
         # Audit before building the optimizer: an optimizer made outside the
         # scope would fail there with "Mixing different tf.distribute.Strategy
         # objects" instead of this error naming where it was made.
-        require_scope(built, strategy)
+        require_scope(built, strategy, from_build_in_scope=True)
         _build_optimizer(built)
         if checkpoint is not None:
             if restored is not None:
@@ -155,7 +160,7 @@ def build_in_scope(
                     "already carries its weights. Pass only one of them."
                 )
             restored = restore_checkpoint(built, checkpoint)
-    audit = require_scope(built, strategy, require_built_optimizer=True)
+    audit = require_scope(built, strategy, require_built_optimizer=True, from_build_in_scope=True)
     if guard:
         guard_model(built, strategy)
     report = BuildReport(

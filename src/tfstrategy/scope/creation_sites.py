@@ -74,12 +74,27 @@ def _display(filename: str) -> str:
     return filename if relative.startswith("..") else relative
 
 
+#: How autograph names the modules it generates from a user's ``tf.function``.
+_AUTOGRAPH_MARKER = "__autograph_generated_file"
+
+
 def user_site(skip: int = 1) -> str | None:
-    """``file:line`` of the innermost caller frame that is the user's code."""
+    """``file:line`` of the innermost caller frame that is the user's code.
+
+    Inside a ``tf.function`` the user's code runs as autograph's generated copy
+    (``__autograph_generated_file....py``); its lines are mapped back to the
+    user's source through autograph's own source map.
+    """
     frame = sys._getframe(skip)
+    source_map = None
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not _is_library(filename):
+        if _AUTOGRAPH_MARKER in filename:
+            source_map = _compat.autograph_source_map() if source_map is None else source_map
+            origin = source_map.get((filename, frame.f_lineno))
+            if origin is not None and not _is_library(origin[0]):
+                return f"{_display(origin[0])}:{origin[1]}"
+        elif not _is_library(filename):
             return f"{_display(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None

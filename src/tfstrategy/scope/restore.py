@@ -142,8 +142,16 @@ def _load_with_keras(load: Callable[[], Any], optimizer_of: Callable[[], Any], s
 
 
 def _require_file(path: str, what: str) -> None:
+    if os.path.isdir(path):
+        raise CheckpointError(
+            f"Received checkpoint={path!r}, a directory; expected a {what} file. Pass the file itself, or for a "
+            f"tf.train.Checkpoint directory a name without the {what} ending. {EXPECTED}."
+        )
     if not os.path.isfile(path):
         raise CheckpointError(f"Received checkpoint={path!r}; no such {what} file. {EXPECTED}.")
+    if not os.access(path, os.R_OK):
+        raise CheckpointError(f"Received checkpoint={path!r}; this process may not read it (permission denied). "
+                              "Fix its permissions or run as its owner.")
 
 
 def _restore_keras_weights(model: Any, path: str, inside_zip: bool) -> RestoreReport:
@@ -162,6 +170,17 @@ def _restore_keras_weights(model: Any, path: str, inside_zip: bool) -> RestoreRe
 
 def _checkpoint_prefix(path: str) -> str:
     if os.path.isdir(path):
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise CheckpointError(
+                f"Received checkpoint={path!r}, a directory this process may not read (permission denied), so its "
+                "checkpoints cannot be listed. Fix its permissions (chmod u+rx) or run as its owner."
+            )
+        state = os.path.join(path, "checkpoint")
+        if os.path.exists(state) and not os.access(state, os.R_OK):
+            raise CheckpointError(
+                f"Received checkpoint={path!r}, whose {state!r} file (naming the latest checkpoint) this process may "
+                "not read (permission denied). Fix its permissions or run as its owner."
+            )
         prefix = tf().train.latest_checkpoint(path)
         if prefix is None:
             raise CheckpointError(
@@ -244,6 +263,8 @@ def restore_checkpoint(model: Any, checkpoint: str | os.PathLike) -> RestoreRepo
     Raises:
         CheckpointError: missing, unreadable or mismatched; nothing is changed.
     """
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        raise CheckpointError(f"Received checkpoint={checkpoint!r} ({type(checkpoint).__name__}); expected a path. {EXPECTED}.")
     path = os.fspath(checkpoint)
     if path.endswith(".weights.h5"):
         return _restore_keras_weights(model, path, inside_zip=False)

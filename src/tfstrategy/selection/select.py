@@ -45,6 +45,7 @@ from tfstrategy.settings import (
     StrategyKind,
     resolve_collective_timeout,
     resolve_setting,
+    setting_name,
 )
 
 
@@ -116,15 +117,20 @@ def resolve_request(
         TFStrategyError: a setting is invalid or code and environment conflict.
     """
     kind_setting = resolve_setting(
-        "strategy", strategy, ENV_STRATEGY, StrategyKind.AUTO, env, normalise=lambda v: StrategyKind.parse(v).value
+        "strategy", strategy, ENV_STRATEGY, StrategyKind.AUTO, env,
+        normalise=lambda v, n: StrategyKind.parse(v, name=n).value,
     )
     devices_setting = resolve_setting("devices", devices, ENV_DEVICES, None, env, normalise=_devices_key)
     replicas_setting = resolve_setting(
-        "cpu_replicas", cpu_replicas, ENV_CPU_REPLICAS, None, env, normalise=lambda v: str(validate_cpu_replicas(v))
+        "cpu_replicas", cpu_replicas, ENV_CPU_REPLICAS, None, env,
+        normalise=lambda v, n: str(validate_cpu_replicas(v, name=n)),
     )
-    kind = StrategyKind.parse(kind_setting.value)
-    request = parse_devices(devices_setting.value)
-    replicas = validate_cpu_replicas(replicas_setting.value)
+    # Errors name where a bad value came from: TFSTRATEGY_CPU_REPLICAS='abc', not cpu_replicas='abc'.
+    kind = StrategyKind.parse(kind_setting.value, name=setting_name("strategy", kind_setting, ENV_STRATEGY))
+    request = parse_devices(devices_setting.value, name=setting_name("devices", devices_setting, ENV_DEVICES))
+    replicas = validate_cpu_replicas(
+        replicas_setting.value, name=setting_name("cpu_replicas", replicas_setting, ENV_CPU_REPLICAS)
+    )
     timeout, timeout_source = resolve_collective_timeout(collective_timeout, env)
     cluster = load_cluster_config(env)
     # Only a multi-worker request reads the Slurm step: a refused layout must not break strategy='mirrored'.
@@ -151,8 +157,8 @@ def resolve_request(
     )
 
 
-def _devices_key(value: Any) -> str:
-    return str(parse_devices(value))
+def _devices_key(value: Any, name: str) -> str:
+    return str(parse_devices(value, name=name))
 
 
 def select(

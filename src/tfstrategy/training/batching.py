@@ -15,7 +15,10 @@ Why the rules, measured on TensorFlow 2.21 / Keras 3.15 under MirroredStrategy:
   replica (largest weight difference 6.3e-3 after 16 small steps, against
   1.2e-7 with even batches), so training drops the remainder by
   default. Validation keeps it: Keras weights each replica's loss and metrics
-  by its batch size, so the averages stay exact.
+  by its batch size, so the averages stay exact. A validation set smaller than
+  one global batch is one partial batch; if its size does not divide by the
+  replicas, the batch shrinks to the largest multiple of them, so the first
+  step leaves no replica empty.
 """
 
 from __future__ import annotations
@@ -116,8 +119,9 @@ def plan_batch(
 
     Raises:
         BatchError: both or neither batch given; a global batch that does not
-            divide by the replicas; a per-replica batch below 1; a dataset
-            smaller than one global batch.
+            divide by the replicas; a per-replica batch below 1; a training
+            dataset smaller than one global batch, or a validation one smaller
+            than the replicas.
 
     Example:
         >>> print(plan_batch(4, global_batch=256, dataset_size=10_000))
@@ -162,7 +166,22 @@ def plan_batch(
     steps, remainder = None, 0
     if dataset_size is not None:
         size = _whole("dataset_size", dataset_size, minimum=1)
-        if size < total:
+        if size < total and not drop_remainder:
+            # Evaluation: the one batch is partial. Its split must leave no replica
+            # empty on this *first* step, or Keras' evaluate fails ("Inputs to
+            # operation AddN ... must have the same size", measured on TF 2.21 with
+            # 6 examples on 4 replicas). A batch that is a multiple of the replicas
+            # splits evenly; later partial batches may leave replicas empty.
+            if size < count:
+                raise BatchError(
+                    f"Received a dataset of {size} examples for {count} replicas; every replica needs at least one "
+                    f"example on the first step. Evaluate on one replica (tfstrategy.select(strategy='one_device')) "
+                    f"or with at least {count} examples."
+                )
+            if size % count:
+                total = count * (size // count)
+                per_replica = total // count
+        if size < total and drop_remainder:
             raise BatchError(
                 f"Received a dataset of {size} examples for a global batch of {total}; it is smaller than one "
                 f"batch, so there would be no even step to train on. Pass global_batch={count * max(1, size // count)}"

@@ -149,6 +149,26 @@ class TrainStep:
         return {name: float(value) for name, value in logs.items()}
 
 
+def _build_optimizer(optimizer: Any, model: Any, strategy: Any) -> None:
+    """Create an unbuilt optimizer's slot variables now, in the scope.
+
+    Keras optimizers build lazily on the first ``apply_gradients``; in a custom
+    loop that is inside ``strategy.run``, where on 2+ replicas the tutorial's Adam
+    fails with "You must feed a value for placeholder tensor" (TF 2.21, Keras 3.15).
+    """
+    if getattr(optimizer, "built", True) or not hasattr(optimizer, "build"):
+        return
+    variables = list(getattr(model, "trainable_variables", None) or [])
+    if not variables:
+        raise TrainingError(
+            f"Received optimizer {type(optimizer).__name__} that is not built yet and model "
+            f"{getattr(model, 'name', type(model).__name__)!r} with no variables to build it for; expected a built model. "
+            "Give the model its input shape (keras.Input(shape=...)) or call model.build(shape) in the scope first."
+        )
+    with strategy.scope():
+        optimizer.build(variables)
+
+
 def make_train_step(
     model: Any,
     *,
@@ -161,7 +181,8 @@ def make_train_step(
     """Build a custom-loop training step that matches 1-replica training on N replicas.
 
     Create ``model``, ``optimizer`` and ``metrics`` inside ``strategy.scope()``
-    first; metric names (``"mae"``) are created here, inside it.
+    first; metric names (``"mae"``) are created here, inside it, and an optimizer
+    not built yet is built here, in the scope, for the model's trainable variables.
 
     Args:
         model: a Keras model built in the strategy's scope.
@@ -176,6 +197,7 @@ def make_train_step(
         LossReductionError: the loss averages per replica (``AUTO`` /
             ``SUM_OVER_BATCH_SIZE``), which scales gradients by the replicas.
         BatchError: the global batch does not fit the strategy.
+        TrainingError: no optimizer, or an unbuilt one for a model without variables.
 
     Example:
         >>> with strategy.scope():
@@ -204,6 +226,7 @@ def make_train_step(
             "Received no optimizer and a model that was not compiled; expected optimizer=... created in the "
             "strategy's scope (e.g. keras.optimizers.SGD(0.01))."
         )
+    _build_optimizer(optimizer, model, strategy)
     keras = tf().keras
     built: list[Any] = []
     with strategy.scope():

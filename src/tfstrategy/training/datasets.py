@@ -16,9 +16,11 @@ and keeps its share of elements) unless the source reads files, where ``FILE``
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
+from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import BatchError
 from tfstrategy.training.batching import BatchPlan, plan_batch, replicas_of
@@ -37,10 +39,7 @@ def _dataset_chain(dataset: Any) -> list[Any]:
             continue
         seen.add(id(current))
         order.append(current)
-        try:
-            stack.extend(reversed(current._inputs()))  # tf.data's own record of a dataset's inputs
-        except (AttributeError, NotImplementedError):
-            pass
+        stack.extend(reversed(_compat.dataset_inputs(current)))
     return order
 
 
@@ -58,12 +57,33 @@ def batched_by(dataset: Any) -> str | None:
             return None
         if "batch" in lowered:
             return name
-        try:
-            inputs = current._inputs()
-        except (AttributeError, NotImplementedError):
-            return None
-        for source in inputs:
+        # interleave/flat_map/group_by_window yield the elements of the datasets
+        # their functions return: batching there (bucket_by_sequence_length's
+        # padded_batch) batches the output just the same.
+        for output in _compat.dataset_function_outputs(current):
+            found = visit_op(output.op, set())
+            if found:
+                return f"{found} inside {name}"
+        for source in _compat.dataset_inputs(current):
             found = visit(source)
+            if found:
+                return found
+        return None
+
+    def visit_op(op: Any, seen: set[tuple[int, str]]) -> str | None:
+        key = (id(op.graph), op.name)  # names repeat across function graphs
+        if key in seen:
+            return None
+        seen.add(key)
+        lowered = op.type.lower()
+        if "unbatch" in lowered:
+            return None
+        if "batch" in lowered and "dataset" in lowered:
+            return op.type
+        variant = tf().variant
+        sources = [*_compat.op_function_outputs(op), *(tensor for tensor in op.inputs if tensor.dtype == variant)]
+        for tensor in sources:
+            found = visit_op(tensor.op, seen)
             if found:
                 return found
         return None
@@ -90,13 +110,23 @@ def is_multi_worker(strategy: Any) -> bool:
     return sum(len(spec.get(role) or []) for role in ("chief", "worker")) > 1
 
 
-def auto_shard_policy(strategy: Any, dataset: Any | None = None, requested: str | None = None) -> Any:
+def auto_shard_policy(
+    strategy: Any, dataset: Any | None = None, requested: str | None = None, *, keeps_partial_batch: bool = False
+) -> Any:
     """The ``tf.data.experimental.AutoShardPolicy`` to set for this strategy and dataset.
+
+    On one worker there is nothing to shard. Training batches are all full and
+    get ``OFF``. A pipeline that keeps a partial last batch (validation) gets
+    ``DATA``, a no-op shard on one worker that makes TensorFlow split a partial
+    batch evenly: under ``OFF`` it fills the replicas in order, so 16 examples on
+    4 replicas become [16, 0, 0, 0] (and a first step with empty replicas fails),
+    under ``DATA`` [4, 4, 4, 4], as plain ``.batch()`` does (measured on TF 2.21).
 
     Args:
         strategy: the strategy the dataset feeds.
         dataset: the unbatched source, inspected for file readers.
         requested: ``off``, ``data``, ``file`` or ``auto`` to override.
+        keeps_partial_batch: the pipeline keeps its last partial batch.
 
     Raises:
         BatchError: ``requested`` is not a policy name.
@@ -111,7 +141,7 @@ def auto_shard_policy(strategy: Any, dataset: Any | None = None, requested: str 
             )
         return getattr(policy, text.upper())
     if not is_multi_worker(strategy):
-        return policy.OFF
+        return policy.DATA if keeps_partial_batch else policy.OFF
     return policy.FILE if dataset is not None and reads_files(dataset) else policy.DATA
 
 
@@ -207,7 +237,9 @@ def prepare_dataset(
         _check_plan(plan, strategy, global_batch, per_replica_batch)
         _refuse_batched(data)
     options = tf().data.Options()
-    options.experimental_distribute.auto_shard_policy = auto_shard_policy(strategy, data, auto_shard)
+    options.experimental_distribute.auto_shard_policy = auto_shard_policy(
+        strategy, data, auto_shard, keeps_partial_batch=not plan.drop_remainder
+    )
     batched = data.batch(plan.global_batch, drop_remainder=plan.drop_remainder)
     return batched.with_options(options).prefetch(tf().data.AUTOTUNE)
 
@@ -226,6 +258,21 @@ def _check_plan(plan: BatchPlan, strategy: Any, global_batch: int | None, per_re
         )
 
 
+def _require_one_argument(dataset_fn: Callable[..., Any]) -> None:
+    try:
+        signature = inspect.signature(dataset_fn)
+    except (TypeError, ValueError):  # a builtin or C function: let the call decide
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        name = getattr(dataset_fn, "__name__", type(dataset_fn).__name__)
+        raise BatchError(
+            f"Received a dataset function {name}{signature}; expected a function taking one argument, the "
+            "tf.distribute.InputContext, e.g. def make_dataset(input_context): ... (or pass the tf.data.Dataset itself)."
+        ) from None
+
+
 def _prepare_from_function(
     dataset_fn: Callable[[Any], Any],
     strategy: Any,
@@ -234,6 +281,7 @@ def _prepare_from_function(
     plan: BatchPlan | None,
     training: bool,
 ) -> Any:
+    _require_one_argument(dataset_fn)
     if plan is None:
         plan = plan_batch(strategy, global_batch=global_batch, per_replica_batch=per_replica_batch, drop_remainder=training)
     else:
