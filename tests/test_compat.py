@@ -7,6 +7,8 @@ supported release and on tf_keras.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -87,9 +89,17 @@ def test_deferred_capture_inside_a_function():
 
 def test_runtime_and_creator_scope_state():
     assert _compat.runtime_started()  # conftest split the CPU and tests ran ops
-    assert not _compat.variable_creator_scope_open()
-    with tf.variable_creator_scope(lambda next_creator, **kwargs: next_creator(**kwargs)):
-        assert _compat.variable_creator_scope_open()
+    seen = []
+
+    def in_a_fresh_thread():  # creator scopes are per thread; select() keeps one open in the main thread
+        seen.append(_compat.variable_creator_scope_open())
+        with tf.variable_creator_scope(lambda next_creator, **kwargs: next_creator(**kwargs)):
+            seen.append(_compat.variable_creator_scope_open())
+
+    thread = threading.Thread(target=in_a_fresh_thread)
+    thread.start()
+    thread.join(timeout=30)
+    assert seen == [False, True]
 
 
 def test_slurm_hostlist_helpers():
