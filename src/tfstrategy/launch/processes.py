@@ -27,8 +27,8 @@ LOOPBACK = "127.0.0.1"
 TAIL_LINES = 15
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 right now.
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct TCP ports free on ``host`` (127.0.0.1 by default) right now.
 
     All sockets are held until every port is chosen so the kernel cannot hand
     out the same port twice; another process may still take one before a
@@ -37,8 +37,8 @@ def free_ports(count: int) -> list[int]:
     sockets = []
     try:
         for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((LOOPBACK, 0))
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
             sockets.append(sock)
         return [sock.getsockname()[1] for sock in sockets]
     finally:
@@ -126,16 +126,25 @@ def _own_children(exclude: set[int]) -> list[int]:
 class WorkerFailure:
     """Why the job (or one attempt of it) stopped."""
 
-    index: int
+    index: int | None
     reason: str
     status: int
     last_lines: tuple[str, ...] = ()
+    #: The node of a multi-node job the failure happened on (``None`` on one machine).
+    node: int | None = None
+
+    @property
+    def who(self) -> str:
+        worker = f"worker {self.index}"
+        if self.node is None:
+            return worker
+        return f"node {self.node}'s launcher" if self.index is None else f"node {self.node} {worker}"
 
     def report(self) -> str:
         """The failure and the worker's last lines, for the terminal."""
-        lines = [f"worker {self.index} {self.reason}"]
+        lines = [f"{self.who} {self.reason}"]
         if self.last_lines:
-            lines.append(f"last {len(self.last_lines)} line(s) of worker {self.index}:")
+            lines.append(f"last {len(self.last_lines)} line(s) of {self.who}:")
             lines.extend(f"  | {line}" for line in self.last_lines)
         return "\n".join(lines)
 

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TextIO
 
 from tfstrategy.errors import LaunchError
+from tfstrategy.launch.nodes import MultiNode, describe_end, failure_from_event, secret_free_environment
 from tfstrategy.launch.processes import (
     LOOPBACK,
     WorkerFailure,
@@ -62,10 +63,12 @@ from tfstrategy.launch.processes import (
     become_subreaper,
     free_ports,
 )
+from tfstrategy.launch.rendezvous import EventKind, JobEvent, NodeOptions, validate_node_options
 from tfstrategy.launch.worker_hook import hook_environment, validate_audit_mode
 from tfstrategy.settings import (
     ENV_BACKUP_DIR,
     ENV_JOIN_FILE,
+    ENV_NODE_RANK,
     ENV_NUM_WORKERS,
     ENV_RESTART,
     ENV_WORKER_INDEX,
@@ -89,6 +92,8 @@ class LaunchOptions:
     grace: float = 10.0
     #: What the workers' start-up hook does about variables outside the scope: warn, stop or off.
     audit: str = "warn"
+    #: This machine's place in a multi-node job (``--nnodes``); ``None``: every worker here.
+    nodes: NodeOptions | None = None
 
 
 def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
@@ -119,6 +124,8 @@ def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
     except Exception as error:
         raise LaunchError(str(error)) from None
     _require_runnable(options.command[0], example)
+    if options.nodes is not None:
+        validate_node_options(options.nodes)
     if options.backup_dir is not None:
         _require_writable_directory(options.backup_dir)
     return options
@@ -156,7 +163,12 @@ def _require_writable_directory(directory: Path) -> None:
 
 def worker_tf_config(ports: Sequence[int], index: int) -> str:
     """The ``TF_CONFIG`` of worker ``index`` in a local cluster on ``ports``."""
-    return json.dumps({"cluster": {"worker": [f"{LOOPBACK}:{port}" for port in ports]}, "task": {"type": "worker", "index": index}})
+    return cluster_tf_config([f"{LOOPBACK}:{port}" for port in ports], index)
+
+
+def cluster_tf_config(addresses: Sequence[str], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` of the workers at ``addresses`` (``host:port``)."""
+    return json.dumps({"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}})
 
 
 @dataclass(kw_only=True)
@@ -192,6 +204,7 @@ class Launcher:
         self._workers: list[_Worker] = []
         self._said_output_lost = False
         self._subreaper = False
+        self._nodes: MultiNode | None = None
 
     def _say(self, message: str) -> None:
         with self._lock:
@@ -213,34 +226,56 @@ class Launcher:
                 installed[signum] = signal.signal(signum, self._on_signal)
             self._subreaper = become_subreaper()
         try:
+            if self.options.nodes is not None:
+                self._nodes = MultiNode(self.options, say=self._say, interrupted=lambda: self._signal is not None)
             return self._supervise(run_dir, backup_dir)
         finally:
             self._stop_all()
+            if self._nodes is not None:
+                self._nodes.close(grace=self.options.grace)
             for signum, handler in installed.items():
                 signal.signal(signum, handler)
             shutil.rmtree(run_dir, ignore_errors=True)
 
-    def _start_group(self, run_dir: Path, backup_dir: Path | None, attempt: int) -> None:
-        ports = free_ports(self.options.num_workers)
+    def _start_group(self, run_dir: Path, backup_dir: Path | None, attempt: int) -> JobEvent | None:
+        """Start this machine's workers; on several nodes, once node 0 sent the round's cluster.
+
+        Returns:
+            ``None`` once started; the event that ended the job instead (a node missing, a stop, node 0 lost).
+        """
+        count, first = self.options.num_workers, 0
+        if self._nodes is None:
+            ports = free_ports(count)
+            addresses = [f"{LOOPBACK}:{port}" for port in ports]
+        else:
+            ports = self._nodes.free_ports(count)
+            formed = self._nodes.form(attempt, ports)
+            if formed is None or formed.kind is not EventKind.CLUSTER:
+                return formed
+            addresses, first = list(formed.data["workers"]), self._nodes.first_worker
         join_dir = run_dir / f"attempt-{attempt}"
         join_dir.mkdir()
+        span = f" {first}" if count == 1 else f"s {first}..{first + count - 1}"
+        where = "" if self._nodes is None else f" (worker{span} of {len(addresses)})"
         self._say(
-            f"starting {self.options.num_workers} worker(s) on "
-            + ", ".join(f"{LOOPBACK}:{port}" for port in ports)
+            f"starting {count} worker(s){where} on " + ", ".join(addresses[first:first + count])
             + (f" (restart {attempt} of {self.options.max_restarts})" if attempt else "")
         )
-        for index, port in enumerate(ports):
+        for local, port in enumerate(ports):
+            index = first + local
             join_file = join_dir / f"worker-{index}.joined"
             env = {
-                **hook_environment(audit=self.options.audit, env=self.env),
-                "TF_CONFIG": worker_tf_config(ports, index),
-                ENV_NUM_WORKERS: str(self.options.num_workers),
+                **hook_environment(audit=self.options.audit, env=secret_free_environment(self.env)),
+                "TF_CONFIG": cluster_tf_config(addresses, index),
+                ENV_NUM_WORKERS: str(len(addresses)),
                 ENV_WORKER_INDEX: str(index),
                 ENV_RESTART: str(attempt),
                 ENV_JOIN_FILE: str(join_file),
                 # Line-by-line output, so prefixes and failure tails are current.
                 "PYTHONUNBUFFERED": "1",
             }
+            if self._nodes is not None:
+                env[ENV_NODE_RANK] = str(self._nodes.rank)
             if backup_dir is not None:
                 env[ENV_BACKUP_DIR] = str(backup_dir)
             try:
@@ -251,38 +286,49 @@ class Launcher:
                     "expected a program this user can run."
                 ) from None
             self._workers.append(worker)
+        return None
 
     def _supervise(self, run_dir: Path, backup_dir: Path | None) -> LaunchResult:
         result = LaunchResult(returncode=0)
         attempt = 0
         failed_at: float | None = None
+        if self._nodes is not None:
+            ended = self._nodes.connect(self.options.join_timeout)
+            if ended is not None or self._signal is not None:
+                return self._ended(ended, result)
+            attempt = self._nodes.round
         while True:
             started = time.monotonic()
-            self._start_group(run_dir, backup_dir, attempt)
+            ended = self._start_group(run_dir, backup_dir, attempt)
+            if ended is not None or self._signal is not None:
+                return self._ended(ended, result)
             if failed_at is not None:
                 result.restart_seconds.append(time.monotonic() - failed_at)
-            failure = self._watch(started, failed_at, result)
-            if self._signal is not None:
-                stopping = time.monotonic()
-                name = signal.Signals(self._signal).name
-                # Pass the signal on (a preempted worker saves and exits), then SIGKILL after the grace.
-                codes = self._stop_all(signum=self._signal)
-                self._say(f"received {name}: passed it on; every worker stopped {time.monotonic() - stopping:.1f} s later")
-                result.returncode = 128 + self._signal
-                if len(set(codes)) == 1 and codes[0] > 0:
-                    # Every worker chose the same status (e.g. 75: saved, requeue me); pass that on to the scheduler.
-                    result.returncode = codes[0]
-                    self._say(f"every worker exited with status {codes[0]}; so does the launcher")
-                return result
-            if failure is None:
+            outcome = self._watch(started, failed_at, result)
+            if outcome is None and self._signal is None and self._nodes is not None:
+                outcome = self._nodes.finish(attempt)  # wait for every node's workers
+                if outcome is not None and outcome.kind is EventKind.FINISHED:
+                    return result
+            if self._signal is not None or (isinstance(outcome, JobEvent) and outcome.kind is EventKind.STOP):
+                return self._ended(outcome, result)
+            if outcome is None:
                 return result
             failed_at = time.monotonic()
-            result.failures.append(failure)
             # No grace: the survivors are blocked in collectives with a dead peer and are
             # discarded anyway (measured: an MWMS worker outlived SIGTERM by a 5 s grace).
             self._stop_all(grace=0.0)
-            self._say(f"{failure.report()}\nstopped every worker {time.monotonic() - failed_at:.1f} s after the failure")
-            if attempt >= self.options.max_restarts:
+            if isinstance(outcome, WorkerFailure) and self._nodes is None:
+                failure, restart = outcome, attempt < self.options.max_restarts
+            else:
+                # Node 0 decides for every node: the round's first failure, and restart or give up.
+                verdict = None if self._nodes is None else self._nodes.verdict(attempt, outcome)
+                if verdict is None or verdict.kind is not EventKind.FAILED:
+                    return self._ended(verdict, result)
+                failure, restart = failure_from_event(verdict), bool(verdict.data.get("restart"))
+            result.failures.append(failure)
+            whose = "every worker" if self._nodes is None else "this node's workers"
+            self._say(f"{failure.report()}\nstopped {whose} {time.monotonic() - failed_at:.1f} s after the failure")
+            if not restart:
                 result.returncode = failure.status
                 if self.options.max_restarts:
                     self._say(f"giving up after {attempt} restart(s)")
@@ -290,13 +336,43 @@ class Launcher:
             attempt += 1
             result.restarts = attempt
 
-    def _watch(self, started: float, failed_at: float | None, result: LaunchResult) -> WorkerFailure | None:
-        """Poll the group until it succeeds or is interrupted (``None``), fails, or does not join in time."""
+    def _ended(self, event: JobEvent | None, result: LaunchResult) -> LaunchResult:
+        """Stop for a signal (ours or another node's) or an event that ends the job; the launcher's result."""
+        signum = self._signal
+        if signum is not None and self._nodes is not None:
+            self._nodes.request_stop(signum)
+        elif signum is None and event is not None and event.kind is EventKind.STOP:
+            signum = int(event.data.get("signal") or signal.SIGTERM)
+            self._say(f"node {event.data.get('node')} received {signal.Signals(signum).name}: stopping this node's workers")
+        if signum is None:
+            result.returncode, message = describe_end(event, self.options)
+            self._say(message)
+            return result
+        stopping = time.monotonic()
+        # Pass the signal on (a preempted worker saves and exits), then SIGKILL after the grace.
+        codes = self._stop_all(signum=signum)
+        self._say(f"received {signal.Signals(signum).name}: passed it on; every worker stopped "
+                  f"{time.monotonic() - stopping:.1f} s later")
+        result.returncode = 128 + signum
+        if len(set(codes)) == 1 and codes[0] > 0:
+            # Every worker chose the same status (e.g. 75: saved, requeue me); pass that on to the scheduler.
+            result.returncode = codes[0]
+            self._say(f"every worker exited with status {codes[0]}; so does the launcher")
+        return result
+
+    def _watch(self, started: float, failed_at: float | None, result: LaunchResult) -> WorkerFailure | JobEvent | None:
+        """Poll the group until it succeeds or is interrupted (``None``), fails, or does not join in time.
+
+        On several nodes, also until node 0 relays another node's failure or a stop (the event).
+        """
         all_joined = False
         next_port_check = 0.0
         while True:
             if self._signal is not None:
                 return None
+            event = None if self._nodes is None else self._nodes.poll()
+            if event is not None:
+                return event
             now = time.monotonic()
             self._report_lost_output()
             for worker in self._workers:
