@@ -26,6 +26,11 @@ only. The launcher therefore:
 - keeps draining the workers' output when its own reader goes away
   (``tfstrategy launch ... | head``), so the job neither stops nor hangs.
 
+With ``--nnodes N`` (:mod:`tfstrategy.launch.nodes`, :mod:`tfstrategy.launch.rendezvous`)
+every machine runs one launcher; node 0's hosts the rendezvous that forms each
+attempt's cluster and relays the first failure, the restart decision and stops
+to every node, so the rules above hold for the whole job across machines.
+
 Each worker runs in its own process group so that stopping it also stops any
 process it started, and so that a terminal's Ctrl-C reaches only the launcher,
 which then stops the workers in order. The launcher is also the "subreaper" of
@@ -494,6 +499,7 @@ def launch(
     join_timeout: float | None = 300.0,
     audit: str = "warn",
     grace: float = 10.0,
+    nodes: NodeOptions | None = None,
     env: Mapping[str, str] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
@@ -511,6 +517,8 @@ def launch(
         audit: ``warn``, ``stop`` or ``off``: what each worker does before ``fit``
             when variables were made outside the model's strategy's scope.
         grace: seconds workers get to exit after SIGINT/SIGTERM is passed on.
+        nodes: this machine's place in a job of several machines (``num_workers`` on each);
+            ``None``: every worker on this machine.
         env: the workers' base environment (``os.environ`` when omitted).
         out: where ``[worker i]`` lines go (stdout); err: launcher messages (stderr).
 
@@ -525,6 +533,6 @@ def launch(
     options = LaunchOptions(
         command=tuple(command), num_workers=num_workers, max_restarts=max_restarts,
         backup_dir=None if backup_dir is None else Path(backup_dir), join_timeout=join_timeout,
-        audit=audit, grace=grace,
+        audit=audit, grace=grace, nodes=nodes,
     )
     return Launcher(options, env=env, out=out, err=err).run()
