@@ -206,7 +206,8 @@ class RendezvousServer:
         self.job = {"nnodes": node.nnodes, "workers_per_node": workers_per_node, "max_restarts": max_restarts}
         self.timeout = timeout
         try:
-            self._listener = socket.create_server((node.master_host, node.master_port))
+            family = socket.AF_INET6 if ":" in node.master_host else socket.AF_INET
+            self._listener = socket.create_server((node.master_host, node.master_port), family=family)
         except OSError as error:
             raise LaunchError(
                 f"Received --master {node.master} on node 0, but its rendezvous cannot listen there "
