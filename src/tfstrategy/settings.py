@@ -39,6 +39,10 @@ ENV_WORKER_INDEX = "TFSTRATEGY_WORKER_INDEX"
 ENV_RESTART = "TFSTRATEGY_RESTART"
 ENV_JOIN_FILE = "TFSTRATEGY_JOIN_FILE"
 ENV_BACKUP_DIR = "TFSTRATEGY_BACKUP_DIR"
+#: This machine's rank in a multi-node job (`tfstrategy launch --nnodes N`), when --node-rank is not given.
+ENV_NODE_RANK = "TFSTRATEGY_NODE_RANK"
+#: The shared secret every node of a multi-node job proves it knows (never passed to the workers).
+ENV_LAUNCH_SECRET = "TFSTRATEGY_LAUNCH_SECRET"
 #: Set by the launcher after it re-executed itself in a private network namespace.
 ENV_ISOLATED = "TFSTRATEGY_ISOLATED_NETWORK"
 

@@ -47,9 +47,9 @@ def _tagged(tag: str) -> list[int]:
 class Run:
     """One `tfstrategy launch` process, tagged so its descendants can be found."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.tag = uuid.uuid4().hex
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TAG: self.tag}
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TAG: self.tag, **(env or {})}
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tfstrategy", "launch", *args], cwd=ROOT, env=env, text=True,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import ROOT
-from tfstrategy.launch.supervisor import exception_line, failure_reason
+from tfstrategy.launch.processes import exception_line, failure_reason
 from tfstrategy.launch.worker_hook import STARTUP_DIR, hook_environment
 
 SCRIPTS = ROOT / "tests" / "workers"

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 
 from tfstrategy.cli._common import quiet_tensorflow
+from tfstrategy.errors import LaunchError
 from tfstrategy.launch import network_isolation
+from tfstrategy.launch.rendezvous import NodeOptions, parse_master, read_secret, validate_node_options
 from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
 from tfstrategy.launch.worker_hook import AUDIT_MODES
+from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 
 DESCRIPTION = textwrap.dedent(
     f"""\
@@ -34,7 +40,20 @@ DESCRIPTION = textwrap.dedent(
 
     Exit status: 0 when every worker exits 0; else the first failed worker's status
     (128+N when killed by signal N), {JOIN_TIMEOUT_STATUS} when workers did not join
-    in time, 130 on Ctrl-C, 2 on invalid options."""
+    in time, 130 on Ctrl-C, 2 on invalid options.
+
+    Several machines (--nnodes N): run the same command on each, with its own
+    --node-rank (or TFSTRATEGY_NODE_RANK) and the same --master HOST:PORT, the
+    address of node 0's machine and a free port. Node 0's launcher hosts the
+    rendezvous there: every launcher proves it knows the shared secret
+    (TFSTRATEGY_LAUNCH_SECRET or --secret-file; never on the command line), offers
+    its address and free ports, and receives the whole cluster of N*K workers
+    (node R runs workers R*K .. R*K+K-1). The connection stays open as the control
+    channel: a failure on any node stops every worker on every node, --max-restarts
+    restarts the whole group on every node, Ctrl-C on any launcher stops the whole
+    job, and a node missing at --timeout fails every launcher, naming its rank.
+    TensorFlow's servers listen on all interfaces: allow their ports only between
+    the nodes (see the README's "Several machines without a scheduler")."""
 )
 
 EPILOG = textwrap.dedent(
@@ -45,8 +64,12 @@ EPILOG = textwrap.dedent(
       tfstrategy launch -n 2 --timeout 60 -- python train.py
       tfstrategy launch -n 2 --audit stop -- python -m mypackage.train
 
-    On real machines, set TF_CONFIG per machine instead (tfstrategy.tf_config_from_hosts,
-    or tfstrategy.tf_config_from_slurm under srun) and run the script directly."""
+    two machines, 10.0.0.5 (node 0) and 10.0.0.6, with 2 workers each:
+      export TFSTRATEGY_LAUNCH_SECRET=$(cat ~/.tfstrategy-secret)   # the same file on both
+      tfstrategy launch --nnodes 2 --node-rank 0 --master 10.0.0.5:29400 -n 2 -- python train.py   # on 10.0.0.5
+      tfstrategy launch --nnodes 2 --node-rank 1 --master 10.0.0.5:29400 -n 2 -- python train.py   # on 10.0.0.6
+
+    Under Slurm, run the script with srun instead: select() builds TF_CONFIG from the job step."""
 )
 
 
@@ -59,7 +82,8 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-n", "--num-workers", type=int, required=True, metavar="N", help="worker processes to start")
+    parser.add_argument("-n", "--num-workers", type=int, required=True, metavar="N",
+                        help="worker processes to start (on each machine with --nnodes)")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
                         help="restart the whole group up to K times after a failure (default: 0)")
     parser.add_argument("--backup-dir", type=Path, metavar="DIR",
@@ -76,6 +100,19 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("--isolate-network", action="store_true",
                         help="run the job in a private network namespace with only loopback, so TensorFlow's servers "
                         "(which listen on 0.0.0.0) are unreachable from other hosts; workers then have no network")
+    nodes = parser.add_argument_group("several machines (no scheduler)")
+    nodes.add_argument("--nnodes", type=int, default=1, metavar="N",
+                       help="machines in the job, each running this command with -n workers (default: 1, this one)")
+    nodes.add_argument("--node-rank", type=int, metavar="R",
+                       help=f"this machine's rank 0..N-1, 0 on the --master machine (default: ${ENV_NODE_RANK})")
+    nodes.add_argument("--master", metavar="HOST:PORT",
+                       help="node 0's address and a free port for the rendezvous, the same on every node, "
+                       "e.g. 10.0.0.5:29400")
+    nodes.add_argument("--node-address", metavar="ADDR",
+                       help="the address other nodes reach this one's workers at (default: the address this "
+                       "machine reaches the master from), e.g. behind NAT or on a second network")
+    nodes.add_argument("--secret-file", type=Path, metavar="FILE",
+                       help=f"file holding the shared secret every node proves it knows (default: ${ENV_LAUNCH_SECRET})")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="the program to run in every worker, after '--'")
@@ -92,6 +129,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
     program = list(args.program)
     if program and program[0] == "--":
         program = program[1:]
+    nodes = node_options_from_args(args, os.environ)
     return validate_launch_options(
         LaunchOptions(
             command=tuple(program),
@@ -101,8 +139,44 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             join_timeout=None if args.timeout == 0 else args.timeout,
             grace=args.grace,
             audit=args.audit,
+            nodes=nodes,
         )
     )
+
+
+def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> NodeOptions | None:
+    """This machine's place in a multi-node job, or ``None`` without ``--nnodes`` (> 1).
+
+    Raises:
+        LaunchError: multi-node options without --nnodes, a missing or malformed --master or rank,
+            no shared secret, or --isolate-network (which would cut the nodes apart).
+    """
+    example = "e.g. tfstrategy launch --nnodes 2 --node-rank 1 --master 10.0.0.5:29400 -n 2 -- python train.py"
+    given = [name for name, value in (("--node-rank", args.node_rank), ("--master", args.master),
+                                      ("--node-address", args.node_address), ("--secret-file", args.secret_file))
+             if value is not None]
+    if args.nnodes == 1:
+        if given:
+            raise LaunchError(f"Received {', '.join(given)} with --nnodes 1; expected --nnodes N (2 or more) for a "
+                              f"job on several machines, {example}; or drop {', '.join(given)}.")
+        return None
+    if args.isolate_network:
+        raise LaunchError(f"Received --isolate-network with --nnodes {args.nnodes}; a private network namespace would "
+                          "cut this node off from the others. Drop --isolate-network and firewall the workers' ports "
+                          "(README: 'Several machines without a scheduler').")
+    if args.master is None:
+        raise LaunchError(f"Received --nnodes {args.nnodes} without --master; expected node 0's HOST:PORT, {example}.")
+    rank = args.node_rank
+    if rank is None:
+        text = env.get(ENV_NODE_RANK, "").strip()
+        if not text.lstrip("-").isdigit():
+            raise LaunchError(f"Received --nnodes {args.nnodes} without --node-rank, and {ENV_NODE_RANK}={text!r}; "
+                              f"expected this machine's rank 0..{args.nnodes - 1} in either, {example}.")
+        rank = int(text)
+    host, port = parse_master(args.master)
+    node = validate_node_options(NodeOptions(nnodes=args.nnodes, node_rank=rank, master_host=host, master_port=port,
+                                             secret=b"", node_address=args.node_address))
+    return dataclasses.replace(node, secret=read_secret(args.secret_file, env))
 
 
 def _command_line(args: argparse.Namespace, options: LaunchOptions) -> list[str]:

@@ -1,1 +1,1 @@
-"""``tfstrategy launch``: the supervisor of local worker groups, and network isolation."""
+"""``tfstrategy launch``: the supervisor of worker groups on one or several machines, and network isolation."""

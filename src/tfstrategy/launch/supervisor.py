@@ -26,6 +26,11 @@ only. The launcher therefore:
 - keeps draining the workers' output when its own reader goes away
   (``tfstrategy launch ... | head``), so the job neither stops nor hangs.
 
+With ``--nnodes N`` (:mod:`tfstrategy.launch.nodes`, :mod:`tfstrategy.launch.rendezvous`)
+every machine runs one launcher; node 0's hosts the rendezvous that forms each
+attempt's cluster and relays the first failure, the restart decision and stops
+to every node, so the rules above hold for the whole job across machines.
+
 Each worker runs in its own process group so that stopping it also stops any
 process it started, and so that a terminal's Ctrl-C reaches only the launcher,
 which then stops the workers in order. The launcher is also the "subreaper" of
@@ -35,16 +40,11 @@ everything its workers start (Linux), so even a child that left the group with
 
 from __future__ import annotations
 
-import collections
-import ctypes
 import json
 import math
 import os
-import re
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -55,20 +55,32 @@ from pathlib import Path
 from typing import TextIO
 
 from tfstrategy.errors import LaunchError
+from tfstrategy.launch.nodes import MultiNode, describe_end, failure_from_event, secret_free_environment
+from tfstrategy.launch.processes import (
+    LOOPBACK,
+    WorkerFailure,
+    _describe_status,
+    _exit_status,
+    _is_listening,
+    _own_children,
+    _Worker,
+    become_subreaper,
+    failure_reason,
+    free_ports,
+)
+from tfstrategy.launch.rendezvous import EventKind, JobEvent, NodeOptions, validate_node_options
 from tfstrategy.launch.worker_hook import hook_environment, validate_audit_mode
 from tfstrategy.settings import (
     ENV_BACKUP_DIR,
     ENV_JOIN_FILE,
+    ENV_NODE_RANK,
     ENV_NUM_WORKERS,
     ENV_RESTART,
     ENV_WORKER_INDEX,
 )
 
-LOOPBACK = "127.0.0.1"
 #: Exit status of a job whose workers did not all join in time (as coreutils' ``timeout``).
 JOIN_TIMEOUT_STATUS = 124
-#: Lines of a failed worker's output repeated in the failure report.
-TAIL_LINES = 15
 _POLL_SECONDS = 0.05
 
 
@@ -85,6 +97,8 @@ class LaunchOptions:
     grace: float = 10.0
     #: What the workers' start-up hook does about variables outside the scope: warn, stop or off.
     audit: str = "warn"
+    #: This machine's place in a multi-node job (``--nnodes``); ``None``: every worker here.
+    nodes: NodeOptions | None = None
 
 
 def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
@@ -115,6 +129,8 @@ def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
     except Exception as error:
         raise LaunchError(str(error)) from None
     _require_runnable(options.command[0], example)
+    if options.nodes is not None:
+        validate_node_options(options.nodes)
     if options.backup_dir is not None:
         _require_writable_directory(options.backup_dir)
     return options
@@ -150,122 +166,14 @@ def _require_writable_directory(directory: Path) -> None:
         raise LaunchError(f"Received --backup-dir {directory}, which is not writable; pass a directory you can write to.")
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 right now.
-
-    All sockets are held until every port is chosen so the kernel cannot hand
-    out the same port twice; another process may still take one before a
-    worker binds it, which then fails that worker with a clear error.
-    """
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((LOOPBACK, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def worker_tf_config(ports: Sequence[int], index: int) -> str:
     """The ``TF_CONFIG`` of worker ``index`` in a local cluster on ``ports``."""
-    return json.dumps({"cluster": {"worker": [f"{LOOPBACK}:{port}" for port in ports]}, "task": {"type": "worker", "index": index}})
+    return cluster_tf_config([f"{LOOPBACK}:{port}" for port in ports], index)
 
 
-def _is_listening(port: int) -> bool:
-    try:
-        with socket.create_connection((LOOPBACK, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _describe_status(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"was killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with status {returncode}"
-
-
-def _exit_status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
-#: The last line of a Python traceback: ``ValueError: ...``, ``module.Error: ...``, ``KeyboardInterrupt``.
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b(?::.*)?$")
-#: What TensorFlow (gRPC) prints when a worker's port is taken.
-_PORT_IN_USE = re.compile(r"Could not start gRPC server|[Aa]ddress already in use|Failed to add port")
-
-
-def exception_line(lines: Sequence[str]) -> str | None:
-    """The last line of the last Python traceback in ``lines``, if any."""
-    after_traceback = False
-    found = None
-    for line in lines:
-        if line.startswith("Traceback (most recent call last)"):
-            after_traceback = True
-        elif after_traceback and _EXCEPTION_LINE.match(line.strip()):
-            found = line.strip()
-    return found
-
-
-def failure_reason(returncode: int, lines: Sequence[str], port: int, joined: bool) -> str:
-    """The headline of a failed worker: status or signal, the exception, and a port conflict only if seen."""
-    reason = _describe_status(returncode) + ("" if joined else " before joining")
-    exception = exception_line(lines)
-    if exception:
-        reason += f": {exception}"
-    if any(_PORT_IN_USE.search(line) for line in lines):
-        reason += (f"; TensorFlow could not serve on its port {LOOPBACK}:{port}, which another process holds. "
-                   "Stop that process, or restart the job to get new free ports")
-    return reason
-
-
-def become_subreaper() -> bool:
-    """Make orphaned descendants children of this process (Linux), so none escapes the job's end."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        return False
-
-
-def _own_children(exclude: set[int]) -> list[int]:
-    """Live processes whose parent is this process (orphans reparented to the subreaper), minus ``exclude``."""
-    me, children = os.getpid(), []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit() or int(entry) in exclude:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == me and fields[0] != "Z":
-            children.append(int(entry))
-    return children
-
-
-@dataclass(kw_only=True)
-class WorkerFailure:
-    """Why the job (or one attempt of it) stopped."""
-
-    index: int
-    reason: str
-    status: int
-    last_lines: tuple[str, ...] = ()
-
-    def report(self) -> str:
-        """The failure and the worker's last lines, for the terminal."""
-        lines = [f"worker {self.index} {self.reason}"]
-        if self.last_lines:
-            lines.append(f"last {len(self.last_lines)} line(s) of worker {self.index}:")
-            lines.extend(f"  | {line}" for line in self.last_lines)
-        return "\n".join(lines)
+def cluster_tf_config(addresses: Sequence[str], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` of the workers at ``addresses`` (``host:port``)."""
+    return json.dumps({"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}})
 
 
 @dataclass(kw_only=True)
@@ -279,58 +187,6 @@ class LaunchResult:
     restart_seconds: list[float] = field(default_factory=list)
     #: Seconds from noticing a failure to every restarted worker having joined.
     rejoin_seconds: list[float] = field(default_factory=list)
-
-
-class _Worker:
-    """One worker process, its output pump and its recent lines."""
-
-    def __init__(self, index: int, command: Sequence[str], env: Mapping[str, str], port: int, join_file: Path,
-                 out: TextIO, lock: threading.Lock) -> None:
-        self.index, self.port, self.join_file = index, port, join_file
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.process = subprocess.Popen(
-            list(command), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        self.joined_at: float | None = None
-        self.output_lost: OSError | None = None
-        self._pump = threading.Thread(target=self._copy_output, args=(out, lock), daemon=True)
-        self._pump.start()
-
-    def _copy_output(self, out: TextIO, lock: threading.Lock) -> None:
-        stdout = self.process.stdout
-        if stdout is None:  # only when started without stdout=PIPE, which this class never does
-            return
-        for raw in iter(stdout.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            self.tail.append(line)
-            if self.output_lost is not None:
-                continue  # keep draining: a worker blocked on a full pipe would stall the whole job
-            with lock:
-                try:
-                    out.write(f"[worker {self.index}] {line}\n")
-                    out.flush()
-                except (BrokenPipeError, ValueError, OSError) as error:  # the reader went away (| head)
-                    self.output_lost = error if isinstance(error, OSError) else BrokenPipeError(str(error))
-
-    def last_lines(self) -> tuple[str, ...]:
-        # Let the pump drain what the process wrote before dying; a child that
-        # inherited the pipe may keep it open, hence the bound.
-        self._pump.join(timeout=1.0)
-        return tuple(self.tail)
-
-    def signal_group(self, signum: int) -> None:
-        try:
-            os.killpg(self.process.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def close(self) -> None:
-        self._pump.join(timeout=1.0)
-        # A descendant may still hold the pipe open; closing it under the reading
-        # thread would block until that descendant exits, so leave it to the pump.
-        if self.process.stdout is not None and not self._pump.is_alive():
-            self.process.stdout.close()
 
 
 class Launcher:
@@ -353,6 +209,7 @@ class Launcher:
         self._workers: list[_Worker] = []
         self._said_output_lost = False
         self._subreaper = False
+        self._nodes: MultiNode | None = None
 
     def _say(self, message: str) -> None:
         with self._lock:
@@ -374,34 +231,56 @@ class Launcher:
                 installed[signum] = signal.signal(signum, self._on_signal)
             self._subreaper = become_subreaper()
         try:
+            if self.options.nodes is not None:
+                self._nodes = MultiNode(self.options, say=self._say, interrupted=lambda: self._signal is not None)
             return self._supervise(run_dir, backup_dir)
         finally:
             self._stop_all()
+            if self._nodes is not None:
+                self._nodes.close(grace=self.options.grace)
             for signum, handler in installed.items():
                 signal.signal(signum, handler)
             shutil.rmtree(run_dir, ignore_errors=True)
 
-    def _start_group(self, run_dir: Path, backup_dir: Path | None, attempt: int) -> None:
-        ports = free_ports(self.options.num_workers)
+    def _start_group(self, run_dir: Path, backup_dir: Path | None, attempt: int) -> JobEvent | None:
+        """Start this machine's workers; on several nodes, once node 0 sent the round's cluster.
+
+        Returns:
+            ``None`` once started; the event that ended the job instead (a node missing, a stop, node 0 lost).
+        """
+        count, first = self.options.num_workers, 0
+        if self._nodes is None:
+            ports = free_ports(count)
+            addresses = [f"{LOOPBACK}:{port}" for port in ports]
+        else:
+            ports = self._nodes.free_ports(count)
+            formed = self._nodes.form(attempt, ports)
+            if formed is None or formed.kind is not EventKind.CLUSTER:
+                return formed
+            addresses, first = list(formed.data["workers"]), self._nodes.first_worker
         join_dir = run_dir / f"attempt-{attempt}"
         join_dir.mkdir()
+        span = f" {first}" if count == 1 else f"s {first}..{first + count - 1}"
+        where = "" if self._nodes is None else f" (worker{span} of {len(addresses)})"
         self._say(
-            f"starting {self.options.num_workers} worker(s) on "
-            + ", ".join(f"{LOOPBACK}:{port}" for port in ports)
+            f"starting {count} worker(s){where} on " + ", ".join(addresses[first:first + count])
             + (f" (restart {attempt} of {self.options.max_restarts})" if attempt else "")
         )
-        for index, port in enumerate(ports):
+        for local, port in enumerate(ports):
+            index = first + local
             join_file = join_dir / f"worker-{index}.joined"
             env = {
-                **hook_environment(audit=self.options.audit, env=self.env),
-                "TF_CONFIG": worker_tf_config(ports, index),
-                ENV_NUM_WORKERS: str(self.options.num_workers),
+                **hook_environment(audit=self.options.audit, env=secret_free_environment(self.env)),
+                "TF_CONFIG": cluster_tf_config(addresses, index),
+                ENV_NUM_WORKERS: str(len(addresses)),
                 ENV_WORKER_INDEX: str(index),
                 ENV_RESTART: str(attempt),
                 ENV_JOIN_FILE: str(join_file),
                 # Line-by-line output, so prefixes and failure tails are current.
                 "PYTHONUNBUFFERED": "1",
             }
+            if self._nodes is not None:
+                env[ENV_NODE_RANK] = str(self._nodes.rank)
             if backup_dir is not None:
                 env[ENV_BACKUP_DIR] = str(backup_dir)
             try:
@@ -412,38 +291,49 @@ class Launcher:
                     "expected a program this user can run."
                 ) from None
             self._workers.append(worker)
+        return None
 
     def _supervise(self, run_dir: Path, backup_dir: Path | None) -> LaunchResult:
         result = LaunchResult(returncode=0)
         attempt = 0
         failed_at: float | None = None
+        if self._nodes is not None:
+            ended = self._nodes.connect(self.options.join_timeout)
+            if ended is not None or self._signal is not None:
+                return self._ended(ended, result)
+            attempt = self._nodes.round
         while True:
             started = time.monotonic()
-            self._start_group(run_dir, backup_dir, attempt)
+            ended = self._start_group(run_dir, backup_dir, attempt)
+            if ended is not None or self._signal is not None:
+                return self._ended(ended, result)
             if failed_at is not None:
                 result.restart_seconds.append(time.monotonic() - failed_at)
-            failure = self._watch(started, failed_at, result)
-            if self._signal is not None:
-                stopping = time.monotonic()
-                name = signal.Signals(self._signal).name
-                # Pass the signal on (a preempted worker saves and exits), then SIGKILL after the grace.
-                codes = self._stop_all(signum=self._signal)
-                self._say(f"received {name}: passed it on; every worker stopped {time.monotonic() - stopping:.1f} s later")
-                result.returncode = 128 + self._signal
-                if len(set(codes)) == 1 and codes[0] > 0:
-                    # Every worker chose the same status (e.g. 75: saved, requeue me); pass that on to the scheduler.
-                    result.returncode = codes[0]
-                    self._say(f"every worker exited with status {codes[0]}; so does the launcher")
-                return result
-            if failure is None:
+            outcome = self._watch(started, failed_at, result)
+            if outcome is None and self._signal is None and self._nodes is not None:
+                outcome = self._nodes.finish(attempt)  # wait for every node's workers
+                if outcome is not None and outcome.kind is EventKind.FINISHED:
+                    return result
+            if self._signal is not None or (isinstance(outcome, JobEvent) and outcome.kind is EventKind.STOP):
+                return self._ended(outcome, result)
+            if outcome is None:
                 return result
             failed_at = time.monotonic()
-            result.failures.append(failure)
             # No grace: the survivors are blocked in collectives with a dead peer and are
             # discarded anyway (measured: an MWMS worker outlived SIGTERM by a 5 s grace).
             self._stop_all(grace=0.0)
-            self._say(f"{failure.report()}\nstopped every worker {time.monotonic() - failed_at:.1f} s after the failure")
-            if attempt >= self.options.max_restarts:
+            if isinstance(outcome, WorkerFailure) and self._nodes is None:
+                failure, restart = outcome, attempt < self.options.max_restarts
+            else:
+                # Node 0 decides for every node: the round's first failure, and restart or give up.
+                verdict = None if self._nodes is None else self._nodes.verdict(attempt, outcome)
+                if verdict is None or verdict.kind is not EventKind.FAILED:
+                    return self._ended(verdict, result)
+                failure, restart = failure_from_event(verdict), bool(verdict.data.get("restart"))
+            result.failures.append(failure)
+            whose = "every worker" if self._nodes is None else "this node's workers"
+            self._say(f"{failure.report()}\nstopped {whose} {time.monotonic() - failed_at:.1f} s after the failure")
+            if not restart:
                 result.returncode = failure.status
                 if self.options.max_restarts:
                     self._say(f"giving up after {attempt} restart(s)")
@@ -451,13 +341,43 @@ class Launcher:
             attempt += 1
             result.restarts = attempt
 
-    def _watch(self, started: float, failed_at: float | None, result: LaunchResult) -> WorkerFailure | None:
-        """Poll the group until it succeeds or is interrupted (``None``), fails, or does not join in time."""
+    def _ended(self, event: JobEvent | None, result: LaunchResult) -> LaunchResult:
+        """Stop for a signal (ours or another node's) or an event that ends the job; the launcher's result."""
+        signum = self._signal
+        if signum is not None and self._nodes is not None:
+            self._nodes.request_stop(signum)
+        elif signum is None and event is not None and event.kind is EventKind.STOP:
+            signum = int(event.data.get("signal") or signal.SIGTERM)
+            self._say(f"node {event.data.get('node')} received {signal.Signals(signum).name}: stopping this node's workers")
+        if signum is None:
+            result.returncode, message = describe_end(event, self.options)
+            self._say(message)
+            return result
+        stopping = time.monotonic()
+        # Pass the signal on (a preempted worker saves and exits), then SIGKILL after the grace.
+        codes = self._stop_all(signum=signum)
+        self._say(f"received {signal.Signals(signum).name}: passed it on; every worker stopped "
+                  f"{time.monotonic() - stopping:.1f} s later")
+        result.returncode = 128 + signum
+        if len(set(codes)) == 1 and codes[0] > 0:
+            # Every worker chose the same status (e.g. 75: saved, requeue me); pass that on to the scheduler.
+            result.returncode = codes[0]
+            self._say(f"every worker exited with status {codes[0]}; so does the launcher")
+        return result
+
+    def _watch(self, started: float, failed_at: float | None, result: LaunchResult) -> WorkerFailure | JobEvent | None:
+        """Poll the group until it succeeds or is interrupted (``None``), fails, or does not join in time.
+
+        On several nodes, also until node 0 relays another node's failure or a stop (the event).
+        """
         all_joined = False
         next_port_check = 0.0
         while True:
             if self._signal is not None:
                 return None
+            event = None if self._nodes is None else self._nodes.poll()
+            if event is not None:
+                return event
             now = time.monotonic()
             self._report_lost_output()
             for worker in self._workers:
@@ -579,6 +499,7 @@ def launch(
     join_timeout: float | None = 300.0,
     audit: str = "warn",
     grace: float = 10.0,
+    nodes: NodeOptions | None = None,
     env: Mapping[str, str] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
@@ -596,6 +517,8 @@ def launch(
         audit: ``warn``, ``stop`` or ``off``: what each worker does before ``fit``
             when variables were made outside the model's strategy's scope.
         grace: seconds workers get to exit after SIGINT/SIGTERM is passed on.
+        nodes: this machine's place in a job of several machines (``num_workers`` on each);
+            ``None``: every worker on this machine.
         env: the workers' base environment (``os.environ`` when omitted).
         out: where ``[worker i]`` lines go (stdout); err: launcher messages (stderr).
 
@@ -610,6 +533,6 @@ def launch(
     options = LaunchOptions(
         command=tuple(command), num_workers=num_workers, max_restarts=max_restarts,
         backup_dir=None if backup_dir is None else Path(backup_dir), join_timeout=join_timeout,
-        audit=audit, grace=grace,
+        audit=audit, grace=grace, nodes=nodes,
     )
     return Launcher(options, env=env, out=out, err=err).run()
