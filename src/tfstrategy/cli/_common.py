@@ -8,6 +8,8 @@ import sys
 
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind
 
+__all__ = ["add_strategy_arguments", "add_output_arguments", "quiet_tensorflow", "import_tensorflow_quietly"]
+
 STRATEGY_CHOICES = [kind.value for kind in StrategyKind]
 
 

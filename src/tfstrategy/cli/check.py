@@ -9,6 +9,8 @@ import sys
 
 from tfstrategy.cli._common import add_output_arguments, add_strategy_arguments, import_tensorflow_quietly
 
+__all__ = ["DESCRIPTION", "check_parser"]
+
 #: Seconds ``check`` waits for the other tasks of a multi-worker TF_CONFIG.
 DEFAULT_JOIN_TIMEOUT = 120.0
 

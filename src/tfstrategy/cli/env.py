@@ -7,6 +7,8 @@ import json
 
 from tfstrategy.cli._common import add_output_arguments, import_tensorflow_quietly
 
+__all__ = ["DESCRIPTION", "env_parser"]
+
 DESCRIPTION = """\
 Print versions (tfstrategy, TensorFlow, Keras and which flavour tf.keras is,
 Python, platform), TensorFlow's build (CUDA/cuDNN it was built with), physical

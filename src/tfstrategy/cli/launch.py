@@ -18,6 +18,8 @@ from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOp
 from tfstrategy.launch.worker_hook import AUDIT_MODES
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 
+__all__ = ["DESCRIPTION", "EPILOG", "launch_parser"]
+
 DESCRIPTION = textwrap.dedent(
     f"""\
     Run COMMAND as N workers of one MultiWorkerMirroredStrategy job on this machine

@@ -13,6 +13,8 @@ from tfstrategy.launch.worker_hook import AUDIT_MODES, hook_environment
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
 from tfstrategy.selection.devices import parse_devices
 
+__all__ = ["DESCRIPTION", "EPILOG", "run_parser"]
+
 DESCRIPTION = textwrap.dedent(
     """\
     Run COMMAND (one process) with tfstrategy's start-up hook, so a script that

@@ -36,6 +36,8 @@ from tfstrategy.selection.host import HostInfo
 from tfstrategy.selection.select import resolve_request
 from tfstrategy.settings import StrategyKind
 
+__all__ = ["EnvReport", "collect_env_report", "format_env_report", "env_report_as_dict"]
+
 #: Slurm variables shown in the text report; ``--json`` carries every ``SLURM_*``.
 SLURM_SHOWN = (
     "SLURM_JOB_ID",

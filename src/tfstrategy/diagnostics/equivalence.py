@@ -29,6 +29,8 @@ from tfstrategy.training.batching import plan_batch, replicas_of
 from tfstrategy.training.custom_loop import make_train_step
 from tfstrategy.training.datasets import prepare_dataset
 
+__all__ = ["EquivalenceReport", "replica_equivalence", "add_equivalence"]
+
 #: Largest weight difference still counted as "the same answer" (float32 sums
 #: in a different order differ by ~1e-7 per step).
 DEFAULT_TOLERANCE = 1e-5

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from tfstrategy.errors import PlatformError
 from tfstrategy.settings import ENV_ISOLATED
 
+__all__ = ["is_isolated", "reexec_isolated", "bring_up_loopback"]
+
 #: Set inside the namespace, so the re-executed launcher does not isolate itself again.
 UNSHARE = ("unshare", "--net", "--map-root-user")
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1

@@ -16,6 +16,8 @@ from tfstrategy.launch.processes import WorkerFailure
 from tfstrategy.launch.rendezvous import EventKind, JobEvent, NodeOptions, RendezvousClient, RendezvousServer
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 
+__all__ = ["MultiNode", "failure_from_event", "describe_end", "secret_free_environment"]
+
 if TYPE_CHECKING:
     from tfstrategy.launch.supervisor import LaunchOptions
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+__all__ = ["LOOPBACK", "free_ports", "failure_reason", "become_subreaper", "WorkerFailure"]
+
 LOOPBACK = "127.0.0.1"
 #: Lines of a failed worker's output repeated in the failure report.
 TAIL_LINES = 15

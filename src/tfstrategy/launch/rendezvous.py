@@ -40,6 +40,8 @@ from typing import Any
 from tfstrategy.errors import LaunchError
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 
+__all__ = ["NodeOptions", "parse_master", "read_secret", "validate_node_options", "RendezvousServer", "EventKind", "JobEvent", "RendezvousClient"]
+
 PROTOCOL = "tfstrategy-rendezvous/1"
 #: Seconds a peer has to complete the handshake before it is dropped.
 HANDSHAKE_SECONDS = 10.0

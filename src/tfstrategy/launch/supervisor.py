@@ -79,6 +79,8 @@ from tfstrategy.settings import (
     ENV_WORKER_INDEX,
 )
 
+__all__ = ["JOIN_TIMEOUT_STATUS", "LaunchOptions", "validate_launch_options", "LaunchResult", "Launcher", "launch"]
+
 #: Exit status of a job whose workers did not all join in time (as coreutils' ``timeout``).
 JOIN_TIMEOUT_STATUS = 124
 _POLL_SECONDS = 0.05

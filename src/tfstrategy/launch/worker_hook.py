@@ -60,6 +60,8 @@ from tfstrategy.settings import (
     resolve_collective_timeout,
 )
 
+__all__ = ["AUDIT_MODES", "hook_environment", "validate_audit_mode", "install"]
+
 AUDIT_MODES = ("warn", "stop", "off")
 #: The directory whose ``sitecustomize`` installs this hook; first on the workers' PYTHONPATH.
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"

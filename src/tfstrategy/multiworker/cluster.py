@@ -20,6 +20,8 @@ from typing import Any
 
 from tfstrategy.errors import ClusterConfigError
 
+__all__ = ["TRAINING_TASK_TYPES", "read_tf_config", "ClusterConfig", "parse_address", "validate_tf_config", "load_cluster_config", "tf_config_from_hosts", "check_port"]
+
 EXAMPLE_TF_CONFIG = (
     '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}'
 )

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from tfstrategy.errors import PeerTimeoutError
 from tfstrategy.multiworker.cluster import TRAINING_TASK_TYPES, ClusterConfig, parse_address
 
+__all__ = ["wait_for_peers"]
+
 
 def peer_addresses(config: ClusterConfig) -> dict[str, str]:
     """The other training tasks, ``{"worker-1": "host:port", ...}``."""

@@ -32,6 +32,8 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.settings import ENV_RESTART
 
+__all__ = ["preemption_callbacks"]
+
 #: Exit status of a worker that stopped for preemption after saving: EX_TEMPFAIL, "try again later".
 PREEMPTED_EXIT_CODE = 75
 

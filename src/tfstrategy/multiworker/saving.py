@@ -22,6 +22,8 @@ from typing import Any
 from tfstrategy.errors import SaveError
 from tfstrategy.multiworker.cluster import ClusterConfig, load_cluster_config
 
+__all__ = ["save_model"]
+
 SUFFIXES = (".keras", ".weights.h5")
 
 

@@ -31,6 +31,8 @@ from tfstrategy.errors import ClusterConfigError
 from tfstrategy.multiworker.cluster import ClusterConfig, check_port, validate_tf_config
 from tfstrategy.settings import ENV_SLURM, ENV_SLURM_PORT, resolve_setting
 
+__all__ = ["read_slurm_step", "tf_config_from_slurm", "SlurmStepCluster", "cluster_from_slurm_step"]
+
 #: TensorFlow's own default port for Slurm jobs (SlurmClusterResolver's port_base).
 DEFAULT_SLURM_PORT = 8888
 #: Ports derived from job and step ids lie in [20000, 60000): 1000 jobs x 5 steps x 8 tasks per node.

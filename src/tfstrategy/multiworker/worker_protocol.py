@@ -32,6 +32,8 @@ from tfstrategy.errors import SaveError
 from tfstrategy.multiworker.cluster import load_cluster_config
 from tfstrategy.settings import ENV_BACKUP_DIR, ENV_JOIN_FILE, ENV_RESTART
 
+__all__ = ["signal_joined", "signal_starting", "backup_callbacks"]
+
 
 def signal_joined(env: Mapping[str, str] | None = None) -> bool:
     """Tell ``tfstrategy launch`` this worker's strategy exists; a no-op outside it.

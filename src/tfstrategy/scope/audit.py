@@ -25,6 +25,8 @@ from tfstrategy._tf import tf
 from tfstrategy.errors import BuildError, ScopeError
 from tfstrategy.scope.creation_sites import site_of
 
+__all__ = ["VariableRecord", "AuditReport", "strategy_of", "audit_scope", "require_scope", "guard_model", "scope_guard"]
+
 MODEL, OPTIMIZER, METRIC = "model", "optimizer", "metric"
 
 #: How to fix a stray variable, by owner.

@@ -27,6 +27,8 @@ from typing import Any
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 
+__all__ = ["site_of", "recording", "start_recording"]
+
 # id(variable) -> (weak reference to it, "file:line"). Keyed by id because
 # tf.Variable is unhashable; the weak reference guards against id reuse.
 _SITES: dict[int, tuple[weakref.ref, str]] = {}

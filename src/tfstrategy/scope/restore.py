@@ -25,6 +25,8 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import CheckpointError
 
+__all__ = ["RestoreReport", "restore_checkpoint", "load_keras_model"]
+
 TF_CHECKPOINT, WEIGHTS_H5, KERAS = "tf.train.Checkpoint", "weights.h5", "keras"
 EXPECTED = (
     "Expected a tf.train.Checkpoint directory or prefix (e.g. ckpts/ or ckpts/ckpt-3, written with "

@@ -14,6 +14,8 @@ from tfstrategy.selection.devices import Device, DeviceRequest, resolve_devices
 from tfstrategy.selection.host import HostInfo
 from tfstrategy.settings import StrategyKind
 
+__all__ = ["Choice", "choose"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Choice:

@@ -6,6 +6,8 @@ from tfstrategy._tf import tf
 from tfstrategy.errors import RuntimeInitializedError, StrategyError
 from tfstrategy.settings import shorten
 
+__all__ = ["validate_cpu_replicas", "configure_cpu_replicas"]
+
 #: The most logical CPU devices a rehearsal may ask for. Each one gets its own
 #: thread pools and a copy of every variable: measured on a 2-core host, 64
 #: replicas take ~50 s and ~0.9 GB for ``tfstrategy check``, 256 take ~130 s and

@@ -18,6 +18,8 @@ from tfstrategy.errors import DeviceError
 from tfstrategy.selection.host import HostInfo
 from tfstrategy.settings import shorten
 
+__all__ = ["Device", "DeviceRequest", "parse_devices", "resolve_devices"]
+
 #: What a user may pass as ``devices=``: a keyword or comma-separated string,
 #: or a list of device strings and GPU ids.
 DeviceSpec = str | Sequence[str | int]

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from tfstrategy._tf import tf
 
+__all__ = ["HostInfo"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class HostInfo:

@@ -48,6 +48,8 @@ from tfstrategy.settings import (
     setting_name,
 )
 
+__all__ = ["Selection", "resolve_request", "select"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Selection:

@@ -12,6 +12,8 @@ from tfstrategy.multiworker.cluster import load_cluster_config
 from tfstrategy.selection.choose import Choice
 from tfstrategy.settings import DEFAULT_COLLECTIVE_TIMEOUT, StrategyKind
 
+__all__ = ["build"]
+
 _COLLECTIVE_KEY_BASES = itertools.count(1)
 
 

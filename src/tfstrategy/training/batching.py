@@ -28,6 +28,8 @@ from typing import Any
 
 from tfstrategy.errors import BatchError
 
+__all__ = ["replicas_of", "BatchPlan", "plan_batch"]
+
 
 def _whole(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):

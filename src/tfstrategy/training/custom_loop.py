@@ -22,6 +22,8 @@ from tfstrategy._tf import tf
 from tfstrategy.errors import BatchError, LossReductionError, TrainingError
 from tfstrategy.training.batching import BatchPlan, replicas_of
 
+__all__ = ["TrainStep", "make_train_step"]
+
 #: Reductions that keep one loss per example, so the step can weight them and
 #: divide by the global batch itself.
 _PER_EXAMPLE_REDUCTIONS = (None, "none")

@@ -25,6 +25,8 @@ from tfstrategy._tf import tf
 from tfstrategy.errors import BatchError
 from tfstrategy.training.batching import BatchPlan, plan_batch, replicas_of
 
+__all__ = ["auto_shard_policy", "dataset_size", "plan_dataset", "prepare_dataset"]
+
 #: tf.data classes that read files; their pipelines can be sharded by file.
 _FILE_SOURCES = ("tfrecord", "textline", "fixedlengthrecord")
 AUTO_SHARD_POLICIES = ("off", "data", "file", "auto")
