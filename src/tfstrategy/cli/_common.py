@@ -8,7 +8,7 @@ import sys
 
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind
 
-__all__ = ["add_strategy_arguments", "add_output_arguments", "quiet_tensorflow", "import_tensorflow_quietly"]
+__all__ = ["add_program_arguments", "program_from_args", "add_strategy_arguments", "add_output_arguments", "quiet_tensorflow", "import_tensorflow_quietly"]
 
 STRATEGY_CHOICES = [kind.value for kind in StrategyKind]
 
@@ -72,3 +72,21 @@ def import_tensorflow_quietly(debug: bool) -> None:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def add_program_arguments(parser: argparse.ArgumentParser, *, where: str) -> None:
+    """Add ``--audit``, ``--debug`` and the program after ``--`` (``run`` and ``launch``)."""
+    from tfstrategy.launch.worker_hook import AUDIT_MODES
+
+    parser.add_argument("--audit", default="warn", choices=AUDIT_MODES,
+                        help="before fit/evaluate, variables made outside the strategy's scope: warn (default) "
+                        "reports them once, stop refuses to train, off skips the audit")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                        help=f"the program to run{where}, after '--'")
+
+
+def program_from_args(args: argparse.Namespace) -> list[str]:
+    """The command after ``--``."""
+    program = list(args.program)
+    return program[1:] if program and program[0] == "--" else program

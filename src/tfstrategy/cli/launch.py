@@ -10,12 +10,11 @@ import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
-from tfstrategy.cli._common import quiet_tensorflow
+from tfstrategy.cli._common import add_program_arguments, program_from_args, quiet_tensorflow
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch import network_isolation
 from tfstrategy.launch.rendezvous import NodeOptions, parse_master, read_secret, validate_node_options
 from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
-from tfstrategy.launch.worker_hook import AUDIT_MODES
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 
 __all__ = ["DESCRIPTION", "EPILOG", "launch_parser"]
@@ -96,9 +95,6 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
                         "limit); a joined job is never stopped for running long")
     parser.add_argument("--grace", type=float, default=10.0, metavar="S",
                         help="seconds workers get to exit after Ctrl-C or SIGTERM is passed on (default: 10)")
-    parser.add_argument("--audit", default="warn", choices=AUDIT_MODES,
-                        help="before fit/evaluate, variables made outside the strategy's scope: warn (default) "
-                        "reports them once, stop refuses to train, off skips the audit")
     parser.add_argument("--isolate-network", action="store_true",
                         help="run the job in a private network namespace with only loopback, so TensorFlow's servers "
                         "(which listen on 0.0.0.0) are unreachable from other hosts; workers then have no network")
@@ -115,9 +111,7 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
                        "machine reaches the master from), e.g. behind NAT or on a second network")
     nodes.add_argument("--secret-file", type=Path, metavar="FILE",
                        help=f"file holding the shared secret every node proves it knows (default: ${ENV_LAUNCH_SECRET})")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
-    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
-                        help="the program to run in every worker, after '--'")
+    add_program_arguments(parser, where=" in every worker")
     parser.set_defaults(command=launch_command)
     return parser
 
@@ -128,9 +122,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
     Raises:
         LaunchError: invalid values.
     """
-    program = list(args.program)
-    if program and program[0] == "--":
-        program = program[1:]
+    program = program_from_args(args)
     nodes = node_options_from_args(args, os.environ)
     return validate_launch_options(
         LaunchOptions(

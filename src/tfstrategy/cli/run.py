@@ -7,9 +7,10 @@ import os
 import sys
 import textwrap
 
+from tfstrategy.cli._common import add_program_arguments, program_from_args
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
-from tfstrategy.launch.worker_hook import AUDIT_MODES, hook_environment
+from tfstrategy.launch.worker_hook import hook_environment
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
 from tfstrategy.selection.devices import parse_devices
 
@@ -58,12 +59,7 @@ def run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="split the CPU into N logical devices; MirroredStrategy() then has N replicas")
     parser.add_argument("--devices", metavar="SPEC",
                         help="devices for MirroredStrategy() without devices: all, cpu, gpu, gpu:0,gpu:1, or GPU ids 0,1")
-    parser.add_argument("--audit", default="warn", choices=AUDIT_MODES,
-                        help="variables made outside the strategy's scope before fit/evaluate: warn (default), "
-                        "stop or off")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
-    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
-                        help="the program to run, after '--'")
+    add_program_arguments(parser, where="")
     parser.set_defaults(command=run_command)
     return parser
 
@@ -74,9 +70,7 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     Raises:
         TFStrategyError: an invalid flag or a command that cannot be run.
     """
-    program = list(args.program)
-    if program and program[0] == "--":
-        program = program[1:]
+    program = program_from_args(args)
     example = "tfstrategy run --cpu-replicas 4 -- python train.py"
     if not program:
         raise LaunchError(f"Received no command to run; expected it after '--', e.g. {example}.")
