@@ -32,7 +32,10 @@ multi-step function of ours in which
 ``tf.cond`` wraps the step: the while loop's condition already stops at the end
 of the data. The collective's key is then captured by the outer function and
 fed normally. Everything else (1 replica, ``steps_per_execution=1``, other
-strategies, tf_keras) keeps Keras' own function.
+strategies, tf_keras) keeps Keras' own function. MultiWorkerMirroredStrategy
+with 2+ workers fails the same way, for the same reason, and gets the same
+loop (:mod:`~tfstrategy.patches.keras_mwms` installs this patch when such a
+model compiles with ``steps_per_execution > 1``); tested on 2 real workers.
 
 The probe. It runs Keras' own ``_make_function`` with ``steps_per_execution=2``
 on a stand-in model whose step makes a deferred capture, exactly what a
