@@ -111,8 +111,9 @@ def run_fit_suites(budget: Budget) -> list[SuiteResult]:
         ),
         notes=("Seed-shaped regression (4 features, 1 target), global batch 256, with a partial last batch. "
                "Seed recipe: `MirroredStrategy`, `batch(256).prefetch(AUTOTUNE)`, `steps_per_execution=1`. Recommended: "
-               "`tfstrategy.select`, `build_in_scope(..., steps_per_execution=8)` + `fix_steps_per_execution` (needed "
-               "on 4 replicas, where plain Keras fails with K > 1), `plan_dataset` + `prepare_dataset` (remainder "
+               "`tfstrategy.select`, `build_in_scope(..., steps_per_execution=\"auto\")` (K measured at the warm-up fit, "
+               "the chosen K in the JSON; the multi-step loop fixed on 4 replicas, where plain Keras fails with K > 1), "
+               "`plan_dataset` + `prepare_dataset` (remainder "
                "dropped, explicit shard policy, prefetch); see `benchmarks/workloads.py`.",),
         details=details,
     )

@@ -75,8 +75,9 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
         assert set(fit["details"]["replicas_in_sync"][replicas].values()) == {int(replicas)}
         assert examples[replicas]["recommended"] == budget.steps * 256 * budget.epochs
         assert examples[replicas]["seed"] == examples[replicas]["tfstrategy"] == (budget.steps * 256 + 128) * budget.epochs
-    # The recommended settings include steps_per_execution > 1, which runs on 4 replicas with tfstrategy's fix.
-    assert fit["details"]["steps_per_execution"] == {r: {"seed": 1, "tfstrategy": 1, "recommended": 8} for r in ("1", "4")}
+    # The recommended settings tune steps_per_execution (capped by the epoch), which runs on 4 replicas with the fix.
+    for replicas, chosen in fit["details"]["steps_per_execution"].items():
+        assert chosen["seed"] == chosen["tfstrategy"] == 1 and 1 <= chosen["recommended"] <= budget.steps, replicas
     scaling, allreduce = results["suites"][3:]
     jobs = scaling["details"]["jobs"]
     assert jobs["plain, 2 worker(s)"]["strategy"] == jobs["tfstrategy, 2 worker(s)"]["strategy"] == "CollectiveAllReduceStrategy"
