@@ -58,6 +58,7 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     assert result.stdout.count("machine: ") == len(results["suites"])
     assert results["machine"]["tensorflow"] == __import__("tensorflow").__version__
     budget = Budget.quick()
+    assert results["seconds"] < 600  # a hang guard, not a performance assertion
     for suite in results["suites"]:
         expected_pairs = {"process": budget.process_repeats, "fit_overhead": budget.fit_repeats,
                           "reference_mlp": budget.fit_repeats}.get(suite["name"], budget.mw_rounds)
@@ -82,6 +83,12 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     jobs = scaling["details"]["jobs"]
     assert jobs["plain, 2 worker(s)"]["strategy"] == jobs["tfstrategy, 2 worker(s)"]["strategy"] == "CollectiveAllReduceStrategy"
     assert jobs["tfstrategy, 2 worker(s)"]["replicas_in_sync"] == 2 and jobs["plain, 1 worker(s)"]["replicas_in_sync"] == 1
+    # Both workloads, every side against the same 1-worker baseline, and the K the recommended fit chose.
+    assert [row["name"].split(":")[0] for row in scaling["rows"]] == ["MLP (latency-bound)"] * 3 + ["CNN 28x28 (compute-bound)"] * 3
+    assert scaling["rows"][0]["baseline"] == scaling["rows"][1]["baseline"]
+    assert all(1 <= k <= budget.mw_steps for runs in scaling["details"]["recommended_steps_per_execution"].values()
+               for ks in runs.values() for k in ks)
+    assert scaling["details"]["curve"]["x"] == [1, 2] and fit["details"]["curve"]["x"] == list(budget.replica_counts)
     # Each worker pinned to its own core (where the machine has two).
     assert len(set(jobs["plain, 2 worker(s)"]["cores"])) == min(2, results["machine"]["usable_cores"])
     curve = allreduce["details"]["loglog"]
