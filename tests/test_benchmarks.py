@@ -58,7 +58,6 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     assert result.stdout.count("machine: ") == len(results["suites"])
     assert results["machine"]["tensorflow"] == __import__("tensorflow").__version__
     budget = Budget.quick()
-    assert results["seconds"] < 600  # a hang guard, not a performance assertion
     for suite in results["suites"]:
         expected_pairs = {"process": budget.process_repeats, "fit_overhead": budget.fit_repeats,
                           "reference_mlp": budget.fit_repeats}.get(suite["name"], budget.mw_rounds)
