@@ -185,6 +185,7 @@ class _Timer:
         self.model, self.min_seconds, self.min_executions = model, min_seconds, min_executions
         strategy = model.distribute_strategy
         self.strategy = strategy
+        self.multi_worker = _compat.in_multi_worker_mode(strategy)
         if isinstance(dataset, tf().data.Dataset):
             dataset = strategy.experimental_distribute_dataset(dataset.repeat())
         self.iterator = iter(dataset)
@@ -196,7 +197,12 @@ class _Timer:
         function(self.iterator)  # trace, and the first-call costs
         times: list[float] = []
         started = time.perf_counter()
-        while len(times) < self.min_executions or (time.perf_counter() - started < self.min_seconds and len(times) < 50):
+        # Across workers every execution runs collectives, so all workers must run
+        # the same number: there the count is fixed, not extended by local time.
+        extend = not self.multi_worker
+        while len(times) < self.min_executions or (
+            extend and time.perf_counter() - started < self.min_seconds and len(times) < 50
+        ):
             start = time.perf_counter()
             function(self.iterator)
             times.append(time.perf_counter() - start)
@@ -227,7 +233,8 @@ def tune_steps_per_execution(
         callbacks: the callbacks ``fit`` will get (see :func:`steps_cap`).
         steps_per_epoch: steps per epoch; default: the dataset's length, if known.
         max_steps: the largest K tried.
-        min_seconds: time each K for at least this long (and 5 executions); the fastest execution counts.
+        min_seconds: time each K for at least this long (and 5 executions; exactly 5 across workers, which
+            must run the same collectives); the fastest execution counts.
 
     Returns:
         The :class:`StepsPerExecutionChoice`; ``model.steps_per_execution`` is set to it.
