@@ -31,7 +31,8 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
         curve = suite["details"]["curve"]
         for label, values in curve["series"].items():
             axis.plot(curve["x"], values, marker="o", label=label)
-        axis.set_xticks(curve["x"])
+        axis.set_yscale("log")  # an MLP's and a CNN's examples/s differ by 10x and more
+        axis.set_xticks(curve["x"], [str(x) for x in curve["x"]])
         axis.set_xlabel(curve["xlabel"], fontsize=8)
         axis.set_ylabel(f"throughput ({curve['unit']}, median)", fontsize=8)
         axis.set_title(textwrap.fill("Throughput: " + suite["title"], 90), fontsize=9, loc="left")
