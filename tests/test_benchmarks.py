@@ -87,7 +87,8 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     assert scaling["rows"][0]["baseline"] == scaling["rows"][1]["baseline"]
     assert all(1 <= k <= budget.mw_steps for runs in scaling["details"]["recommended_steps_per_execution"].values()
                for ks in runs.values() for k in ks)
-    assert scaling["details"]["curve"]["x"] == [1, 2] and fit["details"]["curve"]["x"] == list(budget.replica_counts)
+    assert scaling["details"]["curve"]["x"] == [1, 2]
+    assert results["suites"][2]["details"]["curve"]["x"] == list(budget.replica_counts)
     # Each worker pinned to its own core (where the machine has two).
     assert len(set(jobs["plain, 2 worker(s)"]["cores"])) == min(2, results["machine"]["usable_cores"])
     curve = allreduce["details"]["loglog"]
