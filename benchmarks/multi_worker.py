@@ -10,9 +10,12 @@ Every run starts ``mw_worker.py`` processes, each pinned to one core:
   tutorial custom loop (Keras ``fit`` is not compared: it fails on plain
   TensorFlow's multi-worker strategy without tfstrategy's fix).
 
-(a) Weak scaling: the same per-worker batch on 1 worker and on 2 workers x 1 core;
-efficiency = examples/s of 2 workers / (2 x examples/s of 1 worker), per side, per
-round, rounds interleaved. (b) All-reduce: inside the 2-worker jobs, the median
+(a) Weak scaling, for a latency-bound MLP and a compute-bound CNN: the same
+per-worker batch on 1 worker and on 2 workers x 1 core; efficiency = examples/s
+of 2 workers / (2 x examples/s of plain TensorFlow's 1-worker job), the same
+baseline for every side, per round, rounds interleaved. The ``tfstrategy`` jobs
+also time tfstrategy's recommended settings (Keras ``fit``,
+``steps_per_execution="auto"``). (b) All-reduce: inside the 2-worker jobs, the median
 time of a SUM ``strategy.reduce`` of float32 tensors from 1 KB to 16 MB.
 
 Quick mode runs one round with 2 steps per window and two tiny sizes (about
@@ -37,13 +40,17 @@ from stats import Comparison, SuiteResult, interleaved_order
 
 WORKER = Path(__file__).resolve().parent / "mw_worker.py"
 SIDES = ("plain", "tfstrategy")
+MODELS = ("mlp", "cnn")
+MODEL_TITLES = {"mlp": "MLP (latency-bound)", "cnn": "CNN 28x28 (compute-bound)"}
 KB = 1024
 
 
 def _worker_command(side: str, out: Path, budget: Any, allreduce: bool) -> list[str]:
-    command = [sys.executable, str(WORKER), "--side", side, "--out", str(out),
+    command = [sys.executable, str(WORKER), "--side", side, "--out", str(out), "--models", ",".join(MODELS),
                "--per-replica-batch", str(budget.mw_batch), "--steps", str(budget.mw_steps),
                "--windows", str(budget.mw_windows)]
+    if side == "tfstrategy":
+        command.append("--recommended")
     if allreduce:
         command += ["--allreduce", ",".join(str(size) for size in budget.allreduce_bytes),
                     "--allreduce-repeats", str(budget.allreduce_repeats)]
@@ -96,13 +103,23 @@ def run_job(side: str, workers: int, budget: Any, allreduce: bool, timeout: floa
         return [json.loads((out / f"worker-{index}.json").read_text()) for index in range(workers)]
 
 
-def _throughput(results: list[dict[str, Any]]) -> float:
+def _throughput(results: list[dict[str, Any]], model: str, kind: str = "samples") -> float:
     """Job examples/s: the sum over workers of each worker's median window."""
-    return sum(statistics.median(worker["samples"]) for worker in results)
+    return sum(statistics.median(_samples(worker, model, kind)) for worker in results)
+
+
+def _samples(worker: dict[str, Any], model: str, kind: str) -> list[float]:
+    entry = worker["models"][model]
+    return entry["samples"] if kind == "samples" else entry["recommended"]["samples"]
 
 
 def _size(size: int) -> str:
     return f"{size // (KB * KB)} MB" if size >= KB * KB else f"{size // KB} KB"
+
+
+def _series(throughput: dict, model: str, kind: str, workers: int) -> tuple[float, ...]:
+    side = "plain" if kind == "plain" else "tfstrategy"
+    return tuple(throughput[(side, workers)][model][kind if kind != "plain" else "samples"])
 
 
 def run_multi_worker_suite(budget: Any) -> list[SuiteResult]:
@@ -110,13 +127,21 @@ def run_multi_worker_suite(budget: Any) -> list[SuiteResult]:
     scaling = budget.mw_rounds > 0
     rounds = max(1, budget.mw_rounds)
     jobs = [(side, workers) for workers in ((1, 2) if scaling else (2,)) for side in SIDES]
-    throughput: dict[tuple[str, int], list[float]] = {job: [] for job in jobs}
+    # (side, workers) -> model -> "samples" (custom loop) / "recommended" (fit, K auto) -> one value per round
+    throughput: dict[tuple[str, int], dict[str, dict[str, list[float]]]] = {
+        job: {model: {"samples": [], "recommended": []} for model in MODELS} for job in jobs
+    }
+    chosen_k: dict[str, dict[str, list[int]]] = {model: {"1": [], "2": []} for model in MODELS}
     allreduce: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     facts: dict[str, Any] = {}
     for round_ in range(rounds):
         for side, workers in interleaved_order(jobs, round_):
             results = run_job(side, workers, budget, allreduce=workers == 2)
-            throughput[(side, workers)].append(_throughput(results))
+            for model in MODELS:
+                throughput[(side, workers)][model]["samples"].append(_throughput(results, model))
+                if side == "tfstrategy":
+                    throughput[(side, workers)][model]["recommended"].append(_throughput(results, model, "recommended"))
+                    chosen_k[model][str(workers)].append(results[0]["models"][model]["recommended"]["steps_per_execution"])
             if workers == 2:
                 allreduce[side].append(results[0]["allreduce_seconds"])  # worker 0's medians
             facts[f"{side}, {workers} worker(s)"] = {
@@ -124,41 +149,58 @@ def run_multi_worker_suite(budget: Any) -> list[SuiteResult]:
                 "cores": [worker["core"] for worker in results],
             }
     details = {
-        "per_worker_batch": budget.mw_batch, "steps_per_window": budget.mw_steps, "windows": budget.mw_windows,
-        "rounds": rounds, "jobs": facts,
+        "per_worker_batch": {"mlp": budget.mw_batch, "cnn": 128}, "steps_per_window": budget.mw_steps,
+        "windows": budget.mw_windows, "rounds": rounds, "jobs": facts,
         "throughput": {f"{side}, {workers} worker(s)": values for (side, workers), values in throughput.items()},
+        "recommended_steps_per_execution": chosen_k,
         "weak_scaling": "measured" if scaling else "skipped: mw_rounds=0 runs only the 2-worker jobs",
     }
     results = []
     if scaling:
-        efficiency = {
-            side: tuple(two / (2 * one) for one, two in zip(throughput[(side, 1)], throughput[(side, 2)])) for side in SIDES
-        }
-        rows = (
-            Comparison(name="weak scaling efficiency, 2 workers x 1 core vs 1 worker", unit="efficiency", better="higher",
-                       baseline_label="plain TF_CONFIG", candidate_label="tfstrategy launch",
-                       baseline=efficiency["plain"], candidate=efficiency["tfstrategy"]),
-            Comparison(name="1 worker: examples/s", unit="examples/s", better="higher", baseline_label="plain",
-                       candidate_label="tfstrategy", baseline=tuple(throughput[("plain", 1)]),
-                       candidate=tuple(throughput[("tfstrategy", 1)])),
-            Comparison(name="2 workers: examples/s (sum)", unit="examples/s", better="higher", baseline_label="plain",
-                       candidate_label="tfstrategy", baseline=tuple(throughput[("plain", 2)]),
-                       candidate=tuple(throughput[("tfstrategy", 2)])),
-        )
+        rows = []
+        curves: dict[str, list[float]] = {}
+        for model in MODELS:
+            # One baseline for every side: plain TensorFlow's 1-worker job, the same round.
+            baseline = _series(throughput, model, "plain", 1)
+
+            def efficiency(kind: str, baseline=baseline, model=model) -> tuple[float, ...]:
+                return tuple(two / (2 * one) for one, two in zip(baseline, _series(throughput, model, kind, 2)))
+
+            title = MODEL_TITLES[model]
+            rows += [
+                Comparison(name=f"{title}: weak-scaling efficiency, custom loop", unit="efficiency", better="higher",
+                           baseline_label="plain", candidate_label="tfstrategy",
+                           baseline=efficiency("plain"), candidate=efficiency("samples")),
+                Comparison(name=f"{title}: weak-scaling efficiency, recommended (fit, K auto)", unit="efficiency",
+                           better="higher", baseline_label="plain loop", candidate_label="recommended",
+                           baseline=efficiency("plain"), candidate=efficiency("recommended")),
+                Comparison(name=f"{title}: 2 workers, examples/s (sum)", unit="examples/s", better="higher",
+                           baseline_label="plain loop", candidate_label="recommended",
+                           baseline=_series(throughput, model, "plain", 2),
+                           candidate=_series(throughput, model, "recommended", 2)),
+            ]
+            for kind, label in (("plain", "plain loop"), ("samples", "tfstrategy loop"), ("recommended", "recommended")):
+                one, two = _series(throughput, model, kind, 1), _series(throughput, model, kind, 2)
+                curves[f"{model}, {label}"] = [statistics.median(one), statistics.median(two)]
         results.append(SuiteResult(
             name="multi_worker_scaling",
             title="4a. Multi-worker weak scaling on loopback, 2 workers x 1 core vs 1 worker (higher is better)",
-            rows=rows,
+            rows=tuple(rows),
             notes=(
-                f"Same per-worker batch ({budget.mw_batch}), 4-64-64-1 MLP, custom training loop on both sides; each worker "
-                "pinned to its own core (`os.sched_setaffinity` by worker index, before TensorFlow starts). "
-                "Efficiency = examples/s of the 2-worker job / (2 x the 1-worker job's), per side and round.",
-                "Plain: `MultiWorkerMirroredStrategy()` with `TF_CONFIG` written by hand, the tutorial's loop. tfstrategy: "
-                "`tfstrategy.launch`, `select()`, `build_in_scope`, `prepare_dataset(per_replica_batch=...)`, "
-                "`make_train_step`. Alone, tfstrategy's worker gets MirroredStrategy (1 replica), plain's a 1-worker "
-                "MultiWorkerMirroredStrategy.",
+                "Every efficiency divides by the SAME baseline: plain TensorFlow's 1-worker job of that round "
+                "(examples/s of the 2-worker job / (2 x plain 1-worker examples/s)), so the sides differ only in their "
+                "2-worker jobs.",
+                f"Same per-worker batch (MLP {budget.mw_batch}, CNN 128); each worker pinned to its own core "
+                "(`os.sched_setaffinity` by worker index, before TensorFlow starts). MLP: 4-64-64-1, ~1 ms of compute "
+                "per step; CNN: conv16-pool-conv32-pool-dense64-10 on 28x28x1, ~230 KB of gradients.",
+                "Plain: `MultiWorkerMirroredStrategy()` with `TF_CONFIG` written by hand, the tutorial's custom loop. "
+                "tfstrategy loop: `tfstrategy.launch`, `select()`, `build_in_scope`, `prepare_dataset(per_replica_batch"
+                "=...)`, `make_train_step`. Recommended: the same job, Keras `fit` on `build_in_scope(..., "
+                "steps_per_execution=\"auto\")` (K chosen per job in the JSON; capped by the epoch of "
+                f"{budget.mw_steps} steps).",
             ),
-            details=details,
+            details={**details, "curve": {"x": [1, 2], "xlabel": "workers (1 core each)", "series": curves,
+                                          "unit": "examples/s"}},
         ))
     sizes = list(budget.allreduce_bytes)
     medians = {side: [statistics.median(run[str(size)] for run in allreduce[side]) * 1000 for size in sizes] for side in SIDES}
@@ -174,7 +216,8 @@ def run_multi_worker_suite(budget: Any) -> list[SuiteResult]:
         notes=(
             f"`strategy.reduce(SUM, per_replica, axis=None)` in a `tf.function` on float32 tensors; worker 0's median of "
             f"{budget.allreduce_repeats} timed calls after one warm-up, per job; pairs are rounds. The same job as 4a's "
-            "2-worker run (tfstrategy's strategy carries its collective timeout, plain's none).",
+            "2-worker run (tfstrategy's strategy carries its collective timeout, plain's none). Where the time goes: "
+            "benchmarks/README.md.",
             *(() if scaling else ("mw_rounds=0: only this part ran; 4a needs the 1-worker jobs too.",)),
         ),
         details={**details, "loglog": {"bytes": sizes, "series": medians, "unit": "ms"}},

@@ -2,6 +2,8 @@
 
 A suite whose details carry ``loglog`` (``bytes``, per-side ``series``, ``unit``)
 gets a second panel: its values against bytes on log-log axes (all-reduce cost).
+One whose details carry ``curve`` (``x``, ``xlabel``, ``series``, ``unit``) gets
+a throughput panel: examples/s against replicas or workers.
 """
 
 from __future__ import annotations
@@ -20,10 +22,22 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
 
     suites = results["suites"]
     curves = [suite for suite in suites if "loglog" in suite.get("details", {})]
-    heights = [max(1.6, 0.55 * len(suite["rows"]) + 1.0) for suite in suites] + [3.2] * len(curves)
+    lines = [suite for suite in suites if "curve" in suite.get("details", {})]
+    heights = [max(1.6, 0.55 * len(suite["rows"]) + 1.0) for suite in suites] + [3.2] * (len(curves) + len(lines))
     size = (10, sum(heights) + 0.8)
     figure, axes = plt.subplots(len(heights), 1, figsize=size, gridspec_kw={"height_ratios": heights})
     axes = list(axes) if len(heights) > 1 else [axes]
+    for axis, suite in zip(axes[len(suites) + len(curves):], lines):
+        curve = suite["details"]["curve"]
+        for label, values in curve["series"].items():
+            axis.plot(curve["x"], values, marker="o", label=label)
+        axis.set_yscale("log")  # an MLP's and a CNN's examples/s differ by 10x and more
+        axis.set_xticks(curve["x"], [str(x) for x in curve["x"]])
+        axis.set_xlabel(curve["xlabel"], fontsize=8)
+        axis.set_ylabel(f"throughput ({curve['unit']}, median)", fontsize=8)
+        axis.set_title(textwrap.fill("Throughput: " + suite["title"], 90), fontsize=9, loc="left")
+        axis.grid(True, linewidth=0.3)
+        axis.legend(fontsize=7)
     for axis, suite in zip(axes[len(suites):], curves):
         curve = suite["details"]["loglog"]
         for side, values in curve["series"].items():

@@ -11,6 +11,7 @@ table, stores it in the JSON and gives it a panel in the plot.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,7 +23,6 @@ from process_time import ROOT, clean_env, run_process_suite
 from stats import Comparison, SuiteResult
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads.py"
-REPLICA_COUNTS = (1, 4)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,11 +40,13 @@ class Budget:
     mw_windows: int = 3
     allreduce_bytes: tuple[int, ...] = (1024, 16 * 1024, 128 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2)
     allreduce_repeats: int = 7
+    #: Suites 2 and 3: one process per count of logical CPU replicas.
+    replica_counts: tuple[int, ...] = (1, 2, 4)
 
     @classmethod
     def quick(cls) -> Budget:
         return cls(process_repeats=1, fit_repeats=2, steps=4, epochs=1, mw_rounds=1, mw_steps=2, mw_windows=1,
-                   allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1)
+                   allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1, replica_counts=(1, 4))
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ def _rows(name: str, run: dict, baseline: str, candidate: str, labels: tuple[str
 
 def run_fit_suites(budget: Budget) -> list[SuiteResult]:
     """Suites 2 and 3 share processes: one per replica count, all sides interleaved inside it."""
-    runs = {replicas: run_workload(replicas, budget) for replicas in REPLICA_COUNTS}
+    counts = budget.replica_counts
+    runs = {replicas: run_workload(replicas, budget) for replicas in counts}
     details = {
         "global_batch": 256, "steps_per_epoch": budget.steps, "epochs_per_sample": budget.epochs,
         "repeats": budget.fit_repeats,
@@ -85,12 +88,20 @@ def run_fit_suites(budget: Budget) -> list[SuiteResult]:
         "replicas_in_sync": {r: {side: v["replicas"] for side, v in run["sides"].items()} for r, run in runs.items()},
         "steps_per_execution": {r: {side: v["steps_per_execution"] for side, v in run["sides"].items()} for r, run in runs.items()},
     }
+    curve = {
+        "x": list(counts), "xlabel": "logical CPU replicas (one process)", "unit": "examples/s",
+        "series": {
+            label: [statistics.median(runs[r]["sides"][side]["samples"]) for r in counts]
+            for side, label in (("seed", "seed recipe"), ("tfstrategy", "tfstrategy, same settings"),
+                                ("recommended", "recommended (K auto)"))
+        },
+    }
     overhead = SuiteResult(
         name="fit_overhead",
         title="2. Keras fit on a model prepared by tfstrategy vs by hand, same settings (higher is better)",
         rows=tuple(
             row
-            for r in REPLICA_COUNTS
+            for r in counts
             for row in _rows(f"{r} replica{'s' if r > 1 else ''}", runs[r], "seed", "tfstrategy", ("by hand", "tfstrategy"))
         ),
         notes=("By hand: `tf.distribute.MirroredStrategy()` (over `/cpu:0..3` for 4 replicas), model and `compile` in its "
@@ -105,16 +116,17 @@ def run_fit_suites(budget: Budget) -> list[SuiteResult]:
         title="3. Small-MLP reference workload: tfstrategy recommended settings vs the seed recipe (higher is better)",
         rows=tuple(
             row
-            for r in REPLICA_COUNTS
+            for r in counts
             for row in _rows(f"{r} logical replica{'s' if r > 1 else ''}", runs[r], "seed", "recommended",
                              ("seed recipe", "recommended"))
         ),
         notes=("Seed-shaped regression (4 features, 1 target), global batch 256, with a partial last batch. "
                "Seed recipe: `MirroredStrategy`, `batch(256).prefetch(AUTOTUNE)`, `steps_per_execution=1`. Recommended: "
-               "`tfstrategy.select`, `build_in_scope(..., steps_per_execution=8)` + `fix_steps_per_execution` (needed "
-               "on 4 replicas, where plain Keras fails with K > 1), `plan_dataset` + `prepare_dataset` (remainder "
+               "`tfstrategy.select`, `build_in_scope(..., steps_per_execution=\"auto\")` (K measured at the warm-up fit, "
+               "the chosen K in the JSON; the multi-step loop fixed on 4 replicas, where plain Keras fails with K > 1), "
+               "`plan_dataset` + `prepare_dataset` (remainder "
                "dropped, explicit shard policy, prefetch); see `benchmarks/workloads.py`.",),
-        details=details,
+        details={**details, "curve": curve},
     )
     return [overhead, reference]
 

@@ -18,8 +18,8 @@ them alike.
   keeping the last partial batch like the seed (suite 2: overhead).
 - ``recommended``: tfstrategy's recommended settings (suite 3): the batch plan
   (``plan_dataset``: remainder dropped), ``prepare_dataset`` and
-  ``steps_per_execution`` > 1 with ``tfstrategy.fix_steps_per_execution``
-  (explicit: ``build_in_scope`` does not apply it), see :func:`prepare_recommended`.
+  ``steps_per_execution="auto"`` (K measured and chosen at the first, warm-up,
+  fit), see :func:`prepare_recommended`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ GLOBAL_BATCH = 256
 FEATURES = 4
 SIDES = ("seed", "tfstrategy", "recommended")
 COMPILE_ARGS = {"optimizer": "adam", "loss": "mse", "metrics": ["mae"]}
-#: tfstrategy's recommended ``steps_per_execution`` for this small model (see the README's fix section).
-STEPS_PER_EXECUTION = 8
+#: tfstrategy's recommended ``steps_per_execution``: measured and chosen at the first fit.
+STEPS_PER_EXECUTION = "auto"
 
 
 def make_data(examples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -124,12 +124,12 @@ def prepare_with_tfstrategy(replicas: int) -> tuple[Any, Any]:
 
 
 def prepare_recommended(replicas: int) -> tuple[Any, Any]:
-    """tfstrategy's recommended settings: ``build_in_scope`` with ``steps_per_execution`` > 1, fixed for 2+ replicas."""
+    """tfstrategy's recommended settings: ``build_in_scope(steps_per_execution="auto")`` (K tuned at the first fit,
+    the multi-step loop fixed for 2+ replicas)."""
     import tfstrategy
 
     selection = _select(replicas)
     model, _ = tfstrategy.build_in_scope(selection, build_model, **COMPILE_ARGS, steps_per_execution=STEPS_PER_EXECUTION)
-    tfstrategy.fix_steps_per_execution(model)  # Keras 3.15 fails without it on 2+ replicas; no-op on 1
     return selection, model
 
 

@@ -75,12 +75,20 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
         assert set(fit["details"]["replicas_in_sync"][replicas].values()) == {int(replicas)}
         assert examples[replicas]["recommended"] == budget.steps * 256 * budget.epochs
         assert examples[replicas]["seed"] == examples[replicas]["tfstrategy"] == (budget.steps * 256 + 128) * budget.epochs
-    # The recommended settings include steps_per_execution > 1, which runs on 4 replicas with tfstrategy's fix.
-    assert fit["details"]["steps_per_execution"] == {r: {"seed": 1, "tfstrategy": 1, "recommended": 8} for r in ("1", "4")}
+    # The recommended settings tune steps_per_execution (capped by the epoch), which runs on 4 replicas with the fix.
+    for replicas, chosen in fit["details"]["steps_per_execution"].items():
+        assert chosen["seed"] == chosen["tfstrategy"] == 1 and 1 <= chosen["recommended"] <= budget.steps, replicas
     scaling, allreduce = results["suites"][3:]
     jobs = scaling["details"]["jobs"]
     assert jobs["plain, 2 worker(s)"]["strategy"] == jobs["tfstrategy, 2 worker(s)"]["strategy"] == "CollectiveAllReduceStrategy"
     assert jobs["tfstrategy, 2 worker(s)"]["replicas_in_sync"] == 2 and jobs["plain, 1 worker(s)"]["replicas_in_sync"] == 1
+    # Both workloads, every side against the same 1-worker baseline, and the K the recommended fit chose.
+    assert [row["name"].split(":")[0] for row in scaling["rows"]] == ["MLP (latency-bound)"] * 3 + ["CNN 28x28 (compute-bound)"] * 3
+    assert scaling["rows"][0]["baseline"] == scaling["rows"][1]["baseline"]
+    assert all(1 <= k <= budget.mw_steps for runs in scaling["details"]["recommended_steps_per_execution"].values()
+               for ks in runs.values() for k in ks)
+    assert scaling["details"]["curve"]["x"] == [1, 2]
+    assert results["suites"][2]["details"]["curve"]["x"] == list(budget.replica_counts)
     # Each worker pinned to its own core (where the machine has two).
     assert len(set(jobs["plain, 2 worker(s)"]["cores"])) == min(2, results["machine"]["usable_cores"])
     curve = allreduce["details"]["loglog"]

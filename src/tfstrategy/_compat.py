@@ -139,6 +139,26 @@ def optimizer_variables(optimizer: Any) -> list[Any]:
     return list(variables() if callable(variables) and not isinstance(variables, list) else variables)
 
 
+def set_steps_per_execution(model: Any, steps: int) -> None:
+    """Set K on a compiled model (Keras 3: a plain attribute; tf_keras: a variable behind a private setter)."""
+    configure = getattr(model, "_configure_steps_per_execution", None)
+    if configure is not None and is_tf_keras_object(model):
+        configure(steps)
+    else:
+        model.steps_per_execution = steps
+    model.train_function = None  # rebuilt with the new K by the next make_train_function
+
+
+def symbolic_build(model: Any, batch: Any) -> None:
+    """Build a Keras 3 model's compiled metrics and loss from one batch, as ``fit`` does before its first step.
+
+    tf_keras builds them inside its first step, so there is nothing to do there.
+    """
+    build = getattr(model, "_maybe_symbolic_build", None)
+    if build is not None and not is_tf_keras_object(model):
+        build(data_batch=batch)
+
+
 def keras_variable_types() -> tuple[type, ...]:
     """Keras 3's own ``keras.Variable`` class, if ``tf.keras`` is Keras 3 (tf_keras uses ``tf.Variable``)."""
     variable = getattr(tf().keras, "Variable", None)

@@ -91,15 +91,43 @@ def test_fixed_functions_reduce_across_replicas_only(fixed):
     assert "reduce" not in vars(strategy)  # the strategy's own reduce is back
 
 
-def test_several_steps_per_execution_are_refused_on_multi_worker(fixed):
+class _MultiWorkerModel:
+    _distribute_strategy = distribute_strategy = mwms.stand_in_strategy([])
+    steps_per_execution = 4
+    train_function = test_function = None
+
+    def _symbolic_build(self, iterator=None, data_batch=None):
+        pass
+
+
+def test_several_steps_per_execution_install_the_multi_step_loop(fixed, monkeypatch):
     from keras.src.backend.tensorflow import trainer
 
-    class Model:
-        _distribute_strategy = distribute_strategy = mwms.stand_in_strategy([])
-        steps_per_execution = 4
+    from tfstrategy.patches import keras_steps_per_execution as spe
 
-    with pytest.raises(StrategyError, match=r"steps_per_execution=4\) with MultiWorkerMirroredStrategy.*steps_per_execution=1"):
-        trainer.TensorFlowTrainer._maybe_symbolic_build(Model(), iterator=[])
+    monkeypatch.setattr(spe, "fix_needed", lambda model: True)
+    was_installed = spe.PATCH.installed("TensorFlowTrainer._make_function")
+    model = _MultiWorkerModel()
+    model.train_function = lambda iterator: None  # Keras' own loop, built before the patch
+    try:
+        trainer.TensorFlowTrainer._maybe_symbolic_build(model, data_batch=(np.zeros((2, 4), "float32"),))
+        assert spe.PATCH.installed("TensorFlowTrainer._make_function")
+        assert model.train_function is None  # rebuilt, through the fixed loop, by make_train_function
+    finally:
+        if not was_installed:
+            spe.PATCH.remove()  # leave the process as it was found
+
+
+def test_several_steps_per_execution_are_refused_when_the_loop_fix_is_unavailable(fixed, monkeypatch):
+    from keras.src.backend.tensorflow import trainer
+
+    from tfstrategy.patches import keras_steps_per_execution as spe
+
+    monkeypatch.setattr(spe, "fix_needed", lambda model: False)
+    monkeypatch.setattr(spe.PATCH, "needed", lambda: None)  # as after a failed probe
+    with pytest.raises(StrategyError, match=r"steps_per_execution=4\) with MultiWorkerMirroredStrategy.*could not be "
+                       r"installed.*steps_per_execution=1"):
+        trainer.TensorFlowTrainer._maybe_symbolic_build(_MultiWorkerModel(), iterator=[])
 
 
 def test_a_probe_that_fails_warns_once_and_leaves_keras_alone(monkeypatch):
@@ -145,3 +173,27 @@ def test_other_strategies_run_keras_own_code(fixed):
     assert with_fix[0] == without[0]
     for a, b in zip(with_fix[1], without[1]):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.multiprocess
+def test_two_workers_fit_several_steps_per_execution_like_one(tmp_path):
+    """Bug 3 end to end: K=3 under a real 2-worker MWMS equals K=1 (same job, same data)."""
+    import json
+    import sys
+
+    from helpers import ROOT, run_cli
+
+    worker = ROOT / "tests" / "workers" / "spe_mw_worker.py"
+    result = run_cli("launch", "-n", "2", "--timeout", "120", "--", sys.executable, str(worker), str(tmp_path),
+                     timeout=300)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
+    for index in range(2):
+        got = json.loads((tmp_path / f"worker-{index}.json").read_text())
+        assert (got["strategy"], got["replicas"]) == ("CollectiveAllReduceStrategy", 2)
+        one, several = got["k1"], got["k3"]
+        assert several["fixed_loop"] and not one["fixed_loop"]
+        assert one["steps"] == several["steps"] == 20
+        for key, values in one["history"].items():
+            np.testing.assert_allclose(several["history"][key], values, atol=1e-5, rtol=0, err_msg=key)
+        for a, b in zip(one["weights"], several["weights"]):
+            np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5, rtol=0)

@@ -23,11 +23,28 @@ worker (keras-team/keras#20585, #20329; seen in Keras 3.0 to 3.15):
    only. Fix: ``axis=None`` (the cross-replica mean) for ``auto``/``mean``; the
    same for ``sum``, which Keras calls without the required ``axis`` (unused by
    ``fit``/``evaluate``/``predict`` today). ``concat`` (``predict``) works as is.
+   The logs are sent in one packed all-reduce rather than one per log
+   (``batch_reduce_to``), which saves a cross-worker round trip per metric per step.
 
-Not fixed: ``compile(steps_per_execution>1)`` under MWMS fails inside the
-``while_loop`` Keras builds around several steps ("You must feed a value for
-placeholder tensor ...while/cond/Placeholder"), with or without this fix; the
-fixed symbolic build refuses it up front with a clear error instead.
+3. ``compile(steps_per_execution>1)``, once 1 and 2 are fixed, fails at the
+   first execution with "You must feed a value for placeholder tensor
+   'while/body/_9/while/cond/then/_164/while/cond/Placeholder' with dtype int32".
+   Root cause: the one described in
+   :mod:`~tfstrategy.patches.keras_steps_per_execution`, nothing specific to
+   workers. Each step's gradient all-reduce is a ``CollectiveReduceV2`` whose
+   group and instance keys (the int32 placeholders) are deferred captures,
+   picked when the function is called; Keras calls the step's nested
+   ``tf.function`` from a ``tf.cond`` inside its ``while_loop``, and cond_v2
+   never feeds deferred captures of its branches. MWMS reduces with the same
+   collectives as a multi-device MirroredStrategy, so it breaks the same way
+   (measured: TensorFlow 2.21, Keras 3.15.1, 2 workers on loopback). Fix: that
+   patch's loop (the step traced inline in one ``while_loop``, no ``tf.cond``)
+   already covers MWMS; the fixed symbolic build makes sure it is installed
+   when a multi-worker model compiles with ``steps_per_execution > 1``, and
+   refuses only if that patch could not be installed (its probe failed). The
+   loop's end-of-data test, ``get_next_as_optional().has_value()`` on the
+   distributed iterator, is agreed across workers by TensorFlow, so every
+   worker runs the same number of steps in the last, shorter execution.
 
 Both replacements call the original Keras function unless the strategy is
 MWMS in multi-worker mode, so every other strategy runs Keras' own code. The
@@ -74,6 +91,30 @@ def _reduce_to_first_replica(strategy: Any) -> Iterator[None]:
         del strategy.reduce
 
 
+def _require_multi_step_loop(model: Any, steps: int) -> None:
+    """Bug 3: several steps per execution need the steps_per_execution patch's loop; install it or refuse."""
+    # Imported here: that module's patch is independent of this one, and either may be used alone.
+    from tfstrategy.patches import keras_steps_per_execution
+
+    keras_steps_per_execution.PATCH.apply()
+    if keras_steps_per_execution.fix_needed(model):
+        for which in ("train", "test"):
+            if getattr(model, f"{which}_function", None) is not None and not keras_steps_per_execution.uses_fixed_loop(
+                model, which
+            ):
+                setattr(model, f"{which}_function", None)  # built before the patch: Keras' own failing loop
+        return
+    if keras_steps_per_execution.PATCH.needed() is False:
+        return  # this Keras has no such bug
+    raise StrategyError(
+        f"Received compile(steps_per_execution={steps}) with MultiWorkerMirroredStrategy; Keras "
+        f"{_compat.keras_version(_compat.keras_for())} fails to run several steps per call across workers ('You must "
+        "feed a value for placeholder tensor') and tfstrategy's keras_steps_per_execution fix could not be installed "
+        f"({keras_steps_per_execution.PATCH.status().line()}). Compile with steps_per_execution=1, or report this with "
+        "`tfstrategy env` output."
+    )
+
+
 def _fixed_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _maybe_symbolic_build(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -82,16 +123,28 @@ def _fixed_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         steps = int(getattr(self, "steps_per_execution", 1) or 1)
         if steps > 1:
-            raise StrategyError(
-                f"Received compile(steps_per_execution={steps}) with MultiWorkerMirroredStrategy; Keras "
-                f"{_compat.keras_version(_compat.keras_for())} cannot run several steps per call across workers "
-                "(it fails with 'You must feed a value for placeholder tensor'). Compile with "
-                "steps_per_execution=1 (the default)."
-            )
+            _require_multi_step_loop(self, steps)
         with _reduce_to_first_replica(strategy):
             return original(self, *args, **kwargs)
 
     return _maybe_symbolic_build
+
+
+def _reduce_across_workers(strategy: Any, op: str, values: Any) -> Any:
+    """The cross-replica ``op`` of every leaf, packed into one all-reduce when the leaves share a dtype.
+
+    Keras reduces each log (the loss, every metric) separately: one collective
+    each, per step. Across workers each collective costs a round trip (measured
+    in benchmarks/README.md), so they are sent as one.
+    """
+    tree = _compat.keras3_tree()
+    leaves = tree.flatten(values)
+    dtypes = {getattr(leaf, "dtype", None) for leaf in leaves}
+    distributed = tf().distribute.DistributedValues
+    if len(leaves) < 2 or len(dtypes) != 1 or not all(isinstance(leaf, distributed) for leaf in leaves):
+        return tree.map_structure(lambda value: strategy.reduce(op, value, axis=None), values)
+    reduced = strategy.extended.batch_reduce_to(op, [(leaf, leaf) for leaf in leaves])
+    return tree.pack_sequence_as(values, [strategy.experimental_local_results(value)[0] for value in reduced])
 
 
 def _fixed_reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,8 +152,7 @@ def _fixed_reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any
     def reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
         # MWMS is never a TPUStrategy, so Keras' "auto" means "mean" here.
         if reduction in ("auto", "mean", "sum") and _compat.in_multi_worker_mode(strategy):
-            op = "SUM" if reduction == "sum" else "MEAN"
-            return _compat.keras3_tree().map_structure(lambda value: strategy.reduce(op, value, axis=None), values)
+            return _reduce_across_workers(strategy, "SUM" if reduction == "sum" else "MEAN", values)
         return original(values, strategy, reduction)
 
     return reduce_per_replica

@@ -32,7 +32,10 @@ multi-step function of ours in which
 ``tf.cond`` wraps the step: the while loop's condition already stops at the end
 of the data. The collective's key is then captured by the outer function and
 fed normally. Everything else (1 replica, ``steps_per_execution=1``, other
-strategies, tf_keras) keeps Keras' own function.
+strategies, tf_keras) keeps Keras' own function. MultiWorkerMirroredStrategy
+with 2+ workers fails the same way, for the same reason, and gets the same
+loop (:mod:`~tfstrategy.patches.keras_mwms` installs this patch when such a
+model compiles with ``steps_per_execution > 1``); tested on 2 real workers.
 
 The probe. It runs Keras' own ``_make_function`` with ``steps_per_execution=2``
 on a stand-in model whose step makes a deferred capture, exactly what a
@@ -96,6 +99,14 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
         return reduce_per_replica(outputs, strategy, reduction="auto")
 
     one_step_function = tf_.function(one_step, reduce_retracing=True, autograph=False)
+    # Across workers each reduction of the logs is a network round trip, and
+    # only the last step's logs are returned: there, carry this worker's
+    # (single replica's) logs through the loop and reduce them once, after it.
+    reduce_once = _compat.in_multi_worker_mode(strategy) and len(strategy.extended.worker_devices) == 1
+
+    def local_step(data: Any) -> Any:
+        outputs = strategy.run(step_function, args=(_without_optionals(data),))
+        return tf_.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], outputs)
 
     def multi_step(iterator: Any, outputs_like: Any) -> Any:
         steps = int(model.steps_per_execution)
@@ -110,7 +121,7 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
             return tf_.logical_and(done < steps, next_data.has_value())
 
         def step(done: Any, outputs: Any, next_data: Any) -> Any:
-            outputs = one_step(next_data.get_value())
+            outputs = (local_step if reduce_once else one_step)(next_data.get_value())
             # Fetch only when another step follows: a batch fetched at the end
             # of an execution would be lost to the next one.
             next_data = tf_.cond(done + 1 < steps, iterator.get_next_as_optional, lambda: next_data)
@@ -124,6 +135,10 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
             shapes = tf_.nest.map_structure(lambda spec: spec.shape, outputs_like)
             options["shape_invariants"] = (tf_.TensorShape([]), shapes, _compat.optional_type_spec(first))
         done, outputs, _ = tf_.while_loop(more, step, loop_vars, **options)
+        if reduce_once:
+            outputs = reduce_per_replica(
+                tf_.nest.map_structure(lambda value: _compat.per_replica((value,)), outputs), strategy, reduction="auto"
+            )
         return done, outputs
 
     compiled: list[Any] = []

@@ -20,6 +20,7 @@ from tfstrategy.errors import BuildError, CheckpointError
 from tfstrategy.scope.audit import AuditReport, guard_model, require_scope, strategy_of
 from tfstrategy.scope.creation_sites import recording
 from tfstrategy.scope.restore import RestoreReport, load_keras_model, restore_checkpoint
+from tfstrategy.training.steps_per_execution import tune_at_first_fit
 
 ModelSource = Callable[[], Any] | str | os.PathLike
 
@@ -32,6 +33,8 @@ class BuildReport:
     replicas: int
     audit: AuditReport
     restore: RestoreReport | None
+    #: An int, or "auto": tuned at the model's first ``fit`` (see ``tfstrategy.tune_steps_per_execution``).
+    steps_per_execution: int | str = 1
 
     def lines(self) -> list[str]:
         counts = self.audit.counts()
@@ -42,6 +45,8 @@ class BuildReport:
             "variables " + ", ".join(f"{owner}={count}" for owner, count in counts.items()),
             f"optimizer_built {self.audit.optimizer_built}",
         ]
+        if self.steps_per_execution == "auto":
+            lines.append("steps_per_execution auto (tuned at the first fit)")
         if self.restore is None:
             lines.append("restored nothing")
         else:
@@ -116,6 +121,10 @@ def build_in_scope(
             (``optimizer``, ``loss``, ``metrics``, ...). ``optimizer`` may
             also be a function that makes it (called inside the scope), e.g.
             ``optimizer=lambda: keras.optimizers.SGD(momentum=0.9)``.
+            ``steps_per_execution="auto"`` compiles with 1 and, at the first
+            ``fit``, measures the model on that fit's data and sets the K
+            that pays (:func:`tfstrategy.tune_steps_per_execution`; the choice
+            is printed unless ``verbose=0``).
 
     Returns:
         The compiled model (optimizer built, checkpoint restored) and a
@@ -140,6 +149,14 @@ def build_in_scope(
             f"Received checkpoint={checkpoint!r} ({type(checkpoint).__name__}); expected a path: a tf.train.Checkpoint "
             "directory or prefix, a .weights.h5 or a .keras file, e.g. checkpoint='ckpts/'."
         )
+    steps_per_execution = compile_args.get("steps_per_execution", 1)
+    if isinstance(steps_per_execution, str):
+        if steps_per_execution != "auto":
+            raise BuildError(
+                f"Received steps_per_execution={steps_per_execution!r}; expected a positive int or 'auto'. "
+                "Pass steps_per_execution='auto' to have tfstrategy pick it at the first fit."
+            )
+        compile_args = {**compile_args, "steps_per_execution": 1}
     with strategy.scope(), recording():
         built, restored = _make_model(model, compile_args)
         if compile_args:
@@ -163,10 +180,13 @@ def build_in_scope(
     audit = require_scope(built, strategy, require_built_optimizer=True, from_build_in_scope=True)
     if guard:
         guard_model(built, strategy)
+    if steps_per_execution == "auto":
+        tune_at_first_fit(built)
     report = BuildReport(
         strategy=type(strategy).__name__,
         replicas=int(strategy.num_replicas_in_sync),
         audit=audit,
         restore=restored,
+        steps_per_execution=steps_per_execution,
     )
     return built, report

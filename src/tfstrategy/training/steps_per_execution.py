@@ -1,0 +1,327 @@
+"""``steps_per_execution="auto"``: pick K, the steps Keras runs per call, from measured step time.
+
+Each call of a Keras train function costs a fixed dispatch (Python, the
+``tf.function`` call, callbacks, the iterator) on top of K steps of work. On
+a small model the dispatch is most of a step, so K > 1 pays off; on a large one
+it is a rounding error and K = 1 keeps per-step callbacks exact. The choice is
+split as the rest of tfstrategy is:
+
+- :func:`choose_steps_per_execution` decides (pure): given a function that
+  times one execution of K steps, it doubles K until the dispatch, estimated
+  from the timings (t(K) = dispatch + K x step), is a small share of an
+  execution or K reaches its cap, then takes the smallest K that is within
+  5% of the fastest per step.
+- :func:`steps_cap` says what K may not exceed (pure): the epoch length and
+  callbacks that act on every batch (Keras calls batch hooks once per
+  execution, so such a callback would see one call per K steps).
+- :func:`tune_steps_per_execution` measures a compiled model on its dataset
+  (the weights and optimizer state are put back afterwards) and sets K.
+
+``build_in_scope(..., steps_per_execution="auto")`` compiles with K = 1 and
+tunes at the model's first ``fit``, which knows the dataset and the callbacks.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tfstrategy import _compat
+from tfstrategy._tf import tf
+from tfstrategy.errors import TrainingError
+
+logger = logging.getLogger(__name__)
+
+#: The largest K tried: past it the dispatch saved is below timing noise on any model measured.
+MAX_STEPS = 128
+#: Stop growing K once the dispatch is at most this share of one execution.
+TARGET_DISPATCH_SHARE = 0.05
+#: Doubling K must cut the time per step by at least this fraction to be kept.
+MIN_GAIN = 0.05
+#: Batch hooks of callbacks from these packages aggregate over an execution (progress bar, history, ...).
+_EXECUTION_AWARE_PACKAGES = ("keras", "tf_keras", "tensorflow")
+_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepsPerExecutionChoice:
+    """The K chosen, why, and the timings it came from."""
+
+    steps: int
+    reason: str
+    cap: int
+    cap_reason: str
+    #: (K, seconds per step at K: the fastest execution's), in the order measured.
+    seconds_per_step: tuple[tuple[int, float], ...] = ()
+
+    def line(self) -> str:
+        timings = ", ".join(f"K={k}: {seconds * 1000:.3g} ms/step" for k, seconds in self.seconds_per_step)
+        return f"steps_per_execution={self.steps} ({self.reason}; cap {self.cap}: {self.cap_reason}; {timings})"
+
+
+def _per_step_callbacks(callbacks: Iterable[Any]) -> list[str]:
+    base = None
+    named = []
+    for callback in callbacks:
+        if base is None:
+            base = next((k for k in type(callback).__mro__ if k.__name__ == "Callback"), object)
+        package = type(callback).__module__.split(".", 1)[0]
+        if package in _EXECUTION_AWARE_PACKAGES:
+            continue
+        if any(getattr(type(callback), hook, None) is not getattr(base, hook, None) for hook in _BATCH_HOOKS):
+            named.append(type(callback).__name__)
+    return named
+
+
+def steps_cap(
+    *, steps_per_epoch: int | None, callbacks: Iterable[Any] = (), max_steps: int = MAX_STEPS
+) -> tuple[int, str]:
+    """The largest K allowed, and why.
+
+    Args:
+        steps_per_epoch: steps in one epoch, or ``None`` when unknown.
+        callbacks: the callbacks ``fit`` will get; one outside Keras that
+            overrides a batch hook needs every step, which caps K at 1.
+        max_steps: the cap when nothing else limits K.
+
+    Example:
+        >>> steps_cap(steps_per_epoch=20)
+        (20, 'the epoch has 20 steps')
+    """
+    per_step = _per_step_callbacks(callbacks)
+    if per_step:
+        return 1, f"callback(s) {', '.join(per_step)} act on every batch (Keras calls them once per execution)"
+    if steps_per_epoch is not None and 0 < steps_per_epoch < max_steps:
+        return int(steps_per_epoch), f"the epoch has {steps_per_epoch} steps"
+    return max_steps, "the largest K tried"
+
+
+def _candidates(cap: int) -> list[int]:
+    ks = [1]
+    while ks[-1] * 2 < cap:
+        ks.append(ks[-1] * 2)
+    if ks[-1] != cap:
+        ks.append(cap)
+    return ks
+
+
+def choose_steps_per_execution(
+    time_execution: Callable[[int], float],
+    *,
+    cap: int = MAX_STEPS,
+    cap_reason: str = "the largest K tried",
+    target_share: float = TARGET_DISPATCH_SHARE,
+    min_gain: float = MIN_GAIN,
+) -> StepsPerExecutionChoice:
+    """Time K = 1, 2, 4, ... up to ``cap`` and pick the smallest K within ``min_gain`` of the fastest per step.
+
+    Growing stops early once the dispatch, estimated from K=1 and the latest K
+    (t(K) = dispatch + K x step), is at most ``target_share`` of an execution:
+    a larger K could then save little. Taking the smallest K near the fastest,
+    rather than stopping at the first doubling that did not pay, keeps one
+    noisy timing (a shared machine) from ending the search early.
+
+    Args:
+        time_execution: seconds one execution of K steps takes (the fastest of several, say).
+        cap: the largest K allowed (see :func:`steps_cap`).
+        cap_reason: why, for the report.
+        target_share: the dispatch share of an execution that is small enough.
+        min_gain: a larger K must be at least this much faster per step to be preferred.
+
+    Example:
+        >>> choose_steps_per_execution(lambda k: 0.002 + 0.0005 * k).steps
+        64
+    """
+    if cap < 1:
+        raise TrainingError(f"Received a steps_per_execution cap of {cap}; expected 1 or more.")
+    seconds: dict[int, float] = {}
+    stop = f"K at its cap ({cap})"
+    for k in _candidates(cap):
+        seconds[k] = float(time_execution(k))
+        if k == 1:
+            continue
+        step = max((seconds[k] - seconds[1]) / (k - 1), 0.0)
+        dispatch = max(seconds[1] - step, 0.0)
+        share = dispatch / seconds[k] if seconds[k] > 0 else 0.0
+        if share <= target_share:
+            stop = f"dispatch ~{share:.0%} of an execution at K={k}"
+            break
+    per_step = {k: total / k for k, total in seconds.items()}
+    fastest = min(per_step.values())
+    chosen = min(k for k, value in per_step.items() if value <= fastest * (1 + min_gain))
+    reason = stop if chosen == max(seconds) else f"{stop}; K={chosen} is within {min_gain:.0%} of the fastest per step"
+    return StepsPerExecutionChoice(steps=chosen, reason=reason, cap=cap, cap_reason=cap_reason,
+                                   seconds_per_step=tuple(per_step.items()))
+
+
+# --- measuring a real model ------------------------------------------------------------
+
+
+def _cardinality(dataset: Any) -> int | None:
+    cardinality = getattr(dataset, "cardinality", None)
+    if cardinality is None:
+        return None
+    value = int(cardinality())
+    return value if value > 0 else None  # INFINITE (-1) and UNKNOWN (-2)
+
+
+def _agreed(strategy: Any, seconds: float) -> float:
+    """The mean over workers in a multi-worker job, so every worker takes the same decisions."""
+    if not _compat.in_multi_worker_mode(strategy):
+        return seconds
+    tf_ = tf()
+    value = strategy.experimental_distribute_values_from_function(lambda _: tf_.constant(seconds, tf_.float64))
+    return float(strategy.reduce(tf_.distribute.ReduceOp.MEAN, value, axis=None))
+
+
+class _Timer:
+    """Times executions of the model's own train function on a repeating iterator of ``dataset``."""
+
+    def __init__(self, model: Any, dataset: Any, min_seconds: float, min_executions: int) -> None:
+        self.model, self.min_seconds, self.min_executions = model, min_seconds, min_executions
+        strategy = model.distribute_strategy
+        self.strategy = strategy
+        self.multi_worker = _compat.in_multi_worker_mode(strategy)
+        # In one process the dispatch K saves is CPU work, and this process's CPU
+        # time is blind to other processes competing for the cores (wall time
+        # favours short executions that slip between them). Across workers the
+        # per-execution cost is mostly waiting for the network: wall time.
+        self.clock = time.perf_counter if self.multi_worker else time.process_time
+        if isinstance(dataset, tf().data.Dataset):
+            dataset = strategy.experimental_distribute_dataset(dataset.repeat())
+        self.iterator = iter(dataset)
+
+    def __call__(self, k: int) -> float:
+        _compat.set_steps_per_execution(self.model, k)
+        self.model.make_train_function(force=True)
+        function = self.model.train_function
+        function(self.iterator)  # trace, and the first-call costs
+        times: list[float] = []
+        started = time.perf_counter()
+        # Across workers every execution runs collectives, so all workers must run
+        # the same number: there the count is fixed, not extended by local time.
+        extend = not self.multi_worker
+        while len(times) < self.min_executions or (
+            extend and time.perf_counter() - started < self.min_seconds and len(times) < 50
+        ):
+            start = self.clock()
+            function(self.iterator)
+            times.append(self.clock() - start)
+        # The fastest execution: other processes on a shared machine only ever add time.
+        return _agreed(self.strategy, min(times))
+
+
+def tune_steps_per_execution(
+    model: Any,
+    dataset: Any,
+    *,
+    callbacks: Iterable[Any] = (),
+    steps_per_epoch: int | None = None,
+    max_steps: int = MAX_STEPS,
+    min_seconds: float = 0.2,
+) -> StepsPerExecutionChoice:
+    """Measure ``model`` training on ``dataset`` and set its ``steps_per_execution`` to the K that pays.
+
+    The model must be compiled (``build_in_scope`` does it). Training steps run
+    to measure (tens to hundreds), then the weights, the optimizer state and the
+    metrics are put back, so the next ``fit`` starts where it would have. In a
+    multi-worker job every worker must call it (the timings are averaged over
+    workers, so all choose the same K).
+
+    Args:
+        model: a compiled Keras model.
+        dataset: the batched ``tf.data.Dataset`` (or distributed dataset) ``fit`` will get.
+        callbacks: the callbacks ``fit`` will get (see :func:`steps_cap`).
+        steps_per_epoch: steps per epoch; default: the dataset's length, if known.
+        max_steps: the largest K tried.
+        min_seconds: time each K for at least this long (and 5 executions; exactly 5 across workers, which
+            must run the same collectives); the fastest execution counts.
+
+    Returns:
+        The :class:`StepsPerExecutionChoice`; ``model.steps_per_execution`` is set to it.
+
+    Example:
+        >>> choice = tfstrategy.tune_steps_per_execution(model, dataset)
+        >>> print(choice.line())
+        steps_per_execution=64 (dispatch ~4% of an execution; cap 128: the largest K tried; K=1: 1.9 ms/step, ...)
+    """
+    if getattr(model, "optimizer", None) is None or getattr(model, "compiled", True) is False:
+        raise TrainingError(
+            f"Received model {getattr(model, 'name', model)!r} that is not compiled; expected a compiled model. "
+            "Call model.compile(...) first, or build it with tfstrategy.build_in_scope(..., optimizer=..., loss=...)."
+        )
+    if getattr(model, "run_eagerly", False):
+        return _set(model, StepsPerExecutionChoice(steps=1, reason="run_eagerly runs one step per call", cap=1,
+                                                   cap_reason="run_eagerly"))
+    cap, cap_reason = steps_cap(steps_per_epoch=steps_per_epoch or _cardinality(dataset), callbacks=callbacks,
+                                max_steps=max_steps)
+    if cap == 1:
+        return _set(model, StepsPerExecutionChoice(steps=1, reason="the cap is 1", cap=1, cap_reason=cap_reason))
+    if not _compat.is_tf_keras_object(model):
+        # K > 1 on 2+ replicas (and on 2+ workers) needs tfstrategy's multi-step loop.
+        from tfstrategy.patches import keras_steps_per_execution
+
+        keras_steps_per_execution.PATCH.apply()
+    if isinstance(dataset, tf().data.Dataset):
+        _compat.symbolic_build(model, next(iter(dataset.take(1))))
+    variables = [*model.weights, *_compat.optimizer_variables(model.optimizer)]
+    saved = [variable.numpy() for variable in variables]
+    try:
+        choice = choose_steps_per_execution(_Timer(model, dataset, min_seconds, 5), cap=cap, cap_reason=cap_reason)
+    finally:
+        for variable, value in zip(variables, saved):
+            variable.assign(value)
+        model.reset_metrics()
+    return _set(model, choice)
+
+
+def _set(model: Any, choice: StepsPerExecutionChoice) -> StepsPerExecutionChoice:
+    _compat.set_steps_per_execution(model, choice.steps)
+    object.__setattr__(model, _CHOICE, choice)  # untracked by Keras
+    logger.info("tfstrategy: %s", choice.line())
+    return choice
+
+
+_CHOICE = "_tfstrategy_steps_per_execution_choice"
+
+
+def last_choice(model: Any) -> StepsPerExecutionChoice | None:
+    """The choice :func:`tune_steps_per_execution` (or ``steps_per_execution="auto"``) made for ``model``."""
+    return getattr(model, _CHOICE, None)
+
+
+def tune_at_first_fit(model: Any) -> None:
+    """Make the model's next ``fit`` tune K on its own data and callbacks first (``steps_per_execution="auto"``)."""
+    fit = model.fit
+
+    @functools.wraps(fit)
+    def fit_tuning_first(*args: Any, **kwargs: Any) -> Any:
+        object.__setattr__(model, "fit", fit)  # one shot: later fits run as compiled
+        data = args[0] if args else kwargs.get("x")
+        dataset = _as_dataset(data, args[1] if len(args) > 1 else kwargs.get("y"), kwargs.get("batch_size"))
+        if dataset is None:
+            choice = _set(model, StepsPerExecutionChoice(
+                steps=1, reason=f"fit received {type(data).__name__}, not a dataset or arrays: nothing to time",
+                cap=1, cap_reason="no data to time"))
+        else:
+            choice = tune_steps_per_execution(model, dataset, callbacks=kwargs.get("callbacks") or (),
+                                              steps_per_epoch=kwargs.get("steps_per_epoch"))
+        if kwargs.get("verbose", "auto") != 0:
+            print(f"tfstrategy: {choice.line()}", flush=True)
+        return fit(*args, **kwargs)
+
+    object.__setattr__(model, "fit", fit_tuning_first)
+
+
+def _as_dataset(data: Any, labels: Any, batch_size: int | None) -> Any:
+    tf_ = tf()
+    if isinstance(data, (tf_.data.Dataset, tf_.distribute.DistributedDataset)):
+        return data
+    if hasattr(data, "shape") and hasattr(data, "dtype"):  # arrays, as fit batches them
+        elements = data if labels is None else (data, labels)
+        return tf_.data.Dataset.from_tensor_slices(elements).batch(batch_size or 32)
+    return None

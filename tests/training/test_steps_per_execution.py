@@ -1,0 +1,129 @@
+"""steps_per_execution="auto": the choice as a pure function of injected timings, and one real tuning."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfstrategy
+from helpers import mirrored
+from tfstrategy.errors import TrainingError
+from tfstrategy.training.steps_per_execution import choose_steps_per_execution, last_choice, steps_cap
+
+
+def linear(dispatch: float, step: float):
+    """An execution of K steps costs one dispatch plus K steps; records the Ks timed."""
+    timed: list[int] = []
+
+    def time_execution(k: int) -> float:
+        timed.append(k)
+        return dispatch + k * step
+
+    time_execution.timed = timed
+    return time_execution
+
+
+@pytest.mark.parametrize(
+    ("dispatch", "step", "cap", "expected", "timed"),
+    [
+        pytest.param(2e-3, 5e-4, 128, 64, [1, 2, 4, 8, 16, 32, 64, 128], id="dispatch-bound-grows-to-the-knee"),
+        pytest.param(2e-3, 5e-2, 128, 1, [1, 2], id="compute-bound-stays-at-1"),
+        pytest.param(2e-3, 1e-3, 128, 32, [1, 2, 4, 8, 16, 32, 64], id="stops-once-dispatch-is-small"),
+        pytest.param(2e-3, 5e-4, 10, 10, [1, 2, 4, 8, 10], id="capped-by-a-short-epoch"),
+        pytest.param(2e-3, 5e-4, 1, 1, [1], id="cap-1-times-once"),
+    ],
+)
+def test_choice_from_injected_timings(dispatch, step, cap, expected, timed):
+    time_execution = linear(dispatch, step)
+    choice = choose_steps_per_execution(time_execution, cap=cap)
+    assert choice.steps == expected
+    assert time_execution.timed == timed
+    assert [k for k, _ in choice.seconds_per_step] == timed
+    assert choice.line().startswith(f"steps_per_execution={expected} (")
+
+
+def test_one_noisy_timing_does_not_end_the_search():
+    times = {1: 4e-3, 2: 5e-3, 4: 3.2e-3, 8: 5.0e-3, 16: 9e-3, 32: 17.0e-3, 64: 33e-3, 128: 65e-3}
+    times[4] = 8e-3  # a neighbour stole the core while K=4 ran
+    choice = choose_steps_per_execution(times.__getitem__)
+    assert choice.steps == 32  # the smallest K within 5% of the fastest per step (K=128)
+
+
+def test_a_cap_below_1_is_an_error():
+    with pytest.raises(TrainingError, match="Received a steps_per_execution cap of 0; expected 1 or more"):
+        choose_steps_per_execution(lambda k: 1.0, cap=0)
+
+
+class PerBatchCallback(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+
+class EpochCallback(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        pytest.param({"steps_per_epoch": None}, (128, "the largest K tried"), id="unknown-epoch"),
+        pytest.param({"steps_per_epoch": 20}, (20, "the epoch has 20 steps"), id="short-epoch"),
+        pytest.param({"steps_per_epoch": 500}, (128, "the largest K tried"), id="long-epoch"),
+        pytest.param({"steps_per_epoch": 20, "callbacks": [EpochCallback(), keras.callbacks.History()]},
+                     (20, "the epoch has 20 steps"), id="epoch-and-keras-callbacks-allow-K"),
+    ],
+)
+def test_steps_cap(kwargs, expected):
+    assert steps_cap(**kwargs) == expected
+
+
+def test_a_per_batch_callback_caps_at_1():
+    cap, reason = steps_cap(steps_per_epoch=None, callbacks=[PerBatchCallback()])
+    assert cap == 1 and "PerBatchCallback act on every batch" in reason
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1024, 4)).astype("float32")
+    return x, (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32")).astype("float32")
+
+
+def _model():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+
+
+@pytest.mark.slow
+def test_tuning_a_real_model_sets_k_and_leaves_its_state_alone():
+    strategy = mirrored(2)
+    model, _ = tfstrategy.build_in_scope(strategy, _model, optimizer="adam", loss="mse", metrics=["mae"])
+    before = [w.copy() for w in model.get_weights()]
+    dataset = tf.data.Dataset.from_tensor_slices(_data()).batch(64)  # 16 steps per epoch
+    choice = tfstrategy.tune_steps_per_execution(model, dataset, min_seconds=0.0)
+    assert 1 <= choice.steps <= 16 and choice.cap == 16
+    assert model.steps_per_execution == choice.steps and last_choice(model) is choice
+    assert int(model.optimizer.iterations.numpy()) == 0
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    history = model.fit(dataset, epochs=1, verbose=0)  # trains with the chosen K (the fixed loop on 2 replicas)
+    assert int(model.optimizer.iterations.numpy()) == 16 and np.isfinite(history.history["loss"][0])
+
+
+@pytest.mark.slow
+def test_build_in_scope_auto_tunes_at_the_first_fit(capsys):
+    model, report = tfstrategy.build_in_scope(mirrored(1), _model, optimizer="sgd", loss="mse",
+                                              steps_per_execution="auto")
+    assert report.steps_per_execution == "auto" and "steps_per_execution auto (tuned at the first fit)" in report.lines()
+    assert model.steps_per_execution == 1
+    model.fit(*_data(), batch_size=128, epochs=1, verbose=2)
+    choice = last_choice(model)
+    assert choice is not None and model.steps_per_execution == choice.steps and choice.cap == 8
+    assert f"tfstrategy: {choice.line()}" in capsys.readouterr().out
+    assert int(model.optimizer.iterations.numpy()) == 8  # the measuring steps were undone
+
+
+def test_build_in_scope_refuses_an_unknown_steps_per_execution_string():
+    with pytest.raises(tfstrategy.errors.BuildError, match="Received steps_per_execution='fast'; expected a positive"):
+        tfstrategy.build_in_scope(mirrored(1), _model, optimizer="sgd", loss="mse", steps_per_execution="fast")
