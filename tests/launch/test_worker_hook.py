@@ -182,3 +182,12 @@ def test_non_python_worker_that_never_listens_fails_at_the_timeout():
     assert result.returncode == 124
     assert "did not join within --timeout 3 s" in result.stderr
     assert seconds < 20
+
+
+@pytest.mark.slow
+def test_run_hooks_a_script_that_imports_keras_before_tensorflow():
+    result, _ = _tfstrategy("run", "--cpu-replicas", "2", "--", sys.executable, str(SCRIPTS / "keras_first_script.py"),
+                            timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "trained 8" in result.stdout  # steps_per_execution=4 on 2 replicas: the patch was installed
+    assert "hook errors" not in result.stderr and "partially initialized" not in result.stderr

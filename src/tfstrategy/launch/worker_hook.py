@@ -144,6 +144,9 @@ def install() -> None:
         on_tensorflow_imported()
     else:
         sys.meta_path.insert(0, _AfterImport("tensorflow", on_tensorflow_imported))
+        # A script may import keras first; keras imports TensorFlow half-way through its own
+        # import, so the Keras steps wait for keras to finish (see on_tensorflow_imported).
+        sys.meta_path.insert(0, _AfterImport("keras", on_keras_imported))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -186,9 +189,28 @@ class _RunAfter(importlib.abc.Loader):
 
 def on_tensorflow_imported() -> None:
     """Take the hook's steps in this process; a step that fails is reported and skipped, never raised."""
-    steps = (_split_cpu, _record_creation_sites, _slurm_tf_config, _watch_multi_worker, _default_devices,
-             _apply_patches, _keras2_aliases, _audit)
+    _take((_split_cpu, _record_creation_sites, _slurm_tf_config, _watch_multi_worker, _default_devices))
+    keras = sys.modules.get("keras")
+    if keras is not None and getattr(getattr(keras, "__spec__", None), "_initializing", False):
+        return  # keras is importing TensorFlow half-way through its own import: on_keras_imported follows
+    on_keras_imported()
+
+
+def on_keras_imported() -> None:
+    """The steps that need Keras, once (after TensorFlow's own steps)."""
+    if "tensorflow" not in sys.modules:
+        return  # keras failed before importing TensorFlow; on_tensorflow_imported will call back
+    _take((_apply_patches, _keras2_aliases, _audit))
+
+
+_TAKEN: set[str] = set()
+
+
+def _take(steps: tuple[Callable[[], str | None], ...]) -> None:
     for step in steps:
+        if step.__name__ in _TAKEN:
+            continue  # taken meanwhile (a step's own import of keras runs on_keras_imported)
+        _TAKEN.add(step.__name__)
         try:
             done = step()
         except Exception as error:  # the user's script must run even if tfstrategy cannot help it
@@ -320,7 +342,7 @@ def _apply_patches() -> str | None:
 
     if legacy_keras_requested() and "keras" not in sys.modules:
         # tf.keras is tf_keras here (no such bugs); patch Keras 3 only if the script imports it.
-        sys.meta_path.insert(0, _AfterImport("keras", _apply_patches))
+        _TAKEN.discard("_apply_patches")  # on_keras_imported takes it then
         return "deferred until the script imports Keras 3 (tf.keras is tf_keras)"
     installed = [status.name for status in apply_patches() if status.installed]
     STATE.patches = installed
