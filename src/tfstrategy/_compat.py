@@ -67,20 +67,6 @@ def keras3_tensorflow_trainer() -> ModuleType | None:
     return trainer
 
 
-def keras3_tensorflow_trainer_in_use() -> ModuleType | None:
-    """Keras 3's TensorFlow trainer, unless this process uses only tf_keras.
-
-    Under ``TF_USE_LEGACY_KERAS=1`` models made through ``tf.keras`` are tf_keras,
-    which has none of the bugs tfstrategy patches; a script may still ``import
-    keras`` (Keras 3) directly, and then its models need the patches as usual.
-    """
-    from tfstrategy._versions import legacy_keras_requested
-
-    if legacy_keras_requested() and "keras" not in sys.modules:
-        return None
-    return keras3_tensorflow_trainer()
-
-
 def keras3_tree() -> ModuleType:
     """Keras 3's nest utilities (``keras.src.tree``), which handle its ``None`` leaves as Keras does."""
     from keras.src import tree

@@ -11,13 +11,18 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.distribute.values import PerReplica
 
+from tfstrategy import _versions
 from tfstrategy.errors import StrategyError
 from tfstrategy.patches import keras_mwms as mwms
 
 pytestmark = [
     pytest.mark.smoke,
-    # tf_keras (TF_USE_LEGACY_KERAS=1) never had this bug: nothing to patch, nothing to watch.
-    pytest.mark.skipif(mwms.PATCH.target_module() is None, reason="not Keras 3 on TensorFlow: the bug never existed here"),
+    # These tests build their models through tf.keras; under TF_USE_LEGACY_KERAS=1 that is tf_keras,
+    # which never had this bug: nothing to patch, nothing to watch.
+    pytest.mark.skipif(
+        _versions.legacy_keras_requested() or mwms.PATCH.target_module() is None,
+        reason="tf.keras is not Keras 3 on TensorFlow: the bug never existed here",
+    ),
 ]
 
 

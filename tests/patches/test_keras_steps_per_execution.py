@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import mirrored
-from tfstrategy import fix_steps_per_execution, prepare_dataset
+from tfstrategy import _versions, fix_steps_per_execution, prepare_dataset
 from tfstrategy.diagnostics.equivalence import (
     initial_weights,
     max_difference,
@@ -20,8 +20,12 @@ from tfstrategy.patches.keras_steps_per_execution import uses_fixed_loop
 
 pytestmark = [
     pytest.mark.smoke,
-    # tf_keras (TF_USE_LEGACY_KERAS=1) never had this bug: nothing to patch, nothing to watch.
-    pytest.mark.skipif(spe_fix.PATCH.target_module() is None, reason="not Keras 3 on TensorFlow: the bug never existed here"),
+    # These tests build their models through tf.keras; under TF_USE_LEGACY_KERAS=1 that is tf_keras,
+    # which never had this bug: nothing to patch, nothing to watch.
+    pytest.mark.skipif(
+        _versions.legacy_keras_requested() or spe_fix.PATCH.target_module() is None,
+        reason="tf.keras is not Keras 3 on TensorFlow: the bug never existed here",
+    ),
 ]
 
 

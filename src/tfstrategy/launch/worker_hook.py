@@ -337,13 +337,8 @@ def _watch_mirrored(cls: type) -> None:
 
 
 def _apply_patches() -> str | None:
-    from tfstrategy._versions import legacy_keras_requested
     from tfstrategy.patches import apply_patches
 
-    if legacy_keras_requested() and "keras" not in sys.modules:
-        # tf.keras is tf_keras here (no such bugs); patch Keras 3 only if the script imports it.
-        _TAKEN.discard("_apply_patches")  # on_keras_imported takes it then
-        return "deferred until the script imports Keras 3 (tf.keras is tf_keras)"
     installed = [status.name for status in apply_patches() if status.installed]
     STATE.patches = installed
     return ", ".join(installed) or None

@@ -203,7 +203,8 @@ class MWMSPatch(Patch):
     targets = (BUILD, REDUCE)
 
     def target_module(self) -> Any:
-        return _compat.keras3_tensorflow_trainer_in_use()
+        # Keras 3 models only; a tf_keras model (TF_USE_LEGACY_KERAS=1) never runs this trainer.
+        return _compat.keras3_tensorflow_trainer()
 
     def run_probe(self, module: Any) -> ProbeResult:
         import numpy as np

@@ -174,7 +174,8 @@ class StepsPerExecutionPatch(Patch):
     probe_on_first_use = True
 
     def target_module(self) -> Any:
-        return _compat.keras3_tensorflow_trainer_in_use()
+        # Keras 3 models only; a tf_keras model (TF_USE_LEGACY_KERAS=1) never runs this trainer.
+        return _compat.keras3_tensorflow_trainer()
 
     def run_probe(self, module: Any) -> ProbeResult:
         tf_ = tf()
