@@ -44,3 +44,9 @@ def mirrored(replicas: int):
         return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
     finally:
         tf.distribute.MirroredStrategy._collective_key_base = previous
+
+
+def run_example(name: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run ``examples/NAME`` with this Python in a fresh process, from the repository root."""
+    return subprocess.run([sys.executable, str(ROOT / "examples" / name)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from helpers import ROOT, run_cli
+from helpers import run_cli, run_example
 from tfstrategy import run_check, select
 
 SEED_LINES = ["strategy MirroredStrategy", "replicas 1", "model_strategy True", "train_on_batch True"]
@@ -83,9 +81,6 @@ def test_cli_environment_variables_drive_the_check():
 
 @pytest.mark.slow
 def test_seed_script_runs_unchanged():
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "strategy-demo.py")],
-        capture_output=True, text=True, timeout=180, cwd=ROOT,
-    )
+    result = run_example("strategy-demo.py")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == SEED_LINES

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import keras
@@ -13,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tfstrategy
-from helpers import ROOT
+from helpers import ROOT, run_example
 from tfstrategy import build_in_scope, restore_checkpoint
 from tfstrategy.errors import BuildError, CheckpointError, ScopeError
 
@@ -246,10 +244,7 @@ def test_two_selections_in_one_process_train_different_models():
 
 @pytest.mark.slow
 def test_readme_example_prints_the_report_and_names_the_stray_optimizer():
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "step2-build-in-scope.py")],
-        capture_output=True, text=True, timeout=180, cwd=ROOT,
-    )
+    result = run_example("step2-build-in-scope.py")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[:5] == [
