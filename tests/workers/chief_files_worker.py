@@ -6,7 +6,8 @@ Run on every worker of a 2-worker job (``tfstrategy launch -n 2``, or local
 - ``writers``: ModelCheckpoint in each form (``{epoch}`` .keras, best weights-only,
   every 2 batches weights-only, legacy .h5), CSVLogger, TensorBoard, then
   ``Model.save``/``save_weights``/``keras.saving.save_model``/``export``, then
-  reloads the newest ``ckpt-{epoch}.keras`` as the fault-tolerance guide does.
+  reloads the newest ``ckpt-{epoch}.keras`` as the fault-tolerance guide does
+  (not with ``NO_RELOAD``: each worker in a directory of its own).
 - ``reload``: a larger model; after each epoch's checkpoint every worker at once
   reads the file just written (``load_model``), recording the clock.
 - ``backup``: ``BackupAndRestore(backup_dir=OUT/shared/backup)``, one directory for every
@@ -78,12 +79,14 @@ def writers() -> dict:
     net.save_weights(os.path.join(SHARED, "final.weights.h5"))
     keras.saving.save_model(net, os.path.join(SHARED, "api.keras"))
     net.export(os.path.join(SHARED, "export"), verbose=False)
+    result = {"history": history.history, "weights": weights(net)}
+    if os.environ.get("NO_RELOAD"):
+        return result  # each worker in its own directory: only the chief has checkpoints to reload
     # The fault-tolerance guide's reload: the newest checkpoint, on every worker.
     newest = max(glob.glob(os.path.join(SHARED, "ckpt", "ckpt-*.keras")),
                  key=lambda p: int(re.search(r"ckpt-(\d+)", p).group(1)))
     reloaded = keras.models.load_model(newest)
-    return {"history": history.history, "weights": weights(net), "newest": os.path.basename(newest),
-            "reloaded": weights(reloaded)}
+    return {**result, "newest": os.path.basename(newest), "reloaded": weights(reloaded)}
 
 
 class ReadBack(keras.callbacks.Callback):

@@ -44,7 +44,7 @@ from typing import Any
 
 from tfstrategy.multiworker.cluster import ClusterConfig, load_cluster_config
 
-__all__ = ["is_chief", "chief_write", "private_directory", "remove_private_directory"]
+__all__ = ["is_chief", "chief_write", "keep_per_worker", "private_directory", "remove_private_directory"]
 
 #: After this long a waiting worker prints one line saying what it waits for.
 WAIT_NOTICE = 30.0
@@ -52,6 +52,8 @@ WAIT_NOTICE = 30.0
 WAIT_LIMIT = 1800.0
 #: The coordination-service keys of this mechanism.
 KEY_PREFIX = "tfstrategy/chief_files"
+#: Set on a writer (a callback) whose path is already this worker's own: it writes on every worker.
+PER_WORKER = "_tfstrategy_per_worker"
 
 
 def is_chief(env: Mapping[str, str] | None = None) -> bool:
@@ -79,6 +81,20 @@ def shared_job(env: Mapping[str, str] | None = None) -> ClusterConfig | None:
     """This task's ``TF_CONFIG`` when it names 2+ training tasks (the files rule applies), else ``None``."""
     config = load_cluster_config(env)
     return config if config is not None and config.num_workers > 1 else None
+
+
+def keep_per_worker(writer: Any) -> Any:
+    """Mark ``writer`` (e.g. a ``BackupAndRestore`` on ``<dir>/worker-<i>``) as writing this worker's own path.
+
+    Its files are then written on every worker, as Keras itself would; ``backup_callbacks()`` marks its callbacks.
+    """
+    setattr(writer, PER_WORKER, True)
+    return writer
+
+
+def is_per_worker(writer: Any) -> bool:
+    """Whether :func:`keep_per_worker` marked ``writer``."""
+    return bool(getattr(writer, PER_WORKER, False))
 
 
 class _Local(threading.local):

@@ -26,7 +26,9 @@ and return once the chief's file is complete):
 - ``BackupAndRestore._save_model`` and ``on_train_end``: the whole backup
   directory is one write (a worker that is not the chief backs up into a private
   directory; every worker restores from ``backup_dir``, the chief's state; only
-  the chief deletes it at the end);
+  the chief deletes it at the end); a callback marked with
+  :func:`~tfstrategy.multiworker.chief_files.keep_per_worker` (``tfstrategy.backup_callbacks()``,
+  one directory per worker) keeps Keras' behaviour;
 - ``CSVLogger.on_train_begin``/``on_train_end`` (the file is open for the whole of ``fit``);
 - ``TensorBoard.set_model``/``on_train_end`` (the event files);
 - ``file_utils.makedirs``: an existing directory is not an error in a multi-worker
@@ -115,6 +117,9 @@ def _backup_paths(callback: Any, directory: str) -> Iterator[None]:
 def _backup_writer(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def backup_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if chief_files.is_per_worker(self):  # backup_callbacks(): a directory per worker already
+            with chief_files.passing_through():
+                return original(self, *args, **kwargs)
         directory = os.fspath(self.backup_dir)
         with chief_files.chief_write(directory) as target:
             if target == directory:
