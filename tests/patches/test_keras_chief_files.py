@@ -171,6 +171,24 @@ def test_backup_callbacks_keep_their_directory_per_worker(tmp_path, as_worker):
     assert (tmp_path / "backups" / "worker-1" / "latest.weights.h5").exists()
 
 
+def test_a_download_appears_whole_or_not_at_all(tmp_path, as_worker):
+    """keras.utils.get_file on every worker into one cache: never a half-written file at the target."""
+    import keras
+    from keras.src.utils import file_utils
+
+    as_worker(1)
+    source = tmp_path / "mnist.npz"
+    np.savez(source, x=np.arange(100_000))
+    target = tmp_path / "cache" / "seen.npz"
+    target.parent.mkdir()
+    seen = []
+    file_utils.urlretrieve(source.as_uri(), str(target), lambda *_: seen.append(target.exists()))
+    assert seen and not any(seen) and target.read_bytes() == source.read_bytes()
+    path = keras.utils.get_file("mnist.npz", origin=source.as_uri(), cache_dir=str(tmp_path / "cache"))
+    assert np.load(path)["x"].sum() == np.arange(100_000).sum()
+    assert sorted(p.name for p in (tmp_path / "cache" / "datasets").iterdir()) == ["mnist.npz"]
+
+
 def test_one_process_runs_keras_own_code(tmp_path, as_worker, monkeypatch):
     as_worker(1)
     monkeypatch.delenv("TF_CONFIG")

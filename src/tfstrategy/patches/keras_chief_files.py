@@ -32,7 +32,11 @@ and return once the chief's file is complete):
 - ``CSVLogger.on_train_begin``/``on_train_end`` (the file is open for the whole of ``fit``);
 - ``TensorBoard.set_model``/``on_train_end`` (the event files);
 - ``file_utils.makedirs``: an existing directory is not an error in a multi-worker
-  job (Keras tests ``exists`` first; another worker may create it in between).
+  job (Keras tests ``exists`` first; another worker may create it in between);
+- ``file_utils.urlretrieve`` (``keras.utils.get_file``, ``keras.datasets.*.load_data()``, which
+  every worker calls into one cache on a shared home): each download goes to a part file renamed
+  into place, so a worker never reads another's half-finished download (extracting an archive
+  is not covered).
 
 Each replacement runs Keras' own code unchanged outside a multi-worker
 ``TF_CONFIG``. The probe runs the *original* writers against a stand-in model
@@ -62,6 +66,7 @@ SAVE_WEIGHTS = "saving.saving_lib.save_weights_only"
 SAVE_H5 = "legacy.saving.legacy_h5_format.save_model_to_hdf5"
 EXPORT = "export.saved_model.ExportArchive.write_out"
 MAKEDIRS = "utils.file_utils.makedirs"
+DOWNLOAD = "utils.file_utils.urlretrieve"
 BACKUP_SAVE = "callbacks.backup_and_restore.BackupAndRestore._save_model"
 BACKUP_END = "callbacks.backup_and_restore.BackupAndRestore.on_train_end"
 CSV_BEGIN = "callbacks.csv_logger.CSVLogger.on_train_begin"
@@ -82,6 +87,27 @@ def _model_writer(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(owner, target, *args, **kwargs)
 
     return write
+
+
+def _atomic_download(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Download into a private part file and rename it into place, so no worker reads a partial download."""
+
+    @functools.wraps(original)
+    def urlretrieve(url: Any, filename: Any = None, *args: Any, **kwargs: Any) -> Any:
+        config = chief_files.shared_job()
+        if config is None or filename is None:
+            return original(url, filename, *args, **kwargs)
+        target = os.fspath(filename)
+        part = f"{target}.{config.task_name}-{os.getpid()}.part"
+        try:
+            result = original(url, part, *args, **kwargs)
+            os.replace(part, target)  # atomic: every reader sees no file or a whole one
+        finally:
+            if os.path.exists(part):
+                os.remove(part)
+        return (target, *result[1:]) if isinstance(result, tuple) else result
+
+    return urlretrieve
 
 
 def _tolerant_makedirs(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -201,6 +227,7 @@ _REPLACEMENTS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     SAVE_H5: _model_writer,
     EXPORT: _model_writer,
     MAKEDIRS: _tolerant_makedirs,
+    DOWNLOAD: _atomic_download,
     BACKUP_SAVE: _backup_writer,
     BACKUP_END: _backup_writer,
     CSV_BEGIN: _csv_begin,
@@ -263,7 +290,7 @@ class ChiefFilesPatch(Patch):
             warnings.simplefilter("ignore")
             root = Path(scratch)
             return ProbeResult({**self._probe_model_writers(root), **self._probe_callbacks(module, root),
-                                MAKEDIRS: self._probe_makedirs(root)})
+                                MAKEDIRS: self._probe_makedirs(root), DOWNLOAD: self._probe_download(root)})
 
     def _probe_model_writers(self, root: Path) -> dict[str, bool]:
         model = stand_in_worker_model()
@@ -303,6 +330,14 @@ class ChiefFilesPatch(Patch):
         except FileExistsError:
             return True
         return False
+
+    def _probe_download(self, root: Path) -> bool:
+        """Whether a download (a file:// URL: no network) writes its target in place, readable half done."""
+        source, target = root / "source.bin", root / "downloaded.bin"
+        source.write_bytes(b"x" * 65536)
+        seen = []
+        self.original(DOWNLOAD)(source.as_uri(), str(target), lambda *_: seen.append(target.exists()))
+        return any(seen)
 
     def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
         return _REPLACEMENTS[target](original)
