@@ -113,3 +113,61 @@ def test_the_key_names_the_file_not_its_directory():
     # The tutorial's per-worker directory (dir/workertemp_1/model.keras) matches the chief's dir/model.keras.
     assert chief_files._file_name("/a/workertemp_1/model.keras") == chief_files._file_name("/a/model.keras")
     assert chief_files._file_name("logs/tb/") == "tb"
+
+
+class _Store:
+    """The coordination service's key-value store as the waiting policy sees it (the real one: multiprocess tests)."""
+
+    def __init__(self, misses: int) -> None:
+        import tensorflow as tf
+
+        self.misses, self.asked, self.set = misses, [], {}
+        self._deadline = tf.errors.DeadlineExceededError
+
+    def get_config_key_value(self, key, timeout_in_ms=0):
+        self.asked.append((key, timeout_in_ms))
+        if len(self.asked) <= self.misses:
+            raise self._deadline(None, None, "timed out")
+        return "written"
+
+    def set_config_key_value(self, key, value):
+        self.set[key] = value
+
+
+def test_a_worker_waits_for_the_chief_and_says_so_once(tmp_path, private_tmp, monkeypatch, capsys):
+    from tfstrategy import _compat
+
+    store = _Store(misses=2)
+    monkeypatch.setattr(_compat, "coordination_store", lambda: store)
+    monkeypatch.setattr(chief_files, "WAIT_NOTICE", 0.01)
+    with chief_files.chief_write(str(tmp_path / "slow-unique.keras"), env=_env(index=1)):
+        pass
+    assert [key for key, _ in store.asked] == [chief_files.write_key("slow-unique.keras", 1)] * 3
+    err = capsys.readouterr().err
+    assert err.count("waits for the chief to finish writing") == 1
+
+
+def test_a_worker_stops_waiting_for_a_name_the_chief_never_writes(tmp_path, private_tmp, monkeypatch, capsys):
+    from tfstrategy import _compat
+
+    store = _Store(misses=10**6)
+    monkeypatch.setattr(_compat, "coordination_store", lambda: store)
+    monkeypatch.setattr(chief_files, "WAIT_NOTICE", 0.01)
+    monkeypatch.setattr(chief_files, "WAIT_LIMIT", 0.05)
+    with chief_files.chief_write(str(tmp_path / "mine-unique.keras"), env=_env(index=1)):
+        pass
+    assert "stopped waiting for the chief to write" in capsys.readouterr().err
+
+
+def test_the_chief_publishes_each_write_even_a_failed_one(tmp_path, monkeypatch):
+    from tfstrategy import _compat
+
+    store = _Store(misses=0)
+    monkeypatch.setattr(_compat, "coordination_store", lambda: store)
+    with chief_files.chief_write(str(tmp_path / "pub-unique.keras"), env=_env(index=0)):
+        pass
+    with pytest.raises(OSError):
+        with chief_files.chief_write(str(tmp_path / "pub-unique.keras"), env=_env(index=0)):
+            raise OSError("disk full")
+    assert store.set == {chief_files.write_key("pub-unique.keras", 1): "written",
+                         chief_files.write_key("pub-unique.keras", 2): "failed"}
