@@ -1,4 +1,4 @@
-"""A plain Keras 3 script (it never imports tfstrategy) that writes files the ways real scripts do.
+"""A plain Keras 3 script (it never imports tfstrategy but for FIT_FIX_ONLY) that writes files as real scripts do.
 
 Run on every worker of a 2-worker job (``tfstrategy launch -n 2``, or local
 ``TF_CONFIG`` processes for the upstream canary); ``python chief_files_worker.py MODE OUT``:
@@ -35,6 +35,12 @@ INDEX = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 ATTEMPT = int(os.environ.get("TFSTRATEGY_RESTART", "0") or 0)
 
 import keras  # noqa: E402  (after tensorflow, as the scripts it imitates)
+
+if os.environ.get("FIT_FIX_ONLY"):
+    # The upstream canary: Keras 3's own writers, but fit itself needs the keras_mwms fix on 2 workers.
+    from tfstrategy.patches import keras_mwms
+
+    keras_mwms.PATCH.apply()
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 GLOBAL_BATCH = 16
