@@ -78,7 +78,7 @@ def keras3_file_writers() -> ModuleType | None:
     try:
         import keras.src
         from keras.src.callbacks import backup_and_restore, csv_logger, tensorboard  # noqa: F401
-        from keras.src.export import saved_model  # noqa: F401
+        from keras.src.export import saved_model_export_archive  # noqa: F401
         from keras.src.legacy.saving import legacy_h5_format  # noqa: F401
         from keras.src.saving import saving_lib  # noqa: F401
         from keras.src.utils import file_utils  # noqa: F401

@@ -22,7 +22,7 @@ and return once the chief's file is complete):
 - ``saving_lib.save_model`` (``Model.save``, ``keras.saving.save_model``,
   ``ModelCheckpoint``), ``saving_lib.save_weights_only`` (``save_weights``, weights-only
   ``ModelCheckpoint``), ``legacy_h5_format.save_model_to_hdf5`` (``.h5``),
-  ``ExportArchive.write_out`` (``Model.export``);
+  ``SavedModelExportArchive.write_out`` (``Model.export``, ``keras.export.ExportArchive``);
 - ``BackupAndRestore._save_model`` and ``on_train_end``: the whole backup
   directory is one write (a worker that is not the chief backs up into a private
   directory; every worker restores from ``backup_dir``, the chief's state; only
@@ -64,7 +64,7 @@ from tfstrategy.patches.mechanism import Patch, ProbeResult
 SAVE_MODEL = "saving.saving_lib.save_model"
 SAVE_WEIGHTS = "saving.saving_lib.save_weights_only"
 SAVE_H5 = "legacy.saving.legacy_h5_format.save_model_to_hdf5"
-EXPORT = "export.saved_model.ExportArchive.write_out"
+EXPORT = "export.saved_model_export_archive.SavedModelExportArchive.write_out"
 MAKEDIRS = "utils.file_utils.makedirs"
 DOWNLOAD = "utils.file_utils.urlretrieve"
 BACKUP_SAVE = "callbacks.backup_and_restore.BackupAndRestore._save_model"
