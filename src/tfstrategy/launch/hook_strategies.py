@@ -155,6 +155,7 @@ def mirrored_devices() -> str:
                 listed = None if devices is None else (request.devices if request is not None else ())
                 decision = one_job.decide_mirrored(listed, local, config.num_workers)
                 if decision.action == one_job.REFUSE:
+                    _state().strategies.append("MirroredStrategy with a device list (refused)")
                     raise StrategyError(decision.message)
                 return multi_worker()
 
@@ -213,19 +214,18 @@ def refuse_unjoinable() -> str | None:
         "OneDeviceStrategy.__init__": "OneDeviceStrategy",
         "experimental.CentralStorageStrategy.__init__": "CentralStorageStrategy",
         "experimental.ParameterServerStrategy.__init__": "ParameterServerStrategy",
-        "experimental.coordinator.ClusterCoordinator.__init__": "ClusterCoordinator",
+        "experimental.coordinator.ClusterCoordinator.__new__": "ClusterCoordinator",
         "TPUStrategy.__init__": "TPUStrategy",
         "experimental.TPUStrategy.__init__": "TPUStrategy",
     }
 
     def refusing(what: str) -> Callable[[Any], Callable[..., Any]]:
         def factory(original: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(original)
-            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            def refused(self: Any, *args: Any, **kwargs: Any) -> None:  # __init__, or ClusterCoordinator's __new__
                 _state().strategies.append(f"{what} (refused)")
                 raise StrategyError(one_job.refusal(what, config.num_workers))
 
-            return __init__
+            return refused
 
         return factory
 

@@ -10,6 +10,7 @@ a status. :data:`REWRITES` holds every rewrite installed in this process;
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -48,9 +49,9 @@ class Rewrite(Patch):
         return self._factories[target](original)
 
     def library(self) -> str:
-        module = self.target_module()
-        root = module.__name__.split(".", 1)[0] if module is not None else "?"
-        return f"{root} {getattr(__import__(root), '__version__', '?')}" if module is not None else "?"
+        root = str(getattr(self.target_module(), "__name__", "?")).split(".", 1)[0]
+        version = getattr(sys.modules.get(root), "__version__", None)
+        return f"{root} {version}" if version else root
 
     def apply(self) -> PatchStatus:
         """Install every target's replacement (idempotent); a target may be an attribute the owner lacks."""
