@@ -44,6 +44,21 @@ elif case == "tpu":
     strategy = tf.distribute.TPUStrategy()  # no TPU here: the refusal must come before TensorFlow looks for one
 elif case == "default":
     strategy = tf.distribute.get_strategy()
+elif case == "loop":  # a custom loop without any strategy
+    w = tf.Variable(tf.zeros((4, 1)))
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((x @ w - y) ** 2)
+        w.assign_sub(0.05 * tape.gradient(loss, w))
+    print(f"final loss {float(loss):.7f}", flush=True)
+    raise SystemExit(0)
+elif case == "child":  # a data-loader-like Python child inherits PYTHONPATH and TFSTRATEGY_HOOK
+    import subprocess
+
+    child = ("import tensorflow as tf\nfrom tfstrategy.launch.worker_hook import STATE\n"
+             "print('child hook steps', len(STATE.steps), tf.distribute.MirroredStrategy.__new__ is object.__new__)")
+    print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout.strip())
+    strategy = tf.distribute.MirroredStrategy()
 else:
     raise SystemExit(f"unknown case {case}")
 
