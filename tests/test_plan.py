@@ -71,3 +71,12 @@ def test_select_and_hook_agree_on_the_shared_steps():
 def test_unknown_consumer_is_refused():
     with pytest.raises(ValueError, match="unknown consumer"):
         plan_steps(PlanInputs(consumer="nobody"))
+
+
+def test_the_hook_has_a_function_for_every_step_its_plan_can_name():
+    from tfstrategy.launch import worker_hook
+
+    variants = [PlanInputs(consumer="hook", cpu_replicas=2, devices="cpu", cluster_tasks=tasks, cluster_source=source)
+                for tasks, source in ((0, None), (2, "TF_CONFIG"), (2, "Slurm"))]
+    named = {step.name for inputs in variants for step in plan_steps(inputs)}
+    assert named == set(worker_hook._STEPS)
