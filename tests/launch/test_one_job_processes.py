@@ -17,8 +17,8 @@ from helpers import ROOT
 SCRIPT = ROOT / "tests" / "workers" / "one_job_script.py"
 
 
-def _tfstrategy(*args: str, timeout: float = 400):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+def _tfstrategy(*args: str, timeout: float = 400, **extra: str):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **extra}
     return subprocess.run([sys.executable, "-m", "tfstrategy", *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=ROOT)
 
@@ -94,6 +94,15 @@ def test_run_checks_a_listed_device_the_host_lacks_as_select_does():
     assert "DeviceError: MirroredStrategy(devices=['device:GPU:0']) at tests/workers/one_job_script.py:" in result.stderr
     assert "this host has ['/cpu:0']" in result.stderr
     assert "final loss" not in result.stdout
+
+
+@pytest.mark.slow
+def test_run_device_check_warn_reports_the_missing_device_and_goes_on():
+    result = _tfstrategy("run", "--", sys.executable, str(SCRIPT), "gpu", TFSTRATEGY_DEVICE_CHECK="warn")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "final loss" in result.stdout
+    # Said when it happens and again in the exit summary.
+    assert result.stderr.count("MirroredStrategy(devices=['device:GPU:0']) at tests/workers/one_job_script.py:") == 2
 
 
 @pytest.mark.slow

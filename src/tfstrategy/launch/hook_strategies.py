@@ -16,10 +16,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tfstrategy.errors import DeviceError, StrategyError
+from tfstrategy.errors import DeviceError, StrategyError, TFStrategyError
 from tfstrategy.launch import one_job
 from tfstrategy.launch.rewrites import Rewrite, install_rewrite
-from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICES, resolve_collective_timeout
+from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES, resolve_collective_timeout
 
 __all__ = ["prepare_collectives", "watch_strategies", "mirrored_devices", "refuse_unjoinable", "refuse_unjoined_fit"]
 
@@ -189,13 +189,23 @@ def _check_listed(devices: Any, chosen: list[str] | None) -> None:
     from tfstrategy.selection.devices import resolve_devices
     from tfstrategy.selection.host import HostInfo
 
+    mode = (os.environ.get(ENV_DEVICE_CHECK) or "stop").strip().lower()
+    if mode not in ("stop", "warn"):
+        raise TFStrategyError(f"Received {ENV_DEVICE_CHECK}={os.environ[ENV_DEVICE_CHECK]!r}; expected stop (a device "
+                              "list naming a device this host lacks is an error) or warn (report it and go on).")
     request = _parse(devices)
     where = _script_line()
     if request is not None and request.devices:
         try:
             resolve_devices(request, HostInfo.detect())
         except DeviceError as error:
-            raise DeviceError(f"MirroredStrategy(devices={list(devices)!r}) at {where}: {error}") from None
+            message = f"MirroredStrategy(devices={list(devices)!r}) at {where}: {error}"
+            if mode == "stop":
+                raise DeviceError(f"{message} ({ENV_DEVICE_CHECK}=warn lets the script go on as plain TensorFlow "
+                                  "would, placing ops where it can)") from None
+            _state().notes.append(message)
+            print(f"tfstrategy: {message} ({ENV_DEVICE_CHECK}=warn: going on as plain TensorFlow would)",
+                  file=sys.stderr, flush=True)
     settings = [f"{flag} {os.environ[name]}" for flag, name in (("--devices", ENV_DEVICES), ("--cpu-replicas", ENV_CPU_REPLICAS))
                 if os.environ.get(name)]
     if settings:

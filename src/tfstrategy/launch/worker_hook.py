@@ -424,4 +424,6 @@ _STEPS: dict[str, Callable[[], str | None]] = {
 
 
 def _print_summary() -> None:
+    if "tensorflow" not in sys.modules:
+        return  # a process that never imported TensorFlow (a shell helper, a data tool): the hook did nothing
     print(STATE.summary(), file=sys.stderr, flush=True)
