@@ -52,9 +52,9 @@ def test_launch_joins_and_trains_as_one_job(case, one_process_loss):
     assert result.stdout.count("strategy MultiWorkerMirroredStrategy 2") == 2
     assert "Collective ops must be configured" not in result.stderr
     assert "Enabling collective ops after program startup" not in result.stdout + result.stderr
-    # Every worker's exit summary names the strategy and the steps.
-    assert result.stderr.count("tfstrategy: MultiWorkerMirroredStrategy, 2 replicas;") == 2, result.stderr[-3000:]
-    assert "steps: record_creation_sites, prepare_collectives" in result.stderr
+    # Every worker's exit summary (forwarded with its output) names the strategy and the steps.
+    assert result.stdout.count("tfstrategy: MultiWorkerMirroredStrategy, 2 replicas;") == 2, result.stdout[-3000:]
+    assert "steps: record_creation_sites, prepare_collectives" in result.stdout
 
 
 REFUSALS = [
