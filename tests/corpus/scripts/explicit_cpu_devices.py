@@ -35,4 +35,4 @@ print("evaluate", model.evaluate(x, y, batch_size=32, verbose=0))
 print("predict", model.predict(x[:4], batch_size=2, verbose=0).ravel())
 
 weights = sum(float(np.abs(w).sum()) for w in model.get_weights())
-print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f}")
+print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f} replicas {strategy.num_replicas_in_sync} strategy {type(strategy).__name__}")

@@ -73,4 +73,4 @@ predictions = model.predict(x_test[:3], verbose=0)
 print("predictions shape:", predictions.shape)
 
 weights = sum(float(np.abs(w).sum()) for w in model.get_weights())
-print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f}")
+print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f} replicas {model.distribute_strategy.num_replicas_in_sync} strategy {type(model.distribute_strategy).__name__}")

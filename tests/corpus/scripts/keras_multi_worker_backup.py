@@ -91,4 +91,4 @@ if not _is_chief(task_type, task_id):
     tf.io.gfile.rmtree(write_checkpoint_dir)
 
 weights = sum(float(np.abs(w).sum()) for w in multi_worker_model.get_weights())
-print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f}")
+print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f} replicas {strategy.num_replicas_in_sync} strategy {type(strategy).__name__}")

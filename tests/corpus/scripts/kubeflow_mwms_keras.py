@@ -99,7 +99,7 @@ def main(args):
     multi_worker_model.export(model_path)
 
     weights = sum(float(np.abs(w).sum()) for w in multi_worker_model.get_weights())
-    print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f}")
+    print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f} replicas {strategy.num_replicas_in_sync} strategy {type(strategy).__name__}")
 
 
 if __name__ == "__main__":

@@ -48,4 +48,4 @@ print("Test loss:", test_scores[0])
 print("Test accuracy:", test_scores[1])
 
 weights = sum(float(np.abs(w.astype("float64")).sum()) for w in model.get_weights())
-print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f}")
+print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f} replicas {model.distribute_strategy.num_replicas_in_sync} strategy {type(model.distribute_strategy).__name__}")

@@ -73,6 +73,7 @@ def build_model():
 
 
 def run(flags_obj):
+    tf.keras.utils.set_random_seed(41)
     strategy = get_distribution_strategy(distribution_strategy=flags_obj.distribution_strategy,
                                          num_gpus=flags_obj.num_gpus)
     strategy_scope = get_strategy_scope(strategy)
@@ -107,7 +108,7 @@ def run(flags_obj):
     eval_output = model.evaluate(eval_input_dataset, steps=num_eval_steps, verbose=2)
     print("eval", eval_output)
     weights = sum(float(np.abs(w).sum()) for w in model.get_weights())
-    print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f}")
+    print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f} replicas {model.distribute_strategy.num_replicas_in_sync} strategy {type(model.distribute_strategy).__name__}")
 
 
 def main(_):

@@ -137,4 +137,4 @@ for i in range(2):
 loss = coordinator.schedule(step_fn, args=(per_worker_iterator,))
 final_loss = float(loss.fetch())
 weights = sum(float(np.abs(np.asarray(w)).sum()) for w in model.get_weights())
-print(f"final loss {final_loss:.6f} weights {weights:.6f}")
+print(f"final loss {final_loss:.6f} weights {weights:.6f} replicas {strategy.num_replicas_in_sync} strategy {type(strategy).__name__}")

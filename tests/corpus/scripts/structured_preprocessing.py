@@ -93,4 +93,4 @@ input_dict = {name: tf.convert_to_tensor([[value]]) for name, value in sample.it
 predictions = model.predict(input_dict, verbose=0)
 print(f"This particular pet had a {100 * float(tf.nn.sigmoid(predictions[0][0])):.1f} percent probability of being adopted.")
 weights = sum(float(np.abs(np.asarray(w, dtype="float64")).sum()) for w in model.get_weights())
-print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f}")
+print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f} replicas {strategy.num_replicas_in_sync} strategy {type(strategy).__name__}")

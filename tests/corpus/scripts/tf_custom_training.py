@@ -137,4 +137,4 @@ for images, labels in test_dataset:
 print(f"Accuracy after restoring the saved model without strategy: {float(eval_accuracy.result()) * 100}")
 
 weights = sum(float(np.abs(w).sum()) for w in model.get_weights())
-print(f"final loss {float(train_loss):.6f} weights {weights:.6f}")
+print(f"final loss {float(train_loss):.6f} weights {weights:.6f} replicas {strategy.num_replicas_in_sync} strategy {type(strategy).__name__}")

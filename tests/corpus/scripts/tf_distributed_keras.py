@@ -103,4 +103,4 @@ with strategy.scope():
     print(f"Eval loss: {eval_loss}, Eval Accuracy: {eval_acc}")
 
 weights = sum(float(np.abs(w).sum()) for w in model.get_weights())
-print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f}")
+print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f} replicas {strategy.num_replicas_in_sync} strategy {type(strategy).__name__}")

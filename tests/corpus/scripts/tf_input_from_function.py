@@ -73,4 +73,4 @@ for step in range(24):
         print(f"step {step + 1} loss {float(loss):.6f}")
 
 weights = sum(float(np.abs(w).sum()) for w in model.get_weights())
-print(f"final loss {float(loss):.6f} weights {weights:.6f}")
+print(f"final loss {float(loss):.6f} weights {weights:.6f} replicas {strategy.num_replicas_in_sync} strategy {type(strategy).__name__}")

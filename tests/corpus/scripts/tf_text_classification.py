@@ -99,4 +99,4 @@ examples = tf.constant(["The movie was great!", "The movie was okay.", "The movi
 print(export_model.predict(examples, verbose=0).ravel())
 
 weights = sum(float(np.abs(w).sum()) for w in model.get_weights())
-print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f}")
+print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f} replicas {strategy.num_replicas_in_sync} strategy {type(strategy).__name__}")

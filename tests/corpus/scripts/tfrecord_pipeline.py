@@ -46,4 +46,4 @@ with strategy.scope():
 history = model.fit(dataset, epochs=3, verbose=2)
 print("evaluate", model.evaluate(dataset, verbose=0))
 weights = sum(float(np.abs(w).sum()) for w in model.get_weights())
-print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f}")
+print(f"final loss {history.history['loss'][-1]:.6f} weights {weights:.6f} replicas {strategy.num_replicas_in_sync} strategy {type(strategy).__name__}")

@@ -61,4 +61,4 @@ for epoch in range(3):
     print(f"epoch {epoch + 1} loss {float(loss):.6f}")
 
 weights = sum(float(np.abs(w).sum()) for w in layer.get_weights())
-print(f"final loss {float(loss):.6f} weights {weights:.6f}")
+print(f"final loss {float(loss):.6f} weights {weights:.6f} replicas {strategy.num_replicas_in_sync} strategy {type(strategy).__name__}")
