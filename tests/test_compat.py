@@ -116,3 +116,25 @@ def test_every_patch_target_exists_in_the_installed_keras(name):
     assert module is not None, "Keras 3's TensorFlow trainer module moved: update _compat.keras3_tensorflow_trainer"
     for target in patch.targets:
         assert callable(_compat.get_path(module, target)), f"{name}: {target} is gone from this Keras"
+
+
+def test_coordination_store_is_absent_without_a_multi_worker_strategy():
+    # The multiprocess tests of keras_chief_files use the real store of a 2-worker job.
+    assert _compat.coordination_store() is None
+    assert issubclass(_compat.deadline_exceeded_error(), tf.errors.OpError)
+
+
+@pytest.mark.skipif(LEGACY, reason="tf_keras: its callbacks are not patched")
+def test_keras3_callback_attributes_the_file_patch_reads(tmp_path):
+    import keras as keras3
+
+    backup = keras3.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    for name in _compat.backup_file_attributes():
+        assert str(getattr(backup, name)).startswith(str(tmp_path / "backup")), name
+    board = keras3.callbacks.TensorBoard(log_dir=str(tmp_path / "logs"), write_graph=False, profile_batch=0)
+    model = keras3.Sequential(name="compat_probe")
+    board.set_model(model)
+    assert str(_compat.tensorboard_write_dir(board)) == str(tmp_path / "logs")
+    marker = object()
+    _compat.set_model_strategy(model, marker)
+    assert _compat.model_strategy(model) is marker

@@ -67,6 +67,41 @@ def keras3_tensorflow_trainer() -> ModuleType | None:
     return trainer
 
 
+def keras3_file_writers() -> ModuleType | None:
+    """``keras.src`` with the modules whose functions write files imported, when Keras 3 runs on TensorFlow.
+
+    The file-writing patch names its targets inside this package
+    (``saving.saving_lib.save_model``, ``callbacks.csv_logger.CSVLogger.on_train_begin``, ...).
+    """
+    if keras3_tensorflow_trainer() is None:
+        return None
+    try:
+        import keras.src
+        from keras.src.callbacks import backup_and_restore, csv_logger, tensorboard  # noqa: F401
+        from keras.src.export import saved_model_export_archive  # noqa: F401
+        from keras.src.legacy.saving import legacy_h5_format  # noqa: F401
+        from keras.src.saving import saving_lib  # noqa: F401
+        from keras.src.utils import file_utils  # noqa: F401
+    except ImportError:
+        return None
+    return keras.src
+
+
+def backup_file_attributes() -> tuple[str, ...]:
+    """The attributes of Keras 3's ``BackupAndRestore`` naming its files under ``backup_dir``."""
+    return ("_weights_path", "_training_metadata_path", "_prev_weights_path", "_prev_training_metadata_path")
+
+
+def tensorboard_write_dir(callback: Any) -> Any:
+    """The directory Keras 3's ``TensorBoard`` callback writes its event files under."""
+    return callback._log_write_dir
+
+
+def set_model_strategy(model: Any, strategy: Any) -> None:
+    """Record ``strategy`` as the one a Keras 3 model was created under (a probe's stand-in model)."""
+    model._distribute_strategy = strategy
+
+
 def keras3_tree() -> ModuleType:
     """Keras 3's nest utilities (``keras.src.tree``), which handle its ``None`` leaves as Keras does."""
     from keras.src import tree
@@ -316,3 +351,27 @@ def slurm_hostlist_helpers() -> tuple[Any, Any]:
     )
 
     return expand_hostlist, expand_tasks_per_node
+
+
+# --- The coordination service of a multi-worker job ----------------------------------
+
+
+def coordination_store() -> Any:
+    """The eager context when this process's coordination service is configured (its key-value store), else ``None``.
+
+    MultiWorkerMirroredStrategy configures the service when it is created in a
+    multi-worker cluster; TensorFlow exposes its store only on the private context.
+    """
+    if "tensorflow" not in sys.modules:
+        return None
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    if getattr(ctx, "coordination_service", None) is None or ctx._context_handle is None:
+        return None
+    return ctx
+
+
+def deadline_exceeded_error() -> type[BaseException]:
+    """What a timed-out ``get_config_key_value`` raises."""
+    return tf().errors.DeadlineExceededError

@@ -140,6 +140,9 @@ def install() -> None:
     """Run :func:`on_tensorflow_imported` once TensorFlow is imported (at once if it already is)."""
     if os.environ.get(ENV_HOOK_SUMMARY) == "1":
         atexit.register(_print_summary)
+    from tfstrategy.multiworker.file_races import install_excepthook
+
+    install_excepthook()  # one line naming a path two workers wrote, after the traceback
     if "tensorflow" in sys.modules:
         on_tensorflow_imported()
     else:
