@@ -375,3 +375,57 @@ def coordination_store() -> Any:
 def deadline_exceeded_error() -> type[BaseException]:
     """What a timed-out ``get_config_key_value`` raises."""
     return tf().errors.DeadlineExceededError
+
+
+# --- The multi-worker runtime, prepared before the first op --------------------------
+
+
+def prepare_collective_runtime(cluster: dict[str, list[str]], task_type: str, task_index: int,
+                               rpc_layer: str | None = None) -> bool:
+    """Configure this process's eager context for collectives as ``MultiWorkerMirroredStrategy`` would.
+
+    ``CollectiveAllReduceExtended._initialize_multi_worker`` configures collective
+    ops, the coordination service and the collective server on the eager context,
+    and ``configure_collective_ops`` raises "Collective ops must be configured at
+    program startup" once any op started the runtime. Made here with the same
+    values before the first op, the strategy's own calls later find them already
+    made (identical values are accepted), and ``enable_collective_ops`` before the
+    runtime starts only records the server: it starts with the runtime, so every
+    tensor the script makes before its strategy already lives on this task's devices.
+
+    Returns:
+        False if the runtime had already started (nothing was changed).
+    """
+    import copy
+
+    from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    if runtime_started():
+        return False
+    ctx = context.context()
+    spec = multi_worker_util.normalize_cluster_spec(cluster)
+    leader = multi_worker_util.collective_leader(spec, task_type, task_index)
+    ctx.configure_collective_ops(
+        collective_leader=leader,
+        scoped_allocator_enabled_ops=("CollectiveReduce",),
+        device_filters=(f"/job:{task_type}/task:{task_index}",),
+    )
+    if ctx.coordination_service is None and task_type in ("chief", "worker"):
+        jobs = [mwms.coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+                for job in ("chief", "worker") if job in spec.jobs]
+        ctx.configure_coordination_service(service_type="standalone",
+                                           service_leader=multi_worker_util.coordination_leader(spec),
+                                           coordinated_jobs=jobs)
+    config = copy.deepcopy(ctx.config)
+    rewrite = config.graph_options.rewrite_options
+    rewrite.scoped_allocator_optimization = mwms.rewriter_config_pb2.RewriterConfig.ON
+    del rewrite.scoped_allocator_opts.enable_op[:]
+    rewrite.scoped_allocator_opts.enable_op.append("CollectiveReduce")
+    config.experimental.collective_group_leader = leader
+    ctx.enable_collective_ops(mwms.tensorflow_server_pb2.ServerDef(
+        cluster=spec.as_cluster_def(), default_session_config=config, job_name=task_type,
+        task_index=task_index, protocol=rpc_layer or "grpc", port=0,
+    ))
+    return True
