@@ -163,6 +163,10 @@ CASES: tuple[Case, ...] = (
         files={"training_checkpoints/checkpoint": 1, "training_checkpoints/ckpt-1.index": 1,
                "training_checkpoints/ckpt-1.data-00000-of-00001": 1, "training_checkpoints/ckpt-2.index": 1,
                "training_checkpoints/ckpt-2.data-00000-of-00001": 1},
+        known={"run": (r"You must feed a value for placeholder tensor",
+                     "Keras 3 builds the optimizer inside the replicated tf.function at its first apply_gradients, "
+                     "which fails on 2+ local replicas as in plain TensorFlow (fix in the script: "
+                     "optimizer.build(model.trainable_variables) in the scope)")},
         plain_tf_two_workers='exit 0, but each worker trains alone and saves the same checkpoint',
     ),
     Case(
@@ -193,6 +197,9 @@ CASES: tuple[Case, ...] = (
         run=Trains(replicas=2),
         launch=Trains(workers=2, replicas=2),
         inputs=("data/*",),
+        known={"run": (r"Inputs to operation AddN of type AddN must have the same size and shape",
+                     "Keras 3's symbolic build averages the first batch over the replicas, which fails when a batch "
+                     "splits unevenly (evaluate's 25 examples on 2 replicas), as in plain TensorFlow")},
         plain_tf_two_workers='exit 0, but each worker trains alone',
     ),
     Case(
@@ -202,6 +209,9 @@ CASES: tuple[Case, ...] = (
         plain=Trains(replicas=1),
         run=Trains(replicas=2),
         launch=Trains(workers=2, replicas=2),
+        known={"run": (r"Value for attr 'T' of string is not in the list",
+                     "Keras 3's symbolic build averages the first batch over the replicas, which fails on string "
+                     "features on 2+ replicas, as in plain TensorFlow")},
         plain_tf_two_workers='exit 0, but each worker trains alone',
     ),
     Case(
@@ -232,6 +242,9 @@ CASES: tuple[Case, ...] = (
         plain=Trains(replicas=1),
         run=Trains(replicas=2, same_as="plain"),
         launch=Trains(workers=2, replicas=2, same_as="run"),
+        known={"run": (r"Trying to access resource .* located in device",
+                     "XLA places a jit_compile'd replica function on CPU:0: the logical CPU replicas of "
+                     "--cpu-replicas cannot run it (TensorFlow's XLA known issue; plain TensorFlow the same)")},
         plain_tf_two_workers='exit 0, but each worker trains alone',
     ),
     Case(
@@ -473,8 +486,7 @@ def check(case: Case, mode: str, result: Result, plain_result: Result | None = N
         if result.returncode != 0:
             if outcome.race and result.tfstrategy_lines and re.search(outcome.race, result.tfstrategy_lines[0]):
                 return []  # the script's own race on that path, named as such
-            headline = result.tfstrategy_lines[:1]
-            return [f"expected training to succeed, got exit {result.returncode}: {headline} {_last_error(result)}", tail]
+            return [f"expected training to succeed, got exit {result.returncode}: {_last_error(result)}", tail]
         problems += _check_training(case, mode, outcome, result, references or {})
         problems += _check_files(case, result, plain_result)
     if problems:
