@@ -43,15 +43,32 @@ def observed(case, mode: str, result: Result, results: dict[str, Result]) -> str
     return f"exit {result.returncode}: {errors[-1][:160] if errors else '?'}"
 
 
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "unchanged-scripts.md"
+
+
+def update_guide() -> None:
+    """Replace the corpus table of the unchanged-scripts guide with the one ``CASES`` states."""
+    lines = GUIDE.read_text().split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("| case (`tests/corpus/scripts/`)"))
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    GUIDE.write_text("\n".join(lines[:start] + guide_table().rstrip("\n").split("\n") + lines[end:]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ids", nargs="*", help="case ids (default: all)")
     parser.add_argument("--modes", default="plain,run,launch,tf2")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--table", action="store_true", help="print the guide's table of stated outcomes and exit")
+    parser.add_argument("--update-guide", action="store_true", help="rewrite that table in the guide and exit")
     args = parser.parse_args(argv)
     if args.table:
         print(guide_table(), end="")
+        return 0
+    if args.update_guide:
+        update_guide()
         return 0
     modes = args.modes.split(",")
     cases = [case for case in CASES if not args.ids or case.id in args.ids]

@@ -91,7 +91,7 @@ def test_every_script_is_in_the_table_and_names_its_source():
 
 def test_guide_lists_the_corpus_as_the_table_states_it():
     guide = (ROOT / "docs" / "guides" / "unchanged-scripts.md").read_text()
-    assert guide_table() in guide, "regenerate it: python tests/corpus/measure.py --table"
+    assert guide_table() in guide, "regenerate it: python tests/corpus/measure.py --update-guide"
 
 
 def test_table_is_complete():
