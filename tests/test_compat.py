@@ -141,8 +141,6 @@ def test_keras3_callback_attributes_the_file_patch_reads(tmp_path):
     marker = object()
     _compat.set_model_strategy(model, marker)
     assert _compat.model_strategy(model) is marker
-
-
 _OP_THEN_MWMS = """
 import json, os, socket, sys
 import tensorflow as tf
