@@ -27,6 +27,7 @@ from corpus_cases import (
     check,
     describe,
     guide_table,
+    run_case,
 )
 
 from helpers import ROOT
@@ -56,8 +57,6 @@ def _needed_modes(case: Case) -> list[str]:
 def test_script_runs_as_stated_in_every_mode(case: Case, tmp_path: Path):
     results: dict[str, Result] = {}
     problems: dict[str, list[str]] = {}
-    from corpus_cases import run_case
-
     for mode in _needed_modes(case):
         results[mode] = run_case(case, mode, tmp_path / mode)
         if case.outcome(mode) is None:
