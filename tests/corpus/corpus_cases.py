@@ -39,6 +39,8 @@ MODES = ("plain", "run", "launch")
 RTOL = 1e-4
 #: Every process is bounded in time: a hung run fails its test instead of hanging CI.
 RUN_SECONDS = 420
+#: The class names of one multi-worker job's strategy (TensorFlow's MWMS is a CollectiveAllReduceStrategy).
+ONE_JOB = ("MultiWorkerMirroredStrategy", "CollectiveAllReduceStrategy")
 STARTING = re.compile(r"tfstrategy launch: starting \d+ worker")
 FINAL = re.compile(r"^(?:\[worker (\d+)\] )?final loss (\S+) weights (\S+) replicas (\d+) strategy (\w+)\s*$")
 
@@ -244,7 +246,10 @@ CASES: tuple[Case, ...] = (
         launch=Trains(workers=2, replicas=2, same_as="run"),
         known={"run": (r"Trying to access resource .* located in device",
                      "XLA places a jit_compile'd replica function on CPU:0: the logical CPU replicas of "
-                     "--cpu-replicas cannot run it (TensorFlow's XLA known issue; plain TensorFlow the same)")},
+                     "--cpu-replicas cannot run it (TensorFlow's XLA known issue; plain TensorFlow the same)"),
+               "launch": (r"implemented for CPU devices when compiling with XLA",
+                        "TensorFlow cannot compile a multi-worker collective with XLA on CPU devices (b/194942685): "
+                        "the workers abort (SIGABRT); on GPUs it compiles")},
         plain_tf_two_workers='exit 0, but each worker trains alone',
     ),
     Case(
@@ -257,6 +262,9 @@ CASES: tuple[Case, ...] = (
         files={"model_dir/model.ckpt-0001.weights.h5": 1, "model_dir/model.ckpt-0002.weights.h5": 1,
                "model_dir/train/events.out.tfevents.*": 1, "model_dir/validation/events.out.tfevents.*": 1,
                "model_dir/saved_model.keras": 1},
+        known={"launch": (r"exited with status 1 before joining'\]",
+                        "each worker refuses MirroredStrategy(devices=['/gpu:0']) in one line, but under absl.app.run "
+                        "the launcher's headline is only 'worker 1 exited with status 1 before joining'")},
         plain_tf_two_workers='exit 0: each worker trains alone, on the CPU, without a word about the missing GPU',
     ),
     Case(
@@ -301,6 +309,10 @@ CASES: tuple[Case, ...] = (
         skip_reason="run: like plain, the script itself needs TF_CONFIG (KeyError: 'task' before any TensorFlow)",
         files={"ckpt/ckpt_1.weights.h5": 1, "ckpt/ckpt_2.weights.h5": 1, "logs/train/events.out.tfevents.*": 1,
                "saved_model/saved_model.pb": 1, "saved_model/fingerprint.pb": 1, "saved_model/variables/*": 2},
+        known={"launch": (r"UnavailableError: Socket closed",
+                        "worker 1 exports to saved_model/worker_tmp_1, a path the chief never writes; its private "
+                        "copy waits for the chief's file through the coordination service of the chief, which has "
+                        "finished and exited")},
         plain_tf_two_workers='fails: `ValueError: Attempt to convert a value (PerReplica...)` (Keras 3 under MultiWorkerMirroredStrategy)',
     ),
     Case(
@@ -311,6 +323,9 @@ CASES: tuple[Case, ...] = (
         run=Trains(replicas=2, same_as="plain"),
         launch=Trains(workers=2, replicas=2, same_as="run"),
         inputs=("data/*",),
+        known={"launch": (r"Could not apply FILE based sharding",
+                        "TensorFlow's AUTO auto-shard policy refuses one TFRecord file for two workers (plain "
+                        "MultiWorkerMirroredStrategy does the same); the launcher's headline does not say so")},
         plain_tf_two_workers='exit 0, but each worker trains alone',
     ),
 )
@@ -509,7 +524,7 @@ def _check_training(case: Case, mode: str, outcome: Trains, result: Result,
     if len(values) != 1:
         problems.append(f"expected the same final loss and weights on every worker, got {result.finals}")
     loss, weights, replicas, strategy = result.finals[0]
-    if outcome.workers > 1 and "MultiWorker" not in strategy:
+    if outcome.workers > 1 and strategy not in ONE_JOB:
         problems.append(f"expected one job of {outcome.workers} workers, got each worker training alone with {strategy}")
     if outcome.replicas is not None and replicas != outcome.replicas:
         problems.append(f"expected {outcome.replicas} replica(s) in sync, got {replicas} ({strategy})")
@@ -517,7 +532,9 @@ def _check_training(case: Case, mode: str, outcome: Trains, result: Result,
         problems.append(f"expected a finite final loss and weights, got {loss}, {weights}")
     if outcome.same_as:
         reference = references.get(outcome.same_as)
-        if reference is None or not reference.finals:
+        if outcome.same_as in case.known:
+            pass  # that mode does not train yet (Case.known): nothing to compare with
+        elif reference is None or not reference.finals:
             problems.append(f"no {outcome.same_as} run to compare with")
         else:
             ref_loss, ref_weights = reference.finals[0][:2]
