@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from tfstrategy.errors import ScopeError, TFStrategyError
+from tfstrategy.launch import worker_watch
 from tfstrategy.settings import (
     ENV_AUDIT,
     ENV_CPU_REPLICAS,
@@ -140,6 +141,7 @@ def install() -> None:
     """Run :func:`on_tensorflow_imported` once TensorFlow is imported (at once if it already is)."""
     if os.environ.get(ENV_HOOK_SUMMARY) == "1":
         atexit.register(_print_summary)
+    worker_watch.install()  # supervision: die with the launcher, error file, stacks, heartbeat
     if "tensorflow" in sys.modules:
         on_tensorflow_imported()
     else:
@@ -200,7 +202,7 @@ def on_keras_imported() -> None:
     """The steps that need Keras, once (after TensorFlow's own steps)."""
     if "tensorflow" not in sys.modules:
         return  # keras failed before importing TensorFlow; on_tensorflow_imported will call back
-    _take((_apply_patches, _keras2_aliases, _audit))
+    _take((_apply_patches, _keras2_aliases, _audit, _count_batches))
 
 
 _TAKEN: set[str] = set()
@@ -405,6 +407,22 @@ def _audit_model(model: Any, method: str, mode: str) -> None:
         raise ScopeError(f"tfstrategy stopped {method}() before its first step (--audit stop):\n{message}")
     print(f"tfstrategy: scope audit before {method}() (--audit warn, training goes on):\n{message}",
           file=sys.stderr, flush=True)
+
+
+def _count_batches() -> str | None:
+    from tfstrategy import _compat
+
+    flavours = {_compat.keras_for(), sys.modules.get("keras")} - {None}
+    return "; ".join(filter(None, (worker_watch.count_batches(keras) for keras in flavours))) or None
+
+
+def reset() -> None:
+    """Forget this process's hook state (tests; a second job in one process starts clean)."""
+    global STATE
+    STATE = HookState()
+    _TAKEN.clear()
+    _AUDITED.clear()
+    worker_watch.reset()
 
 
 def _print_summary() -> None:
