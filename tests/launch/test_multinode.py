@@ -135,7 +135,7 @@ def test_failure_on_node_1_stops_and_restarts_both_nodes():
     nodes = [_node(0, master, *restart), _node(1, master, *restart)]
     results = _finish_all(*nodes, timeout=90)
     for code, _, err, seconds in results:
-        assert code == 3, err
+        assert code == 1, err
         assert "node 1 worker 1 exited with status 3" in err and "last 15 line(s) of node 1 worker 1:" in err
         assert "  | line 29" in err
         assert "(restart 1 of 1)" in err and "giving up after 1 restart(s)" in err
@@ -160,10 +160,10 @@ def test_ctrl_c_on_node_0_stops_every_process_on_both_nodes():
     job = ("-n", "2", "--timeout", "60", "--", sys.executable, str(PLAIN_WORKER), "sleep")
     nodes = [_node(0, master, *job), _node(1, master, *job)]
     deadline = time.monotonic() + 60
-    # per node: the launcher, 2 workers and their 2 children
-    while any(len(_tagged(node.tag)) < 5 for node in nodes) and time.monotonic() < deadline:
+    # per node: the launcher, its reaper, 2 workers and their 2 children
+    while any(len(_tagged(node.tag)) < 6 for node in nodes) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [len(_tagged(node.tag)) for node in nodes] == [5, 5]
+    assert [len(_tagged(node.tag)) for node in nodes] == [6, 6]
     nodes[0].process.send_signal(signal.SIGINT)
     interrupted = time.monotonic()
     results = _finish_all(*nodes, timeout=30)
@@ -186,7 +186,7 @@ def two_by_one(tmp_path_factory):
     [(stranger_code, _, stranger_err, _)] = _finish_all(stranger, timeout=60)
     node1 = _node(1, master, *job)
     deadline = time.monotonic() + 120
-    while len(_tagged(node1.tag)) < 2 and time.monotonic() < deadline:  # its worker runs: the cluster is formed
+    while len(_tagged(node1.tag)) < 3 and time.monotonic() < deadline:  # its worker runs: the cluster is formed
         time.sleep(0.2)
     [(taken_code, _, taken_err, _)] = _finish_all(_node(1, master, *job, address="127.0.0.8"), timeout=60)
     results = _finish_all(node0, node1, timeout=600)
