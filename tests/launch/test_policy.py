@@ -264,7 +264,7 @@ def test_a_stall_that_resumes_is_reported_and_forgotten():
 class NodeLost(LocalCoordinator):
     """Another node's launcher disconnects mid-job: node 0 relays it as the round's failure."""
 
-    rank = 0
+    rank = 0  # type: ignore[assignment]  (node 0 of a job)
 
     def __init__(self, clock: Clock) -> None:
         super().__init__(max_restarts=0)

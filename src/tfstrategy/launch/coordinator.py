@@ -52,9 +52,13 @@ class Event:
 class Coordinator(Protocol):
     """The job beyond this machine's workers."""
 
-    #: This machine's rank (``None`` on one machine) and the job's attempt to start with.
-    rank: int | None
-    round: int
+    @property
+    def rank(self) -> int | None:
+        """This machine's rank (``None`` on one machine)."""
+
+    @property
+    def round(self) -> int:
+        """The job's attempt to start with (a node joining late starts at the current one)."""
 
     def connect(self) -> Event | None:
         """Join the job; an ``END`` event instead if it cannot be joined."""
@@ -84,11 +88,16 @@ class Coordinator(Protocol):
 class LocalCoordinator:
     """A job on this machine alone: restarts up to ``max_restarts`` times; nothing happens elsewhere."""
 
-    rank = None
-    round = 0
-
     def __init__(self, max_restarts: int) -> None:
         self.max_restarts = max_restarts
+
+    @property
+    def rank(self) -> int | None:
+        return None
+
+    @property
+    def round(self) -> int:
+        return 0
 
     def connect(self) -> Event | None:
         return None

@@ -328,8 +328,8 @@ class GroupMonitor:
                 limit = self.policy.stall_timeout
                 then = (f"; the job fails if it does not advance within {max(limit, threshold) - (now - since):.0f} s"
                         if limit is not None else "")
-                decision.notes.append(f"stall: worker {w.index} {why}; every worker's Python stack follows in its "
-                                      f"output{then}")
+                decision.notes.append(f"stall: worker {w.index} {why} (found {now - since:.1f} s after its last "
+                                      f"progress); every worker's Python stack follows in its output{then}")
         limit = self.policy.stall_timeout
         stalled = [w for w in alive if w.stall is not None]
         if limit is None or not stalled:

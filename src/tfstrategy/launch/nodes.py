@@ -44,7 +44,7 @@ class RendezvousCoordinator:
         node = _nodes_of(options)
         workers, restarts = options.num_workers, options.max_restarts
         self.options, self.node, self.say = options, node, say
-        self.rank: int | None = node.node_rank
+        self._rank = node.node_rank
         self.first_worker = node.node_rank * workers
         self._server = None
         if node.node_rank == 0:
@@ -52,6 +52,10 @@ class RendezvousCoordinator:
                                             timeout=options.join_timeout, say=say)
             say(f"node 0 hosts the rendezvous of {node.nnodes} nodes on {node.master}")
         self._client = RendezvousClient(node, workers_per_node=workers, max_restarts=restarts, interrupted=interrupted)
+
+    @property
+    def rank(self) -> int | None:
+        return self._rank
 
     @property
     def round(self) -> int:

@@ -98,12 +98,9 @@ class Pump:
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    self._emit(line)
+                    self._emit(self._split(line))
                 if len(pending) > MAX_LINE:
-                    pending = pending[pending.rfind(b"\r") + 1:]  # a progress bar: keep its last state
-                    while len(pending) > MAX_LINE:
-                        self._emit(pending[:MAX_LINE], split=True)
-                        pending = pending[MAX_LINE:]
+                    pending = self._split(pending)
                 self.peak_buffer = max(self.peak_buffer, len(pending))
             if pending:
                 self._emit(pending)
@@ -127,6 +124,15 @@ class Pump:
             self.log.flush()
         except (OSError, ValueError):
             self.log = None  # a full disk: the console copy and the tail go on
+
+    def _split(self, raw: bytes) -> bytes:
+        """Emit ``raw``'s pieces beyond :data:`MAX_LINE` as split lines; the rest."""
+        trimmed = raw.rstrip(b"\r")
+        raw = trimmed[trimmed.rfind(b"\r") + 1:] + raw[len(trimmed):]  # a progress bar: its last state
+        while len(raw) > MAX_LINE:
+            self._emit(raw[:MAX_LINE], split=True)
+            raw = raw[MAX_LINE:]
+        return raw
 
     def _emit(self, raw: bytes, *, split: bool = False) -> None:
         raw = raw.rstrip(b"\r")

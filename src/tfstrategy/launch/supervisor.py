@@ -207,8 +207,9 @@ class Launcher:
                 ENV_NUM_WORKERS: str(len(addresses)), ENV_WORKER_INDEX: str(index), ENV_RESTART: str(attempt),
                 ENV_JOIN_FILE: str(files["joined"]), ENV_ERROR_FILE: str(files["error"]),
                 ENV_PROGRESS_FILE: str(files["progress"]), ENV_LAUNCHER_PID: str(os.getpid()), ENV_JOB_TAG: self.tag,
-                # Line-by-line output, so prefixes and failure tails are current.
-                "PYTHONUNBUFFERED": "1",
+                # Line-by-line output, so prefixes and failure tails are current; UTF-8 whatever the
+                # terminal's encoding, as the launcher reads it (and re-encodes for the terminal).
+                "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8",
             }
             if self._lifeline is not None:
                 env[ENV_LIFELINE_FD] = str(self._lifeline.read_fd)

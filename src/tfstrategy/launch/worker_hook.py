@@ -327,7 +327,7 @@ def _watch_multi_worker() -> str:
     return f"MultiWorkerMirroredStrategy signals the launcher; collective timeout {timeout or 'none'}"
 
 
-def _watch_mirrored(cls: type) -> None:
+def _watch_mirrored(cls: Any) -> None:
     original = cls.__init__
 
     @functools.wraps(original)
@@ -368,7 +368,7 @@ def _audit() -> str | None:
     from tfstrategy import _compat
 
     # tf.keras's Model, and Keras 3's too if the script imported it beside tf_keras.
-    flavours = {_compat.keras_for(), sys.modules.get("keras")} - {None}
+    flavours: set[Any] = {_compat.keras_for(), sys.modules.get("keras")} - {None}
     for keras in flavours:
         for method in ("fit", "evaluate"):
             setattr(keras.Model, method, _audited(getattr(keras.Model, method), method, mode))
@@ -412,7 +412,7 @@ def _audit_model(model: Any, method: str, mode: str) -> None:
 def _count_batches() -> str | None:
     from tfstrategy import _compat
 
-    flavours = {_compat.keras_for(), sys.modules.get("keras")} - {None}
+    flavours: set[Any] = {_compat.keras_for(), sys.modules.get("keras")} - {None}
     return "; ".join(filter(None, (worker_watch.count_batches(keras) for keras in flavours))) or None
 
 
