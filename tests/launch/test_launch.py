@@ -89,6 +89,17 @@ def _launch(*args: str, timeout: float) -> tuple[int, str, str, float]:
         pytest.param(["-n", "2", "--", str(ROOT / "README.md")], "README.md', a file that is not executable", id="not-executable"),
         pytest.param(["-n", "2", "--backup-dir", "/proc/1/nope", "--", "true"], "--backup-dir /proc/1/nope, which cannot be created",
                      id="backup-dir-cannot-be-created"),
+        pytest.param(["-n", "2", "--tee", "--", "true"], "--tee without --log-dir", id="tee-without-log-dir"),
+        pytest.param(["-n", "2", "--console-workers", "a,1", "--", "true"], "--console-workers 'a,1'; expected comma",
+                     id="console-workers-not-numbers"),
+        pytest.param(["-n", "2", "--console-workers", "5", "--", "true"], "--console-workers with 5; expected worker "
+                     "indices 0..1", id="console-workers-out-of-range"),
+        pytest.param(["-n", "2", "--stall-timeout", "-1", "--", "true"], "--stall-timeout -1; expected seconds > 0",
+                     id="negative-stall-timeout"),
+        pytest.param(["-n", "2", "--stall-report", "0", "--", "true"], "--stall-report 0; expected seconds > 0",
+                     id="zero-stall-report"),
+        pytest.param(["-n", "2", "--log-dir", str(ROOT / "README.md"), "--", "true"], "--log-dir .*README.md, which is "
+                     "a file", id="log-dir-is-a-file"),
     ],
 )
 def test_invalid_options_are_refused_before_starting(argv, message):
@@ -356,3 +367,25 @@ def test_sigkilled_launcher_mid_training_leaves_no_worker(tmp_path):
     assert _wait_until_gone(run.tag) == []
     print(f"both training workers gone {time.monotonic() - killed:.2f} s after SIGKILL of the launcher")
     run.finish(timeout=5)
+
+
+@pytest.mark.multiprocess
+def test_log_dir_keeps_each_workers_streams_and_the_report_says_where(tmp_path):
+    code, out, err, _ = _launch("-n", "2", "--log-dir", str(tmp_path), "--", sys.executable, str(PLAIN_WORKER), "fail",
+                                timeout=60)
+    assert code == 1
+    assert "[worker" not in out  # the files instead of the console
+    worker_1 = tmp_path / "attempt-0" / "worker-1"
+    assert "line 29" in (worker_1 / "stdout.log").read_text()
+    assert f"each worker's output goes to {tmp_path}/attempt-0/worker-<i>/stdout.log and stderr.log" in err
+    assert f"full output of worker 1: {worker_1}/stdout.log, {worker_1}/stderr.log" in err
+
+
+@pytest.mark.multiprocess
+def test_tee_with_console_workers_shows_only_those_on_the_console(tmp_path):
+    code, out, err, _ = _launch("-n", "2", "--log-dir", str(tmp_path), "--tee", "--console-workers", "0", "--",
+                                sys.executable, "-c", "import os, sys; print('hi from', os.environ['TFSTRATEGY_WORKER_INDEX']); "
+                                "print('to stderr', file=sys.stderr)", timeout=60)
+    assert code == 0, err
+    assert sorted(out.splitlines()) == ["[worker 0] hi from 0", "[worker 0] to stderr"]
+    assert (tmp_path / "attempt-0" / "worker-1" / "stderr.log").read_text() == "to stderr\n"
