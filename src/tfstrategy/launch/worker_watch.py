@@ -61,6 +61,11 @@ def install(env: Mapping[str, str] | None = None) -> dict[str, str]:
             continue
         if done:
             INSTALLED[name] = done
+    if env is os.environ:
+        # This process is the worker: a Python process it starts (a helper, `python other.py`)
+        # must not write its error file, reset its progress or die for its lifeline.
+        for name in (ENV_ERROR_FILE, ENV_PROGRESS_FILE, ENV_LAUNCHER_PID, ENV_LIFELINE_FD):
+            os.environ.pop(name, None)
     return dict(INSTALLED)
 
 
@@ -75,13 +80,14 @@ def _die_with_launcher(env: Mapping[str, str]) -> str | None:
     if not launcher:
         return None
     done = []
-    if sys.platform.startswith("linux"):
+    # Only when the launcher started this process itself (not through `sh -c ...`, whose death
+    # would then kill it); and armed before the check, so a launcher dying in between is seen.
+    if sys.platform.startswith("linux") and launcher.isdigit() and os.getppid() == int(launcher):
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
             done.append("PR_SET_PDEATHSIG")
-    if os.getppid() != int(launcher):
-        # The launcher died before the death signal was armed: nothing supervises this worker.
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+            if os.getppid() != int(launcher):
+                os.killpg(os.getpgrp(), signal.SIGKILL)  # the launcher died before the signal was armed
     fd = env.get(ENV_LIFELINE_FD)
     if fd and fd.isdigit():
         threading.Thread(target=_wait_for_end_of_file, args=(int(fd),), name="tfstrategy-lifeline",
