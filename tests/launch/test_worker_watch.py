@@ -74,3 +74,31 @@ def test_the_heartbeat_beats_and_a_stack_signal_prints_every_threads_stack(tmp_p
     _, err = process.communicate(timeout=30)
     assert "tfstrategy-heartbeat" in err or "Thread 0x" in err
     assert 'script.py", line' in err and "in <module>" in err
+
+
+def test_fit_counts_train_and_validation_batches_and_keeps_the_users_callbacks(tmp_path):
+    import keras
+    import numpy as np
+
+    from tfstrategy.launch import worker_watch
+    from tfstrategy.launch.reports import ProgressWriter
+
+    worker_watch._PROGRESS.append(ProgressWriter(tmp_path / "progress"))
+    seen = []
+
+    class Users(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(read_progress(tmp_path / "progress"))
+
+    try:
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        x, y = np.zeros((12, 2), "float32"), np.zeros((12, 1), "float32")
+        fit = worker_watch._with_progress(keras.Model.fit, keras, worker_watch._CALLBACKS_POSITION["fit"])
+        fit(model, x, y, batch_size=4, epochs=2, verbose=0, callbacks=[Users()], validation_data=(x, y))
+    finally:
+        worker_watch.reset()
+    progress = read_progress(tmp_path / "progress")
+    assert progress.steps == 2 * (3 + 3) and not progress.in_step  # 3 train + 3 validation batches per epoch
+    # The user's batch-end callback runs after the batch counted as ended: "outside the step".
+    assert [(p.steps, p.in_step) for p in seen[:3]] == [(1, False), (2, False), (3, False)]

@@ -201,13 +201,15 @@ _CALLBACKS_POSITION = {"fit": 5, "evaluate": 6, "predict": 4}
 
 def _with_progress(original: Callable[..., Any], keras: Any, position: int) -> Callable[..., Any]:
     def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
-        pair = progress_callbacks(keras)
+        given = args[position] if len(args) > position else kwargs.get("callbacks")
+        # A CallbackList is fit's own, handed to its validation's evaluate: already counted.
+        pair = progress_callbacks(keras) if given is None or isinstance(given, (list, tuple)) else None
         if pair is not None:
             first, last = pair
             if len(args) > position:  # callbacks passed positionally
-                args = (*args[:position], [first, *(args[position] or []), last], *args[position + 1:])
+                args = (*args[:position], [first, *(given or []), last], *args[position + 1:])
             else:
-                kwargs["callbacks"] = [first, *(kwargs.get("callbacks") or []), last]
+                kwargs["callbacks"] = [first, *(given or []), last]
         return original(model, *args, **kwargs)
 
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
