@@ -389,3 +389,18 @@ def test_tee_with_console_workers_shows_only_those_on_the_console(tmp_path):
     assert code == 0, err
     assert sorted(out.splitlines()) == ["[worker 0] hi from 0", "[worker 0] to stderr"]
     assert (tmp_path / "attempt-0" / "worker-1" / "stderr.log").read_text() == "to stderr\n"
+
+
+@pytest.mark.multiprocess
+def test_sigterm_ends_143_even_when_workers_ignoring_it_are_sigkilled_after_the_grace():
+    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(600)"
+    run = Run("-n", "2", "--grace", "1", "--", sys.executable, "-c", stubborn)
+    assert run.process.stdout is not None
+    assert sorted(run.process.stdout.readline().strip() for _ in range(2)) == ["[worker 0] ready", "[worker 1] ready"]
+    deadline = time.monotonic() + 60
+    while len(_tagged(run.tag)) < 4 and time.monotonic() < deadline:  # launcher, reaper, 2 workers
+        time.sleep(0.1)
+    run.process.send_signal(signal.SIGTERM)
+    code, _, err, _ = run.finish(timeout=30)
+    assert code == 143, err
+    assert "received SIGTERM: passed it on; every worker stopped" in err

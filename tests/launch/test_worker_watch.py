@@ -102,3 +102,21 @@ def test_fit_counts_train_and_validation_batches_and_keeps_the_users_callbacks(t
     assert progress.steps == 2 * (3 + 3) and not progress.in_step  # 3 train + 3 validation batches per epoch
     # The user's batch-end callback runs after the batch counted as ended: "outside the step".
     assert [(p.steps, p.in_step) for p in seen[:3]] == [(1, False), (2, False), (3, False)]
+
+
+def test_reset_forgets_the_hooks_state_in_place():
+    from tfstrategy.launch import worker_hook, worker_watch
+
+    state = worker_hook.STATE
+    saved = (list(state.steps), set(worker_hook._TAKEN), dict(worker_watch.INSTALLED))
+    try:
+        state.steps.append(("x", "y"))
+        worker_hook._TAKEN.add("_split_cpu")
+        worker_watch.INSTALLED["heartbeat"] = "in a file"
+        worker_hook.reset()
+        assert worker_hook.STATE is state and state.steps == [] and not worker_hook._TAKEN
+        assert worker_watch.INSTALLED == {}
+    finally:
+        state.steps[:] = saved[0]
+        worker_hook._TAKEN.update(saved[1])
+        worker_watch.INSTALLED.update(saved[2])

@@ -418,8 +418,9 @@ def _count_batches() -> str | None:
 
 def reset() -> None:
     """Forget this process's hook state (tests; a second job in one process starts clean)."""
-    global STATE
-    STATE = HookState()
+    fresh = HookState()
+    for name in fresh.__dataclass_fields__:
+        setattr(STATE, name, getattr(fresh, name))  # in place: other modules hold STATE itself
     _TAKEN.clear()
     _AUDITED.clear()
     worker_watch.reset()
