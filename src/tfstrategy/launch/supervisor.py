@@ -333,8 +333,13 @@ class Launcher:
         if signum is None:
             result.returncode = event.status if event is not None else 1
             result.reason = event.reason if event is not None else EndReason.FAILED
-            self._say(event.message if event is not None and event.message else
-                      "the job ended before this node's workers started")
+            if event is not None and event.failure is not None:  # e.g. a node broke the protocol while forming
+                result.failures.append(event.failure)
+                result.returncode = event.failure.exit_status
+                self._say(event.failure.report())
+            else:
+                self._say(event.message if event is not None and event.message else
+                          "the job ended before this node's workers started")
             return result
         stopping = self._clock()
         # Pass the signal on (a preempted worker saves and exits), then SIGKILL after the grace.
