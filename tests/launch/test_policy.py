@@ -306,3 +306,15 @@ def test_fake_worker_refuses_a_wait_while_alive():
                                    progress_file=None), Clock())
     with pytest.raises(AssertionError):
         worker.wait()
+
+
+def test_a_program_without_the_hook_joins_when_every_port_accepts_connections():
+    from dataclasses import replace
+
+    from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
+
+    monitor = GroupMonitor([0, 1], Policy(join_timeout=30), started=0.0)
+    assert not monitor.update(1.0, 1.0, {0: Observation(listening=True), 1: Observation()}).all_joined
+    decision = monitor.update(2.0, 2.0, {0: Observation(listening=True), 1: replace(Observation(), listening=True)})
+    assert decision.all_joined and monitor.update(400.0, 400.0, {0: Observation(), 1: Observation()}).verdict.value \
+        == "continue"

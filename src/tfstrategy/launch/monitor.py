@@ -70,6 +70,8 @@ class Observation:
     error: ErrorRecord | None = None
     #: The process is stopped (``T`` in ``/proc/PID/stat``: SIGSTOP, a debugger).
     stopped: bool = False
+    #: Its TensorFlow server's port accepts connections (how a program without the hook joins).
+    listening: bool = False
 
 
 class Verdict(str, Enum):
@@ -99,6 +101,7 @@ class _Worker:
     index: int
     state: WorkerState = WorkerState.STARTING
     joined: bool = False
+    listening: bool = False
     returncode: int | None = None
     ended_at: float = 0.0
     wall_ended: float = 0.0
@@ -146,10 +149,12 @@ class GroupMonitor:
         decision = Decision()
         for index, observation in seen.items():
             self._observe(self.workers[index], observation, now, wall, decision)
-        if not self.all_joined and all(w.joined or w.state is WorkerState.SUCCEEDED for w in self.workers.values()) \
-                and any(w.joined for w in self.workers.values()):
+        if not self.all_joined and self._every_worker_joined():
             self.all_joined, decision.all_joined = True, True
             self.state = GroupState.RUNNING
+            for worker in self.workers.values():
+                if worker.state in (WorkerState.STARTING, WorkerState.JOINING):
+                    worker.joined, worker.state = True, WorkerState.RUNNING
         self._early_exits(now, decision)
         ended = self._ending(now, wall)
         if ended is not None:
@@ -165,13 +170,22 @@ class GroupMonitor:
         self._stalls(now, wall, decision)
         return decision
 
+    def _every_worker_joined(self) -> bool:
+        workers = list(self.workers.values())
+        if all(w.joined or w.state is WorkerState.SUCCEEDED for w in workers) and any(w.joined for w in workers):
+            return True
+        # A program the start-up hook cannot reach (not Python) signals nothing; every TensorFlow
+        # server accepting connections is the next best sign of a formed job.
+        return all(w.joined or (w.listening and not w.state.ended) for w in workers)
+
     def _observe(self, worker: _Worker, seen: Observation, now: float, wall: float, decision: Decision) -> None:
         if worker.state.ended:
             return
         worker.error = seen.error or worker.error
+        worker.listening = worker.listening or seen.listening
         if seen.joined and not worker.joined:
             worker.joined, worker.state = True, WorkerState.RUNNING
-        elif seen.starting and worker.state is WorkerState.STARTING:
+        elif (seen.starting or seen.listening) and worker.state is WorkerState.STARTING:
             worker.state = WorkerState.JOINING
         if seen.progress is not None:
             if seen.progress.heartbeat != worker.heartbeat:

@@ -200,6 +200,7 @@ class LocalProcess:
         self._console = console
         self._next_port_check = 0.0
         self._drained = False
+        self._listening = False
         env = dict(spec.env)
         fds: tuple[int, ...] = ()
         if lifeline is not None:
@@ -241,13 +242,15 @@ class LocalProcess:
         joined = self.spec.join_file.exists()
         starting = Path(f"{self.spec.join_file}.starting").exists()
         now = time.monotonic()
-        if not joined and not starting and code is None and now >= self._next_port_check:
+        listening = self._listening
+        if not joined and not listening and code is None and now >= self._next_port_check:
             # A program the start-up hook cannot reach (not Python) signals nothing; its
-            # TensorFlow server accepting connections is the next best sign (see the supervisor).
+            # TensorFlow server accepting connections is the next best sign (see the monitor).
             self._next_port_check = now + 0.5
-            starting = is_listening(self.port)
+            listening = self._listening = is_listening(self.port)
         return Observation(
-            returncode=code, starting=starting, joined=joined, progress=read_progress(self.spec.progress_file),
+            returncode=code, starting=starting, joined=joined, listening=listening,
+            progress=read_progress(self.spec.progress_file),
             error=read_error(self.spec.error_file) if code is not None or self.spec.error_file.exists() else None,
             stopped=code is None and _is_stopped(self.process.pid),
         )
