@@ -257,3 +257,27 @@ def test_sigkilled_worker_on_node_1_restarts_both_nodes_to_the_same_result(two_b
     want = keras.saving.load_model(two_by_one["out"] / "model.keras").get_weights()
     for got, expected in zip(keras.saving.load_model(tmp_path / "model.keras").get_weights(), want):
         np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.multiprocess
+def test_sigkilled_node_0_launcher_leaves_no_process_on_either_node():
+    master = f"{MASTER_HOST}:{_free_port()}"
+    job = ("-n", "1", "--timeout", "60", "--", sys.executable, str(PLAIN_WORKER), "sleep")
+    nodes = [_node(0, master, *job), _node(1, master, *job)]
+    deadline = time.monotonic() + 60
+    # per node: the launcher, its reaper, a worker and its child
+    while any(len(_tagged(node.tag)) < 4 for node in nodes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [len(_tagged(node.tag)) for node in nodes] == [4, 4]
+    nodes[0].process.kill()
+    killed = time.monotonic()
+    nodes[0].process.wait()
+    nodes[1].process.wait(timeout=60)  # it loses node 0 and stops its worker
+    for node in nodes:  # before finish(), which would kill what is left
+        deadline = time.monotonic() + 60
+        while (remaining := _tagged(node.tag)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert remaining == []
+    print(f"both nodes' processes gone {time.monotonic() - killed:.1f} s after SIGKILL of node 0's launcher")
+    (_, _, _, _), (code1, _, err1, _) = [node.finish(timeout=10) for node in nodes]
+    assert code1 == 1 and "lost the connection to node 0's rendezvous" in err1
