@@ -318,3 +318,19 @@ def test_a_program_without_the_hook_joins_when_every_port_accepts_connections():
     decision = monitor.update(2.0, 2.0, {0: Observation(listening=True), 1: replace(Observation(), listening=True)})
     assert decision.all_joined and monitor.update(400.0, 400.0, {0: Observation(), 1: Observation()}).verdict.value \
         == "continue"
+
+
+def test_a_stall_past_the_stall_timeout_restarts_the_group_with_max_restarts():
+    def scenario(fleet, now, launcher):
+        attempt = len(fleet.attempts) - 1
+        _joined_and_training(fleet, attempt, steps=2)
+        if attempt == 0 and now > 1:
+            fleet.at(0, 0).stopped = True
+        if attempt == 1:
+            for worker in fleet.attempts[1]:
+                worker.exit(0)
+
+    result, err, fleet, _ = _run(scenario, max_restarts=1, stall_report=5, stall_timeout=10)
+    assert (result.returncode, result.restarts) == (0, 1)
+    assert result.failures[0].exit_status == 125 and "worker 0 stalled: it is stopped" in err
+    assert fleet.at(0, 0).returncode == -signal.SIGKILL  # a stopped process still dies of SIGKILL
