@@ -202,7 +202,7 @@ class Launcher:
         for index, port in ports.items():
             files = {kind: attempt_dir / f"worker-{index}.{kind}" for kind in ("joined", "error", "progress")}
             env = {
-                **hook_environment(audit=self.options.audit, env=secret_free_environment(self.env)),
+                **hook_environment(audit=self.options.audit, summary=True, env=secret_free_environment(self.env)),
                 "TF_CONFIG": cluster_tf_config(addresses, index),
                 ENV_NUM_WORKERS: str(len(addresses)), ENV_WORKER_INDEX: str(index), ENV_RESTART: str(attempt),
                 ENV_JOIN_FILE: str(files["joined"]), ENV_ERROR_FILE: str(files["error"]),

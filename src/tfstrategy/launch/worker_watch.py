@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import functools
 import os
 import signal
 import sys
@@ -183,15 +184,20 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
     return BatchEnded(), BatchBegins()
 
 
-def count_batches(keras: Any) -> str | None:
-    """Make ``Model.fit``/``evaluate``/``predict`` of ``keras`` report batches to the launcher."""
+def count_batches(flavours: list[Any]) -> str | None:
+    """Make ``Model.fit``/``evaluate``/``predict`` of each Keras in ``flavours`` report batches to the launcher.
+
+    Installed as undoable rewrites (:mod:`tfstrategy.launch.rewrites`); ``None`` outside ``tfstrategy launch``.
+    """
     if not _PROGRESS:
         return None
-    for method in ("fit", "evaluate", "predict"):
-        original = getattr(keras.Model, method)
-        if getattr(original, "_tfstrategy_counts_batches", False):
-            continue
-        setattr(keras.Model, method, _with_progress(original, keras, _CALLBACKS_POSITION[method]))
+    from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+
+    for keras in flavours:
+        factories = {f"Model.{method}": functools.partial(_with_progress, keras=keras,
+                                                          position=_CALLBACKS_POSITION[method])
+                     for method in _CALLBACKS_POSITION}
+        install_rewrite(Rewrite(f"count_batches:{keras.__name__}", lambda k=keras: k, factories))
     return "Model.fit, evaluate and predict report their batches to the launcher"
 
 
@@ -214,5 +220,4 @@ def _with_progress(original: Callable[..., Any], keras: Any, position: int) -> C
 
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     wrapper.__doc__ = original.__doc__
-    wrapper._tfstrategy_counts_batches = True  # type: ignore[attr-defined]
     return wrapper
