@@ -334,3 +334,29 @@ def test_a_stall_past_the_stall_timeout_restarts_the_group_with_max_restarts():
     assert (result.returncode, result.restarts) == (0, 1)
     assert result.failures[0].exit_status == 125 and "worker 0 stalled: it is stopped" in err
     assert fleet.at(0, 0).returncode == -signal.SIGKILL  # a stopped process still dies of SIGKILL
+
+
+def test_a_worker_that_raised_is_the_root_cause_before_its_process_has_exited():
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 2:  # its excepthook wrote the record; TensorFlow's teardown keeps the process alive
+            fleet.at(0, 1).error = _record("ValueError", "bad batch", 1002.0)
+
+    result, err, fleet, clock = _run(scenario)
+    assert _headline(err) == ("tfstrategy launch: worker 1 raised ValueError: bad batch (at train.py:12 in main) "
+                              "(its process is exiting)")
+    assert clock.now < 2.5 and fleet.at(0, 1).returncode == -signal.SIGKILL
+
+
+def test_exit_0_is_the_root_cause_when_the_peer_already_failed_with_an_echo():
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet, steps=4, in_step=False)  # worker 0 between steps: nothing waits yet
+        if now > 2:
+            fleet.at(0, 1).exit(0)
+        if now > 2.15:  # then its next step finds the peer gone
+            fleet.at(0, 0).exit(1, _record("tensorflow.python.framework.errors_impl.UnavailableError",
+                                           "Socket closed", 1002.1, frame=""))
+
+    result, err, _, _ = _run(scenario)
+    assert _headline(err).startswith("tfstrategy launch: worker 1 exited with status 0 after 4 batch(es)")
+    assert "then, as a consequence: worker 0 exited with status 1: tensorflow" in err

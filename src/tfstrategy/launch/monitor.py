@@ -215,10 +215,13 @@ class GroupMonitor:
         """A worker that exited 0 while a peer waits for it has left the job early: a root cause."""
         alive = self._alive()
         for worker in self.workers.values():
-            if worker.state is not WorkerState.SUCCEEDED or worker.left_early or not alive:
+            if worker.state is not WorkerState.SUCCEEDED or worker.left_early:
                 continue
             waiting = [w for w in alive if (w.state is WorkerState.JOINING and not worker.joined)
                        or (w.in_step and worker.joined)]
+            # A peer that failed after it with an error that only echoes a lost peer was waiting for it too.
+            waiting += [w for w in self.workers.values() if w.state is WorkerState.FAILED
+                        and w.ended_at >= worker.ended_at and is_consequence(w.error, self._lines(w.index))]
             if not waiting:
                 continue
             names = ", ".join(str(w.index) for w in waiting)
@@ -248,9 +251,14 @@ class GroupMonitor:
         if all(w.state is WorkerState.SUCCEEDED for w in workers) and not any(w.left_early for w in workers):
             return Verdict.SUCCEEDED, None, ()
         failed = [w for w in workers if w.state is WorkerState.FAILED or w.left_early]
-        if not failed:
+        # A live worker that recorded an uncaught exception is about to die of it (its process may
+        # take seconds to exit): a root cause now, unless the error only echoes a peer's.
+        raising = [w for w in self._alive() if w.error is not None and not is_consequence(w.error)]
+        if not failed and not raising:
             return None
-        failures = [self._failure(w) for w in failed]
+        failures = [self._failure(w) for w in failed] + [
+            Failure(index=w.index, reason=f"raised {w.error.describe()} (its process is exiting)", status=1,
+                    time=w.error.time) for w in raising if w.error is not None]
         cause, consequences = root_cause(failures)
         first = self._first_failure_at if self._first_failure_at is not None else now
         if cause.consequential and now - first < self.policy.settle:
