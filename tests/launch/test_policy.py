@@ -360,3 +360,18 @@ def test_exit_0_is_the_root_cause_when_the_peer_already_failed_with_an_echo():
     result, err, _, _ = _run(scenario)
     assert _headline(err).startswith("tfstrategy launch: worker 1 exited with status 0 after 4 batch(es)")
     assert "then, as a consequence: worker 0 exited with status 1: tensorflow" in err
+
+
+@pytest.mark.parametrize(("data", "exit_status", "consequential"), [
+    pytest.param({"worker": 3, "reason": "stalled: it is stopped", "status": 125}, 125, False, id="stall"),
+    pytest.param({"worker": 1, "reason": "did not join within --timeout 30 s", "status": 124}, 124, False, id="join"),
+    pytest.param({"worker": 2, "reason": "exited with status 1: tensorflow.python.framework.errors_impl."
+                  "UnavailableError: Socket closed", "status": 1}, 1, True, id="echo"),
+    pytest.param({"worker": 2, "reason": "exited with status 3", "status": 3}, 1, False, id="plain"),
+])
+def test_a_relayed_failure_keeps_its_exit_status_and_whether_it_is_an_echo(data, exit_status, consequential):
+    from tfstrategy.launch.nodes import failure_from_event
+    from tfstrategy.launch.rendezvous import EventKind, JobEvent
+
+    failure = failure_from_event(JobEvent(EventKind.FAILED, {**data, "node": 1, "lines": []}))
+    assert (failure.exit_status, failure.consequential, failure.node) == (exit_status, consequential, 1)

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch import processes
 from tfstrategy.launch.coordinator import Cluster, Event, EventType
+from tfstrategy.launch.diagnosis import is_consequence
 from tfstrategy.launch.rendezvous import EventKind, JobEvent, NodeOptions, RendezvousClient, RendezvousServer
-from tfstrategy.launch.states import EXIT_FAILURE, EXIT_JOIN_TIMEOUT, EndReason, Failure
+from tfstrategy.launch.states import EXIT_FAILURE, EXIT_JOIN_TIMEOUT, EXIT_STALL, EndReason, Failure
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 
 __all__ = ["RendezvousCoordinator", "failure_from_event", "describe_end", "secret_free_environment"]
@@ -135,12 +136,16 @@ def failure_to_message(failure: Failure) -> dict[str, Any]:
 def failure_from_event(event: JobEvent) -> Failure:
     """The failure node 0 relayed, as this launcher reports it."""
     data = event.data
-    worker = data.get("worker")
+    worker, status = data.get("worker"), int(data.get("status", 1))
+    reason, lines = str(data.get("reason", "failed")), tuple(str(line) for line in data.get("lines", ()))
+    # A rendezvous that relays only worker, reason, status and lines: the rest follows from them.
+    exit_status = int(data.get("exit_status", status if status in (EXIT_JOIN_TIMEOUT, EXIT_STALL) else EXIT_FAILURE))
+    consequential = data.get("consequential")
+    if consequential is None:
+        consequential = is_consequence(None, ["Traceback (most recent call last):", reason.split(": ", 1)[-1]])
     return Failure(index=None if worker is None else int(worker), node=int(data.get("node", -1)),
-                   reason=str(data.get("reason", "failed")), status=int(data.get("status", 1)),
-                   last_lines=tuple(str(line) for line in data.get("lines", ())),
-                   time=float(data.get("time", 0.0)), consequential=bool(data.get("consequential", False)),
-                   exit_status=int(data.get("exit_status", EXIT_FAILURE)),
+                   reason=reason, status=status, last_lines=lines, time=float(data.get("time", 0.0)),
+                   consequential=bool(consequential), exit_status=exit_status,
                    logs=tuple(str(path) for path in data.get("logs", ())))
 
 
