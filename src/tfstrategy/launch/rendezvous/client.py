@@ -26,6 +26,8 @@ from tfstrategy.errors import LaunchError
 from tfstrategy.launch.rendezvous.channel import Channel, ChannelClosed
 from tfstrategy.launch.rendezvous.options import NodeOptions
 from tfstrategy.launch.rendezvous.wire import (
+    LINE_CHARS,
+    LINES,
     PROTOCOL,
     TO_CLIENT,
     Abort,
@@ -264,7 +266,7 @@ class RendezvousClient:
 
     def report_failure(self, round_: int, failure: Mapping[str, Any]) -> JobEvent | None:
         """Tell node 0 a local worker failed; node 0's verdict (the round's first failure, restart or not)."""
-        lines = [str(line)[:10_000] for line in failure.get("lines", ())][-200:]
+        lines = [str(line)[:LINE_CHARS] for line in failure.get("lines", ())][-LINES:]
         self._send(Failed(round=round_, worker=failure.get("worker"), reason=str(failure.get("reason", "failed"))[:10_000],
                           status=min(max(int(failure.get("status", 1)), 0), 1023), lines=lines))
         return self._wait((EventKind.FAILED, EventKind.STOP, EventKind.LOST), timeout=30.0)

@@ -43,7 +43,7 @@ __all__ = [
 PROTOCOL = "tfstrategy-rendezvous/2"
 #: Longest line before authentication (a hello is ~300 bytes) and after it (a failure's last lines).
 HANDSHAKE_LINE = 4096
-MAX_LINE = 1 << 20
+MAX_LINE = 4 << 20
 _HEX = re.compile(r"[0-9a-f]{16,128}")
 _HOST = re.compile(r"[A-Za-z0-9._:%-]{1,253}")
 
@@ -317,7 +317,9 @@ TO_CLIENT: dict[str, type[Message]] = {m.kind: m for m in (Cluster, Verdict, Sto
 
 _ROUNDS = 1_000_000
 _TEXT = 10_000
-_LINES = 200
+#: A failure's last lines: at most this many, each at most LINE_CHARS characters.
+LINES = 100
+LINE_CHARS = 2_000
 # Field checks: name -> check(value, where) returning the value or raising ProtocolError.
 
 
@@ -364,7 +366,7 @@ def _addresses(value: object, where: str) -> dict[str, str]:
 _FIELDS: dict[str, Any] = {
     "round": _int(0, _ROUNDS), "address": _text(253, _HOST), "ports": _list(_int(1, 65535), 4096),
     "worker": _int(0, 1 << 20, optional=True), "reason": _text(), "status": _int(0, 1023),
-    "lines": _list(_text(), _LINES), "signal": _int(1, 64), "workers": _list(_text(300, _HOST), 1 << 16),
+    "lines": _list(_text(LINE_CHARS), LINES), "signal": _int(1, 64), "workers": _list(_text(300, _HOST), 1 << 16),
     "node": _int(0, 1 << 16), "restart": _bool, "missing": _list(_int(0, 1 << 16), 1 << 16),
     "arrived": _addresses,
 }
