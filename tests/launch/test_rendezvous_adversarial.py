@@ -131,6 +131,29 @@ def form_both(c0: RendezvousClient, c1: RendezvousClient) -> tuple[JobEvent | No
         return first.result(GUARD), second.result(GUARD)
 
 
+# --- the seal itself -----------------------------------------------------------------------------
+
+
+def test_a_sealed_message_opens_only_on_its_connection_its_job_and_its_turn():
+    keys_a = wire.session_keys(SECRET, "a" * 32, "b" * 32, "1" * 16, 1)
+    keys_b = wire.session_keys(SECRET, "a" * 32, "c" * 32, "1" * 16, 1)  # another connection of the same job
+    assert len(set(keys_a + keys_b)) == 4  # fresh per connection, different per direction
+    line = wire.Sealer(keys_a[0], "1" * 16).seal(wire.Stop(signal=15)).rstrip(b"\n")
+    assert wire.Opener(keys_a[0], "1" * 16, wire.TO_SERVER).open(line) == wire.Stop(signal=15)
+    cases = [
+        (wire.Opener(keys_b[0], "1" * 16, wire.TO_SERVER), "failed authentication"),  # another connection
+        (wire.Opener(keys_a[1], "1" * 16, wire.TO_SERVER), "failed authentication"),  # reflected to its sender
+        (wire.Opener(keys_a[0], "2" * 16, wire.TO_SERVER), "another job"),  # a job with another identity
+    ]
+    for opener, message in cases:
+        with pytest.raises(wire.ProtocolError, match=message):
+            opener.open(line)
+    later = wire.Opener(keys_a[0], "1" * 16, wire.TO_SERVER)
+    later.seq = 1
+    with pytest.raises(wire.ProtocolError, match="message number 0, expected 1"):
+        later.open(line)
+
+
 # --- a man in the middle ----------------------------------------------------------------------
 
 
@@ -549,3 +572,108 @@ def test_node_0_killed_and_restarted_the_survivor_stops_and_a_new_job_starts_cle
         job.close()
         _stop(node0)
     assert not any("THREAD DIED" in line for line in seen), seen
+
+
+def test_a_frozen_node_0_is_noticed_by_node_1_within_dead_after():
+    port, seen = _free_port(MASTER), []
+    node0 = _node_process("server", MASTER, str(port))
+    job = Job()
+    try:
+        _read_until(node0, "READY job", seen)
+        c1 = job.client(1, port=port)
+        assert c1.form(0, [41001]).kind is EventKind.CLUSTER
+        node0.send_signal(signal.SIGSTOP)
+        lost = wait_for(c1, EventKind.LOST)
+        assert "it sent nothing for 1.5 s (its launcher is frozen or was stopped" in lost.data["why"]
+        assert "restart 'tfstrategy launch' on every node" in lost.data["why"]
+    finally:
+        node0.send_signal(signal.SIGCONT)
+        job.close()
+        _stop(node0)
+
+
+# --- end to end: two real launchers (multiprocess) -----------------------------------------------
+
+
+def _launchers(tmp_path: Path, *job: str):
+    from test_launch import Run
+
+    from tfstrategy.settings import ENV_LAUNCH_SECRET
+
+    secret = secrets.token_hex(32)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(secret + "\n")
+    secret_file.chmod(0o600)
+    master = f"{MASTER}:{_free_port(MASTER)}"
+    common = ("--nnodes", "2", "--master", master)
+    env = {key: value for key, value in os.environ.items() if key != ENV_LAUNCH_SECRET}
+    with pytest.MonkeyPatch.context() as patch:  # Run starts from os.environ
+        patch.setattr(os, "environ", env)
+        node0 = Run(*common, "--node-rank", "0", "--node-address", MASTER, "--secret-file", str(secret_file), *job)
+        node1 = Run(*common, "--node-rank", "1", "--node-address", NODE1, *job, env={ENV_LAUNCH_SECRET: secret})
+    return secret, node0, node1
+
+
+def _wait_for_processes(*runs, count: int) -> None:
+    from test_launch import _tagged
+
+    deadline = time.monotonic() + GUARD
+    while any(len(_tagged(run.tag)) < count for run in runs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [len(_tagged(run.tag)) for run in runs] == [count] * len(runs)
+
+
+@pytest.mark.multiprocess
+def test_two_launchers_keep_the_secret_out_of_workers_argv_and_logs_and_name_a_frozen_node(tmp_path):
+    from test_launch import PLAIN_WORKER, _tagged
+
+    secret, node0, node1 = _launchers(tmp_path, "-n", "2", "--timeout", "60", "--", sys.executable, str(PLAIN_WORKER),
+                                      "sleep")
+    try:
+        _wait_for_processes(node0, node1, count=5)  # per node: the launcher, 2 workers and their 2 children
+        launchers = {node0.process.pid, node1.process.pid}
+        for run in (node0, node1):
+            for pid in _tagged(run.tag):
+                proc = Path(f"/proc/{pid}")
+                assert secret.encode() not in (proc / "cmdline").read_bytes()
+                if pid not in launchers or run is node0:  # node 1's user put it in its launcher's environment
+                    assert secret.encode() not in (proc / "environ").read_bytes(), pid
+        node1.process.send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        code0, out0, err0, _ = node0.finish(GUARD)
+        noticed = time.monotonic() - frozen
+        node1.process.send_signal(signal.SIGCONT)
+        code1, out1, err1, _ = node1.finish(GUARD)
+    finally:
+        node1.process.send_signal(signal.SIGCONT)
+        for run in (node0, node1):
+            run.finish(GUARD)
+    print(f"a SIGSTOPped node 1 ended the job {noticed:.1f} s later (heartbeat every 2 s, dead after 10 s)")
+    assert code0 == 1, err0
+    assert re.search(r"node 1's launcher lost its control connection \(127\.0\.0\.3:\d+\): it sent nothing for 10 s "
+                     r"\(its launcher is frozen or was stopped", err0), err0
+    assert code1 == 1, err1
+    assert "lost the connection to node 0's rendezvous" in err1 and "restart 'tfstrategy launch' on every node" in err1
+    for err in (err0, err1):
+        assert "TensorFlow's servers of this node's workers listen on every interface" in err
+    for text in (out0, err0, out1, err1):
+        assert secret not in text
+
+
+@pytest.mark.multiprocess
+def test_node_0_killed_node_1_stops_at_once_saying_every_node_must_restart(tmp_path):
+    from test_launch import PLAIN_WORKER
+
+    _, node0, node1 = _launchers(tmp_path, "-n", "1", "--timeout", "60", "--", sys.executable, str(PLAIN_WORKER), "sleep")
+    try:
+        _wait_for_processes(node0, node1, count=3)
+        node0.process.kill()
+        killed = time.monotonic()
+        code1, _, err1, _ = node1.finish(GUARD)
+        print(f"node 1 stopped {time.monotonic() - killed:.1f} s after node 0's launcher was killed")
+    finally:
+        for run in (node0, node1):
+            run.finish(GUARD)
+    assert code1 == 1, err1
+    assert re.search(r"lost the connection to node 0's rendezvous at 127\.0\.0\.2:\d+ \(it closed the connection; the "
+                     r"job cannot go on without node 0's launcher", err1), err1
