@@ -65,4 +65,4 @@ def describe_tf_config_exposure(config: Mapping[str, Any] | None, interfaces: It
     port = str(addresses[index]).rpartition(":")[2]
     where = (f"reachable beyond loopback (interfaces up: {', '.join(interfaces)}): firewall it ({GUIDE})"
              if interfaces else "only loopback is up in this network namespace, so only this machine reaches it")
-    return f"this task's will listen on [::]:{port} (every interface), unauthenticated; {where}"
+    return f"will listen on [::]:{port} (every interface), unauthenticated; {where}"

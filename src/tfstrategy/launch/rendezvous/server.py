@@ -324,6 +324,7 @@ class RendezvousServer:
 
     def _lost(self, peer: _Peer, closed: ChannelClosed) -> None:
         """``peer``'s connection ended (it left, went silent, or broke the protocol): what that means for the job."""
+        closed.reason = closed.reason[:2000]  # it may quote the peer; messages carry at most 10,000 characters
         if closed.broken:
             peer.channel.close(Closing(f"node 0 closed this node's connection: it {closed.reason}"))
         else:

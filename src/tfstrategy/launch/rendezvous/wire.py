@@ -46,6 +46,7 @@ HANDSHAKE_LINE = 4096
 MAX_LINE = 4 << 20
 _HEX = re.compile(r"[0-9a-f]{16,128}")
 _HOST = re.compile(r"[A-Za-z0-9._:%-]{1,253}")
+_HOST_PORT = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,300}")
 
 
 class ProtocolError(Exception):
@@ -366,7 +367,7 @@ def _addresses(value: object, where: str) -> dict[str, str]:
 _FIELDS: dict[str, Any] = {
     "round": _int(0, _ROUNDS), "address": _text(253, _HOST), "ports": _list(_int(1, 65535), 4096),
     "worker": _int(0, 1 << 20, optional=True), "reason": _text(), "status": _int(0, 1023),
-    "lines": _list(_text(LINE_CHARS), LINES), "signal": _int(1, 64), "workers": _list(_text(300, _HOST), 1 << 16),
+    "lines": _list(_text(LINE_CHARS), LINES), "signal": _int(1, 64), "workers": _list(_text(300, _HOST_PORT), 1 << 16),
     "node": _int(0, 1 << 16), "restart": _bool, "missing": _list(_int(0, 1 << 16), 1 << 16),
     "arrived": _addresses,
 }
