@@ -163,6 +163,9 @@ class EnvReport:
     #: What select() would do about each Keras workaround (see preview_patches).
     patches: tuple[str, ...] = field(default_factory=tuple)
     problems: tuple[str, ...] = field(default_factory=tuple)
+    #: The process-wide steps of select() and of the run/launch hook here, from the one plan (tfstrategy.plan).
+    select_steps: tuple[str, ...] = field(default_factory=tuple)
+    hook_steps: tuple[str, ...] = field(default_factory=tuple)
     #: Where this task's TensorFlow server will listen, and who can reach it.
     tensorflow_server: str = "none (no TF_CONFIG task)"
 
@@ -386,6 +389,7 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
         selection=selection,
         patches=preview_patches(env),
         problems=tuple(problems),
+        **preview_steps(env),
         tensorflow_server=describe_tf_config_exposure(tf_config.config, network_interfaces()),
     )
 
@@ -399,6 +403,21 @@ def shown_value(key: str, value: str) -> str:
     if any(word in key.upper() for word in SECRET_WORDS):
         return f"<set, {len(value)} characters, not shown>"
     return value
+
+
+def preview_steps(env: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """The steps select() and the start-up hook would take here: the plan both of them follow."""
+    from tfstrategy.launch.worker_hook import hook_plan
+    from tfstrategy.selection.select import select_plan
+
+    result: dict[str, tuple[str, ...]] = {}
+    for key, make in (("select_steps", lambda: select_plan(resolve_request(env=env), env)),
+                      ("hook_steps", lambda: hook_plan(env))):
+        try:
+            result[key] = tuple(step.name for step in make())
+        except TFStrategyError as error:
+            result[key] = (f"none: {type(error).__name__}: {error}",)
+    return result
 
 
 def describe_slurm_step(env: Mapping[str, str]) -> str:
@@ -523,6 +542,8 @@ def env_report_lines(report: EnvReport) -> list[tuple[str, str]]:
         ("TensorFlow server", report.tensorflow_server),
         ("select() would choose", _selection_line(report)),
         ("Keras patches", "; ".join(report.patches) or "none"),
+        ("select() steps", ", ".join(report.select_steps) or "none"),
+        ("run/launch hook steps", ", ".join(report.hook_steps) or "none"),
     ]
     lines += [("Problem", problem) for problem in report.problems]
     return lines
