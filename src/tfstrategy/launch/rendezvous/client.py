@@ -209,14 +209,18 @@ class RendezvousClient:
                 message = channel.receive()
                 if isinstance(message, Closing):
                     channel.close()
-                    self._lost(f"{message.reason}; {_RESTART_ALL}")
+                    self._lost(f"{message.reason}; node 0 stopped the job")
                     return
                 if not isinstance(message, Heartbeat):
                     self._events.put(JobEvent(EventKind(message.kind), dataclasses.asdict(message)))
         except ChannelClosed as closed:
             # Tell node 0 why (best effort: the way back may be intact), so every node stops naming this one.
-            channel.close(Abort(reason=closed.reason) if closed.broken else None)
-            self._lost(f"it {closed.reason}; {_RESTART_ALL}")
+            if closed.broken:
+                channel.close(Abort(reason=closed.reason))
+                self._lost(f"it {closed.reason}; this node closed the connection, and node 0 stops the job")
+            else:
+                channel.close()
+                self._lost(f"it {closed.reason}; {_RESTART_ALL}")
         except Exception as error:  # noqa: BLE001 - a bug must end the job with a message, not a dead thread
             channel.close()
             self._lost(f"this launcher's rendezvous failed ({type(error).__name__}: {error})")
