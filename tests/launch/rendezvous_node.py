@@ -19,7 +19,7 @@ import time
 from tfstrategy.launch.rendezvous import NodeOptions, RendezvousClient, RendezvousServer, ServerLimits
 
 SECRET = b"tfstrategy-test-secret-0123456789"
-LIMITS = ServerLimits(handshake_seconds=1.0, heartbeat_seconds=0.2, dead_after=1.5)
+LIMITS = ServerLimits(handshake_seconds=2.0, heartbeat_seconds=0.2, dead_after=3.0)
 
 
 def _print(text: str) -> None:

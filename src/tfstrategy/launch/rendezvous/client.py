@@ -180,7 +180,8 @@ class RendezvousClient:
         except (TimeoutError, ProtocolError) as error:
             raise LaunchError(f"{where} did not answer this launcher's hello ({error}); expected node 0's launcher "
                               "there. Check --master.") from None
-        answer = answer or {"type": "refused", "reason": "it closed the connection"}
+        if answer is None:  # a refusal says so: a bare close is node 0 shedding load (or its deadline): retry
+            raise _Busy("it closed the connection during the handshake")
         if answer.get("type") != "welcome":
             raise LaunchError(f"{where} refused this launcher (--node-rank {rank}): {str(answer.get('reason'))[:500]}.")
         if not secrets.compare_digest(str(answer.get("proof", "")),
