@@ -168,13 +168,18 @@ class Relay:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        try:
-            inside, _ = self.listener.accept()
-        except OSError:
-            return
-        outside = socket.create_connection((MASTER, self.target), source_address=(ATTACKER, 0))
-        threading.Thread(target=self._pump, args=(inside, outside, not self.to_client, 1), daemon=True).start()
-        threading.Thread(target=self._pump, args=(outside, inside, self.to_client, 2), daemon=True).start()
+        while True:
+            try:
+                inside, _ = self.listener.accept()
+            except OSError:
+                return
+            try:  # node 0 may not listen yet: then node 1 sees a closed connection and retries
+                outside = socket.create_connection((MASTER, self.target), source_address=(ATTACKER, 0))
+            except OSError:
+                inside.close()
+                continue
+            threading.Thread(target=self._pump, args=(inside, outside, not self.to_client, 1), daemon=True).start()
+            threading.Thread(target=self._pump, args=(outside, inside, self.to_client, 2), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket, attacked: bool, handshake_lines: int) -> None:
         reader, index = wire.LineReader(source, limit=wire.MAX_LINE), 0
@@ -679,3 +684,36 @@ def test_node_0_killed_node_1_stops_at_once_saying_every_node_must_restart(tmp_p
     assert code1 == 1, err1
     assert re.search(r"lost the connection to node 0's rendezvous at 127\.0\.0\.2:\d+ \(it closed the connection; the "
                      r"job cannot go on without node 0's launcher", err1), err1
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("attack", "to_client"), [pytest.param(_rewrite_cluster, True, id="rewrite-cluster"),
+                                                   pytest.param(_inject_stop, False, id="inject-stop")])
+def test_two_launchers_behind_a_man_in_the_middle_stop_naming_node_1(tmp_path, attack, to_client):
+    """The issue's attacks on real launchers: node 1 reaches node 0 through a relay at 127.0.0.4."""
+    from test_launch import PLAIN_WORKER, Run
+
+    from tfstrategy.settings import ENV_LAUNCH_SECRET
+
+    port = _free_port(MASTER)
+    relay = Relay(port, attack, to_client=to_client)
+    secret = secrets.token_hex(32)
+    job = ("-n", "1", "--timeout", "60", "--", sys.executable, str(PLAIN_WORKER), "sleep")
+    node0 = Run("--nnodes", "2", "--node-rank", "0", "--master", f"{MASTER}:{port}", "--node-address", MASTER, *job,
+                env={ENV_LAUNCH_SECRET: secret})
+    node1 = Run("--nnodes", "2", "--node-rank", "1", "--master", f"{ATTACKER}:{relay.port}", "--node-address", NODE1,
+                *job, env={ENV_LAUNCH_SECRET: secret})
+    try:
+        code0, out0, err0, _ = node0.finish(GUARD)
+        code1, out1, err1, _ = node1.finish(GUARD)
+    finally:
+        relay.close()
+    assert (code0, code1) == (1, 1), err0 + err1
+    assert re.search(r"node 1's launcher broke the rendezvous protocol \(127\.0\.0\.4:\d+\)", err0), err0
+    assert "received SIGTERM" not in err0 + err1  # a forged stop stops nothing
+    assert f"{ATTACKER}:6666" not in out1  # no worker ever got the attacker's address in its TF_CONFIG
+    assert re.search(r"(lost the connection to node 0's rendezvous at 127\.0\.0\.4:\d+ \(it sent a message that failed "
+                     r"authentication|node 0 closed this node's connection: it sent a message that failed authentication)",
+                     err1), err1
+    print(err0.strip().splitlines()[-1][:300])
+    print(err1.strip().splitlines()[-1][:300])
