@@ -197,7 +197,19 @@ class RendezvousServer:
             if not self._admit(host):
                 sock.close()
                 continue
-            threading.Thread(target=self._serve, args=(sock, host), daemon=True, name=f"rendezvous {host}").start()
+            try:
+                threading.Thread(target=self._serve, args=(sock, host), daemon=True, name=f"rendezvous {host}").start()
+            except RuntimeError as error:  # no thread to spare: like running out of descriptors
+                self._release(host)
+                sock.close()
+                self._report("threads", f"cannot serve a connection from {host} ({error}); the job goes on")
+                time.sleep(0.05)
+
+    def _release(self, host: str) -> None:
+        with self._lock:
+            self._pending[host] -= 1
+            if self._pending[host] <= 0:
+                del self._pending[host]
 
     def _admit(self, host: str) -> bool:
         limits = self.limits
@@ -217,10 +229,7 @@ class RendezvousServer:
             try:
                 peer = self._handshake(sock, host)
             finally:
-                with self._lock:
-                    self._pending[host] -= 1
-                    if self._pending[host] <= 0:
-                        del self._pending[host]
+                self._release(host)
             if peer is None:
                 sock.close()
                 return
