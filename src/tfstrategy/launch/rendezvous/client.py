@@ -44,6 +44,7 @@ from tfstrategy.launch.rendezvous.wire import (
     client_proof,
     encode,
     is_nonce,
+    proof_matches,
     read_json,
     session_keys,
     welcome_proof,
@@ -183,9 +184,10 @@ class RendezvousClient:
         if answer is None:  # a refusal says so: a bare close is node 0 shedding load (or its deadline): retry
             raise _Busy("it closed the connection during the handshake")
         if answer.get("type") != "welcome":
-            raise LaunchError(f"{where} refused this launcher (--node-rank {rank}): {str(answer.get('reason'))[:500]}.")
-        if not secrets.compare_digest(str(answer.get("proof", "")),
-                                      welcome_proof(self.node.secret, server_nonce, nonce, rank, answer)):
+            # Not authenticated: printable characters only, so a stranger on the port cannot drive the terminal.
+            reason = "".join(c if c.isprintable() else "?" for c in str(answer.get("reason"))[:500])
+            raise LaunchError(f"{where} refused this launcher (--node-rank {rank}): {reason}.")
+        if not proof_matches(answer.get("proof"), welcome_proof(self.node.secret, server_nonce, nonce, rank, answer)):
             raise LaunchError(f"{where} did not prove it knows the shared secret; expected node 0's launcher with the "
                               f"same {ENV_LAUNCH_SECRET} or --secret-file. Check --master and the secret.")
         job_id, round_, beat, dead_after = (answer.get(key) for key in ("job_id", "round", "heartbeat", "dead_after"))

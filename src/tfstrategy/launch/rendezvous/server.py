@@ -58,6 +58,7 @@ from tfstrategy.launch.rendezvous.wire import (
     client_proof,
     encode,
     is_nonce,
+    proof_matches,
     read_json,
     session_keys,
     welcome_proof,
@@ -270,7 +271,7 @@ class RendezvousServer:
                          f"(its first message: {str(hello)[:80]}); the job goes on")
             return None
         claimed = rank if isinstance(rank, int) and not isinstance(rank, bool) else -1
-        if not secrets.compare_digest(proof, client_proof(self.node.secret, nonce, client_nonce, claimed)):
+        if not proof_matches(proof, client_proof(self.node.secret, nonce, client_nonce, claimed)):
             return self._refuse(sock, address, claimed, "its shared secret differs from node 0's. Give every node the "
                                 f"same {ENV_LAUNCH_SECRET} or --secret-file")
         job = hello.get("job")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = [
-    "PROTOCOL", "ProtocolError", "LineReader", "client_proof", "welcome_proof", "session_keys", "Sealer", "Opener",
+    "PROTOCOL", "ProtocolError", "LineReader", "client_proof", "welcome_proof", "proof_matches", "session_keys", "Sealer", "Opener",
     "Join", "Failed", "Done", "Stop", "Abort", "Heartbeat", "Cluster", "Verdict", "Stopped", "Timeout", "Finished",
     "Closing", "Message", "parse_message",
 ]
@@ -137,6 +137,11 @@ def welcome_proof(secret: bytes, server_nonce: str, client_nonce: str, rank: int
     """The server's proof, over every field of its welcome (job identity, round, heartbeat) but the proof."""
     fields = json.dumps({k: v for k, v in welcome.items() if k != "proof"}, sort_keys=True, separators=(",", ":"))
     return _mac(secret, f"{PROTOCOL}|server|{server_nonce}|{client_nonce}|{rank}|{fields}".encode())
+
+
+def proof_matches(given: object, expected: str) -> bool:
+    """Constant-time comparison of a peer's proof (any JSON value) with the expected one."""
+    return isinstance(given, str) and hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode())
 
 
 def _mac(key: bytes, data: bytes) -> str:
