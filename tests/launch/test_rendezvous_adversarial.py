@@ -372,6 +372,42 @@ def test_an_authentic_line_over_the_size_limit_is_a_protocol_error_not_a_dead_th
         assert "sent more than" in job.said_line(r"node 1 at 127\.0\.0\.3:\d+ ")
 
 
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        pytest.param({"type": "welcome", "job_id": "1" * 16, "round": 0, "heartbeat": 2, "dead_after": 10,
+                      "proof": "0" * 64}, "did not prove it knows the shared secret", id="wrong-proof"),
+        pytest.param({"type": "welcome", "proof": ["not", "text"]}, "did not prove it knows the shared secret",
+                     id="proof-not-text"),
+        pytest.param({"type": "refused", "reason": "go away\x1b[2J\x07"}, r"refused this launcher \(--node-rank 1\): "
+                     r"go away\?\[2J\?\.", id="refusal-with-terminal-escapes"),
+    ],
+)
+def test_an_impostor_node_0_is_refused_by_the_launcher(answer, message):
+    """Something else listens on --master: it cannot pass for node 0 without the secret."""
+    from tfstrategy.errors import LaunchError
+
+    listener = socket.create_server((ATTACKER, 0))
+
+    def impostor() -> None:
+        sock, _ = listener.accept()
+        with sock:
+            sock.sendall(wire.encode({"type": "challenge", "protocol": wire.PROTOCOL, "nonce": "c" * 32}))
+            wire.LineReader(sock).read_line(deadline=time.monotonic() + GUARD)
+            sock.sendall(wire.encode(answer))
+
+    threading.Thread(target=impostor, daemon=True).start()
+    node = NodeOptions(nnodes=2, node_rank=1, master_host=ATTACKER, master_port=listener.getsockname()[1],
+                       secret=SECRET, node_address=NODE1)
+    client = RendezvousClient(node, workers_per_node=1, max_restarts=0, interrupted=lambda: False)
+    try:
+        with pytest.raises(LaunchError, match=message):
+            client.connect(timeout=GUARD)
+    finally:
+        listener.close()
+
+
 # --- resources: floods, slowloris, a stalled reader ----------------------------------------------
 
 
