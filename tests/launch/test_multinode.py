@@ -96,6 +96,7 @@ def test_invalid_node_options_are_refused(argv, env, message, monkeypatch):
 def test_rank_from_the_environment_and_secret_from_a_file(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text(SECRET + "\n")
+    secret.chmod(0o600)
     args = _args("--nnodes", "3", "--master", "[::1]:29400", "--secret-file", str(secret), "-n", "2")
     node = node_options_from_args(args, {ENV_NODE_RANK: "2"})
     assert (node.nnodes, node.node_rank, node.master_host, node.master_port) == (3, 2, "::1", 29400)

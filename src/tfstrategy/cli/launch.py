@@ -68,8 +68,17 @@ DESCRIPTION = textwrap.dedent(
     channel: a failure on any node stops every worker on every node, --max-restarts
     restarts the whole group on every node, Ctrl-C on any launcher stops the whole
     job, and a node missing at --timeout fails every launcher, naming its rank.
-    TensorFlow's servers listen on all interfaces: allow their ports only between
-    the nodes (see the README's "Several machines without a scheduler")."""
+    A node silent for 10 s (frozen, unplugged) is lost: that fails the round. When
+    node 0's launcher is lost, every node stops: restart the launcher on all nodes.
+
+    What is authenticated: only this control channel. Every message carries the
+    job's identity, a sequence number and an HMAC under per-connection keys, so a
+    man in the middle can cut it (the job stops, naming the node) but cannot join,
+    forge, replay or reorder. NOT authenticated: TensorFlow's own gRPC servers, the
+    workers' ports. They accept anyone and listen on every interface (TensorFlow
+    has no option to bind one address): whoever reaches them can run operations in
+    the workers. Allow those ports only between the nodes: firewall rules in
+    docs/guides/clusters.md, "Security model"."""
 )
 
 EPILOG = textwrap.dedent(

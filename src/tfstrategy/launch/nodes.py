@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch import processes
+from tfstrategy.launch import exposure, processes
 from tfstrategy.launch.coordinator import Cluster, Event, EventType
 from tfstrategy.launch.diagnosis import is_consequence
 from tfstrategy.launch.rendezvous import EventKind, JobEvent, NodeOptions, RendezvousClient, RendezvousServer
@@ -48,6 +48,7 @@ class RendezvousCoordinator:
         self._rank = node.node_rank
         self.first_worker = node.node_rank * workers
         self._server = None
+        self._warned = False  # about TensorFlow's servers being reachable: once per launcher
         if node.node_rank == 0:
             self._server = RendezvousServer(node, workers_per_node=workers, max_restarts=restarts,
                                             timeout=options.join_timeout, say=say)
@@ -82,6 +83,11 @@ class RendezvousCoordinator:
     def form(self, attempt: int, ports: list[int]) -> Cluster | Event:
         formed = self._client.form(attempt, ports)
         if formed is not None and formed.kind is EventKind.CLUSTER:
+            if not self._warned:  # TensorFlow's servers reachable from other hosts: once per launcher
+                warning = exposure.exposure_warning(ports, exposure.network_interfaces())
+                self._warned = True
+                if warning:
+                    self.say(warning)
             return Cluster(tuple(str(a) for a in formed.data["workers"]), self.first_worker)
         return self._event(formed)
 
@@ -172,6 +178,9 @@ def describe_end(event: JobEvent | None, options: LaunchOptions) -> tuple[int, s
             f"(arrived: {arrived or 'none'}). Start 'tfstrategy launch --nnodes {node.nnodes} --node-rank {missing} "
             f"--master {node.master} ...' on that machine with the same secret, check that it can reach "
             f"{node.master}, or raise --timeout")
+    if event is not None and event.kind is EventKind.FAILED:  # e.g. a node broke the protocol while a round formed
+        failure = failure_from_event(event)
+        return failure.status, failure.report()
     if event is not None and event.kind is EventKind.LOST:
         why = event.data.get("why") or "node 0's launcher stopped, or the network between the nodes failed"
         return 1, f"lost the connection to node 0's rendezvous at {node.master} ({why}); stopped this node's workers"
