@@ -375,3 +375,21 @@ def test_a_relayed_failure_keeps_its_exit_status_and_whether_it_is_an_echo(data,
 
     failure = failure_from_event(JobEvent(EventKind.FAILED, {**data, "node": 1, "lines": []}))
     assert (failure.exit_status, failure.consequential, failure.node) == (exit_status, consequential, 1)
+
+
+def test_a_peer_failing_while_a_worker_is_stalled_is_an_echo_of_the_stall():
+    """TensorFlow's coordination service gives up on a stopped task before --stall-timeout does."""
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet, steps=5)
+        if now > 3:
+            fleet.at(0, 1).stopped = True
+        if now > 12:
+            fleet.at(0, 0).exit(1, _record("tensorflow.python.framework.errors_impl.UnavailableError",
+                                           "Collective ops is aborted by: ... unhealthy (stopped sending heartbeats)",
+                                           1012.0, frame=""))
+
+    result, err, _, clock = _run(scenario, stall_report=5, stall_timeout=60)
+    assert (result.returncode, result.reason) == (125, EndReason.STALLED)
+    assert _headline(err).startswith("tfstrategy launch: worker 1 stalled: it is stopped")
+    assert "then, as a consequence: worker 0 exited with status 1: tensorflow" in err
+    assert clock.now < 12 + 3.5

@@ -114,6 +114,7 @@ class _Worker:
     intervals: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=20))
     stopped_since: float | None = None
     stall: str | None = None
+    stall_wall: float = 0.0
     left_early: str | None = None
 
 
@@ -259,6 +260,10 @@ class GroupMonitor:
         failures = [self._failure(w) for w in failed] + [
             Failure(index=w.index, reason=f"raised {w.error.describe()} (its process is exiting)", status=1,
                     time=w.error.time) for w in raising if w.error is not None]
+        # A peer's failure while a worker is stalled (TensorFlow's own heartbeats or collective timeout
+        # gave up on it) is an echo of the stall: the stall is the root cause.
+        failures += [Failure(index=w.index, reason=f"stalled: it {w.stall}", status=EXIT_STALL, time=w.stall_wall,
+                             exit_status=EXIT_STALL) for w in self._alive() if w.stall is not None and failed]
         cause, consequences = root_cause(failures)
         first = self._first_failure_at if self._first_failure_at is not None else now
         if cause.consequential and now - first < self.policy.settle:
@@ -343,7 +348,7 @@ class GroupMonitor:
                     found.append((w, what, last_advance))
         for w, why, since in found:
             if w.stall is None:
-                w.stall, w.state = why, WorkerState.STALLED
+                w.stall, w.state, w.stall_wall = why, WorkerState.STALLED, wall - (now - since)
                 self.state = GroupState.STALLED
                 self.stall_seconds.append(now - since)
                 decision.dump_stacks = True
