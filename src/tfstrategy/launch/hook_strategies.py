@@ -182,9 +182,10 @@ def mirrored_devices() -> str:
         @functools.wraps(original)
         def __init__(self: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
             if devices is None:
-                return original(self, chosen, cross_device_ops)
+                original(self, chosen, cross_device_ops)
+                return
             _check_listed(devices, chosen)
-            return original(self, devices, cross_device_ops)
+            original(self, devices, cross_device_ops)
 
         return __init__
 
