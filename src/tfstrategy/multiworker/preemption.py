@@ -24,12 +24,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
+from tfstrategy.errors import PlatformError
 from tfstrategy.settings import ENV_RESTART
 
 __all__ = ["preemption_callbacks"]
@@ -110,6 +112,7 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
     Place it after ``BackupAndRestore`` (as :func:`tfstrategy.preemption_callbacks` does), so a stop
     agreed on an epoch's last batch exits after that epoch's backup.
     """
+    _require_main_thread()
     keras = _compat.keras_for()
     watcher = watcher or PreemptionWatcher()
 
@@ -158,6 +161,17 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
             sys.exit(PREEMPTED_EXIT_CODE)
 
     return StopOnPreemption()
+
+
+def _require_main_thread() -> None:
+    thread = threading.current_thread()
+    if thread is not threading.main_thread():
+        raise PlatformError(
+            f"Received a call to preemption_callbacks() in thread {thread.name!r}; Python handles SIGTERM in the main "
+            "thread only. Ray Train runs the training function in such a thread and handles SIGTERM itself (the "
+            "group restarts from the last reported checkpoint): there, use the callback of "
+            "tfstrategy.integrations.ray instead. Elsewhere, call fit from the main thread."
+        )
 
 
 def _say(text: str) -> None:
