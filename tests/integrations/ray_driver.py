@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -64,7 +65,7 @@ class MemorySampler(threading.Thread):
 
 def main() -> int:
     out, jobs = Path(sys.argv[1]), json.loads(sys.argv[2])
-    if os.environ.get("TFSTRATEGY_ISOLATED") == "1":
+    if os.environ.get("TFSTRATEGY_TEST_NETNS") == "1":  # in a new network namespace: only lo, down
         from tfstrategy.launch.network_isolation import bring_up_loopback
 
         bring_up_loopback()
@@ -80,7 +81,10 @@ def main() -> int:
         num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=os.environ["RAY_TMPDIR"],
         object_store_memory=200 * 1024**2, log_to_driver=True, configure_logging=False,
     )
-    summary: dict = {"init_seconds": time.time() - began, "node_ip": ray.util.get_node_ip_address(), "jobs": {}}
+    summary: dict = {
+        "init_seconds": time.time() - began, "node_ip": ray.util.get_node_ip_address(), "jobs": {},
+        "interfaces": [name for _, name in socket.if_nameindex()],
+    }
     try:
         for job in jobs:
             job_out = out / job["name"]

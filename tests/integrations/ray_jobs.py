@@ -99,6 +99,9 @@ def _fault_callback(fault: _Fault):
 
 def train_fn(config: dict) -> None:
     """Keras fit (``config["loop"]`` False) or tfstrategy's custom-loop step, reporting every epoch."""
+    import sys
+
+    tensorflow_imported = "tensorflow" in sys.modules  # by Ray, before this function runs
     import ray.train
     import tensorflow as tf
 
@@ -116,7 +119,11 @@ def train_fn(config: dict) -> None:
         "thread": threading.current_thread().name,
         "tf_use_legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS"),
         "tf_config": json.loads(os.environ.get("TF_CONFIG", "null")),
+        "tensorflow_imported": tensorflow_imported,
     }
+    from tfstrategy import _compat
+
+    record["runtime_started_before_prepare"] = _compat.runtime_started()
     run = tfs_ray.prepare(build_model, optimizer=lambda: tf.keras.optimizers.Adam(0.01), loss="mse")
     record.update(
         strategy=type(run.strategy).__name__, replicas=run.selection.num_replicas, explain=run.selection.explain(),

@@ -193,6 +193,8 @@ def preemption_callbacks(backup_dir: str | os.PathLike[str] | None = None, **opt
 
     Raises:
         ClusterConfigError: ``TF_CONFIG`` is set but invalid.
+        PlatformError: called outside the main thread (Ray Train's training thread), where Python
+            cannot catch SIGTERM; under Ray use ``tfstrategy.integrations.ray``.
 
     Example:
         >>> model.fit(dataset, epochs=20, callbacks=tfstrategy.preemption_callbacks())
