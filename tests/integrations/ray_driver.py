@@ -10,9 +10,12 @@ cluster's start-up time and the peak memory (PSS) of every process of the run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -63,8 +66,40 @@ class MemorySampler(threading.Thread):
                 self.peak_kib, self.peak_processes = total, len(pids)
 
 
+def _ray_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    ray = str(Path(sys.executable).with_name("ray"))
+    return subprocess.run([ray, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def start_two_nodes(summary: dict, temp_dir: str) -> str:
+    """``ray start`` a head raylet on 127.0.0.2 and a second one on 127.0.0.3 (token auth); the address."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.2", 0))
+        port = probe.getsockname()[1]
+    address = f"127.0.0.2:{port}"
+    common = ["--num-cpus=1", "--object-store-memory=150000000", "--disable-usage-stats"]
+    head = _ray_cli("start", "--head", "--node-ip-address=127.0.0.2", f"--port={port}", "--include-dashboard=false",
+                    f"--temp-dir={temp_dir}", *common)
+    if head.returncode != 0:
+        raise RuntimeError(f"ray start --head failed: {head.stdout[-2000:]} {head.stderr[-2000:]}")
+    # A raylet with another token must not join.
+    wrong = {**os.environ, "RAY_AUTH_TOKEN": "0" * 64}
+    began = time.time()
+    try:
+        refused = _ray_cli("start", f"--address={address}", "--node-ip-address=127.0.0.3", *common, env=wrong, timeout=240)
+        summary["wrong_token"] = {"returncode": refused.returncode, "seconds": time.time() - began,
+                                  "output": (refused.stdout + refused.stderr)[-1500:]}
+    except subprocess.TimeoutExpired:
+        summary["wrong_token"] = {"returncode": None, "seconds": time.time() - began, "output": "timed out"}
+    joined = _ray_cli("start", f"--address={address}", "--node-ip-address=127.0.0.3", *common)
+    if joined.returncode != 0:
+        raise RuntimeError(f"ray start --address failed: {joined.stdout[-2000:]} {joined.stderr[-2000:]}")
+    return address
+
+
 def main() -> int:
     out, jobs = Path(sys.argv[1]), json.loads(sys.argv[2])
+    two_nodes = len(sys.argv) > 3 and sys.argv[3] == "two-nodes"
     if os.environ.get("TFSTRATEGY_TEST_NETNS") == "1":  # in a new network namespace: only lo, down
         from tfstrategy.launch.network_isolation import bring_up_loopback
 
@@ -72,20 +107,23 @@ def main() -> int:
     sampler = MemorySampler(os.environ[MARKER])
     sampler.start()
     began = time.time()
-    import ray
-    import ray_jobs
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.tensorflow import TensorflowTrainer
-
-    ray.init(
-        num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=os.environ["RAY_TMPDIR"],
-        object_store_memory=200 * 1024**2, log_to_driver=True, configure_logging=False,
-    )
-    summary: dict = {
-        "init_seconds": time.time() - began, "node_ip": ray.util.get_node_ip_address(), "jobs": {},
-        "interfaces": [name for _, name in socket.if_nameindex()],
-    }
+    summary: dict = {"jobs": {}, "interfaces": [name for _, name in socket.if_nameindex()]}
     try:
+        import ray
+        import ray_jobs
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.tensorflow import TensorflowTrainer
+
+        if two_nodes:
+            address = start_two_nodes(summary, os.environ["RAY_TMPDIR"])
+            ray.init(address=address, configure_logging=False)
+            summary["nodes"] = sorted(node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"])
+        else:
+            ray.init(
+                num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=os.environ["RAY_TMPDIR"],
+                object_store_memory=200 * 1024**2, log_to_driver=True, configure_logging=False,
+            )
+        summary.update(init_seconds=time.time() - began, node_ip=ray.util.get_node_ip_address())
         for job in jobs:
             job_out = out / job["name"]
             job_out.mkdir(parents=True, exist_ok=True)
@@ -102,20 +140,37 @@ def main() -> int:
             result = trainer.fit()
             summary["jobs"][job["name"]] = {
                 "seconds": time.time() - started,
-                "fit_called": started,
                 "error": None if result.error is None else f"{type(result.error).__name__}: {result.error}"[:2000],
                 "metrics": result.metrics,
                 "checkpoint": None if result.checkpoint is None else result.checkpoint.path,
             }
             print(f"job {job['name']} done in {time.time() - started:.1f}s", flush=True)
     finally:
-        ray.shutdown()
+        if "ray" in sys.modules:
+            sys.modules["ray"].shutdown()
+        if two_nodes:  # `ray stop` would stop every Ray process of the machine; stop this run's, by pid
+            stop_run_processes(os.environ[MARKER])
         sampler.stopped.set()
         sampler.join()
         summary["peak_pss_mib"] = sampler.peak_kib / 1024
         summary["peak_processes"] = sampler.peak_processes
         (out / "summary.json").write_text(json.dumps(summary, default=str))
     return 0
+
+
+def stop_run_processes(marker: str, grace: float = 30.0) -> None:
+    """SIGTERM every other process of this run, then SIGKILL what is left after ``grace`` seconds."""
+    others = [pid for pid in run_processes(marker) if pid != os.getpid()]
+    for pid in others:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and [pid for pid in run_processes(marker) if pid != os.getpid()]:
+        time.sleep(0.2)
+    for pid in run_processes(marker):
+        if pid != os.getpid():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":

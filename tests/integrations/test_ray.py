@@ -258,3 +258,15 @@ def test_only_loopback_addresses(ray_run):
 def test_every_ray_process_stopped(ray_run):
     assert ray_run.leftovers == [], f"processes left running after ray.shutdown (killed now): {ray_run.leftovers}"
     assert "_variable_creator_stack" not in ray_run.log and "UnsupportedVersionError" not in ray_run.log
+
+
+def test_the_guide_script_runs(tmp_path):
+    page = (ROOT / "docs" / "guides" / "ray.md").read_text()
+    script = re.search(r"<!-- docs-test: skip starts a Ray cluster.*?-->\n```python\n(.*?)```", page, re.S).group(1)
+    (tmp_path / "train_ray.py").write_text(script)
+    process, log, leftovers, _ = run_driver(tmp_path, [str(tmp_path / "train_ray.py")], timeout=1800)
+    assert process.returncode == 0, log[-6000:]
+    final = [line for line in log.splitlines() if line.startswith("final loss ")]
+    assert final and final[-1].endswith("after epoch 3"), log[-3000:]
+    assert float(final[-1].split()[2]) < 10.0  # trained (the target is a sum of 8 normals: variance 8)
+    assert leftovers == []
