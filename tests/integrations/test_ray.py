@@ -270,3 +270,26 @@ def test_the_guide_script_runs(tmp_path):
     assert final and final[-1].endswith("after epoch 3"), log[-3000:]
     assert float(final[-1].split()[2]) < 10.0  # trained (the target is a sum of 8 normals: variance 8)
     assert leftovers == []
+
+
+def test_two_raylets_on_two_loopback_addresses_with_token_auth(tmp_path, reference):
+    # Raylets on 127.0.0.2/.3 listen on every interface: only a private network namespace keeps them on loopback.
+    assert isolation_available(), "needs unshare --net (a private network namespace) to keep two raylets off the network"
+    process, log, leftovers, _ = run_driver(
+        tmp_path, [str(HERE / "ray_driver.py"), str(tmp_path), json.dumps([{"name": "fit", "workers": 2}]), "two-nodes"]
+    )
+    assert process.returncode == 0, log[-6000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["nodes"] == ["127.0.0.2", "127.0.0.3"] and summary["interfaces"] == ["lo"]
+    wrong = summary["wrong_token"]
+    assert wrong["returncode"] != 0, wrong  # a raylet with another token does not join
+    assert summary["jobs"]["fit"]["error"] is None, summary["jobs"]["fit"]["error"]
+    records = RayRun(out=tmp_path, summary=summary, log=log, leftovers=leftovers, isolated=True).records("fit")
+    hosts = sorted(address.rsplit(":", 1)[0] for address in records[(0, 0)]["tf_config"]["cluster"]["worker"])
+    assert hosts == ["127.0.0.2", "127.0.0.3"]  # one worker on each node
+    for record in records.values():
+        np.testing.assert_allclose(record["losses"], reference["fit"][0], **TOLERANCE)
+    print(f"\nray two nodes: start {summary['init_seconds']:.1f}s, job {summary['jobs']['fit']['seconds']:.0f}s, "
+          f"peak PSS {summary['peak_pss_mib']:.0f} MiB; wrong token: status {wrong['returncode']} after "
+          f"{wrong['seconds']:.0f}s: {wrong['output'].strip().splitlines()[-1:]}")
+    assert leftovers == []
