@@ -7,6 +7,8 @@ supported release and on tf_keras.
 
 from __future__ import annotations
 
+import gc
+import sys
 import threading
 
 import numpy as np
@@ -116,3 +118,30 @@ def test_every_patch_target_exists_in_the_installed_keras(name):
     assert module is not None, "Keras 3's TensorFlow trainer module moved: update _compat.keras3_tensorflow_trainer"
     for target in patch.targets:
         assert callable(_compat.get_path(module, target)), f"{name}: {target} is gone from this Keras"
+
+
+def test_resolved_tf_keras_and_a_creator_installed_for_a_thread_life():
+    assert keras.layers is not None  # tf.keras resolved
+    assert _compat.resolved_tf_keras() == ("tf_keras" if LEGACY else "keras")
+    seen, unraisable = [], []
+
+    def creator(next_creator, **kwargs):
+        seen.append(kwargs.get("name"))
+        return next_creator(**kwargs)
+
+    def a_thread_that_ends():
+        _compat.install_variable_creator(creator)
+        tf.Variable(1.0, name="after_install")
+        with tf.variable_creator_scope(lambda next_creator, **kwargs: next_creator(**kwargs)):
+            tf.Variable(1.0, name="inside_a_later_scope")  # that scope closes cleanly over ours
+
+    previous, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        thread = threading.Thread(target=a_thread_that_ends)
+        thread.start()
+        thread.join(timeout=60)
+        del thread
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    assert seen == ["after_install", "inside_a_later_scope"] and unraisable == []

@@ -331,19 +331,21 @@ def variable_creator_scope_open() -> bool:
     return bool(getattr(graph, "_variable_creator_stack", None))
 
 
-def install_variable_creator(creator: Any, priority: int = 100) -> None:
+def install_variable_creator(creator: Any) -> None:
     """Add ``creator`` to this thread's variable creator stack for the rest of the thread's life.
 
     What ``tf.variable_creator_scope`` does on entry, without a context to exit:
     a scope kept open for a thread's life is closed by the garbage collector when
     the thread ends (Ray Train's training thread), after TensorFlow's
     thread-local stack is gone, and its exit raises ``AttributeError: '_thread._local'
-    object has no attribute '_variable_creator_stack'``. A new list, sorted like
-    TensorFlow's own, so a scope opened later still finds its stack on exit.
+    object has no attribute '_variable_creator_stack'``. The stack TensorFlow builds
+    inside the scope (entries of whatever shape this release uses) is copied and set
+    again once the scope has closed; a new list, so a scope opened later still finds
+    its own on exit.
     """
     graph = tf().compat.v1.get_default_graph()
-    stack = [*graph._variable_creator_stack, (priority, creator)]
-    stack.sort(key=lambda item: item[0])
+    with tf().variable_creator_scope(creator):
+        stack = list(graph._variable_creator_stack)
     graph._variable_creator_stack = stack
 
 
