@@ -137,7 +137,8 @@ def test_prepare_outside_a_ray_worker_is_refused_clearly():
     [
         pytest.param(None, r"without a readable tfstrategy\.json", id="missing"),
         pytest.param("{not json", r"without a readable tfstrategy\.json", id="corrupt"),
-        pytest.param('{"epoch": "2", "step": 16}', r'expected \{"epoch": <int>, "step": <int>\}', id="wrong-types"),
+        pytest.param('{"epoch": "2", "step": 16, "prefix": "ckpt-1"}', r'expected \{"epoch": <int>, "step": <int>', id="wrong-types"),
+        pytest.param('{"epoch": 2, "step": 16, "prefix": "../ckpt-1"}', r'"prefix": <file name>\}', id="prefix-outside"),
     ],
 )
 def test_a_ray_checkpoint_not_written_by_tfstrategy_is_refused(tmp_path, content, message):

@@ -45,7 +45,7 @@ from tfstrategy.selection.select import Selection, select
 
 __all__ = ["RayRun", "prepare", "report_callback", "report_epoch"]
 
-#: Inside a reported checkpoint directory: the tf.train.Checkpoint prefix and tfstrategy's record of it.
+#: Inside a reported checkpoint directory: the tf.train.Checkpoint's name and tfstrategy's record of it.
 CHECKPOINT_PREFIX = "ckpt"
 STATE_FILE = "tfstrategy.json"
 
@@ -107,10 +107,12 @@ def _read_state(directory: str, where: str) -> dict[str, Any]:
             "reported by tfstrategy.integrations.ray (report_callback or report_epoch). Restore another "
             "checkpoint yourself with tfstrategy.build_in_scope(checkpoint=...)."
         ) from error
-    if not isinstance(state, dict) or not isinstance(state.get("epoch"), int) or not isinstance(state.get("step"), int):
+    prefix = state.get("prefix") if isinstance(state, dict) else None
+    valid = isinstance(prefix, str) and os.path.basename(prefix) == prefix and prefix not in ("", ".", "..")
+    if not valid or not isinstance(state.get("epoch"), int) or not isinstance(state.get("step"), int):
         raise CheckpointError(
             f"Received the Ray checkpoint {where!r} whose {STATE_FILE} is {state!r}; expected "
-            '{"epoch": <int>, "step": <int>}, as report_epoch writes it.'
+            '{"epoch": <int>, "step": <int>, "prefix": <file name>}, as report_epoch writes it.'
         )
     return state
 
@@ -166,7 +168,7 @@ def prepare(
     with checkpoint.as_directory() as directory:
         state = _read_state(directory, checkpoint.path)
         built, report = build_in_scope(
-            selection, model, guard=guard, checkpoint=os.path.join(directory, CHECKPOINT_PREFIX), **compile_args
+            selection, model, guard=guard, checkpoint=os.path.join(directory, state["prefix"]), **compile_args
         )
     restored_step = report.restore.step if report.restore else 0
     if restored_step != state["step"]:
@@ -214,10 +216,13 @@ def report_epoch(model: Any, epoch: int, metrics: Mapping[str, Any] | None = Non
     step = int(model.optimizer.iterations.numpy())
     directory = tempfile.mkdtemp(prefix="tfstrategy-ray-")
     try:
-        tf().train.Checkpoint(model=model, optimizer=model.optimizer).write(os.path.join(directory, CHECKPOINT_PREFIX))
+        # save(), not write(): its save_counter is what build_in_scope's restore expects to find.
+        saved = tf().train.Checkpoint(model=model, optimizer=model.optimizer).save(
+            os.path.join(directory, CHECKPOINT_PREFIX)
+        )
         if chief:
             with open(os.path.join(directory, STATE_FILE), "w", encoding="utf-8") as handle:
-                json.dump({"epoch": int(epoch), "step": step}, handle)
+                json.dump({"epoch": int(epoch), "step": step, "prefix": os.path.basename(saved)}, handle)
         checkpoint = train.Checkpoint.from_directory(directory) if chief else None
         train.report(_metrics(int(epoch), step, metrics), checkpoint=checkpoint)
     finally:
