@@ -1,8 +1,9 @@
 """Start a loopback-only local Ray cluster, run TensorflowTrainer jobs on it, stop it; for tests/integrations.
 
-``python ray_driver.py OUT JOBS_JSON``: JOBS_JSON is a list of ``{"name", "workers", "loop", "fail",
-"max_failures"}``. Run by the tests inside a private network namespace (``unshare --net``) when the
-system allows one, so even a server bound to 0.0.0.0 is reachable on loopback only; Ray itself is
+``python netns_run.py ray_driver.py OUT JOBS_JSON [two-nodes]``: JOBS_JSON is a list of ``{"name",
+"workers", "loop", "fail", "max_failures"}``; ``two-nodes`` starts two raylets with ``ray start``
+(127.0.0.2 and 127.0.0.3, token auth) instead of ``ray.init``. Run by the tests inside a private
+network namespace (``unshare --net``) when the system allows one, so even a server bound to 0.0.0.0 is reachable on loopback only; Ray itself is
 kept on 127.0.0.1 by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (set by the caller, read when Ray is
 imported) and ``_node_ip_address``. Writes ``OUT/summary.json``: per job its result and timings, the
 cluster's start-up time and the peak memory (PSS) of every process of the run.
@@ -100,10 +101,6 @@ def start_two_nodes(summary: dict, temp_dir: str) -> str:
 def main() -> int:
     out, jobs = Path(sys.argv[1]), json.loads(sys.argv[2])
     two_nodes = len(sys.argv) > 3 and sys.argv[3] == "two-nodes"
-    if os.environ.get("TFSTRATEGY_TEST_NETNS") == "1":  # in a new network namespace: only lo, down
-        from tfstrategy.launch.network_isolation import bring_up_loopback
-
-        bring_up_loopback()
     sampler = MemorySampler(os.environ[MARKER])
     sampler.start()
     began = time.time()
@@ -116,7 +113,7 @@ def main() -> int:
 
         if two_nodes:
             address = start_two_nodes(summary, os.environ["RAY_TMPDIR"])
-            ray.init(address=address, configure_logging=False)
+            ray.init(address=address, _node_ip_address="127.0.0.2", configure_logging=False)
             summary["nodes"] = sorted(node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"])
         else:
             ray.init(

@@ -63,13 +63,10 @@ def isolation_available() -> bool:
         return False
 
 
-def ray_environment(marker: str, temp_dir: str, isolated: bool) -> dict[str, str]:
+def ray_environment(marker: str, temp_dir: str, isolated: bool, two_nodes: bool = False) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("TFSTRATEGY_", "TF_CONFIG"))}
     env.update(
         PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        # Ray replaces 127.0.0.1 by the host's first non-loopback address unless clusters are "disabled";
-        # Ray reads this when it is imported, in the driver and in every process it starts.
-        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
         RAY_USAGE_STATS_ENABLED="0",
         RAY_AUTH_MODE="token",
         RAY_AUTH_TOKEN=secrets.token_hex(32),  # else Ray writes one to ~/.ray/auth_token
@@ -78,6 +75,11 @@ def ray_environment(marker: str, temp_dir: str, isolated: bool) -> dict[str, str
         PYTHONUNBUFFERED="1",
         **{ray_driver.MARKER: marker},
     )
+    if not two_nodes:
+        # Ray replaces 127.0.0.1 by the host's first non-loopback address unless clusters are "disabled"
+        # (read when Ray is imported, in the driver and every process it starts). That also refuses a
+        # second node, so the two raylets get explicit addresses (127.0.0.2, 127.0.0.3) instead.
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     if isolated:
         env["TFSTRATEGY_TEST_NETNS"] = "1"
     return env
@@ -121,11 +123,12 @@ def run_driver(out: Path, args: list[str], timeout: float = 3000) -> tuple[subpr
     marker, isolated = uuid.uuid4().hex, isolation_available()
     temp_dir = tempfile.mkdtemp(prefix="tfsray-", dir="/tmp")  # Ray's socket paths must stay short
     prefix = ["unshare", "--net", "--map-root-user"] if isolated else []
+    env = ray_environment(marker, temp_dir, isolated, two_nodes="two-nodes" in args)
     log_path = out / "driver.log"
     try:
         with open(log_path, "w") as log:
             process = subprocess.Popen(
-                [*prefix, sys.executable, *args], env=ray_environment(marker, temp_dir, isolated), cwd=out,
+                [*prefix, sys.executable, str(HERE / "netns_run.py"), *args], env=env, cwd=out,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
             try:
@@ -282,7 +285,7 @@ def test_two_raylets_on_two_loopback_addresses_with_token_auth(tmp_path, referen
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["nodes"] == ["127.0.0.2", "127.0.0.3"] and summary["interfaces"] == ["lo"]
     wrong = summary["wrong_token"]
-    assert wrong["returncode"] != 0, wrong  # a raylet with another token does not join
+    assert wrong["returncode"] != 0 and re.search(r"(?i)auth|token", wrong["output"]), wrong  # refused for its token
     assert summary["jobs"]["fit"]["error"] is None, summary["jobs"]["fit"]["error"]
     records = RayRun(out=tmp_path, summary=summary, log=log, leftovers=leftovers, isolated=True).records("fit")
     hosts = sorted(address.rsplit(":", 1)[0] for address in records[(0, 0)]["tf_config"]["cluster"]["worker"])
