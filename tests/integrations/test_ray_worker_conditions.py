@@ -36,7 +36,7 @@ from tfstrategy.scope.creation_sites import site_of
 result = {}
 
 def training_thread():
-    selection = tfstrategy.select(strategy="mirrored")
+    selection = tfstrategy.select(strategy="mirrored", cpu_replicas=2)  # TensorFlow imported, no op run yet
     with selection.scope():
         variable = tf.Variable(1.0)
     result.update(replicas=selection.num_replicas, steps=[name for name, _ in selection.steps],
@@ -61,7 +61,7 @@ def test_select_in_a_thread_after_the_variable_flips_and_the_thread_ends_cleanly
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["package"] == flavour  # not what the variable set afterwards says
-    assert report["replicas"] >= 1 and "record_creation_sites" in report["steps"]
+    assert report["replicas"] == 2 and report["steps"][:2] == ["split_cpu", "record_creation_sites"]
     assert report["site"] is not None and report["site"].startswith("<string>:")
     # Before: "Exception ignored in: <generator object recording> ... '_thread._local' object has no
     # attribute '_variable_creator_stack'" when the thread's recording context was collected.
