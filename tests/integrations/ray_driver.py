@@ -126,7 +126,10 @@ def main() -> int:
             job_out.mkdir(parents=True, exist_ok=True)
             trainer = TensorflowTrainer(
                 ray_jobs.train_fn,
-                train_loop_config={"out": str(job_out), "loop": job.get("loop", False), "fail": job.get("fail", "")},
+                train_loop_config={
+                    "out": str(job_out), "storage": str(out / "storage" / job["name"]), "loop": job.get("loop", False),
+                    "fail": job.get("fail", ""), "collective_timeout": job.get("collective_timeout"),
+                },
                 scaling_config=ScalingConfig(num_workers=job["workers"], resources_per_worker={"CPU": 1}),
                 run_config=RunConfig(
                     storage_path=str(out / "storage"), name=job["name"],

@@ -2,10 +2,11 @@
 
 Each worker writes ``<out>/<job>/attempt-<a>-rank-<r>.json``: what tfstrategy selected, where it
 resumed from, the losses, the final weights, Ray's ``TF_CONFIG`` and the sockets listening at
-the end of training. Fault injection, first attempt only: ``fail`` = ``kill`` SIGKILLs rank 1
-in the middle of epoch 2; ``kill-before-report`` SIGKILLs rank 1 at the end of epoch 2, after
-training it and before reporting it (so the chief reports a checkpoint for epoch 2 that must
-not count); ``term`` sends SIGTERM to rank 1's own process in the middle of epoch 2.
+the end of training. Fault injection, first attempt only, once Ray has registered epoch 1's checkpoint: ``fail`` =
+``kill`` SIGKILLs rank 1 in the middle of epoch 2; ``kill-before-report`` SIGKILLs rank 1 at the
+end of epoch 2, after training it and before reporting it (so the chief reports a checkpoint for
+epoch 2 that must not count); ``term`` sends SIGTERM to rank 1's own process in the middle of
+epoch 2 (Ray's worker does not act on it while it trains; the chief's next collective times out).
 """
 
 from __future__ import annotations
@@ -65,15 +66,29 @@ def _address(hexed: str, width: int) -> str:
     return str(mapped or address)
 
 
+def committed_epochs(storage: Path) -> list[int]:
+    """Epochs whose checkpoint Ray's controller registered (its snapshot in the run's storage)."""
+    try:
+        snapshot = json.loads((storage / "checkpoint_manager_snapshot.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [result["metrics"].get("epoch") for result in snapshot.get("checkpoint_results", [])]
+
+
 class _Fault:
-    def __init__(self, kind: str, rank: int, marker: Path) -> None:
-        self.kind, self.rank, self.marker = kind, rank, marker
+    def __init__(self, kind: str, rank: int, marker: Path, storage: Path) -> None:
+        self.kind, self.rank, self.marker, self.storage = kind, rank, marker, storage
 
     def armed(self) -> bool:
         return bool(self.kind) and self.rank == 1 and not self.marker.exists()
 
     def fire(self, where: str) -> None:
-        self.marker.write_text(where)
+        # Ray registers a reported checkpoint when its controller next polls the workers; until then a
+        # failure loses it. Fault at the worst moment after epoch 1 is committed, not in that window.
+        deadline = time.monotonic() + 600
+        while 1 not in committed_epochs(self.storage) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.marker.write_text(f"{where}; committed before: {committed_epochs(self.storage)}")
         print(f"fault {self.kind} at {where}", flush=True)
         os.kill(os.getpid(), signal.SIGTERM if self.kind == "term" else signal.SIGKILL)
         time.sleep(600)  # SIGTERM: Ray's handler ends the process; never train on
@@ -111,7 +126,7 @@ def train_fn(config: dict) -> None:
     context = ray.train.get_context()
     rank = context.get_world_rank()
     out = Path(config["out"])
-    fault = _Fault(config.get("fail", ""), rank, out / "fault-fired")
+    fault = _Fault(config.get("fail", ""), rank, out / "fault-fired", Path(config["storage"]))
     attempt = len(list(out.glob(f"started-rank-{rank}-*")))
     (out / f"started-rank-{rank}-{attempt}").write_text(str(started))
     record: dict = {
@@ -124,7 +139,10 @@ def train_fn(config: dict) -> None:
     from tfstrategy import _compat
 
     record["runtime_started_before_prepare"] = _compat.runtime_started()
-    run = tfs_ray.prepare(build_model, optimizer=lambda: tf.keras.optimizers.Adam(0.01), loss="mse")
+    run = tfs_ray.prepare(
+        build_model, optimizer=lambda: tf.keras.optimizers.Adam(0.01), loss="mse",
+        collective_timeout=config.get("collective_timeout"),
+    )
     record.update(
         strategy=type(run.strategy).__name__, replicas=run.selection.num_replicas, explain=run.selection.explain(),
         patches=[status.name for status in run.selection.patches if status.installed],
