@@ -140,6 +140,7 @@ def main() -> int:
             result = trainer.fit()
             summary["jobs"][job["name"]] = {
                 "seconds": time.time() - started,
+                "fit_called": started,
                 "error": None if result.error is None else f"{type(result.error).__name__}: {result.error}"[:2000],
                 "metrics": result.metrics,
                 "checkpoint": None if result.checkpoint is None else result.checkpoint.path,

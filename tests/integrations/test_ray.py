@@ -150,9 +150,13 @@ def ray_run(tmp_path_factory) -> RayRun:
     process, log, leftovers, isolated = run_driver(out, [str(HERE / "ray_driver.py"), str(out), json.dumps(JOBS)])
     assert process.returncode == 0, log[-6000:]
     summary = json.loads((out / "summary.json").read_text())
+    for name, job in summary["jobs"].items():  # from trainer.fit() to the training function's first line
+        starts = [float(p.read_text()) for p in (out / name).glob("started-rank-*-0")]
+        job["worker_start_seconds"] = min(starts) - job["fit_called"] if starts else None
     print(f"\nray: init {summary['init_seconds']:.1f}s, peak PSS {summary['peak_pss_mib']:.0f} MiB over "
           f"{summary['peak_processes']} processes, jobs " +
-          ", ".join(f"{name} {job['seconds']:.0f}s" for name, job in summary["jobs"].items()))
+          ", ".join(f"{name} {job['seconds']:.0f}s (workers started after {job['worker_start_seconds']:.0f}s)"
+                    for name, job in summary["jobs"].items()))
     return RayRun(out=out, summary=summary, log=log, leftovers=leftovers, isolated=isolated)
 
 
@@ -178,7 +182,9 @@ def one_process(loop: bool) -> tuple[list[float], list[np.ndarray]]:
 
 @pytest.fixture(scope="module")
 def reference():
-    return {"fit": one_process(loop=False), "loop": one_process(loop=True)}
+    result = {"fit": one_process(loop=False), "loop": one_process(loop=True)}
+    print(f"\none process: fit losses {result['fit'][0]}, custom loop losses {result['loop'][0]}")
+    return result
 
 
 def assert_weights_close(actual, expected):
