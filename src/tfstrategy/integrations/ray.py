@@ -17,10 +17,12 @@ plan. This module is the seam between the two, and nothing more:
   same on every worker, never half-written, and the only thing a restarted
   group resumes from.
 
-Under Ray, SIGTERM belongs to Ray: its worker processes exit on it and the
-group restarts from the last committed checkpoint (within ``max_failures``),
-so :func:`tfstrategy.preemption_callbacks` is not used there; it refuses to run
-in the non-main thread Ray trains in.
+Under Ray, stopping and restarting workers is Ray's: after a failure the group
+restarts from the last committed checkpoint (within ``max_failures``). So
+:func:`tfstrategy.preemption_callbacks` is not used there; it refuses to run in
+the non-main thread Ray trains in. A SIGTERM sent to one worker process is not
+acted on while it trains (Ray handles it in the worker's main thread); the
+collective timeout of :func:`tfstrategy.select` bounds how long its peers wait.
 
 Install with ``pip install 'tfstrategy[ray]'``. Importing tfstrategy never
 imports Ray; this module imports it when called.
