@@ -168,8 +168,8 @@ def _require_main_thread() -> None:
     if thread is not threading.main_thread():
         raise PlatformError(
             f"Received a call to preemption_callbacks() in thread {thread.name!r}; Python handles SIGTERM in the main "
-            "thread only. Ray Train runs the training function in such a thread and handles SIGTERM itself (the "
-            "group restarts from the last reported checkpoint): there, use the callback of "
+            "thread only. Ray Train runs the training function in such a thread and stops and restarts its workers "
+            "itself (the group resumes from the last committed checkpoint): there, use the callback of "
             "tfstrategy.integrations.ray instead. Elsewhere, call fit from the main thread."
         )
 
