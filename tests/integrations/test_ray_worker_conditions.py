@@ -29,11 +29,18 @@ LEGACY = _versions.legacy_keras_requested()
 RAY_LIKE_WORKER = r"""
 import json, os, sys, threading
 import tensorflow as tf
+import tfstrategy
+from tfstrategy import _compat, _versions
+from tfstrategy.scope.creation_sites import site_of
+original = os.environ.get("TF_USE_LEGACY_KERAS")
+os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras not used yet: TensorFlow will read the variable
+result = {"unresolved": [str(_compat.resolved_tf_keras()), _versions.keras_package()]}
+if original is None:
+    del os.environ["TF_USE_LEGACY_KERAS"]
+else:
+    os.environ["TF_USE_LEGACY_KERAS"] = original
 tf.keras.layers  # Ray's worker set-up uses tf.keras, so TensorFlow resolves it now
 os.environ["TF_USE_LEGACY_KERAS"] = "0" if sys.argv[1] == "tf_keras" else "1"  # the opposite, set afterwards
-import tfstrategy
-from tfstrategy.scope.creation_sites import site_of
-result = {}
 
 def training_thread():
     selection = tfstrategy.select(strategy="mirrored", cpu_replicas=2)  # TensorFlow imported, no op run yet
@@ -51,7 +58,7 @@ print(json.dumps(result), flush=True)
 """
 
 
-def test_select_in_a_thread_after_the_variable_flips_and_the_thread_ends_cleanly():
+def test_flavour_then_select_in_a_thread_after_the_variable_flips_and_the_thread_ends_cleanly():
     flavour = "tf_keras" if LEGACY else "keras"
     env_code = "import os; os.environ.pop('TFSTRATEGY_STRATEGY', None)"
     result = subprocess.run(
@@ -60,23 +67,13 @@ def test_select_in_a_thread_after_the_variable_flips_and_the_thread_ends_cleanly
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["package"] == flavour  # not what the variable set afterwards says
+    assert report["unresolved"] == ["None", "tf_keras"]  # before tf.keras is used, the variable decides
+    assert report["package"] == flavour  # after, what it resolved to, not what the variable set later says
     assert report["replicas"] == 2 and report["steps"][:2] == ["split_cpu", "record_creation_sites"]
     assert report["site"] is not None and report["site"].startswith("<string>:")
     # Before: "Exception ignored in: <generator object recording> ... '_thread._local' object has no
     # attribute '_variable_creator_stack'" when the thread's recording context was collected.
     assert "Exception ignored" not in result.stderr and "_variable_creator_stack" not in result.stderr, result.stderr
-
-
-def test_the_variable_counts_while_tf_keras_is_unresolved():
-    code = (
-        "import os, tensorflow, tfstrategy._versions as v, tfstrategy._compat as c\n"
-        "os.environ['TF_USE_LEGACY_KERAS'] = '1'\n"
-        "print(c.resolved_tf_keras(), v.keras_package())\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["None", "tf_keras"]  # TensorFlow will read the variable at first use
 
 
 def test_flavour_is_what_tf_keras_resolved_to_whatever_the_variable_says_now(monkeypatch):
