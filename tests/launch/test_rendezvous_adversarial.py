@@ -660,7 +660,7 @@ def _wait_for_processes(*runs, count: int) -> None:
     deadline = time.monotonic() + GUARD
     while any(len(_tagged(run.tag)) < count for run in runs) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [len(_tagged(run.tag)) for run in runs] == [count] * len(runs)
+    assert all(len(_tagged(run.tag)) >= count for run in runs)
 
 
 @pytest.mark.multiprocess
@@ -670,7 +670,7 @@ def test_two_launchers_keep_the_secret_out_of_workers_argv_and_logs_and_name_a_f
     secret, node0, node1 = _launchers(tmp_path, "-n", "2", "--timeout", "60", "--", sys.executable, str(PLAIN_WORKER),
                                       "sleep")
     try:
-        _wait_for_processes(node0, node1, count=5)  # per node: the launcher, 2 workers and their 2 children
+        _wait_for_processes(node0, node1, count=6)  # per node: the launcher, its reaper, 2 workers, their 2 children
         launchers = {node0.process.pid, node1.process.pid}
         for run in (node0, node1):
             for pid in _tagged(run.tag):
@@ -709,7 +709,7 @@ def test_node_0_killed_node_1_stops_at_once_saying_every_node_must_restart(tmp_p
 
     _, node0, node1 = _launchers(tmp_path, "-n", "1", "--timeout", "60", "--", sys.executable, str(PLAIN_WORKER), "sleep")
     try:
-        _wait_for_processes(node0, node1, count=3)
+        _wait_for_processes(node0, node1, count=4)  # per node: the launcher, its reaper, a worker, its child
         node0.process.kill()
         killed = time.monotonic()
         code1, _, err1, _ = node1.finish(GUARD)

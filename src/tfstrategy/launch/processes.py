@@ -30,6 +30,7 @@ from tfstrategy.launch.monitor import Observation
 from tfstrategy.launch.output import Console, Pump, Tail
 from tfstrategy.launch.reports import read_error, read_progress
 from tfstrategy.launch.worker_watch import STACK_SIGNAL
+from tfstrategy.settings import ENV_LAUNCH_SECRET
 
 __all__ = [
     "LOOPBACK", "free_ports", "become_subreaper", "WorkerSpec", "WorkerHandle", "LocalProcess", "Lifeline",
@@ -150,6 +151,7 @@ class Lifeline:
             self._reaper = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(Path(reaper_script.__file__)), tag], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                env={key: value for key, value in os.environ.items() if key != ENV_LAUNCH_SECRET},  # it needs no secret
             )
         except OSError:
             self._reaper = None  # the workers' hooks and PR_SET_PDEATHSIG still end them
