@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tfstrategy.cli._common import add_program_arguments, program_from_args, quiet_tensorflow
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch import network_isolation
+from tfstrategy.launch import backup_dir, network_isolation
 from tfstrategy.launch.rendezvous import NodeOptions, parse_master, read_secret, validate_node_options
 from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
@@ -35,7 +35,8 @@ DESCRIPTION = textwrap.dedent(
     non-zero or dies, every other worker is stopped within seconds and the first
     failure is reported with its exception and last lines. With --max-restarts K
     the whole group is restarted up to K times; callbacks=tfstrategy.backup_callbacks()
-    in model.fit resumes each worker from its own directory under --backup-dir.
+    in model.fit resumes every worker from the newest step every worker backed up
+    (committed) under --backup-dir.
     Ctrl-C or SIGTERM is passed on to every worker, which get --grace seconds to
     exit. Processes the workers started are stopped with them.
 
@@ -61,7 +62,7 @@ EPILOG = textwrap.dedent(
     """\
     examples:
       tfstrategy launch -n 2 -- python train.py --epochs 3
-      tfstrategy launch -n 4 --max-restarts 2 --backup-dir /tmp/ckpt -- python train.py
+      tfstrategy launch -n 4 --max-restarts 2 --backup-dir backups/run1 -- python train.py
       tfstrategy launch -n 2 --timeout 60 -- python train.py
       tfstrategy launch -n 2 --audit stop -- python -m mypackage.train
 
@@ -88,8 +89,10 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
                         help="restart the whole group up to K times after a failure (default: 0)")
     parser.add_argument("--backup-dir", type=Path, metavar="DIR",
-                        help="base of the per-worker BackupAndRestore directories DIR/worker-i "
-                        "(default with --max-restarts: a temporary directory)")
+                        help="the job's backup directory (created 0700; each worker's part in DIR/worker-i), read by "
+                        "tfstrategy.backup_callbacks(); refused if another user owns it or others can write it "
+                        "(default with --max-restarts: a private directory, removed when the job succeeds, kept "
+                        "with its resume command printed when it does not)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="seconds for every worker to join, i.e. to create its strategy (default: 300; 0: no "
                         "limit); a joined job is never stopped for running long")
@@ -129,7 +132,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             command=tuple(program),
             num_workers=args.num_workers,
             max_restarts=args.max_restarts,
-            backup_dir=args.backup_dir,
+            backup_dir=backup_dir.checked_backup_dir(args.backup_dir),
             join_timeout=None if args.timeout == 0 else args.timeout,
             grace=args.grace,
             audit=args.audit,
@@ -195,7 +198,17 @@ def launch_command(args: argparse.Namespace) -> int:
         network_isolation.bring_up_loopback()
         print("tfstrategy launch: in a private network namespace: workers reach each other on 127.0.0.1 only, "
               "other hosts cannot reach them", file=sys.stderr)
-    result = Launcher(options).run()
+    job_backup = backup_dir.JobBackup(options.backup_dir, max_restarts=options.max_restarts,
+                                      node_rank=options.nodes.node_rank if options.nodes else 0)
+    with job_backup:
+        result = Launcher(dataclasses.replace(options, backup_dir=job_backup.path)).run()
+    kept = job_backup.finish(result.returncode, backup_dir.resume_command(
+        num_workers=options.num_workers, max_restarts=options.max_restarts, timeout=args.timeout,
+        backup_dir=job_backup.path, command=options.command,
+        nodes=None if options.nodes is None else ["--nnodes", str(args.nnodes), "--node-rank",
+                                                   str(options.nodes.node_rank), "--master", args.master]))
+    if kept:
+        print(f"tfstrategy launch: {kept}", file=sys.stderr)
     if result.restart_seconds:
         timings = ", ".join(f"{seconds:.1f} s" for seconds in result.restart_seconds)
         rejoined = ", ".join(f"{seconds:.1f} s" for seconds in result.rejoin_seconds) or "never"

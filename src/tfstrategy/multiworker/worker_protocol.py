@@ -127,6 +127,7 @@ def backup_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options
                         "double_checkpoint (as keras.callbacks.BackupAndRestore).")
     try:
         commit.make_private_dir(directory)
+        commit.check_trusted(directory.parent)
         if not os.access(directory, os.W_OK | os.X_OK):
             raise PermissionError(errno.EACCES, "permission denied", str(directory))
     except OSError as error:
