@@ -226,6 +226,9 @@ class CoordinatedBackup:
         if resume.step is None:
             self._gather([1.0])
             return ResumePoint()
+        for step, (path, why) in zip(steps, sources):
+            if step > resume.step and path is None:
+                _say(f"{self.task} does not resume from committed step {step}: {why}")
         path, why = sources[steps.index(resume.step)]
         if path is None:  # choose_resume picks only steps every worker can load
             raise BackupError(f"{self.task} has no part of step {resume.step}: {why}")
@@ -298,6 +301,7 @@ class CoordinatedBackup:
         self._fault_point("before", step)
         tmp = self.directory / f".tmp-{os.getpid()}-{commit.part_name(step)}"
         model.save_weights(str(tmp), overwrite=True)
+        os.chmod(tmp, 0o600)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -1,0 +1,124 @@
+"""Resuming from a coordinated backup in one process on 2 replicas: fit mid-epoch (save_freq=N) and a custom loop.
+
+The collective agreement between workers, and kills, are in test_coordinated_faults.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers import mirrored
+from tfstrategy import backup_callbacks, make_train_step
+
+STEPS, EPOCHS, BATCH = 8, 3, 16
+
+
+class Interrupt(Exception):
+    pass
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(STEPS * BATCH, 4)).astype("float32")
+    return x, (np.tanh(x) @ np.array([[0.5], [-1.0], [2.0], [0.25]], "float32")).astype("float32")
+
+
+def build(strategy):
+    import keras
+
+    keras.utils.set_random_seed(3)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    return model
+
+
+def fit(backup_dir=None, *, stop_at=None):
+    import keras
+    import tensorflow as tf
+
+    strategy = mirrored(2)
+    model = build(strategy)
+
+    class StopAt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if (self.epoch, batch) == stop_at:
+                raise Interrupt
+
+    callbacks = backup_callbacks(backup_dir, save_freq=3) if backup_dir else []
+    x, y = data()
+    history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH), epochs=EPOCHS,
+                        callbacks=[*callbacks, StopAt()], shuffle=False, verbose=0)
+    return model, history, callbacks
+
+
+@pytest.mark.slow
+def test_fit_resumes_mid_epoch_from_the_last_committed_batch_to_the_uninterrupted_weights(tmp_path):
+    reference, _, _ = fit()
+    with pytest.raises(Interrupt):
+        fit(tmp_path, stop_at=(1, 5))  # commits at batches 3 and 6 of each epoch: the last is epoch 1 batch 3
+    resumed, history, callbacks = fit(tmp_path)
+    assert callbacks[0].resumed.step == STEPS + 3
+    assert (callbacks[0].resumed.epoch, callbacks[0].resumed.batch) == (1, 3)
+    assert len(history.history["loss"]) == 2  # epochs 2 and 3: the first 3 batches of epoch 2 were skipped
+    assert int(resumed.optimizer.iterations.numpy()) == STEPS * EPOCHS
+    for a, b in zip(reference.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert not (tmp_path / "worker-0" / "commit.json").exists()  # removed once fit completed
+
+
+def loop(backup_dir=None, *, stop_at=None):
+    import keras
+    import tensorflow as tf
+
+    strategy = mirrored(2)
+    model = build(strategy)
+    step = make_train_step(model, strategy=strategy, global_batch=BATCH, loss=keras.losses.MeanSquaredError(reduction="none"))
+    backup = step.backup(backup_dir, save_freq=3)
+    start = backup.restore()
+    x, y = data()
+    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH))
+    for epoch in range(start.epoch, EPOCHS):
+        for batch, item in enumerate(dataset):
+            if (epoch, batch) == stop_at:
+                raise Interrupt
+            if start.done(epoch, batch):
+                continue
+            step(item)
+            backup.batch_done(epoch, batch)
+        backup.epoch_done(epoch)
+    backup.finish()
+    return model, start
+
+
+@pytest.mark.slow
+def test_a_custom_loop_resumes_from_the_last_committed_step_to_the_uninterrupted_weights(tmp_path):
+    reference, start = loop()
+    assert start.step == 0
+    with pytest.raises(Interrupt):
+        loop(tmp_path, stop_at=(2, 2))
+    resumed, start = loop(tmp_path)
+    # commits after batches 3 and 6 of each epoch; stopped in epoch 3 before its third: the last is epoch 2 batch 6
+    assert (start.step, start.epoch, start.batch) == (STEPS + 6, 1, 6)
+    assert int(resumed.optimizer.iterations.numpy()) == STEPS * EPOCHS
+    for a, b in zip(reference.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_custom_loop_backup_needs_the_model_compiled_with_its_optimizer(tmp_path):
+    import keras
+
+    from tfstrategy.errors import TrainingError
+
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.1)
+    step = make_train_step(model, strategy=strategy, global_batch=BATCH, loss=keras.losses.MeanSquaredError(reduction="none"), optimizer=optimizer)
+    with pytest.raises(TrainingError, match=r"Call model.compile\(optimizer=optimizer\)"):
+        step.backup(tmp_path)
+    assert not step.backup(None).enabled
