@@ -48,6 +48,9 @@ def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", d
             self._epoch = 0
             self._saved_at = 0
 
+        def __repr__(self) -> str:
+            return f"CoordinatedBackupAndRestore on {self.backup_dir}"
+
         def on_train_begin(self, logs: Any = None) -> None:
             strategy = _compat.model_strategy(self.model) or tf().distribute.get_strategy()
             self.backup = CoordinatedBackup(self.backup_dir, strategy)
