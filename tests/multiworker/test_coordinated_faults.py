@@ -30,6 +30,7 @@ from tfstrategy.multiworker.coordinated import FAULT_ENV
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 FIT_WORKER = str(ROOT / "tests" / "workers" / "fit_worker.py")
+LOOP_WORKER = str(ROOT / "tests" / "workers" / "loop_worker.py")
 TOLERANCE = 1e-6
 
 
@@ -55,10 +56,11 @@ def launch(*args: str, env: dict[str, str] | None = None, timeout: float = 300) 
     return Launch(*args, env=env).finish(timeout)
 
 
-def fit(out: Path, backup: Path, *extra: str, restarts: int = 1, env: dict[str, str] | None = None):
+def fit(out: Path, backup: Path, *extra: str, restarts: int = 1, env: dict[str, str] | None = None,
+        worker: str = FIT_WORKER):
     out.mkdir(parents=True, exist_ok=True)
     return launch("-n", "2", "--timeout", "120", "--max-restarts", str(restarts), "--backup-dir", str(backup), "--",
-                  sys.executable, FIT_WORKER, "--out", str(out), *extra, env=env)
+                  sys.executable, worker, "--out", str(out), *extra, env=env)
 
 
 def results(out: Path) -> list[dict]:
@@ -116,6 +118,35 @@ def test_a_worker_killed_during_its_save_resumes_with_every_worker_from_one_comm
           f"final-weight difference {difference:.2e}")
     assert len(set(steps)) == 1 and steps[0] in allowed
     assert all(result["restart"] == 1 and result["steps"] == 24 for result in results(tmp_path / "out"))
+    assert difference <= TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def loop_reference(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("loop-uninterrupted")
+    code, _, err = launch("-n", "2", "--timeout", "120", "--", sys.executable, LOOP_WORKER, "--out", str(out))
+    assert code == 0, err[-3000:]
+    first, second = results(out)
+    assert first["weights"] == second["weights"] and first["steps"] == 24
+    return first
+
+
+@pytest.mark.parametrize(("point", "step", "resumed"), [
+    pytest.param("written", 12, (8, 0, 8), id="part-written-before-agreement"),  # step 8: epoch 0 done
+    pytest.param("committed", 12, (12, 1, 4), id="after-the-record"),
+])
+def test_a_custom_loop_worker_killed_during_its_save_resumes_with_every_worker_from_one_committed_step(
+        loop_reference, tmp_path, point, step, resumed):
+    """make_train_step + TrainStep.backup(save_freq=4): commits at steps 4, 8, 12, ... (epoch 1 batch 4 is step 12)."""
+    code, out, err = fit(tmp_path / "out", tmp_path / "backup", "--save-freq", "4", worker=LOOP_WORKER,
+                         env={FAULT_ENV: f"{point}@1:{step}"})
+    assert code == 0, err[-3000:]
+    assert f"test fault: SIGKILL at {point} of the save of step {step}" in err + out
+    points = [tuple(result["resumed"][key] for key in ("step", "epoch", "batch")) for result in results(tmp_path / "out")]
+    difference = weight_difference(tmp_path / "out", loop_reference)
+    print(f"\ncustom loop, kill at {point}: every worker resumed from (step, epoch, batch) {points}; "
+          f"final-weight difference {difference:.2e}")
+    assert points == [resumed, resumed]
     assert difference <= TOLERANCE
 
 
@@ -195,18 +226,20 @@ def test_a_second_job_on_the_same_backup_dir_is_refused_naming_the_job_holding_i
                    sys.executable, FIT_WORKER, "--out", str(tmp_path / "a"), "--epochs", "3",
                    env={"TFSTRATEGY_JOB_ID": "job-a"})
     (tmp_path / "a").mkdir()
-    lock = backup / "launch-node-0.lock"
-    while not (lock.exists() and lock.read_text()):  # the first launcher holds the directory
-        assert first.process.poll() is None
-        time.sleep(0.05)
-    code, _, err = launch("-n", "2", "--max-restarts", "1", "--backup-dir", str(backup), "--", sys.executable,
-                          FIT_WORKER, "--out", str(tmp_path / "b"), env={"TFSTRATEGY_JOB_ID": "job-b"}, timeout=60)
+    try:
+        lock = backup / "launch-node-0.lock"
+        while not (lock.exists() and lock.read_text()):  # the first launcher holds the directory
+            assert first.process.poll() is None
+            time.sleep(0.05)
+        code, _, err = launch("-n", "2", "--max-restarts", "1", "--backup-dir", str(backup), "--", sys.executable,
+                              FIT_WORKER, "--out", str(tmp_path / "b"), env={"TFSTRATEGY_JOB_ID": "job-b"}, timeout=60)
+    finally:
+        first_code, _, first_err = first.finish()
     assert code == 2
     assert err.count("\n") == 1 and re.match(
-        rf"tfstrategy: Received --backup-dir {backup}: {backup} is in use by job 'job-a' \(tfstrategy launch pid "
-        rf"{first.process.pid} on \S+\); this is job 'job-b'", err), err
-    code, _, err = first.finish()
-    assert code == 0, err[-3000:]
+        rf"tfstrategy launch: error: Received --backup-dir {backup}: {backup} is in use by job 'job-a' \(tfstrategy "
+        rf"launch pid {first.process.pid} on \S+\); this is job 'job-b'", err), err
+    assert first_code == 0, first_err[-3000:]
     assert weight_difference(tmp_path / "a", reference) <= TOLERANCE
 
 
@@ -226,7 +259,7 @@ def test_a_backup_dir_of_another_user_or_writable_by_others_is_refused_in_one_li
     code, _, err = launch("-n", "2", "--max-restarts", "1", "--backup-dir", str(backup), "--", sys.executable,
                           FIT_WORKER, "--out", str(tmp_path), timeout=60)
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith(f"tfstrategy: Received --backup-dir {backup}: Refusing backup {backup}")
+    assert err.startswith(f"tfstrategy launch: error: Received --backup-dir {backup}: Refusing backup {backup}")
     assert ("owned by uid" if kind == "foreign-owned" else "mode 0777 lets other users write it") in err
 
 
