@@ -122,3 +122,52 @@ def test_a_custom_loop_backup_needs_the_model_compiled_with_its_optimizer(tmp_pa
     with pytest.raises(TrainingError, match=r"Call model.compile\(optimizer=optimizer\)"):
         step.backup(tmp_path)
     assert not step.backup(None).enabled
+
+
+# --- refusals in one process (the same code path every worker runs) ---------------------------
+
+
+def _backup(tmp_path, model, **env):
+    from tfstrategy.multiworker.coordinated import CoordinatedBackup
+
+    return CoordinatedBackup(tmp_path, mirrored(2), env={"TFSTRATEGY_JOB_ID": "job-a", **env})
+
+
+def test_a_seeded_record_claiming_a_step_without_parts_trains_nothing_and_names_the_file(tmp_path):
+    from tfstrategy.errors import BackupError
+    from tfstrategy.multiworker import commit
+
+    model = build(mirrored(2))
+    (tmp_path / "worker-0").mkdir(mode=0o700)
+    commit.write_record(tmp_path / "worker-0", commit.CommitRecord(job_id="job-a", workers=1, steps=(100,)))
+    with pytest.raises(BackupError) as error:
+        _backup(tmp_path, model).restore(model)
+    assert "Steps 100 were committed, but no step can be loaded by every worker" in str(error.value)
+    assert f"step 100: {tmp_path}/worker-0/step-100.json is missing" in str(error.value)
+
+
+def test_an_unparsable_record_with_no_other_is_an_error_not_a_fresh_start(tmp_path):
+    from tfstrategy.errors import BackupError
+
+    model = build(mirrored(2))
+    (tmp_path / "worker-0").mkdir(mode=0o700)
+    (tmp_path / "worker-0" / "commit.json").write_text("{")
+    with pytest.raises(BackupError, match=rf"cannot be read and no other worker has one.*{tmp_path}/worker-0/commit.json"):
+        _backup(tmp_path, model).restore(model)
+
+
+def test_a_record_of_another_job_is_refused_and_a_saved_step_resumes(tmp_path):
+    from tfstrategy.errors import BackupError
+
+    model = build(mirrored(2))
+    saver = _backup(tmp_path, model)
+    assert saver.restore(model).step == 0
+    with mirrored(2).scope():
+        model.optimizer.build(model.trainable_variables)
+    assert saver.save(model, epoch=1, batch=0)
+    saver.close()
+    with pytest.raises(BackupError, match=r"commit.json belongs to job 'job-a', not this job 'job-b' \(from TFSTRATEGY_JOB_ID\)"):
+        _backup(tmp_path, model, TFSTRATEGY_JOB_ID="job-b").restore(model)
+    from tfstrategy.multiworker.coordinated import ResumePoint
+
+    assert _backup(tmp_path, model).restore(model) == ResumePoint(step=0, epoch=1, batch=0)

@@ -128,6 +128,12 @@ class CoordinatedBackup:
         by_worker: dict[int, list[float]] = {}
         for gathered in rows:  # several local replicas send the same row
             by_worker[int(gathered[0])] = gathered[1:]
+        if len(by_worker) != self.num_workers:
+            raise BackupError(
+                f"TF_CONFIG names {self.num_workers} workers, but the model's strategy "
+                f"({type(self.strategy).__name__}) reaches {len(by_worker)}; the workers' backups can only be agreed "
+                "on under the MultiWorkerMirroredStrategy of the whole job. Build the model in its scope "
+                "(tfstrategy.select() or MultiWorkerMirroredStrategy()).")
         return [by_worker[i] for i in range(self.num_workers)]
 
     # --- faults (tests only) ------------------------------------------------------------
@@ -199,10 +205,11 @@ class CoordinatedBackup:
                                    f"(from {self.job_source}); pass another backup directory or remove this one")
                     else:
                         self.committed = record.steps
-        except TFStrategyError as error:
+        except (TFStrategyError, OSError) as error:
             problem = str(error)
         codes = {None: 0.0}
-        own = [codes.get(problem, 1.0), *[float(s) for s in self.committed], *([-1.0] * (2 - len(self.committed)))]
+        own = [codes.get(problem, 1.0), *[float(s) for s in self.committed], *([-1.0] * (2 - len(self.committed))),
+               1.0 if record_note else 0.0]
         first = self._gather(own)
         problems = [problem if i == self.index else ("refused its backup (see that worker's error)" if row[0] else None)
                     for i, row in enumerate(first)]
@@ -212,6 +219,14 @@ class CoordinatedBackup:
             self.close()
             raise BackupError(refused)
         steps = commit.candidates(committed)[: self._width() - 1]
+        if not steps and any(row[3] for row in first):
+            self.close()
+            unreadable = [str(i) for i, row in enumerate(first) if row[3]]
+            raise BackupError(
+                f"The commit record of worker {', '.join(unreadable)} cannot be read and no other worker has one, so "
+                "which step was committed is unknown; nothing is loaded and training does not silently start over. "
+                f"This worker ({self.task}): {record_note or 'its record is readable'} Remove the backup directory "
+                "to start from scratch.")
         sources: list[tuple[Path | None, str | None]] = [self._loadable(step) for step in steps]
         second = self._gather([1.0 if path is not None else 0.0 for path, _ in sources])
         loadable = [[bool(row[k] > 0) for k in range(len(steps))] for row in second]
@@ -300,7 +315,8 @@ class CoordinatedBackup:
     def _write_part(self, model: Any, step: int, epoch: int, batch: int) -> None:
         self._fault_point("before", step)
         tmp = self.directory / f".tmp-{os.getpid()}-{commit.part_name(step)}"
-        model.save_weights(str(tmp), overwrite=True)
+        with _own_path():
+            model.save_weights(str(tmp), overwrite=True)
         os.chmod(tmp, 0o600)
         fd = os.open(tmp, os.O_RDONLY)
         try:
@@ -347,6 +363,19 @@ def committed_for(step: int, committed: list[list[int]]) -> list[int]:
     """The committed steps to carry on from after resuming at ``step``: it and the newest before it."""
     older = [s for s in commit.candidates(committed) if s < step][:1]
     return [step, *older]
+
+
+def _own_path() -> Any:
+    """A block in which a Keras writer writes the path it is given on every worker.
+
+    Each worker's part is its own file: it must not be redirected to the chief-only
+    writing that :mod:`tfstrategy.multiworker.chief_files` (when present) gives shared paths.
+    """
+    try:
+        from tfstrategy.multiworker import chief_files  # type: ignore[attr-defined]
+    except ImportError:
+        return contextlib.nullcontext()
+    return chief_files.passing_through()
 
 
 def _optimizer_of(model: Any) -> Any:
