@@ -198,17 +198,10 @@ def launch_command(args: argparse.Namespace) -> int:
         network_isolation.bring_up_loopback()
         print("tfstrategy launch: in a private network namespace: workers reach each other on 127.0.0.1 only, "
               "other hosts cannot reach them", file=sys.stderr)
-    job_backup = backup_dir.JobBackup(options.backup_dir, max_restarts=options.max_restarts,
-                                      node_rank=options.nodes.node_rank if options.nodes else 0)
-    with job_backup:
-        result = Launcher(dataclasses.replace(options, backup_dir=job_backup.path)).run()
-    kept = job_backup.finish(result.returncode, backup_dir.resume_command(
-        num_workers=options.num_workers, max_restarts=options.max_restarts, timeout=args.timeout,
-        backup_dir=job_backup.path, command=options.command,
-        nodes=None if options.nodes is None else ["--nnodes", str(args.nnodes), "--node-rank",
-                                                   str(options.nodes.node_rank), "--master", args.master]))
-    if kept:
-        print(f"tfstrategy launch: {kept}", file=sys.stderr)
+    nodes = None if options.nodes is None else ["--nnodes", str(args.nnodes), "--node-rank",
+                                                str(options.nodes.node_rank), "--master", args.master]
+    result = backup_dir.run_with_backup(options, lambda opts: Launcher(opts).run(), timeout=args.timeout, nodes=nodes,
+                                        say=lambda text: print(f"tfstrategy launch: {text}", file=sys.stderr))
     if result.restart_seconds:
         timings = ", ".join(f"{seconds:.1f} s" for seconds in result.restart_seconds)
         rejoined = ", ".join(f"{seconds:.1f} s" for seconds in result.rejoin_seconds) or "never"

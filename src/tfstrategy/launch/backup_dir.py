@@ -14,17 +14,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from tfstrategy.errors import BackupError, LaunchError
 from tfstrategy.multiworker import commit
 
-__all__ = ["checked_backup_dir", "JobBackup"]
+__all__ = ["checked_backup_dir", "JobBackup", "run_with_backup"]
 
 
 def checked_backup_dir(directory: Path | None) -> Path | None:
@@ -104,3 +106,28 @@ def resume_command(*, num_workers: int, max_restarts: int, timeout: float, backu
     """The ``tfstrategy launch`` line that resumes this job from ``backup_dir``."""
     return ["tfstrategy", "launch", "-n", str(num_workers), "--max-restarts", str(max_restarts),
             "--timeout", f"{timeout:g}", *(nodes or []), "--backup-dir", str(backup_dir), "--", *command]
+
+
+def run_with_backup(options: Any, run: Callable[[Any], Any], *, say: Callable[[str], None],
+                    env: Mapping[str, str] | None = None, timeout: float | None = None,
+                    nodes: list[str] | None = None) -> Any:
+    """Run a job (``run(options)``, a :class:`~tfstrategy.launch.supervisor.LaunchResult`) with its backup directory.
+
+    Makes the directory when restarts need one, holds the lock while the job runs, removes a
+    made directory after success and otherwise keeps it, saying its path and resume command.
+
+    Raises:
+        LaunchError: another job holds the directory.
+    """
+    job_backup = JobBackup(options.backup_dir, max_restarts=options.max_restarts,
+                           node_rank=options.nodes.node_rank if options.nodes else 0, env=env)
+    with job_backup:
+        result = run(dataclasses.replace(options, backup_dir=job_backup.path))
+    if job_backup.path is not None:
+        line = resume_command(num_workers=options.num_workers, max_restarts=options.max_restarts,
+                              timeout=0 if timeout is None else timeout, backup_dir=job_backup.path,
+                              command=tuple(options.command), nodes=nodes)
+        kept = job_backup.finish(result.returncode, line)
+        if kept:
+            say(kept)
+    return result
