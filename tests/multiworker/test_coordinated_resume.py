@@ -171,3 +171,24 @@ def test_a_record_of_another_job_is_refused_and_a_saved_step_resumes(tmp_path):
     from tfstrategy.multiworker.coordinated import ResumePoint
 
     assert _backup(tmp_path, model).restore(model) == ResumePoint(step=0, epoch=1, batch=0)
+
+
+def test_a_damaged_newest_step_falls_back_one_step_and_is_voided(tmp_path, capfd):
+    from tfstrategy.multiworker import commit
+    from tfstrategy.multiworker.coordinated import ResumePoint
+
+    strategy = mirrored(2)
+    model = build(strategy)
+    with strategy.scope():
+        model.optimizer.build(model.trainable_variables)
+    saver = _backup(tmp_path, model)
+    saver.restore(model)
+    for step in (8, 16):
+        model.optimizer.iterations.assign(step)
+        assert saver.save(model, epoch=step // 8, batch=0)
+    saver.close()
+    part = tmp_path / "worker-0" / "step-16.weights.h5"
+    part.write_bytes(part.read_bytes()[:100])
+    assert _backup(tmp_path, model).restore(model) == ResumePoint(step=8, epoch=1, batch=0)
+    assert f"worker-0 does not resume from committed step 16: {part} (step 16) has 100 bytes" in capfd.readouterr().err
+    assert not part.exists() and commit.read_record(tmp_path / "worker-0" / "commit.json").steps == (8,)

@@ -263,7 +263,16 @@ class CoordinatedBackup:
             self.close()
             raise BackupError(f"Could not load committed step {resume.step} on every worker. This worker "
                               f"({self.task}): {failure or 'loaded it; see the other workers'}.")
-        self.committed = tuple(s for s in committed_for(resume.step, committed))
+        self.committed = tuple(committed_for(resume.step, committed))
+        newer = [step for step in steps if step > resume.step]
+        if newer:
+            # Steps newer than the one every worker resumed from are void: remove this worker's parts of
+            # them (first) and its record of them, so a part written before can never join a later resume.
+            for step in newer:
+                for name in (commit.sidecar_name(step), commit.part_name(step)):
+                    (self.directory / name).unlink(missing_ok=True)
+            commit.write_record(self.directory, commit.CommitRecord(job_id=self.job_id, workers=self.num_workers,
+                                                                    steps=self.committed))
         _say(f"{self.task} resumes from committed step {part.step} (epoch {part.epoch}, batch {part.batch}): "
              f"{resume.reason}")
         return ResumePoint(step=part.step, epoch=part.epoch, batch=part.batch)
