@@ -192,3 +192,17 @@ def test_a_damaged_newest_step_falls_back_one_step_and_is_voided(tmp_path, capfd
     assert _backup(tmp_path, model).restore(model) == ResumePoint(step=8, epoch=1, batch=0)
     assert f"worker-0 does not resume from committed step 16: {part} (step 16) has 100 bytes" in capfd.readouterr().err
     assert not part.exists() and commit.read_record(tmp_path / "worker-0" / "commit.json").steps == (8,)
+
+
+def test_every_training_task_has_its_own_rank_in_the_agreement_also_with_a_chief(tmp_path):
+    import json
+
+    from tfstrategy.multiworker.coordinated import CoordinatedBackup
+
+    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
+    ranks = {}
+    for kind, index in (("chief", 0), ("worker", 0), ("worker", 1)):
+        env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})}
+        backup = CoordinatedBackup(tmp_path, None, env=env)
+        ranks[backup.task] = (backup.index, backup.num_workers)
+    assert ranks == {"chief-0": (0, 3), "worker-0": (1, 3), "worker-1": (2, 3)}

@@ -89,7 +89,9 @@ class CoordinatedBackup:
         config = load_cluster_config(self.env)
         self.base = Path(base)
         self.task = config.task_name if config else "worker-0"
-        self.index = config.task_index if config else 0
+        # A rank over every training task (a chief, then the workers), unique even with a chief-0 and a worker-0.
+        self.index = (len(config.cluster.get("chief", ())) * (config.task_type == "worker") + config.task_index
+                      if config else 0)
         self.num_workers = config.num_workers if config else 1
         self.directory = self.base / self.task
         self.strategy = strategy
@@ -239,7 +241,6 @@ class CoordinatedBackup:
             self.close()
             raise BackupError(f"{error} This worker ({self.task}): {own_errors or 'has every part'}.") from None
         if resume.step is None:
-            self._gather([1.0])
             return ResumePoint()
         for step, (path, why) in zip(steps, sources):
             if step > resume.step and path is None:
