@@ -108,7 +108,7 @@ def restart_number(env: Mapping[str, str] | None = None) -> int:
 def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
     """A Keras callback: on SIGTERM, stop every worker at one agreed step and exit with status 75.
 
-    Place it after ``BackupAndRestore`` (as :func:`tfstrategy.preemption_callbacks` does), so a stop
+    Place it after the backup callback (as :func:`tfstrategy.preemption_callbacks` does), so a stop
     agreed on an epoch's last batch exits after that epoch's backup.
     """
     keras = _compat.keras_for()
@@ -140,7 +140,7 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
             if last_batch and epochs is not None and self._epoch + 1 >= epochs:
                 return  # the training is done: let fit and the saving after it finish
             if last_batch:
-                self._exit_after_epoch = True  # BackupAndRestore saves this epoch first
+                self._exit_after_epoch = True  # the backup callback saves this epoch first
                 self.model.stop_training = True
                 return
             self._exit(f"epoch {self._epoch + 1} batch {batch + 1}; every worker resumes from the last committed backup "

@@ -72,11 +72,10 @@ def restart_count(env: Mapping[str, str] | None = None) -> int:
 
 
 def worker_backup_dir(backup_dir: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Path | None:
-    """This task's own BackupAndRestore directory, ``<backup_dir>/<task>`` (e.g. ``.../worker-1``).
+    """This task's own part of the job's backups, ``<backup_dir>/<task>`` (e.g. ``.../worker-1``).
 
-    Every worker needs its own directory: with one shared directory the workers
-    write the same ``latest.weights.h5`` and HDF5's file lock fails with
-    ``BlockingIOError``. ``backup_dir`` defaults to ``TFSTRATEGY_BACKUP_DIR``;
+    Every worker writes its own part (a save is a collective every worker takes
+    part in), so one shared file would fail on HDF5's file lock with ``BlockingIOError``. ``backup_dir`` defaults to ``TFSTRATEGY_BACKUP_DIR``;
     ``None`` when neither is set.
 
     Raises:
