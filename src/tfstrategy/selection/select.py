@@ -3,7 +3,8 @@
 :func:`select` reads the settings (argument > ``TFSTRATEGY_*`` > default,
 :func:`resolve_request`), chooses purely (:func:`~tfstrategy.choose`), builds
 the strategy (:func:`~tfstrategy.build`), and around those takes the named
-steps that change the process, each recorded on the :class:`Selection`:
+steps of its plan (:func:`tfstrategy.plan.plan_steps`, the plan ``tfstrategy
+env`` prints), each recorded on the :class:`Selection`:
 
 1. ``split_cpu``: split the CPU into logical devices (``cpu_replicas``);
 2. ``record_creation_sites``: remember where variables are created, so the
@@ -32,6 +33,7 @@ from tfstrategy.multiworker.slurm import SlurmStepCluster, cluster_from_slurm_st
 from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
 from tfstrategy.patches import apply_patches
 from tfstrategy.patches.mechanism import PatchStatus
+from tfstrategy.plan import PlanInputs, Step, plan_steps
 from tfstrategy.scope.creation_sites import start_recording
 from tfstrategy.selection.choose import Choice, choose
 from tfstrategy.selection.cpu_split import configure_cpu_replicas, validate_cpu_replicas
@@ -41,6 +43,7 @@ from tfstrategy.selection.strategies import build
 from tfstrategy.settings import (
     ENV_CPU_REPLICAS,
     ENV_DEVICES,
+    ENV_JOIN_FILE,
     ENV_STRATEGY,
     StrategyKind,
     resolve_collective_timeout,
@@ -159,6 +162,17 @@ def resolve_request(
     )
 
 
+def select_plan(request: Request, env: Mapping[str, str] | None = None) -> tuple[Step, ...]:
+    """The process-wide steps :func:`select` takes for ``request`` (``tfstrategy env`` prints the same plan)."""
+    env = os.environ if env is None else env
+    return plan_steps(PlanInputs(
+        consumer="select", kind=request.kind, cpu_replicas=request.cpu_replicas,
+        devices=request.devices.text if request.devices is not None else None,
+        cluster_tasks=request.cluster_tasks, cluster_source=request.cluster_source,
+        under_launcher=bool(env.get(ENV_JOIN_FILE)),
+    ))
+
+
 def _devices_key(value: Any, name: str) -> str:
     return str(parse_devices(value, name=name))
 
@@ -201,8 +215,9 @@ def select(
     """
     _versions.require_supported(env)
     request = resolve_request(strategy, devices, cpu_replicas, collective_timeout=collective_timeout, env=env)
+    planned = {step.name for step in select_plan(request)}
     steps: list[tuple[str, str]] = []
-    if request.cpu_replicas is not None and request.kind in (StrategyKind.AUTO, StrategyKind.MIRRORED, StrategyKind.ONE_DEVICE):
+    if "split_cpu" in planned:
         count = configure_cpu_replicas(request.cpu_replicas)
         steps.append(("split_cpu", f"{count} logical CPU devices"))
     choice = choose(
@@ -213,7 +228,7 @@ def select(
         cluster_tasks=request.cluster_tasks,
         cluster_source=request.cluster_source or "TF_CONFIG",
     )
-    if request.slurm is not None and choice.kind is StrategyKind.MULTI_WORKER:
+    if "slurm_tf_config" in planned and request.slurm is not None:
         os.environ["TF_CONFIG"] = request.slurm.config.to_json()
         steps.append(("slurm_tf_config", f"set TF_CONFIG from {request.slurm.describe()}"))
     if start_recording():
