@@ -379,13 +379,11 @@ def _own_path() -> Any:
     """A block in which a Keras writer writes the path it is given on every worker.
 
     Each worker's part is its own file: it must not be redirected to the chief-only
-    writing that :mod:`tfstrategy.multiworker.chief_files` (when present) gives shared paths.
+    writing that :mod:`tfstrategy.multiworker.chief_files` gives paths shared by the workers.
     """
-    try:
-        from tfstrategy.multiworker import chief_files  # type: ignore[attr-defined]
-    except ImportError:
-        return contextlib.nullcontext()
-    return chief_files.passing_through()
+    from tfstrategy.multiworker.chief_files import passing_through
+
+    return passing_through()
 
 
 def _optimizer_of(model: Any) -> Any:
