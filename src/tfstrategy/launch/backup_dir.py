@@ -21,12 +21,14 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tfstrategy.errors import BackupError, LaunchError
 from tfstrategy.multiworker import commit
 
 __all__ = ["checked_backup_dir", "JobBackup", "run_with_backup"]
+
+_Result = TypeVar("_Result")
 
 
 def checked_backup_dir(directory: Path | None) -> Path | None:
@@ -108,9 +110,9 @@ def resume_command(*, num_workers: int, max_restarts: int, timeout: float, backu
             "--timeout", f"{timeout:g}", *(nodes or []), "--backup-dir", str(backup_dir), "--", *command]
 
 
-def run_with_backup(options: Any, run: Callable[[Any], Any], *, say: Callable[[str], None],
+def run_with_backup(options: Any, run: Callable[[Any], _Result], *, say: Callable[[str], object],
                     env: Mapping[str, str] | None = None, timeout: float | None = None,
-                    nodes: list[str] | None = None) -> Any:
+                    nodes: list[str] | None = None) -> _Result:
     """Run a job (``run(options)``, a :class:`~tfstrategy.launch.supervisor.LaunchResult`) with its backup directory.
 
     Makes the directory when restarts need one, holds the lock while the job runs, removes a
@@ -127,7 +129,7 @@ def run_with_backup(options: Any, run: Callable[[Any], Any], *, say: Callable[[s
         line = resume_command(num_workers=options.num_workers, max_restarts=options.max_restarts,
                               timeout=0 if timeout is None else timeout, backup_dir=job_backup.path,
                               command=tuple(options.command), nodes=nodes)
-        kept = job_backup.finish(result.returncode, line)
+        kept = job_backup.finish(int(getattr(result, "returncode", 1)), line)
         if kept:
             say(kept)
     return result
