@@ -158,7 +158,7 @@ def interrupted_backup(tmp_path_factory) -> Path:
     """A backup with steps 16 and 8 committed on both workers: worker 0 killed before saving step 24, no restart."""
     base = tmp_path_factory.mktemp("interrupted")
     code, _, err = fit(base / "out", base / "backup", restarts=0, env={FAULT_ENV: "before@0:24"})
-    assert code == 128 + signal.SIGKILL, err[-3000:]
+    assert code != 0 and "test fault: SIGKILL at before of the save of step 24" in err, err[-3000:]
     for worker in (0, 1):
         record = json.loads((base / "backup" / f"worker-{worker}" / "commit.json").read_text())
         assert record["committed"] == [16, 8]
