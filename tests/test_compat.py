@@ -122,6 +122,27 @@ def test_every_patch_target_exists_in_the_installed_keras(name):
         assert callable(_compat.get_path(module, target)), f"{name}: {target} is gone from this Keras"
 
 
+def test_a_resumed_fit_starts_at_the_epoch_and_batch_it_is_given():
+    """set_initial_epoch + skip_keras3_steps, called in on_train_begin as the coordinated backup does."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+
+    class Resume(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            _compat.set_initial_epoch(self.model, 1, 3)
+            _compat.skip_keras3_steps(self.model, 3)
+
+    x, y = np.ones((64, 3), "float32"), np.ones((64, 1), "float32")
+    history = model.fit(x, y, batch_size=8, epochs=2, callbacks=[Resume()], shuffle=False, verbose=0)
+    _compat.clear_initial_epoch(model)
+    assert len(history.history["loss"]) == 1  # epoch 2 only
+    assert int(model.optimizer.iterations.numpy()) == 8 - 3  # its first 3 batches were skipped
+    history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert len(history.history["loss"]) == 1 and int(model.optimizer.iterations.numpy()) == 5 + 8
+
+
 def test_coordination_store_is_absent_without_a_multi_worker_strategy():
     # The multiprocess tests of keras_chief_files use the real store of a 2-worker job.
     assert _compat.coordination_store() is None

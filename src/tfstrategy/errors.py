@@ -64,6 +64,18 @@ class CheckpointError(TFStrategyError, ValueError):
     """A checkpoint to restore is missing, unreadable, or does not match the model."""
 
 
+class BackupError(CheckpointError):
+    """A coordinated backup is partial, truncated, unparsable, of another job, or cannot be resumed on every worker."""
+
+
+class BackupLockedError(BackupError):
+    """Another job (or process) holds the backup directory's lock."""
+
+
+class UntrustedBackupError(BackupError):
+    """A backup directory or file is owned by another user or writable by other users."""
+
+
 class BuildError(TFStrategyError, ValueError):
     """``build_in_scope`` received something it cannot build a compiled model from."""
 

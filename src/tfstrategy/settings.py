@@ -39,6 +39,8 @@ ENV_WORKER_INDEX = "TFSTRATEGY_WORKER_INDEX"
 ENV_RESTART = "TFSTRATEGY_RESTART"
 ENV_JOIN_FILE = "TFSTRATEGY_JOIN_FILE"
 ENV_BACKUP_DIR = "TFSTRATEGY_BACKUP_DIR"
+#: The job's identity in its backups, set by the user (passed on by ``launch``); else ``SLURM_JOB_ID``, else the directory's.
+ENV_JOB_ID = "TFSTRATEGY_JOB_ID"
 #: This machine's rank in a multi-node job (`tfstrategy launch --nnodes N`), when --node-rank is not given.
 ENV_NODE_RANK = "TFSTRATEGY_NODE_RANK"
 #: The shared secret every node of a multi-node job proves it knows (never passed to the workers).

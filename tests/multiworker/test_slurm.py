@@ -6,6 +6,7 @@ The pure parsing of the step variables is in tests/multiworker/test_slurm_env.py
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -165,6 +166,9 @@ def test_preempted_sbatch_job_is_requeued_and_ends_with_the_uninterrupted_weight
     assert (reference.state, reference.exit_code) == ("COMPLETED", 0), reference_text[-3000:]
     assert [r.state for r in cluster.job_records(job)] == ["PENDING", "COMPLETED"]
     assert text.count("every worker stops at") == 2  # both workers, at the same step
+    steps = _resumed(text)
+    assert set(steps) == {"worker-0", "worker-1"} and len(set(steps.values())) == 1  # every worker, one committed step
+    print(f"requeued: every worker resumed from {steps}")
     assert len(set(re.findall(r"every worker stops at ([^;]+);", text))) == 1
     assert finals(text) == finals(reference_text) and len(finals(text)) == 2  # same final loss and step count
     losses = re.findall(r"loss: (\S+)", text)
@@ -172,3 +176,46 @@ def test_preempted_sbatch_job_is_requeued_and_ends_with_the_uninterrupted_weight
     weights = [keras.saving.load_model(tmp_path / name / "model.keras").get_weights() for name in ("reference", "preempted")]
     for a, b in zip(*weights):
         np.testing.assert_array_equal(a, b)
+
+
+def _resumed(text: str) -> dict[str, int]:
+    """The committed step each worker (``worker-<i>``) resumed from, from its one line."""
+    return {worker: int(step) for worker, step in re.findall(r"tfstrategy: (worker-\d) resumes from committed step (\d+)",
+                                                              text)}
+
+
+def test_srun_worker_killed_at_its_save_another_job_is_refused_and_the_same_job_resumes_every_worker(cluster, tmp_path):
+    """No launcher: the workers agree among themselves. Worker 1 dies after writing its part of step 64."""
+    import keras
+
+    from tfstrategy.multiworker.coordinated import FAULT_ENV
+
+    reference = srun_example(cluster, tmp_path / "reference.keras", "--epochs", "4")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    backup = tmp_path / "backup"
+
+    def srun(out: str, *exports: str) -> subprocess.CompletedProcess:
+        return cluster.srun(["-n", "2", "--label", "--kill-on-bad-exit=1",
+                             f"--export=ALL,{QUIET},TFSTRATEGY_BACKUP_DIR={backup}," + ",".join(exports),
+                             sys.executable, EXAMPLE, "--out", str(tmp_path / out), "--epochs", "4"], timeout=300)
+
+    killed = srun("killed.keras", "TFSTRATEGY_JOB_ID=train-1", f"{FAULT_ENV}=written@1:64")
+    assert killed.returncode != 0 and "SIGKILL at written of the save of step 64" in killed.stdout + killed.stderr
+    assert [json.loads((backup / f"worker-{w}" / "commit.json").read_text())["committed"] for w in (0, 1)] == [[32]] * 2
+
+    other = srun("other.keras", "TFSTRATEGY_JOB_ID=")  # a new job: its id is slurm-<its job id>
+    text = other.stdout + other.stderr
+    assert other.returncode != 0
+    assert re.search(r"BackupError: The backup cannot be used: worker 0: \S+/worker-0/commit.json belongs to job "
+                     r"'train-1', not this job 'slurm-\d+'", text), text[-3000:]
+    assert not (tmp_path / "other.keras").exists()
+
+    resumed = srun("resumed.keras", "TFSTRATEGY_JOB_ID=train-1")
+    text = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, text[-3000:]
+    steps = _resumed(text)
+    weights = [keras.saving.load_model(tmp_path / f"{name}.keras").get_weights() for name in ("reference", "resumed")]
+    difference = max(float(np.max(np.abs(a - b))) for a, b in zip(*weights))
+    print(f"\nsrun, worker 1 killed after writing step 64: every worker resumed from {steps}; difference {difference:.2e}")
+    assert steps == {"worker-0": 32, "worker-1": 32}
+    assert difference <= 1e-6

@@ -73,6 +73,8 @@ def main() -> int:
     parser.add_argument("--kill-at", default=None, help="EPOCH:BATCH at which worker 1 SIGKILLs itself")
     parser.add_argument("--stall", action="store_true", help="worker 1 never starts TensorFlow")
     parser.add_argument("--steal-port", action="store_true", help="worker 0 takes worker 1's port")
+    parser.add_argument("--save-freq", default="epoch", help="backup_callbacks(save_freq=...): 'epoch' or batches")
+    parser.add_argument("--keep-backup", action="store_true", help="backup_callbacks(delete_checkpoint=False)")
     args = parser.parse_args()
     index = int(os.environ["TFSTRATEGY_WORKER_INDEX"])
     first_start = os.environ.get("TFSTRATEGY_RESTART", "0") == "0"
@@ -96,7 +98,9 @@ def main() -> int:
 
     selection = tfstrategy.select()
     print(f"strategy {type(selection.strategy).__name__} replicas {selection.num_replicas}", flush=True)
-    callbacks = tfstrategy.backup_callbacks()
+    save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
+    callbacks = tfstrategy.backup_callbacks(save_freq=save_freq, delete_checkpoint=not args.keep_backup)
+    backup = callbacks[0] if callbacks else None
     if args.kill_at and index == 1 and first_start:
         epoch, batch = (int(v) for v in args.kill_at.split(":"))
         callbacks.append(_KillAt(epoch, batch).callback)
@@ -108,6 +112,7 @@ def main() -> int:
         "steps": int(model.optimizer.iterations.numpy()),
         "weights": [w.tolist() for w in model.get_weights()],
         "saved": None if saved is None else str(saved),
+        "resumed": None if backup is None else vars(backup.resumed),
     }
     (args.out / f"worker-{index}.json").write_text(json.dumps(result))
     print(f"done: loss {history.history['loss'][-1]:.6f}", flush=True)

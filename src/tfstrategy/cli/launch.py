@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tfstrategy.cli._common import add_program_arguments, program_from_args, quiet_tensorflow
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch import network_isolation
+from tfstrategy.launch import backup_dir, network_isolation
 from tfstrategy.launch.rendezvous import NodeOptions, parse_master, read_secret, validate_node_options
 from tfstrategy.launch.states import EXIT_STALL
 from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
@@ -36,7 +36,8 @@ DESCRIPTION = textwrap.dedent(
     non-zero or dies, every other worker is stopped within seconds and the first
     failure is reported with its exception and last lines. With --max-restarts K
     the whole group is restarted up to K times; callbacks=tfstrategy.backup_callbacks()
-    in model.fit resumes each worker from its own directory under --backup-dir.
+    in model.fit resumes every worker from the newest step every worker backed up
+    (committed) under --backup-dir.
     Ctrl-C or SIGTERM is passed on to every worker, which get --grace seconds to
     exit. Processes the workers started are stopped with them.
 
@@ -85,7 +86,7 @@ EPILOG = textwrap.dedent(
     """\
     examples:
       tfstrategy launch -n 2 -- python train.py --epochs 3
-      tfstrategy launch -n 4 --max-restarts 2 --backup-dir /tmp/ckpt -- python train.py
+      tfstrategy launch -n 4 --max-restarts 2 --backup-dir backups/run1 -- python train.py
       tfstrategy launch -n 2 --timeout 60 -- python train.py
       tfstrategy launch -n 2 --audit stop -- python -m mypackage.train
       tfstrategy launch -n 4 --log-dir logs --tee --console-workers 0 -- python train.py
@@ -113,8 +114,10 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
                         help="restart the whole group up to K times after a failure (default: 0)")
     parser.add_argument("--backup-dir", type=Path, metavar="DIR",
-                        help="base of the per-worker BackupAndRestore directories DIR/worker-i "
-                        "(default with --max-restarts: a temporary directory)")
+                        help="the job's backup directory (created 0700; each worker's part in DIR/worker-i), read by "
+                        "tfstrategy.backup_callbacks(); refused if another user owns it or others can write it "
+                        "(default with --max-restarts: a private directory, removed when the job succeeds, kept "
+                        "with its resume command printed when it does not)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="seconds for every worker to join, i.e. to create its strategy (default: 300; 0: no "
                         "limit); a joined job is never stopped for running long")
@@ -167,7 +170,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             command=tuple(program),
             num_workers=args.num_workers,
             max_restarts=args.max_restarts,
-            backup_dir=args.backup_dir,
+            backup_dir=backup_dir.checked_backup_dir(args.backup_dir),
             join_timeout=None if args.timeout == 0 else args.timeout,
             grace=args.grace,
             audit=args.audit,
@@ -257,7 +260,10 @@ def launch_command(args: argparse.Namespace) -> int:
         network_isolation.bring_up_loopback()
         print("tfstrategy launch: in a private network namespace: workers reach each other on 127.0.0.1 only, "
               "other hosts cannot reach them", file=sys.stderr)
-    result = Launcher(options).run()
+    nodes = None if options.nodes is None else ["--nnodes", str(args.nnodes), "--node-rank",
+                                                str(options.nodes.node_rank), "--master", args.master]
+    result = backup_dir.run_with_backup(options, lambda opts: Launcher(opts).run(), timeout=args.timeout, nodes=nodes,
+                                        say=lambda text: print(f"tfstrategy launch: {text}", file=sys.stderr))
     if result.restart_seconds:
         timings = ", ".join(f"{seconds:.1f} s" for seconds in result.restart_seconds)
         rejoined = ", ".join(f"{seconds:.1f} s" for seconds in result.rejoin_seconds) or "never"

@@ -403,8 +403,9 @@ def launch(
         command: the program and its arguments, e.g. ``["python", "train.py"]``.
         num_workers: processes to start, each with its own ``TF_CONFIG``.
         max_restarts: times the whole group is restarted after a failure.
-        backup_dir: base of the per-worker BackupAndRestore directories
-            (a temporary one is used when restarts are allowed and none is given).
+        backup_dir: the job's backup directory (:func:`tfstrategy.backup_callbacks`); with restarts
+            and none given, a private one, removed when the job succeeds and kept (its path and
+            resume command said) when it does not.
         join_timeout: seconds for every worker to join (``None``: no limit); a
             joined job is never stopped for taking long.
         audit: ``warn``, ``stop`` or ``off``: what each worker does before ``fit``
@@ -422,12 +423,17 @@ def launch(
         worker was preempted, 130/143 after SIGINT/SIGTERM (see :mod:`tfstrategy.launch.states`).
 
     Raises:
-        LaunchError: invalid options (nothing is started).
+        LaunchError: invalid options, or a backup directory another job holds or another user
+            could write (nothing is started).
     """
+    from tfstrategy.launch.backup_dir import checked_backup_dir, run_with_backup
+
     options = LaunchOptions(
         command=tuple(command), num_workers=num_workers, max_restarts=max_restarts,
-        backup_dir=None if backup_dir is None else Path(backup_dir), join_timeout=join_timeout,
+        backup_dir=checked_backup_dir(None if backup_dir is None else Path(backup_dir)), join_timeout=join_timeout,
         audit=audit, grace=grace, nodes=nodes, log_dir=None if log_dir is None else Path(log_dir),
     )
-    return Launcher(options, env=env, out=out, err=err).run()
+    # A backup directory that outlives this call unless the job succeeds, locked while it runs.
+    return run_with_backup(options, lambda opts: Launcher(opts, env=env, out=out, err=err).run(), env=env,
+                           timeout=join_timeout, say=lambda text: (err or sys.stderr).write(f"tfstrategy launch: {text}\n"))
 

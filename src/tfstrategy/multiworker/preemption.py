@@ -10,11 +10,12 @@ half-written backup leaves nothing to resume from.
 every worker sums the flags of all workers in one small all-reduce: they all
 see the same sum after the same step, so they all stop there (TensorFlow's
 ``PreemptionCheckpointHandler`` agrees through the coordination service
-instead; a collective needs no extra service and cannot race). Keras 3's
-``BackupAndRestore`` resumes at epoch boundaries only, so a worker stopping
-mid-epoch keeps the last epoch's backup and the epoch is redone after the
-restart (its data order is fixed, so the result is the same); a stop agreed on
-an epoch's last batch waits for that epoch's backup. The process then exits
+instead; a collective needs no extra service and cannot race). A worker
+stopping mid-epoch keeps the last committed backup
+(:func:`tfstrategy.backup_callbacks`: every epoch's end, or every ``save_freq``
+batches), and every worker resumes from that step after the restart (the data
+order is fixed, so the result is the same); a stop agreed on an epoch's last
+batch waits for that epoch's backup. The process then exits
 with :data:`PREEMPTED_EXIT_CODE`, which ``examples/slurm/train.sbatch`` turns
 into ``scontrol requeue`` (or set ``RequeueExit=75`` in slurm.conf).
 """
@@ -109,7 +110,7 @@ def restart_number(env: Mapping[str, str] | None = None) -> int:
 def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
     """A Keras callback: on SIGTERM, stop every worker at one agreed step and exit with status 75.
 
-    Place it after ``BackupAndRestore`` (as :func:`tfstrategy.preemption_callbacks` does), so a stop
+    Place it after the backup callback (as :func:`tfstrategy.preemption_callbacks` does), so a stop
     agreed on an epoch's last batch exits after that epoch's backup.
     """
     _require_main_thread()
@@ -142,10 +143,11 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
             if last_batch and epochs is not None and self._epoch + 1 >= epochs:
                 return  # the training is done: let fit and the saving after it finish
             if last_batch:
-                self._exit_after_epoch = True  # BackupAndRestore saves this epoch first
+                self._exit_after_epoch = True  # the backup callback saves this epoch first
                 self.model.stop_training = True
                 return
-            self._exit(f"epoch {self._epoch + 1} batch {batch + 1}; the epoch is redone from its backup after the restart")
+            self._exit(f"epoch {self._epoch + 1} batch {batch + 1}; every worker resumes from the last committed backup "
+                       "after the restart")
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             if self._exit_after_epoch:
@@ -189,7 +191,7 @@ def preemption_callbacks(backup_dir: str | os.PathLike[str] | None = None, **opt
 
     Args:
         backup_dir: base directory; defaults to ``TFSTRATEGY_BACKUP_DIR``.
-        **options: passed to ``BackupAndRestore``.
+        **options: passed to :func:`tfstrategy.backup_callbacks` (e.g. ``save_freq=50``).
 
     Raises:
         ClusterConfigError: ``TF_CONFIG`` is set but invalid.

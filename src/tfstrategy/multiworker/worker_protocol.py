@@ -7,7 +7,7 @@
 ``TFSTRATEGY_WORKER_INDEX`` this worker's index (also ``task.index`` in ``TF_CONFIG``)
 ``TFSTRATEGY_RESTART``      0 on the first start, k after the k-th restart of the group
 ``TFSTRATEGY_JOIN_FILE``    written by tfstrategy once this worker's strategy exists
-``TFSTRATEGY_BACKUP_DIR``   base directory of the per-worker BackupAndRestore state
+``TFSTRATEGY_BACKUP_DIR``   the job's backup directory (each worker's part in ``<dir>/<task>``)
 ========================== ===============================================================
 
 Joining: MultiWorkerMirroredStrategy's constructor returns only once every
@@ -72,11 +72,10 @@ def restart_count(env: Mapping[str, str] | None = None) -> int:
 
 
 def worker_backup_dir(backup_dir: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Path | None:
-    """This task's own BackupAndRestore directory, ``<backup_dir>/<task>`` (e.g. ``.../worker-1``).
+    """This task's own part of the job's backups, ``<backup_dir>/<task>`` (e.g. ``.../worker-1``).
 
-    Every worker needs its own directory: with one shared directory the workers
-    write the same ``latest.weights.h5`` and HDF5's file lock fails with
-    ``BlockingIOError``. ``backup_dir`` defaults to ``TFSTRATEGY_BACKUP_DIR``;
+    Every worker writes its own part (a save is a collective every worker takes
+    part in), so one shared file would fail on HDF5's file lock with ``BlockingIOError``. ``backup_dir`` defaults to ``TFSTRATEGY_BACKUP_DIR``;
     ``None`` when neither is set.
 
     Raises:
@@ -91,28 +90,43 @@ def worker_backup_dir(backup_dir: str | os.PathLike[str] | None = None, env: Map
 
 
 def backup_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options: Any) -> list[Any]:
-    """``[keras.callbacks.BackupAndRestore]`` on this task's own directory, or ``[]`` if none is configured.
+    """A coordinated ``BackupAndRestore`` for this job, or ``[]`` if no backup directory is configured.
 
     Pass the result to ``model.fit(callbacks=[*tfstrategy.backup_callbacks(), ...])``: under
-    ``tfstrategy launch --max-restarts K`` a restarted group resumes from the last
-    finished epoch (or every ``save_freq`` steps), each worker from its own state.
+    ``tfstrategy launch --max-restarts K``, a Slurm requeue or a plain ``TF_CONFIG`` restart,
+    every worker resumes from the newest step that *every* worker backed up (committed), never
+    from its own newer or older copy. Each worker writes its part to ``<backup_dir>/<task>``;
+    a part that is missing, truncated or altered is never loaded, a backup of another job is
+    refused, and a directory other users can write is refused.
 
     Args:
-        backup_dir: base directory; defaults to ``TFSTRATEGY_BACKUP_DIR``.
-        **options: passed to ``BackupAndRestore`` (e.g. ``save_freq=4``). ``double_checkpoint``
-            defaults to True: a worker killed while writing its backup leaves the previous one usable.
+        backup_dir: the job's backup directory; defaults to ``TFSTRATEGY_BACKUP_DIR``.
+        **options: ``save_freq`` (``"epoch"``, the default, or a number of batches) and
+            ``delete_checkpoint`` (default True: remove the backup once ``fit`` completes), as
+            Keras' ``BackupAndRestore``; ``double_checkpoint`` is accepted and always on (the
+            previous committed step is kept until the next one is complete).
 
     Raises:
         ClusterConfigError: ``TF_CONFIG`` is set but invalid.
-        SaveError: the directory cannot be created or written.
+        SaveError: the directory cannot be created or written, or an unknown option.
+        UntrustedBackupError: the directory is another user's or writable by other users.
+
+    Example:
+        >>> model.fit(dataset, epochs=20, callbacks=tfstrategy.backup_callbacks())
     """
+    from tfstrategy.multiworker import commit
+    from tfstrategy.multiworker.backups import backup_callback
+
     directory = worker_backup_dir(backup_dir)
     if directory is None:
         return []
-    import keras
-
+    unknown = sorted(set(options) - {"save_freq", "delete_checkpoint", "double_checkpoint"})
+    if unknown:
+        raise SaveError(f"Received backup option(s) {', '.join(unknown)}; expected save_freq, delete_checkpoint or "
+                        "double_checkpoint (as keras.callbacks.BackupAndRestore).")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        commit.make_private_dir(directory)
+        commit.check_trusted(directory.parent)
         if not os.access(directory, os.W_OK | os.X_OK):
             raise PermissionError(errno.EACCES, "permission denied", str(directory))
     except OSError as error:
@@ -123,8 +137,5 @@ def backup_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options
             f"({error.strerror or error}: {error.filename or directory}). Pass a writable directory "
             "(tfstrategy launch --backup-dir DIR)."
         ) from error
-    options.setdefault("double_checkpoint", True)
-    from tfstrategy.multiworker.chief_files import keep_per_worker
-
-    # Its own directory per worker: every worker writes it (not only the chief, as for a shared one).
-    return [keep_per_worker(keras.callbacks.BackupAndRestore(backup_dir=str(directory), **options))]
+    return [backup_callback(directory.parent, save_freq=options.get("save_freq", "epoch"),
+                            delete_checkpoint=bool(options.get("delete_checkpoint", True)))]

@@ -15,6 +15,7 @@ losses up front.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -139,6 +140,47 @@ class TrainStep:
         """Reset every metric, e.g. at the start of an epoch."""
         for metric in self.metrics:
             metric.reset_state()
+
+    def backup(self, backup_dir: str | os.PathLike[str] | None = None, *, save_freq: Any = "epoch",
+               delete_at_finish: bool = True) -> Any:
+        """Coordinated backups for this loop: every worker resumes from the newest step all of them saved.
+
+        Args:
+            backup_dir: the job's backup directory; defaults to ``TFSTRATEGY_BACKUP_DIR`` (set by
+                ``tfstrategy launch``); without either, the returned object does nothing.
+            save_freq: ``"epoch"`` or a number of batches.
+            delete_at_finish: remove the backup when ``finish()`` is called.
+
+        Returns:
+            A :class:`~tfstrategy.multiworker.backups.LoopBackup`.
+
+        Raises:
+            TrainingError: the model was not compiled with this step's optimizer, so a backup
+                would miss the optimizer's state.
+
+        Example:
+            >>> backup = step.backup()
+            >>> start = backup.restore()
+            >>> for epoch in range(start.epoch, epochs):
+            ...     for batch, data in enumerate(dist_dataset):
+            ...         if not start.done(epoch, batch):
+            ...             step(data)
+            ...             backup.batch_done(epoch, batch)
+            ...     backup.epoch_done(epoch)
+            >>> backup.finish()
+        """
+        from tfstrategy.multiworker.backups import LoopBackup
+        from tfstrategy.settings import ENV_BACKUP_DIR
+
+        base = backup_dir if backup_dir is not None else os.environ.get(ENV_BACKUP_DIR) or None
+        if base is not None and getattr(self.model, "optimizer", None) is not self.optimizer:
+            raise TrainingError(
+                f"Received a model whose optimizer is {type(getattr(self.model, 'optimizer', None)).__name__}, not this "
+                f"step's {type(self.optimizer).__name__}; a backup holds the model's optimizer state. Call "
+                "model.compile(optimizer=optimizer) in the scope before make_train_step."
+            )
+        return LoopBackup(self.model, strategy=self.strategy, backup_dir=base, save_freq=save_freq,
+                          delete_at_finish=delete_at_finish)
 
     def run_epoch(self, dataset: Any, steps: int | None = None) -> dict[str, float]:
         """Run one pass (or ``steps`` steps) over a distributed dataset; return the last logs as floats."""

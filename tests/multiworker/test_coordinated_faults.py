@@ -1,0 +1,323 @@
+"""Coordinated backups with real workers and real kills: every worker resumes from one committed step.
+
+Each fault runs `tfstrategy launch -n 2` on tests/workers/fit_worker.py (8 steps an epoch, 3 epochs,
+a backup at each epoch's end: steps 8, 16, 24). A worker is SIGKILLed at a named point of its save
+(``TFSTRATEGY_TEST_BACKUP_FAULT``, first start only), or the backup is damaged between two runs. Each
+test asserts the step EVERY worker resumed from and the final weights against an uninterrupted run
+(within 1e-6), or the one-line error naming the file. The policy itself is tested without processes
+in tests/multiworker/test_commit.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import ROOT
+from tfstrategy.multiworker.coordinated import FAULT_ENV
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+FIT_WORKER = str(ROOT / "tests" / "workers" / "fit_worker.py")
+LOOP_WORKER = str(ROOT / "tests" / "workers" / "loop_worker.py")
+TOLERANCE = 1e-6
+
+
+class Launch:
+    """One `tfstrategy launch` in its own process group, bounded in time, everything it started killed after."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+        self.process = subprocess.Popen([sys.executable, "-m", "tfstrategy", "launch", *args], cwd=ROOT, env=env,
+                                        text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+    def finish(self, timeout: float = 300) -> tuple[int, str, str]:
+        try:
+            out, err = self.process.communicate(timeout=timeout)
+        finally:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.communicate()
+        return self.process.returncode, out, err
+
+
+def launch(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> tuple[int, str, str]:
+    return Launch(*args, env=env).finish(timeout)
+
+
+def fit(out: Path, backup: Path, *extra: str, restarts: int = 1, env: dict[str, str] | None = None,
+        worker: str = FIT_WORKER):
+    out.mkdir(parents=True, exist_ok=True)
+    return launch("-n", "2", "--timeout", "120", "--max-restarts", str(restarts), "--backup-dir", str(backup), "--",
+                  sys.executable, worker, "--out", str(out), *extra, env=env)
+
+
+def results(out: Path) -> list[dict]:
+    return [json.loads((out / f"worker-{i}.json").read_text()) for i in range(2)]
+
+
+def weight_difference(out: Path, reference: dict) -> float:
+    """The largest |difference| of any final weight of any worker to the uninterrupted run."""
+    worst = 0.0
+    for result in results(out):
+        for got, want in zip(result["weights"], reference["weights"]):
+            worst = max(worst, float(np.max(np.abs(np.array(got) - np.array(want)))))
+    return worst
+
+
+def resumed_steps(out: Path) -> list[int]:
+    return [result["resumed"]["step"] for result in results(out)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    code, _, err = launch("-n", "2", "--timeout", "120", "--", sys.executable, FIT_WORKER, "--out", str(out))
+    assert code == 0, err[-3000:]
+    first, second = results(out)
+    assert first["weights"] == second["weights"] and first["steps"] == 24
+    return first
+
+
+# --- a kill at each point of a save -------------------------------------------------------------
+
+KILLS = [
+    # point, worker, the steps every worker may resume from
+    pytest.param("before", 1, {8}, id="before-the-weights-file"),
+    pytest.param("weights", 1, {8}, id="weights-file-written-not-renamed"),
+    pytest.param("renamed", 1, {8}, id="between-weights-and-sidecar"),
+    pytest.param("written", 1, {8}, id="part-written-before-agreement"),
+    # worker 0 writes its record of 16 unless the launcher stops it first: 16 or 8, the same on both
+    pytest.param("agreed", 1, {8, 16}, id="agreed-before-the-record"),
+    pytest.param("committed", 1, {16}, id="after-the-record"),
+    pytest.param("agreed", 0, {8, 16}, id="chief-agreed-before-the-record"),
+]
+
+
+@pytest.mark.parametrize(("point", "worker", "allowed"), KILLS)
+def test_a_worker_killed_during_its_save_resumes_with_every_worker_from_one_committed_step(
+        reference, tmp_path, point, worker, allowed):
+    code, out, err = fit(tmp_path / "out", tmp_path / "backup", env={FAULT_ENV: f"{point}@{worker}:16"})
+    assert code == 0, err[-3000:]
+    assert f"[worker {worker}] tfstrategy: test fault: SIGKILL at {point} of the save of step 16" in err + out
+    assert f"worker {worker} was killed by SIGKILL" in err and "(restart 1 of 1)" in err
+    steps = resumed_steps(tmp_path / "out")
+    difference = weight_difference(tmp_path / "out", reference)
+    print(f"\nkill at {point} on worker {worker}: every worker resumed from step {steps}; "
+          f"final-weight difference {difference:.2e}")
+    assert len(set(steps)) == 1 and steps[0] in allowed
+    assert all(result["restart"] == 1 and result["steps"] == 24 for result in results(tmp_path / "out"))
+    assert difference <= TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def loop_reference(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("loop-uninterrupted")
+    code, _, err = launch("-n", "2", "--timeout", "120", "--", sys.executable, LOOP_WORKER, "--out", str(out))
+    assert code == 0, err[-3000:]
+    first, second = results(out)
+    assert first["weights"] == second["weights"] and first["steps"] == 24
+    return first
+
+
+@pytest.mark.parametrize(("point", "step", "resumed"), [
+    pytest.param("written", 12, (8, 0, 8), id="part-written-before-agreement"),  # step 8: epoch 0 done
+    pytest.param("committed", 12, (12, 1, 4), id="after-the-record"),
+])
+def test_a_custom_loop_worker_killed_during_its_save_resumes_with_every_worker_from_one_committed_step(
+        loop_reference, tmp_path, point, step, resumed):
+    """make_train_step + TrainStep.backup(save_freq=4): commits at steps 4, 8, 12, ... (epoch 1 batch 4 is step 12)."""
+    code, out, err = fit(tmp_path / "out", tmp_path / "backup", "--save-freq", "4", worker=LOOP_WORKER,
+                         env={FAULT_ENV: f"{point}@1:{step}"})
+    assert code == 0, err[-3000:]
+    assert f"test fault: SIGKILL at {point} of the save of step {step}" in err + out
+    points = [tuple(result["resumed"][key] for key in ("step", "epoch", "batch")) for result in results(tmp_path / "out")]
+    difference = weight_difference(tmp_path / "out", loop_reference)
+    print(f"\ncustom loop, kill at {point}: every worker resumed from (step, epoch, batch) {points}; "
+          f"final-weight difference {difference:.2e}")
+    assert points == [resumed, resumed]
+    assert difference <= TOLERANCE
+
+
+# --- a damaged backup between two runs ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def interrupted_backup(tmp_path_factory) -> Path:
+    """A backup with steps 16 and 8 committed on both workers: worker 0 killed before saving step 24, no restart."""
+    base = tmp_path_factory.mktemp("interrupted")
+    code, _, err = fit(base / "out", base / "backup", restarts=0, env={FAULT_ENV: "before@0:24"})
+    assert code != 0 and "test fault: SIGKILL at before of the save of step 24" in err, err[-3000:]
+    for worker in (0, 1):
+        record = json.loads((base / "backup" / f"worker-{worker}" / "commit.json").read_text())
+        assert record["committed"] == [16, 8]
+    return base / "backup"
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = [
+    # what is done to the backup, the step every worker resumes from, what the output says
+    pytest.param(lambda b: [truncate(b / f"worker-{w}" / "step-16.weights.h5") for w in (0, 1)], 8,
+                 r"worker-1 does not resume from committed step 16: \S+/worker-1/step-16.weights.h5 \(step 16\) has "
+                 r"\d+ bytes; its sidecar says \d+: it is truncated", id="step-16-truncated-on-both"),
+    pytest.param(lambda b: truncate(b / "worker-1" / "step-16.weights.h5"), 16,
+                 r"worker-1: \S+/worker-1/step-16.weights.h5 \(step 16\) has \d+ bytes; .* Loading the same step from "
+                 r"\S+/worker-0/step-16.weights.h5 instead", id="step-16-truncated-on-one"),
+    pytest.param(lambda b: (b / "worker-0" / "commit.json").write_text("{"), 16,
+                 r"The commit record \S+/worker-0/commit.json cannot be read \(Expecting property name.*\); it is "
+                 r"truncated or not written by tfstrategy. It is not loaded. Using the steps the other workers",
+                 id="record-unparsable"),
+    pytest.param(lambda b: shutil.rmtree(b / "worker-1"), 16,
+                 r"worker-1: \S+/worker-1/step-16.json is missing: this worker has no backup of step 16. Loading the "
+                 r"same step from \S+/worker-0/step-16.weights.h5", id="worker-directory-deleted"),
+]
+
+
+@pytest.mark.parametrize(("damage", "step", "said"), DAMAGE)
+def test_a_damaged_backup_is_never_loaded_and_every_worker_resumes_from_one_step(
+        reference, interrupted_backup, tmp_path, damage, step, said):
+    backup = tmp_path / "backup"
+    shutil.copytree(interrupted_backup, backup)
+    damage(backup)
+    code, out, err = fit(tmp_path / "out", backup, restarts=0)
+    assert code == 0, err[-3000:]
+    assert re.search(said, out + err), (out + err)[-3000:]
+    steps = resumed_steps(tmp_path / "out")
+    difference = weight_difference(tmp_path / "out", reference)
+    print(f"\ndamage: every worker resumed from step {steps}; final-weight difference {difference:.2e}")
+    assert steps == [step, step]
+    assert difference <= TOLERANCE
+
+
+def test_a_backup_no_worker_can_load_stops_every_worker_with_one_line_naming_the_file(interrupted_backup, tmp_path):
+    backup = tmp_path / "backup"
+    shutil.copytree(interrupted_backup, backup)
+    shutil.rmtree(backup / "worker-1")
+    for step in (8, 16):
+        truncate(backup / "worker-0" / f"step-{step}.weights.h5")
+    code, out, err = fit(tmp_path / "out", backup, restarts=0)
+    assert code == 1
+    assert "tfstrategy launch: worker " in err and "exited with status 1" in err
+    # the worker's last line (shown under the launcher's headline) is the one error, naming its file
+    error = next(line for line in err.splitlines() if "tfstrategy.errors.BackupError: " in line)
+    assert "BackupError: Steps 16, 8 were committed, but no step can be loaded by every worker" in error
+    assert re.search(r"step 16: \S+/worker-\d/step-16\.(weights\.h5 \(step 16\) has \d+ bytes|json is missing)", error)
+    assert not (tmp_path / "out" / "worker-0.json").exists()  # nothing trained
+
+
+# --- two jobs, another user's backup, SIGTERM without --backup-dir ------------------------------
+
+
+def test_a_second_job_on_the_same_backup_dir_is_refused_naming_the_job_holding_it(reference, tmp_path):
+    backup = tmp_path / "backup"
+    first = Launch("-n", "2", "--timeout", "120", "--max-restarts", "1", "--backup-dir", str(backup), "--",
+                   sys.executable, FIT_WORKER, "--out", str(tmp_path / "a"), "--epochs", "3",
+                   env={"TFSTRATEGY_JOB_ID": "job-a"})
+    (tmp_path / "a").mkdir()
+    try:
+        lock = backup / "launch-node-0.lock"
+        while not (lock.exists() and lock.read_text()):  # the first launcher holds the directory
+            assert first.process.poll() is None
+            time.sleep(0.05)
+        code, _, err = launch("-n", "2", "--max-restarts", "1", "--backup-dir", str(backup), "--", sys.executable,
+                              FIT_WORKER, "--out", str(tmp_path / "b"), env={"TFSTRATEGY_JOB_ID": "job-b"}, timeout=60)
+    finally:
+        first_code, _, first_err = first.finish()
+    assert code == 2
+    assert err.count("\n") == 1 and re.match(
+        rf"tfstrategy launch: error: Received --backup-dir {backup}: {backup} is in use by job 'job-a' \(tfstrategy "
+        rf"launch pid {first.process.pid} on \S+\); this is job 'job-b'", err), err
+    assert first_code == 0, first_err[-3000:]
+    assert weight_difference(tmp_path / "a", reference) <= TOLERANCE
+
+
+@pytest.mark.parametrize("kind", ["foreign-owned", "world-writable"])
+def test_a_backup_dir_of_another_user_or_writable_by_others_is_refused_in_one_line(tmp_path, kind):
+    backup = tmp_path / "backup"
+    (backup / "worker-0").mkdir(parents=True, mode=0o700)
+    (backup / "worker-0" / "commit.json").write_text('{"format": 1, "job_id": "x", "workers": 2, "committed": [100]}')
+    if kind == "foreign-owned":
+        import pwd
+
+        if os.geteuid() != 0:
+            pytest.fail("this test chowns to another user and needs root (CI runs as root)")
+        os.chown(backup / "worker-0", pwd.getpwnam("nobody").pw_uid, -1)
+    else:
+        os.chmod(backup, 0o777)
+    code, _, err = launch("-n", "2", "--max-restarts", "1", "--backup-dir", str(backup), "--", sys.executable,
+                          FIT_WORKER, "--out", str(tmp_path), timeout=60)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"tfstrategy launch: error: Received --backup-dir {backup}: Refusing backup {backup}")
+    assert ("owned by uid" if kind == "foreign-owned" else "mode 0777 lets other users write it") in err
+
+
+def test_sigterm_without_backup_dir_keeps_the_backup_and_its_resume_command_ends_like_an_uninterrupted_run(tmp_path):
+    import keras
+
+    example = [sys.executable, str(ROOT / "examples" / "multi_worker_train.py"), "--epochs", "6"]
+    code, _, err = launch("-n", "2", "--timeout", "120", "--", *example, "--out", str(tmp_path / "reference.keras"))
+    assert code == 0, err[-3000:]
+
+    run = Launch("-n", "2", "--timeout", "120", "--max-restarts", "1", "--grace", "60", "--", *example,
+                 "--out", str(tmp_path / "preempted.keras"))
+    while True:
+        line = run.process.stdout.readline()
+        assert line, "the job ended before epoch 3"
+        if "Epoch 3/6" in line:
+            break
+    run.process.send_signal(signal.SIGTERM)
+    code, _, err = run.finish(timeout=120)
+    assert code == 75, err[-3000:]
+    kept = re.search(r"tfstrategy launch: the job's backup is kept in (\S+) \(exit status 75\); resume from it with: "
+                     r"(tfstrategy launch .*)", err)
+    assert kept, err[-3000:]
+    backup, command = Path(kept[1]), kept[2].split()
+    assert backup.is_dir() and oct(backup.stat().st_mode & 0o777) == "0o700"
+    assert command[command.index("--backup-dir") + 1] == str(backup)
+
+    command[command.index("--out") + 1] = str(tmp_path / "resumed.keras")
+    code, out, err = launch(*command[2:])
+    assert code == 0, err[-3000:]
+    steps = re.findall(r"\[worker (\d)\] tfstrategy: worker-\d resumes from committed step (\d+)", out + err)
+    assert sorted(worker for worker, _ in steps) == ["0", "1"] and len({step for _, step in steps}) == 1
+    reference, resumed = (keras.saving.load_model(tmp_path / f"{name}.keras").get_weights()
+                          for name in ("reference", "resumed"))
+    difference = max(float(np.max(np.abs(a - b))) for a, b in zip(reference, resumed))
+    print(f"\nSIGTERM without --backup-dir: every worker resumed from step {steps[0][1]}; difference {difference:.2e}")
+    assert difference <= TOLERANCE
+    shutil.rmtree(backup)
+
+
+def test_every_worker_of_two_loopback_nodes_resumes_from_one_committed_step(reference, tmp_path):
+    """--nnodes 2 on 127.0.0.2/3, one worker each: worker 1 (node 1) killed after the agreement of step 16."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.2", 0))
+        master = f"127.0.0.2:{sock.getsockname()[1]}"
+    (tmp_path / "out").mkdir()
+    env = {"TFSTRATEGY_LAUNCH_SECRET": "tfstrategy-test-secret-" + uuid.uuid4().hex, FAULT_ENV: "agreed@1:16"}
+    nodes = [Launch("--nnodes", "2", "--node-rank", str(rank), "--master", master, "--node-address", f"127.0.0.{rank + 2}",
+                    "-n", "1", "--timeout", "300", "--max-restarts", "1", "--backup-dir", str(tmp_path / "backup"),
+                    "--", sys.executable, FIT_WORKER, "--out", str(tmp_path / "out"), env=env) for rank in (0, 1)]
+    ends = [node.finish(timeout=600) for node in nodes]
+    assert [code for code, _, _ in ends] == [0, 0], ends[0][2][-2000:] + ends[1][2][-2000:]
+    steps = resumed_steps(tmp_path / "out")
+    difference = weight_difference(tmp_path / "out", reference)
+    print(f"\n--nnodes 2, kill after agreement: every worker resumed from step {steps}; difference {difference:.2e}")
+    assert len(set(steps)) == 1 and steps[0] in (8, 16)
+    assert difference <= TOLERANCE
