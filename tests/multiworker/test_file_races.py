@@ -138,3 +138,15 @@ def test_a_worker_prints_the_line_last(tmp_path):
     assert result.returncode == 1
     assert "FileExistsError" in lines[-2]
     assert lines[-1].startswith(f"{PREFIX} (worker-1): out: it already existed")
+
+
+def test_the_launcher_headline_carries_the_line():
+    from tfstrategy.launch.diagnosis import failure_reason
+
+    lines = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>',
+             "FileExistsError: [Errno 17] File exists: 'out'",
+             f"{PREFIX} (worker-1): out: it already existed (another worker probably created it) (...). Let one ..."]
+    reason = failure_reason(1, lines, None, joined=True)
+    assert reason.startswith("exited with status 1: FileExistsError: [Errno 17] File exists: 'out'; "
+                             "two workers wrote one path (worker-1): out: it already existed")
+

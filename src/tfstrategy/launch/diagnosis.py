@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from tfstrategy.launch.reports import ErrorRecord
 from tfstrategy.launch.states import Failure
+from tfstrategy.multiworker.file_races import PREFIX as SHARED_PATH
 
 __all__ = ["describe_status", "exit_status", "exception_line", "failure_reason", "is_consequence", "root_cause"]
 
@@ -81,6 +82,10 @@ def failure_reason(returncode: int, lines: Sequence[str], port: int | None, join
         reason += f": {record.describe()}"
     elif (exception := exception_line(lines)) is not None:
         reason += f": {exception}"
+    # A worker's own diagnosis of two workers writing one path (printed after its traceback).
+    shared = next((line.strip() for line in reversed(lines) if line.strip().startswith(SHARED_PATH)), None)
+    if shared is not None:
+        reason += "; " + shared.removeprefix("tfstrategy: ")
     if returncode == -signal.SIGKILL and not signalled_by_us:
         reason += _OOM_HINT
     if port is not None and any(_PORT_IN_USE.search(line) for line in lines):
