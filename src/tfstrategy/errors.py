@@ -78,3 +78,7 @@ class TrainingError(TFStrategyError, ValueError):
 
 class LossReductionError(TrainingError):
     """A loss averages per replica, which scales gradients wrongly under a strategy."""
+
+
+class PrecisionError(TFStrategyError, ValueError):
+    """A precision (Keras dtype policy) setting is not one tfstrategy can set."""

@@ -16,6 +16,7 @@ from tfstrategy.launch import network_isolation
 from tfstrategy.launch.rendezvous import NodeOptions, parse_master, read_secret, validate_node_options
 from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
+from tfstrategy.training.precision import precision_environment
 
 __all__ = ["DESCRIPTION", "EPILOG", "launch_parser"]
 
@@ -182,6 +183,8 @@ def _command_line(args: argparse.Namespace, options: LaunchOptions) -> list[str]
         line += ["--backup-dir", str(options.backup_dir.resolve())]
     if args.debug:
         line.append("--debug")
+    if args.precision:
+        line += ["--precision", args.precision]
     return [*line, "--", *options.command]
 
 
@@ -189,13 +192,14 @@ def launch_command(args: argparse.Namespace) -> int:
     """Run the job; its exit status."""
     quiet_tensorflow(args.debug)
     options = options_from_args(args)
+    precision_environment(args.precision)  # a bad --precision fails here, in one line, before any worker
     if args.isolate_network:
         if not network_isolation.is_isolated():
             network_isolation.reexec_isolated(_command_line(args, options))
         network_isolation.bring_up_loopback()
         print("tfstrategy launch: in a private network namespace: workers reach each other on 127.0.0.1 only, "
               "other hosts cannot reach them", file=sys.stderr)
-    result = Launcher(options).run()
+    result = Launcher(options, env={**os.environ, **precision_environment(args.precision)}).run()
     if result.restart_seconds:
         timings = ", ".join(f"{seconds:.1f} s" for seconds in result.restart_seconds)
         rejoined = ", ".join(f"{seconds:.1f} s" for seconds in result.rejoin_seconds) or "never"

@@ -30,7 +30,9 @@ takes these named steps, each recorded in :data:`STATE`:
    ``reset_state()`` and TensorFlow's own distributed tutorials still call;
 7. ``audit``: ``Model.fit``/``evaluate`` audit the model's scope first
    (``TFSTRATEGY_AUDIT``: ``warn``, the default, reports once; ``stop`` raises
-   :class:`~tfstrategy.errors.ScopeError` before the first step; ``off``).
+   :class:`~tfstrategy.errors.ScopeError` before the first step; ``off``);
+   ``precision``: ``TFSTRATEGY_PRECISION`` (``--precision``) sets the Keras global
+   dtype policy before the script builds its model.
 
 With ``TFSTRATEGY_HOOK_SUMMARY=1`` (``tfstrategy run``) one summary line goes to
 stderr at exit.
@@ -200,7 +202,7 @@ def on_keras_imported() -> None:
     """The steps that need Keras, once (after TensorFlow's own steps)."""
     if "tensorflow" not in sys.modules:
         return  # keras failed before importing TensorFlow; on_tensorflow_imported will call back
-    _take((_apply_patches, _keras2_aliases, _audit))
+    _take((_apply_patches, _keras2_aliases, _audit, _precision))
 
 
 _TAKEN: set[str] = set()
@@ -217,8 +219,8 @@ def _take(steps: tuple[Callable[[], str | None], ...]) -> None:
             message = f"{step.__name__.lstrip('_')}: {type(error).__name__}: {error}"
             STATE.errors.append(message)
             print(f"tfstrategy: hook step {message}", file=sys.stderr, flush=True)
-            if isinstance(error, TFStrategyError) and step is _split_cpu:
-                raise  # a bad --cpu-replicas must not silently train on one replica
+            if isinstance(error, TFStrategyError) and step in (_split_cpu, _precision):
+                raise  # a bad --cpu-replicas/precision must not silently train on one replica/in float32
         else:
             if done:
                 STATE.steps.append((step.__name__.lstrip("_"), done))
@@ -344,6 +346,13 @@ def _apply_patches() -> str | None:
     return ", ".join(installed) or None
 
 
+def _precision() -> str | None:
+    from tfstrategy.training.precision import resolve_precision, set_precision
+
+    precision, _ = resolve_precision()
+    return set_precision(precision) if precision else None
+
+
 def _keras2_aliases() -> str | None:
     from tfstrategy import _compat
 
@@ -376,6 +385,10 @@ def _audit() -> str | None:
 def _audited(original: Callable[..., Any], method: str, mode: str) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+        if method == "fit":
+            from tfstrategy.training.datasets import refuse_endless_fit
+
+            refuse_endless_fit(args, kwargs)
         _audit_model(model, method, mode)
         return original(model, *args, **kwargs)
 
@@ -397,6 +410,8 @@ def _audit_model(model: Any, method: str, mode: str) -> None:
     strategy = _compat.model_strategy(model) or tf.distribute.get_strategy()
     report = audit_scope(model, strategy)
     STATE.audited += 1
+    for advice in report.advice:
+        print(f"tfstrategy: {advice}", file=sys.stderr, flush=True)
     if report.passed:
         return
     message = report.message()

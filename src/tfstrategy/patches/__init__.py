@@ -4,7 +4,9 @@ Each module here holds one :class:`~tfstrategy.patches.mechanism.Patch` with
 its bug's root cause written out: :mod:`~tfstrategy.patches.keras_mwms` (Keras 3
 ``fit`` on a multi-worker MultiWorkerMirroredStrategy) and
 :mod:`~tfstrategy.patches.keras_steps_per_execution` (``steps_per_execution > 1``
-on 2+ replicas). :func:`apply_patches` is what ``tfstrategy.select`` calls;
+on 2+ replicas), :mod:`~tfstrategy.patches.keras_end_of_data` (an optimizer step counted
+past the end of data of unknown size) and :mod:`~tfstrategy.patches.keras_loss_scale`
+(``LossScaleOptimizer`` applying a step that overflowed on another replica). :func:`apply_patches` is what ``tfstrategy.select`` calls;
 :func:`patch_status` reports each one (``tfstrategy env`` prints it).
 
 Example:
@@ -16,13 +18,16 @@ Example:
 
 from __future__ import annotations
 
-from tfstrategy.patches import keras_mwms, keras_steps_per_execution
+from tfstrategy.patches import keras_end_of_data, keras_loss_scale, keras_mwms, keras_steps_per_execution
 from tfstrategy.patches.mechanism import Patch, PatchStatus
 
 #: Every patch, by name, in the order they are applied.
 PATCHES: dict[str, Patch] = {
     keras_mwms.PATCH.name: keras_mwms.PATCH,
     keras_steps_per_execution.PATCH.name: keras_steps_per_execution.PATCH,
+    # After keras_steps_per_execution: it wraps the same Keras function, so it must be removed first.
+    keras_end_of_data.PATCH.name: keras_end_of_data.PATCH,
+    keras_loss_scale.PATCH.name: keras_loss_scale.PATCH,
 }
 
 
@@ -38,7 +43,8 @@ def apply_patches() -> tuple[PatchStatus, ...]:
 
 def remove_patches() -> tuple[PatchStatus, ...]:
     """Put back every Keras function a patch replaced."""
-    return tuple(patch.remove() for patch in PATCHES.values())
+    # In reverse: a patch wrapping another's replacement must go first.
+    return tuple(reversed([patch.remove() for patch in reversed(PATCHES.values())]))
 
 
 def patch_status() -> tuple[PatchStatus, ...]:

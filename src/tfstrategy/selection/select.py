@@ -16,7 +16,10 @@ steps that change the process, each recorded on the :class:`Selection`:
 4. ``signal_launcher``: under ``tfstrategy launch``, say "creating the strategy"
    and then "joined" (:mod:`tfstrategy.multiworker.worker_protocol`);
 5. ``apply_patches``: install the Keras workarounds the installed release needs
-   (:mod:`tfstrategy.patches`).
+   (:mod:`tfstrategy.patches`);
+6. ``set_precision``: with ``precision`` (or ``TFSTRATEGY_PRECISION``), set the
+   Keras global dtype policy, before the script builds its model
+   (:mod:`tfstrategy.training.precision`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from tfstrategy.settings import (
     resolve_setting,
     setting_name,
 )
+from tfstrategy.training.precision import resolve_precision, set_precision
 
 __all__ = ["Selection", "resolve_request", "select"]
 
@@ -169,6 +173,7 @@ def select(
     cpu_replicas: int | None = None,
     *,
     collective_timeout: float | str | None = None,
+    precision: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Selection:
     """Select, validate and build a distribution strategy in one call.
@@ -188,6 +193,9 @@ def select(
             them as replicas. Must come before anything starts TensorFlow.
         collective_timeout: seconds a multi-worker collective may wait for a
             peer before raising; ``"none"`` waits forever.
+        precision: the Keras global dtype policy to set before the model is
+            built: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``
+            (``TFSTRATEGY_PRECISION``; default: leave Keras' policy alone).
         env: environment to read instead of ``os.environ``.
 
     Raises:
@@ -201,6 +209,7 @@ def select(
     """
     _versions.require_supported(env)
     request = resolve_request(strategy, devices, cpu_replicas, collective_timeout=collective_timeout, env=env)
+    chosen_precision, precision_source = resolve_precision(precision, env)
     steps: list[tuple[str, str]] = []
     if request.cpu_replicas is not None and request.kind in (StrategyKind.AUTO, StrategyKind.MIRRORED, StrategyKind.ONE_DEVICE):
         count = configure_cpu_replicas(request.cpu_replicas)
@@ -226,4 +235,8 @@ def select(
     installed = [status.name for status in patches if status.installed]
     if installed:
         steps.append(("apply_patches", ", ".join(installed)))
-    return Selection(strategy=strategy, choice=choice, sources=request.sources, steps=tuple(steps), patches=patches)
+    sources = dict(request.sources)
+    if chosen_precision is not None:
+        steps.append(("set_precision", set_precision(chosen_precision)))
+        sources["precision"] = precision_source
+    return Selection(strategy=strategy, choice=choice, sources=sources, steps=tuple(steps), patches=patches)
