@@ -82,3 +82,7 @@ class LossReductionError(TrainingError):
 
 class PrecisionError(TFStrategyError, ValueError):
     """A precision (Keras dtype policy) setting is not one tfstrategy can set."""
+
+
+class DivergenceError(TFStrategyError, RuntimeError):
+    """Replicas or workers no longer hold the same weights, or weights or loss are not finite."""

@@ -17,6 +17,7 @@ from tfstrategy.launch.rendezvous import NodeOptions, parse_master, read_secret,
 from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 from tfstrategy.training.precision import precision_environment
+from tfstrategy.training.sentinel import sentinel_environment
 
 __all__ = ["DESCRIPTION", "EPILOG", "launch_parser"]
 
@@ -96,6 +97,9 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
                         "limit); a joined job is never stopped for running long")
     parser.add_argument("--grace", type=float, default=10.0, metavar="S",
                         help="seconds workers get to exit after Ctrl-C or SIGTERM is passed on (default: 10)")
+    parser.add_argument("--sentinel", default="epoch", metavar="WHEN",
+                        help="check that every worker and replica holds the same finite weights: epoch (default: "
+                        "at each epoch's end), every N steps, or off (env TFSTRATEGY_SENTINEL)")
     parser.add_argument("--isolate-network", action="store_true",
                         help="run the job in a private network namespace with only loopback, so TensorFlow's servers "
                         "(which listen on 0.0.0.0) are unreachable from other hosts; workers then have no network")
@@ -185,6 +189,7 @@ def _command_line(args: argparse.Namespace, options: LaunchOptions) -> list[str]
         line.append("--debug")
     if args.precision:
         line += ["--precision", args.precision]
+    line += ["--sentinel", args.sentinel]
     return [*line, "--", *options.command]
 
 
@@ -193,13 +198,15 @@ def launch_command(args: argparse.Namespace) -> int:
     quiet_tensorflow(args.debug)
     options = options_from_args(args)
     precision_environment(args.precision)  # a bad --precision fails here, in one line, before any worker
+    sentinel_environment(args.sentinel)
     if args.isolate_network:
         if not network_isolation.is_isolated():
             network_isolation.reexec_isolated(_command_line(args, options))
         network_isolation.bring_up_loopback()
         print("tfstrategy launch: in a private network namespace: workers reach each other on 127.0.0.1 only, "
               "other hosts cannot reach them", file=sys.stderr)
-    result = Launcher(options, env={**os.environ, **precision_environment(args.precision)}).run()
+    env = {**os.environ, **precision_environment(args.precision), **sentinel_environment(args.sentinel)}
+    result = Launcher(options, env=env).run()
     if result.restart_seconds:
         timings = ", ".join(f"{seconds:.1f} s" for seconds in result.restart_seconds)
         rejoined = ", ".join(f"{seconds:.1f} s" for seconds in result.rejoin_seconds) or "never"

@@ -387,8 +387,10 @@ def _audited(original: Callable[..., Any], method: str, mode: str) -> Callable[.
     def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
         if method == "fit":
             from tfstrategy.training.datasets import refuse_endless_fit
+            from tfstrategy.training.sentinel import add_sentinel, resolve_sentinel
 
             refuse_endless_fit(args, kwargs)
+            add_sentinel(model, kwargs, resolve_sentinel())  # TFSTRATEGY_SENTINEL (launch: epoch)
         _audit_model(model, method, mode)
         return original(model, *args, **kwargs)
 

@@ -22,6 +22,7 @@ from tfstrategy._tf import tf
 from tfstrategy.errors import BatchError, LossReductionError, TrainingError
 from tfstrategy.training.batching import BatchPlan, replicas_of
 from tfstrategy.training.precision import require_loss_scaling
+from tfstrategy.training.sentinel import Sentinel, resolve_sentinel
 
 __all__ = ["TrainStep", "make_train_step"]
 
@@ -95,8 +96,11 @@ class TrainStep:
         loss: Callable[..., Any],
         optimizer: Any,
         metrics: Sequence[Any],
+        sentinel: Any = None,
     ) -> None:
         self.model = model
+        #: A :class:`~tfstrategy.training.sentinel.Sentinel` checked at each run_epoch's end, or None.
+        self.sentinel = sentinel
         self.strategy = strategy
         self.global_batch = global_batch
         self.loss = loss
@@ -164,7 +168,10 @@ class TrainStep:
             if steps is not None and index >= steps:
                 break
             logs = self(batch)
-        return {name: float(value) for name, value in logs.items()}
+        result = {name: float(value) for name, value in logs.items()}
+        if self.sentinel is not None:
+            self.sentinel.check(step=int(self.optimizer.iterations.numpy()), loss=result.get("loss"))
+        return result
 
 
 def _build_optimizer(optimizer: Any, model: Any, strategy: Any) -> None:
@@ -195,6 +202,7 @@ def make_train_step(
     loss: Any,
     optimizer: Any | None = None,
     metrics: Sequence[Any] = (),
+    sentinel: bool | None = None,
 ) -> TrainStep:
     """Build a custom-loop training step that matches 1-replica training on N replicas.
 
@@ -213,6 +221,10 @@ def make_train_step(
             loss per example, or a Keras loss name (``"mse"``).
         optimizer: defaults to ``model.optimizer``.
         metrics: Keras metric objects or names.
+        sentinel: check at the end of each :meth:`TrainStep.run_epoch` that all
+            replicas hold the same finite weights (``TFSTRATEGY_SENTINEL``;
+            :class:`~tfstrategy.training.sentinel.Sentinel`). Call
+            ``step.sentinel.check(step=...)`` yourself in a loop of your own.
 
     Raises:
         LossReductionError: the loss averages per replica (``AUTO`` /
@@ -262,4 +274,6 @@ def make_train_step(
                 else:
                     metric = keras.metrics.MeanMetricWrapper(found, name=metric)
             built.append(metric)
-    return TrainStep(model, strategy=strategy, global_batch=global_batch, loss=resolve_loss(loss), optimizer=optimizer, metrics=built)
+    watch = Sentinel(strategy, model.weights) if resolve_sentinel(sentinel) else None
+    return TrainStep(model, strategy=strategy, global_batch=global_batch, loss=resolve_loss(loss), optimizer=optimizer,
+                     metrics=built, sentinel=watch)
