@@ -35,8 +35,8 @@ from tfstrategy.selection.strategies import build  # noqa: E402
 from tfstrategy.settings import StrategyKind  # noqa: E402
 from tfstrategy.training.batching import plan_batch  # noqa: E402
 from tfstrategy.training.custom_loop import make_train_step  # noqa: E402
-from tfstrategy.training.sentinel import divergence_sentinel  # noqa: E402
 from tfstrategy.training.datasets import plan_dataset, prepare_dataset  # noqa: E402
+from tfstrategy.training.sentinel import divergence_sentinel  # noqa: E402
 from tfstrategy.training.steps_per_execution import tune_steps_per_execution  # noqa: E402
 
 __version__ = "0.2.0"

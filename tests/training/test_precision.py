@@ -10,7 +10,13 @@ import tensorflow as tf
 import tfstrategy
 from helpers import mirrored
 from tfstrategy import make_train_step, prepare_dataset
-from tfstrategy.diagnostics.equivalence import TOLERANCES, initial_weights, max_difference, replica_equivalence, train_weights
+from tfstrategy.diagnostics.equivalence import (
+    TOLERANCES,
+    initial_weights,
+    max_difference,
+    replica_equivalence,
+    train_weights,
+)
 from tfstrategy.errors import PrecisionError, SettingsConflictError, TrainingError
 from tfstrategy.patches import keras_loss_scale
 from tfstrategy.training.precision import float16_outputs, parse_precision, resolve_precision
