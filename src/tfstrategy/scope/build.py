@@ -114,7 +114,7 @@ def _refuse_identifier(argument: str, name: str) -> None:
         "optimizer": ("optimizer", "optimizers", "'adam' or 'sgd'"),
     }.get(argument, ("metric", "metrics", "'mae' or 'accuracy'"))
     raise BuildError(
-        f"Received {argument}={name!r}; expected a {kind} Keras knows (unchecked, an unknown {kind} name fails only "
+        f"Received {argument}={name!r}; expected the name of a Keras {kind} (unchecked, an unknown one fails only "
         f"when training starts). Pass a Keras name such as {example}, or the object itself (keras.{module}.X())."
     ) from None
 
