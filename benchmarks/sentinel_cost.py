@@ -60,11 +60,22 @@ def main(argv: list[str] | None = None) -> dict:
         order = (False, True) if repeat % 2 == 0 else (True, False)
         seconds = {side: timed(side) for side in order}
         rows.append({"without": seconds[False], "with": seconds[True], "ratio": seconds[True] / seconds[False]})
+    # One check on its own: what the sentinel adds at each epoch end, whatever the epoch's length.
+    from tfstrategy.training.sentinel import Sentinel
+
+    sentinel = Sentinel(selection, model.weights)
+    sentinel.check()
+    began = time.process_time()
+    for _ in range(50):
+        sentinel.check()
+    check_seconds = (time.process_time() - began) / 50
     ratios = [row["ratio"] for row in rows]
     result = {
         "replicas": args.replicas, "epochs": args.epochs, "steps_per_epoch": args.steps,
         "interval": "epoch", "repeats": rows, "ratio_min": min(ratios), "ratio_max": max(ratios),
         "ratio_median": sorted(ratios)[len(ratios) // 2],
+        "check_cpu_seconds": check_seconds,
+        "epoch_cpu_seconds_without": sorted(row["without"] for row in rows)[len(rows) // 2] / args.epochs,
     }
     print(json.dumps(result))
     if args.json:
