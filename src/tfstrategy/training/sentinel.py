@@ -100,6 +100,8 @@ class Sentinel:
             raise TrainingError("Received no variables to watch; expected a built model's weights.")
         self.rtol = rtol
         self.checks = 0
+        #: The step of the last check that found every replica equal and finite.
+        self.last_equal_step: int | None = None
         self._function = tf().function(self._distributed_check, autograph=False)
 
     def _replica_check(self) -> Any:
@@ -134,6 +136,7 @@ class Sentinel:
         first_total = totals[first] if differing else reference
         at = f"at step {step}" if step is not None else "at this check"
         replicas = int(self.strategy.num_replicas_in_sync)
+        since = f" (they were equal at step {self.last_equal_step}, the previous check)" if self.last_equal_step is not None else ""
         if first is not None:
             where = self._where(first)
             if not math.isfinite(first_total):
@@ -144,7 +147,7 @@ class Sentinel:
                 )
             raise DivergenceError(
                 f"Received different weights {at}: {where} has checksum {first_total!r}, replica 0 {reference!r} "
-                f"(spread {high - low:.3g} over {replicas} replicas); expected every replica to hold the same model. "
+                f"(spread {high - low:.3g} over {replicas} replicas); expected every replica to hold the same model{since}. "
                 "A variable made outside the strategy's scope, a restart that restored different steps on different "
                 "workers, or a replica that skipped an update makes copies drift: stop and restart from one checkpoint."
             )
@@ -154,6 +157,7 @@ class Sentinel:
                 "replicas, so one replica's NaN makes it NaN). Lower the learning rate, clip gradients, or check "
                 "the data of that step."
             )
+        self.last_equal_step = step
 
     def _where(self, replica: int) -> str:
         per_worker = max(1, len(self.strategy.extended.worker_devices))
