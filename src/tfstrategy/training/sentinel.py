@@ -166,6 +166,22 @@ class Sentinel:
         return f"replica {replica} (worker {replica // per_worker})"
 
 
+#: Where a model keeps its sentinel, so each fit's new callback reuses the traced check.
+_ATTRIBUTE = "_tfstrategy_sentinel"
+
+
+def sentinel_for(model: Any, strategy: Any) -> Sentinel:
+    """The model's :class:`Sentinel` for ``strategy``, made once per model and set of weights."""
+    weights = [_compat.tf_variable(variable) for variable in model.weights]
+    found = getattr(model, _ATTRIBUTE, None)
+    if (found is not None and found.strategy is getattr(strategy, "strategy", strategy)
+            and len(found.variables) == len(weights) and all(a is b for a, b in zip(found.variables, weights))):
+        return found
+    sentinel = Sentinel(strategy, model.weights)
+    object.__setattr__(model, _ATTRIBUTE, sentinel)  # not a tracked Keras attribute
+    return sentinel
+
+
 @functools.lru_cache(maxsize=1)
 def _callback_class(base: type) -> type:
     class DivergenceSentinel(base):
@@ -181,7 +197,7 @@ def _callback_class(base: type) -> type:
             model = self.model
             if self.sentinel is None:
                 strategy = self.strategy or _compat.model_strategy(model) or tf().distribute.get_strategy()
-                self.sentinel = Sentinel(strategy, model.weights)
+                self.sentinel = sentinel_for(model, strategy)
             optimizer = getattr(model, "optimizer", None)
             step = int(optimizer.iterations.numpy()) if optimizer is not None else None
             loss = (logs or {}).get("loss")
