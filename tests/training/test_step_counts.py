@@ -65,4 +65,4 @@ def test_the_fixed_function_counts_no_step_past_the_end():
     for _ in range(3):
         model.fit(data, epochs=2, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 12
-    assert keras_end_of_data.PATCH.installed("TensorFlowTrainer._make_function")
+    assert keras_end_of_data.PATCH.installed("TensorFlowTrainer.make_train_function")

@@ -25,7 +25,6 @@ from tfstrategy.patches.mechanism import Patch, PatchStatus
 PATCHES: dict[str, Patch] = {
     keras_mwms.PATCH.name: keras_mwms.PATCH,
     keras_steps_per_execution.PATCH.name: keras_steps_per_execution.PATCH,
-    # After keras_steps_per_execution: it wraps the same Keras function, so it must be removed first.
     keras_end_of_data.PATCH.name: keras_end_of_data.PATCH,
     keras_loss_scale.PATCH.name: keras_loss_scale.PATCH,
 }

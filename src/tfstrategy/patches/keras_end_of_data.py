@@ -24,14 +24,16 @@ data's, and ``make_train_step`` loops, which fetch the batch in Python before th
 step, count exactly.
 
 The fix. For that configuration (Keras 3, TensorFlow backend, not eager, no
-``jit_compile``, ``steps_per_execution=1``), ``_make_function`` returns the loop of
+``jit_compile``, ``steps_per_execution=1``), ``TensorFlowTrainer.make_train_function``
+builds the train function with the loop of
 :mod:`~tfstrategy.patches.keras_steps_per_execution` with one step: the batch is
 fetched with ``get_next_as_optional`` and the step runs inside the loop only when
 it has a value, so an exhausted iterator runs nothing. Every other configuration
 keeps Keras' own function. Keras' warning and its progress bar one step past the
 end (cosmetic) remain.
 
-The probe. It runs Keras' own ``_make_function`` on a stand-in model whose step
+The probe. It runs Keras' own ``_make_function`` (what ``make_train_function``
+calls) on a stand-in model whose step
 enqueues into a ``tf.queue.FIFOQueue`` (a side effect that, like the optimizer's
 increment, takes nothing from the batch) and calls it on an exhausted iterator:
 the bug enqueues although no batch existed. It runs TensorFlow ops, so it waits
@@ -46,10 +48,13 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
+from tfstrategy.patches import keras_steps_per_execution as steps_per_execution
 from tfstrategy.patches.keras_steps_per_execution import _multi_step_function
 from tfstrategy.patches.mechanism import Patch, ProbeResult
 
-_TARGET = "TensorFlowTrainer._make_function"
+_TARGET = "TensorFlowTrainer.make_train_function"
+#: Keras' own builder of the step function, which the probe runs.
+_BUILDER = "TensorFlowTrainer._make_function"
 #: Calls of the exhausted stand-in; one phantom side effect among them is the bug.
 _PROBE_CALLS = 3
 
@@ -77,7 +82,8 @@ class EndOfDataPatch(Patch):
 
     def run_probe(self, module: Any) -> ProbeResult:
         tf_ = tf()
-        original = self.original(_TARGET)
+        # Keras' own _make_function, under keras_steps_per_execution's dispatcher if installed.
+        original = steps_per_execution.PATCH.original(_BUILDER)
         with tf_.init_scope():
             queue = tf_.queue.FIFOQueue(_PROBE_CALLS + 1, tf_.int32, shapes=[])
 
@@ -113,12 +119,15 @@ class EndOfDataPatch(Patch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def _make_function(model: Any, step_function: Any) -> Any:
+        def make_train_function(model: Any, force: bool = False) -> Any:
+            if model.train_function is not None and not force:
+                return model.train_function
             if fix_needed(model):
-                return _multi_step_function(model, step_function)
-            return original(model, step_function)
+                model.train_function = _multi_step_function(model, model.train_step)
+                return None  # as Keras' own, which only sets train_function
+            return original(model, force)
 
-        return _make_function
+        return make_train_function
 
 
 PATCH = EndOfDataPatch()

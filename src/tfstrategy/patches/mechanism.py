@@ -78,7 +78,6 @@ class Patch:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._originals: dict[str, Any] = {}
-        self._replacements: dict[str, Any] = {}
         self._probed: ProbeResult | None = None
         self._probe_error: str | None = None
         self._warned = False
@@ -146,16 +145,12 @@ class Patch:
                 result = self.probe() or {}
                 broken = [target for target in self.targets if result.get(target)]
             for target in broken:
-                current = _compat.get_path(module, target)
-                if target in self._originals and current is self._replacements.get(target):
-                    continue
-                # Not installed, or another patch sharing the target was removed and
-                # re-applied beneath us (dropping our wrapper): wrap what is there now.
-                self._originals[target] = current
-                replacement = self.replacement(target, current)
-                setattr(replacement, _ORIGINAL, current)
-                self._replacements[target] = replacement
-                _compat.set_path(module, target, replacement)
+                if target not in self._originals:
+                    original = _compat.get_path(module, target)
+                    self._originals[target] = original
+                    replacement = self.replacement(target, original)
+                    setattr(replacement, _ORIGINAL, original)
+                    _compat.set_path(module, target, replacement)
             return self.status()
 
     def remove(self) -> PatchStatus:
@@ -163,13 +158,9 @@ class Patch:
         with self._lock:
             module = self.target_module()
             for target, original in list(self._originals.items()):
-                # Ours may be under another patch's wrapper (which goes too, and
-                # re-wraps at its next apply), or gone already, taken by the removal of
-                # a patch beneath: then putting our original back would revive that one.
-                if module is not None and self._in_chain(_compat.get_path(module, target), target):
+                if module is not None:
                     _compat.set_path(module, target, original)
                 del self._originals[target]
-                self._replacements.pop(target, None)
             return self.status()
 
     def status(self) -> PatchStatus:
@@ -190,14 +181,6 @@ class Patch:
             notes.append(f"{version} is newer than verified ({self.verified_up_to}); the probe decides")
         return PatchStatus(name=self.name, library=library, needed=needed, installed=tuple(self._originals),
                            verified_up_to=self.verified_up_to, note="; ".join(notes))
-
-    def _in_chain(self, function: Any, target: str) -> bool:
-        ours = self._replacements.get(target)
-        while function is not None:
-            if function is ours:
-                return True
-            function = getattr(function, _ORIGINAL, None)
-        return False
 
     def installed(self, target: str) -> bool:
         return target in self._originals
