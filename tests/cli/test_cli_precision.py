@@ -56,3 +56,12 @@ def test_bad_flags_are_one_line_and_exit_2(args, message):
     assert done.returncode == 2, done.stderr
     first = done.stderr.strip().splitlines()[0]
     assert message in first
+
+
+@pytest.mark.slow
+def test_run_sets_the_policy_in_an_unchanged_script_and_the_audit_names_its_float16_output():
+    done = run_cli("run", "--precision", "mixed_float16", "--", sys.executable, "tests/workers/precision_script.py")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "policy mixed_float16 float16" in done.stdout
+    assert "hands the loss outputs in half precision: probs (Dense, float16, softmax)" in done.stderr
+    assert "keras_loss_scale" in done.stderr.splitlines()[-1]
