@@ -7,6 +7,9 @@ supported release and on tf_keras.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -116,3 +119,55 @@ def test_every_patch_target_exists_in_the_installed_keras(name):
     assert module is not None, "Keras 3's TensorFlow trainer module moved: update _compat.keras3_tensorflow_trainer"
     for target in patch.targets:
         assert callable(_compat.get_path(module, target)), f"{name}: {target} is gone from this Keras"
+
+
+def test_coordination_store_is_absent_without_a_multi_worker_strategy():
+    # The multiprocess tests of keras_chief_files use the real store of a 2-worker job.
+    assert _compat.coordination_store() is None
+    assert issubclass(_compat.deadline_exceeded_error(), tf.errors.OpError)
+
+
+@pytest.mark.skipif(LEGACY, reason="tf_keras: its callbacks are not patched")
+def test_keras3_callback_attributes_the_file_patch_reads(tmp_path):
+    import keras as keras3
+
+    backup = keras3.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    for name in _compat.backup_file_attributes():
+        assert str(getattr(backup, name)).startswith(str(tmp_path / "backup")), name
+    board = keras3.callbacks.TensorBoard(log_dir=str(tmp_path / "logs"), write_graph=False, profile_batch=0)
+    model = keras3.Sequential(name="compat_probe")
+    board.set_model(model)
+    assert str(_compat.tensorboard_write_dir(board)) == str(tmp_path / "logs")
+    marker = object()
+    _compat.set_model_strategy(model, marker)
+    assert _compat.model_strategy(model) is marker
+_OP_THEN_MWMS = """
+import json, os, socket, sys
+import tensorflow as tf
+from tfstrategy import _compat
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]}, "task": {"type": "worker", "index": 0}})
+if sys.argv[1] == "prepared":
+    print("prepared", _compat.prepare_collective_runtime({"worker": [f"127.0.0.1:{port}"]}, "worker", 0))
+two = tf.constant(1) + 1
+try:
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+except RuntimeError as error:
+    print("refused:", error)
+else:
+    print("joined", strategy.extended._num_workers, int(strategy.reduce("SUM", strategy.run(lambda: two), axis=None)))
+print("again", _compat.prepare_collective_runtime({"worker": [f"127.0.0.1:{port}"]}, "worker", 0))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "expected"), [
+    pytest.param("prepared", ["prepared True", "joined 1 2", "again False"], id="prepared-before-the-first-op"),
+    # Upstream canary: the day TensorFlow configures collectives after start-up, the hook's step is no longer needed.
+    pytest.param("plain", ["refused: Collective ops must be configured at program startup", "again False"], id="upstream"),
+])
+def test_prepare_collective_runtime_lets_ops_come_before_the_strategy(mode, expected):
+    result = subprocess.run([sys.executable, "-c", _OP_THEN_MWMS, mode], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.stdout.split("\n")[:-1] == expected, result.stderr[-3000:]

@@ -17,6 +17,7 @@ from tfstrategy.diagnostics.env_report import collect_env_report  # noqa: E402
 from tfstrategy.diagnostics.equivalence import replica_equivalence  # noqa: E402
 from tfstrategy.errors import TFStrategyError  # noqa: E402
 from tfstrategy.launch.supervisor import launch  # noqa: E402
+from tfstrategy.multiworker.chief_files import is_chief  # noqa: E402
 from tfstrategy.multiworker.cluster import tf_config_from_hosts  # noqa: E402
 from tfstrategy.multiworker.preemption import preemption_callbacks  # noqa: E402
 from tfstrategy.multiworker.saving import save_model  # noqa: E402
@@ -76,6 +77,7 @@ __all__ = [
     "backup_callbacks",
     "preemption_callbacks",
     "save_model",
+    "is_chief",
     "signal_joined",
     "tf_config_from_hosts",
     "tf_config_from_slurm",

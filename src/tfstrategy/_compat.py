@@ -67,6 +67,41 @@ def keras3_tensorflow_trainer() -> ModuleType | None:
     return trainer
 
 
+def keras3_file_writers() -> ModuleType | None:
+    """``keras.src`` with the modules whose functions write files imported, when Keras 3 runs on TensorFlow.
+
+    The file-writing patch names its targets inside this package
+    (``saving.saving_lib.save_model``, ``callbacks.csv_logger.CSVLogger.on_train_begin``, ...).
+    """
+    if keras3_tensorflow_trainer() is None:
+        return None
+    try:
+        import keras.src
+        from keras.src.callbacks import backup_and_restore, csv_logger, tensorboard  # noqa: F401
+        from keras.src.export import saved_model_export_archive  # noqa: F401
+        from keras.src.legacy.saving import legacy_h5_format  # noqa: F401
+        from keras.src.saving import saving_lib  # noqa: F401
+        from keras.src.utils import file_utils  # noqa: F401
+    except ImportError:
+        return None
+    return keras.src
+
+
+def backup_file_attributes() -> tuple[str, ...]:
+    """The attributes of Keras 3's ``BackupAndRestore`` naming its files under ``backup_dir``."""
+    return ("_weights_path", "_training_metadata_path", "_prev_weights_path", "_prev_training_metadata_path")
+
+
+def tensorboard_write_dir(callback: Any) -> Any:
+    """The directory Keras 3's ``TensorBoard`` callback writes its event files under."""
+    return callback._log_write_dir
+
+
+def set_model_strategy(model: Any, strategy: Any) -> None:
+    """Record ``strategy`` as the one a Keras 3 model was created under (a probe's stand-in model)."""
+    model._distribute_strategy = strategy
+
+
 def keras3_tree() -> ModuleType:
     """Keras 3's nest utilities (``keras.src.tree``), which handle its ``None`` leaves as Keras does."""
     from keras.src import tree
@@ -389,3 +424,80 @@ def loss_scale_cross_replica_handler(apply: Any, optimizer: Any) -> Any:
             return types.FunctionType(const, apply.__globals__, "_handle_cross_replica", None,
                                       (types.CellType(optimizer),))
     raise LookupError("LossScaleOptimizer._tf_apply has no _handle_cross_replica(self) closure")
+
+# --- The coordination service of a multi-worker job ----------------------------------
+
+
+def coordination_store() -> Any:
+    """The eager context when this process's coordination service is configured (its key-value store), else ``None``.
+
+    MultiWorkerMirroredStrategy configures the service when it is created in a
+    multi-worker cluster; TensorFlow exposes its store only on the private context.
+    """
+    if "tensorflow" not in sys.modules:
+        return None
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    if getattr(ctx, "coordination_service", None) is None or ctx._context_handle is None:
+        return None
+    return ctx
+
+
+def deadline_exceeded_error() -> type[BaseException]:
+    """What a timed-out ``get_config_key_value`` raises."""
+    return tf().errors.DeadlineExceededError
+
+
+# --- The multi-worker runtime, prepared before the first op --------------------------
+
+
+def prepare_collective_runtime(cluster: dict[str, list[str]], task_type: str, task_index: int,
+                               rpc_layer: str | None = None) -> bool:
+    """Configure this process's eager context for collectives as ``MultiWorkerMirroredStrategy`` would.
+
+    ``CollectiveAllReduceExtended._initialize_multi_worker`` configures collective
+    ops, the coordination service and the collective server on the eager context,
+    and ``configure_collective_ops`` raises "Collective ops must be configured at
+    program startup" once any op started the runtime. Made here with the same
+    values before the first op, the strategy's own calls later find them already
+    made (identical values are accepted), and ``enable_collective_ops`` before the
+    runtime starts only records the server: it starts with the runtime, so every
+    tensor the script makes before its strategy already lives on this task's devices.
+
+    Returns:
+        False if the runtime had already started (nothing was changed).
+    """
+    import copy
+
+    from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    if runtime_started():
+        return False
+    ctx = context.context()
+    spec = multi_worker_util.normalize_cluster_spec(cluster)
+    leader = multi_worker_util.collective_leader(spec, task_type, task_index)
+    ctx.configure_collective_ops(
+        collective_leader=leader,
+        scoped_allocator_enabled_ops=("CollectiveReduce",),
+        device_filters=(f"/job:{task_type}/task:{task_index}",),
+    )
+    if ctx.coordination_service is None and task_type in ("chief", "worker"):
+        jobs = [mwms.coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+                for job in ("chief", "worker") if job in spec.jobs]
+        ctx.configure_coordination_service(service_type="standalone",
+                                           service_leader=multi_worker_util.coordination_leader(spec),
+                                           coordinated_jobs=jobs)
+    config = copy.deepcopy(ctx.config)
+    rewrite = config.graph_options.rewrite_options
+    rewrite.scoped_allocator_optimization = mwms.rewriter_config_pb2.RewriterConfig.ON
+    del rewrite.scoped_allocator_opts.enable_op[:]
+    rewrite.scoped_allocator_opts.enable_op.append("CollectiveReduce")
+    config.experimental.collective_group_leader = leader
+    ctx.enable_collective_ops(mwms.tensorflow_server_pb2.ServerDef(
+        cluster=spec.as_cluster_def(), default_session_config=config, job_name=task_type,
+        task_index=task_index, protocol=rpc_layer or "grpc", port=0,
+    ))
+    return True

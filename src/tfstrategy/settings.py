@@ -57,6 +57,10 @@ ENV_HOOK = "TFSTRATEGY_HOOK"
 ENV_AUDIT = "TFSTRATEGY_AUDIT"
 #: "1": print one summary line (strategy, replicas, patches, audit) when the process exits.
 ENV_HOOK_SUMMARY = "TFSTRATEGY_HOOK_SUMMARY"
+#: Set by the hook to the pid it installed in: a Python child of the script (which inherits it) stays unhooked.
+ENV_HOOK_PID = "TFSTRATEGY_HOOK_PID"
+#: What the hook does with a script's device list naming a device the host lacks: stop (default) or warn.
+ENV_DEVICE_CHECK = "TFSTRATEGY_DEVICE_CHECK"
 
 #: Seconds a collective may wait for a peer when neither code nor environment says.
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0

@@ -1,5 +1,7 @@
 """save_model: the chief writes the real path, other workers a temporary one that disappears.
 
+The rule itself (chief_files.chief_write) is tested in test_chief_files.py.
+
 With real workers under MultiWorkerMirroredStrategy: see test_launch.py.
 """
 
@@ -7,7 +9,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -15,8 +16,6 @@ import pytest
 
 from tfstrategy import save_model
 from tfstrategy.errors import SaveError
-from tfstrategy.multiworker.cluster import validate_tf_config
-from tfstrategy.multiworker.saving import save_target
 
 CLUSTER = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
 
@@ -45,18 +44,13 @@ def test_chief_writes_the_path(tmp_path, name):
         np.testing.assert_array_equal(a, b)
 
 
-def test_other_workers_write_a_temporary_copy_that_is_removed(tmp_path):
-    before = set(Path(tempfile.gettempdir()).glob("tfstrategy-save-worker-1-*"))
+def test_other_workers_write_a_temporary_copy_that_is_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    (tmp_path / "tmp").mkdir()
     assert save_model(_model(), tmp_path / "model.keras", env=_env(1)) is None
     assert not (tmp_path / "model.keras").exists()
-    assert set(Path(tempfile.gettempdir()).glob("tfstrategy-save-worker-1-*")) == before
-
-
-def test_target_without_cluster_is_the_path(tmp_path):
-    assert save_target(tmp_path / "m.keras", None) == (tmp_path / "m.keras", False)
-    target, temporary = save_target(tmp_path / "m.keras", validate_tf_config({"cluster": CLUSTER, "task": {"type": "worker", "index": 1}}))
-    assert temporary and target.name == "m.keras" and target.parent != tmp_path
-    target.parent.rmdir()
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_unsupported_path_says_what_works(tmp_path):

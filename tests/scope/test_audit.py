@@ -236,3 +236,37 @@ def test_sites_are_recorded_inside_and_outside_a_mirrored_scope():
 def test_bad_strategy_argument_is_a_build_error():
     with pytest.raises(BuildError, match="expected a tf.distribute.Strategy or a tfstrategy.Selection"):
         audit_scope(tiny_model(), "mirrored")
+
+
+def _export_model(strategy: tf.distribute.Strategy) -> tuple[keras.Model, keras.Model]:
+    """Keras' text classification tutorial: a scope-built model, wrapped after training outside any scope."""
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
+    export = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), model, keras.layers.Activation("sigmoid")])
+    export.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    return model, export
+
+
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_export_model_wrapping_a_scope_built_model_used_without_a_strategy_is_not_a_finding(replicas):
+    # Regression: "3 of 7 variables were not created in the scope of _DefaultDistributionStrategy".
+    strategy = selection_for(replicas).strategy
+    model, export = _export_model(strategy)
+    report = audit_scope(export, tf.distribute.get_strategy())
+    assert report.passed, report.message()
+    assert len(report.variables) > len(model.weights)  # the wrapped model's variables were checked, not skipped
+    loss, _ = export.evaluate(X, np.ones((16, 1), "float32"), verbose=0)  # and plain TensorFlow agrees: it runs
+    assert np.isfinite(loss)
+
+
+def test_a_nested_model_of_another_strategy_is_still_a_finding_under_a_real_strategy():
+    first, second = selection_for(2).strategy, selection_for(4).strategy
+    with first.scope():
+        inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    with second.scope():
+        outer = keras.Sequential([keras.Input((4,)), inner])
+    report = audit_scope(outer, second)
+    assert not report.passed
+    assert {record.path for record in report.offenders} == {v.path for v in inner.weights}

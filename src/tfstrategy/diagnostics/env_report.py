@@ -162,6 +162,9 @@ class EnvReport:
     #: What select() would do about each Keras workaround (see preview_patches).
     patches: tuple[str, ...] = field(default_factory=tuple)
     problems: tuple[str, ...] = field(default_factory=tuple)
+    #: The process-wide steps of select() and of the run/launch hook here, from the one plan (tfstrategy.plan).
+    select_steps: tuple[str, ...] = field(default_factory=tuple)
+    hook_steps: tuple[str, ...] = field(default_factory=tuple)
 
 
 def keras_flavour(env: Mapping[str, str]) -> tuple[str, str | None]:
@@ -383,7 +386,23 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
         selection=selection,
         patches=preview_patches(env),
         problems=tuple(problems),
+        **preview_steps(env),
     )
+
+
+def preview_steps(env: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """The steps select() and the start-up hook would take here: the plan both of them follow."""
+    from tfstrategy.launch.worker_hook import hook_plan
+    from tfstrategy.selection.select import select_plan
+
+    result: dict[str, tuple[str, ...]] = {}
+    for key, make in (("select_steps", lambda: select_plan(resolve_request(env=env), env)),
+                      ("hook_steps", lambda: hook_plan(env))):
+        try:
+            result[key] = tuple(step.name for step in make())
+        except TFStrategyError as error:
+            result[key] = (f"none: {type(error).__name__}: {error}",)
+    return result
 
 
 def describe_slurm_step(env: Mapping[str, str]) -> str:
@@ -507,6 +526,8 @@ def env_report_lines(report: EnvReport) -> list[tuple[str, str]]:
         ("TFSTRATEGY_* variables", _mapping_line(report.settings_env, None, "none")),
         ("select() would choose", _selection_line(report)),
         ("Keras patches", "; ".join(report.patches) or "none"),
+        ("select() steps", ", ".join(report.select_steps) or "none"),
+        ("run/launch hook steps", ", ".join(report.hook_steps) or "none"),
     ]
     lines += [("Problem", problem) for problem in report.problems]
     return lines

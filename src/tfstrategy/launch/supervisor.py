@@ -272,7 +272,7 @@ class Launcher:
             index = first + local
             join_file = join_dir / f"worker-{index}.joined"
             env = {
-                **hook_environment(audit=self.options.audit, env=secret_free_environment(self.env)),
+                **hook_environment(audit=self.options.audit, summary=True, env=secret_free_environment(self.env)),
                 "TF_CONFIG": cluster_tf_config(addresses, index),
                 ENV_NUM_WORKERS: str(len(addresses)),
                 ENV_WORKER_INDEX: str(index),

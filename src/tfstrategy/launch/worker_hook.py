@@ -11,28 +11,18 @@ tfstrategy is imported.
 
 :func:`install` only registers an import watcher. The moment TensorFlow has
 been imported, before the script can run a single op, :func:`on_tensorflow_imported`
-takes these named steps, each recorded in :data:`STATE`:
+takes the steps of the hook's plan (:func:`tfstrategy.plan.plan_steps`, the
+same plan ``tfstrategy env`` prints) whose phase is ``tensorflow``, and once
+Keras is importable those of phase ``keras``; each is recorded in :data:`STATE`.
+Under a multi-worker ``TF_CONFIG`` they prepare the multi-worker runtime before
+the first op and make every strategy the script creates part of the one job, or
+stop it with one line (:mod:`tfstrategy.launch.one_job`). Every replacement of
+TensorFlow's or Keras' code is a :class:`~tfstrategy.launch.rewrites.Rewrite`,
+undone by :func:`~tfstrategy.launch.rewrites.remove_rewrites`.
 
-1. ``split_cpu``: split the CPU into ``TFSTRATEGY_CPU_REPLICAS`` logical devices;
-2. ``record_creation_sites``: remember where variables are created, for the audit;
-3. ``slurm_tf_config``: in a Slurm job step of 2+ tasks without ``TF_CONFIG``,
-   set it from the step (:mod:`tfstrategy.multiworker.slurm`), as ``select()`` does;
-4. ``default_devices``: ``MirroredStrategy()`` without ``devices`` gets the
-   rehearsed CPUs (or ``TFSTRATEGY_DEVICES``), as ``select()`` would choose; and
-   when ``TF_CONFIG`` describes several workers (``tfstrategy launch -n N``), it
-   becomes a ``MultiWorkerMirroredStrategy`` across them, so one script runs
-   unchanged from a laptop to a multi-worker job;
-5. ``watch_multi_worker``: every ``MultiWorkerMirroredStrategy`` tells the launcher
-   "creating" and then "joined", and gets the collective timeout when the
-   script set none;
-6. ``apply_patches``: the Keras workarounds the installed release needs;
-   ``keras2_aliases``: ``Metric.reset_states()``, which Keras 3 renamed
-   ``reset_state()`` and TensorFlow's own distributed tutorials still call;
-7. ``audit``: ``Model.fit``/``evaluate`` audit the model's scope first
-   (``TFSTRATEGY_AUDIT``: ``warn``, the default, reports once; ``stop`` raises
-   :class:`~tfstrategy.errors.ScopeError` before the first step; ``off``);
-   ``precision``: ``TFSTRATEGY_PRECISION`` (``--precision``) sets the Keras global
-   dtype policy before the script builds its model.
+The hook acts only in the process it was installed for: it records its pid in
+``TFSTRATEGY_HOOK_PID``, and a Python child of the script (a data loader, a
+converter), which inherits the variable, stays unhooked.
 
 With ``TFSTRATEGY_HOOK_SUMMARY=1`` (``tfstrategy run``) one summary line goes to
 stderr at exit.
@@ -44,7 +34,6 @@ import atexit
 import functools
 import importlib.abc
 import importlib.util
-import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -58,8 +47,9 @@ from tfstrategy.settings import (
     ENV_CPU_REPLICAS,
     ENV_DEVICES,
     ENV_HOOK,
+    ENV_HOOK_PID,
     ENV_HOOK_SUMMARY,
-    resolve_collective_timeout,
+    ENV_JOIN_FILE,
 )
 
 __all__ = ["AUDIT_MODES", "hook_environment", "validate_audit_mode", "install"]
@@ -75,6 +65,10 @@ class HookState:
 
     steps: list[tuple[str, str]] = field(default_factory=list)
     strategies: list[str] = field(default_factory=list)
+    #: A MultiWorkerMirroredStrategy of this process joined the job.
+    joined: bool = False
+    #: Things the script did that overrode a setting (e.g. its own device list over --cpu-replicas).
+    notes: list[str] = field(default_factory=list)
     patches: list[str] = field(default_factory=list)
     audited: int = 0
     findings: list[str] = field(default_factory=list)
@@ -90,6 +84,8 @@ class HookState:
         else:
             audit = f"{self.audited} audit(s), every variable in its strategy's scope"
         line = f"tfstrategy: {strategies}; patches: {patches}; audit: {audit}"
+        line += f"; steps: {', '.join(name for name, _ in self.steps) or 'none'}"
+        line += "".join(f"; note: {note}" for note in self.notes)
         return line + (f"; hook errors: {'; '.join(self.errors)}" if self.errors else "")
 
 
@@ -113,6 +109,7 @@ def hook_environment(
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(STARTUP_DIR) + (os.pathsep + path if path else "")
     env[ENV_HOOK] = "1"
+    env.pop(ENV_HOOK_PID, None)  # the process started with this environment is the one to hook
     env[ENV_AUDIT] = validate_audit_mode(audit)
     if cpu_replicas is not None:
         env[ENV_CPU_REPLICAS] = str(cpu_replicas)
@@ -139,9 +136,19 @@ def validate_audit_mode(mode: object, *, name: str = "--audit") -> str:
 
 
 def install() -> None:
-    """Run :func:`on_tensorflow_imported` once TensorFlow is imported (at once if it already is)."""
+    """Run :func:`on_tensorflow_imported` once TensorFlow is imported (at once if it already is).
+
+    Does nothing in a Python child of the hooked process (``TFSTRATEGY_HOOK_PID`` names another pid).
+    """
+    owner = os.environ.get(ENV_HOOK_PID)
+    if owner and owner != str(os.getpid()):
+        return
+    os.environ[ENV_HOOK_PID] = str(os.getpid())
     if os.environ.get(ENV_HOOK_SUMMARY) == "1":
         atexit.register(_print_summary)
+    from tfstrategy.multiworker.file_races import install_excepthook
+
+    install_excepthook()  # one line naming a path two workers wrote, after the traceback
     if "tensorflow" in sys.modules:
         on_tensorflow_imported()
     else:
@@ -191,7 +198,7 @@ class _RunAfter(importlib.abc.Loader):
 
 def on_tensorflow_imported() -> None:
     """Take the hook's steps in this process; a step that fails is reported and skipped, never raised."""
-    _take((_split_cpu, _record_creation_sites, _slurm_tf_config, _watch_multi_worker, _default_devices))
+    _take(_phase("tensorflow"))
     keras = sys.modules.get("keras")
     if keras is not None and getattr(getattr(keras, "__spec__", None), "_initializing", False):
         return  # keras is importing TensorFlow half-way through its own import: on_keras_imported follows
@@ -202,28 +209,68 @@ def on_keras_imported() -> None:
     """The steps that need Keras, once (after TensorFlow's own steps)."""
     if "tensorflow" not in sys.modules:
         return  # keras failed before importing TensorFlow; on_tensorflow_imported will call back
-    _take((_apply_patches, _keras2_aliases, _audit, _precision))
+    _take(_phase("keras"))
 
 
 _TAKEN: set[str] = set()
+_PLAN: list[Any] = []
 
 
-def _take(steps: tuple[Callable[[], str | None], ...]) -> None:
+def hook_plan(env: Mapping[str, str] | None = None) -> tuple[Any, ...]:
+    """The hook's steps for this environment (:func:`tfstrategy.plan.plan_steps`; ``tfstrategy env`` prints it).
+
+    Raises:
+        TFStrategyError: an invalid ``TFSTRATEGY_CPU_REPLICAS`` or ``TFSTRATEGY_AUDIT``.
+    """
+    from tfstrategy.multiworker.cluster import load_cluster_config
+    from tfstrategy.multiworker.slurm import cluster_from_slurm_step
+    from tfstrategy.plan import PlanInputs, plan_steps
+    from tfstrategy.selection.cpu_split import validate_cpu_replicas
+    from tfstrategy.training.precision import resolve_precision
+
+    env = os.environ if env is None else env
+    replicas = validate_cpu_replicas(env.get(ENV_CPU_REPLICAS) or None, name=ENV_CPU_REPLICAS)
+    audit = validate_audit_mode(env.get(ENV_AUDIT) or "warn", name=ENV_AUDIT)
+    tasks, source = 0, None
+    try:
+        config = load_cluster_config(env)
+        slurm = None if config is not None else cluster_from_slurm_step(env)
+    except TFStrategyError as error:  # TensorFlow reports a bad TF_CONFIG its own way; the hook adds nothing
+        STATE.errors.append(f"plan: {type(error).__name__}: {error}")
+        config = slurm = None
+    if config is not None:
+        tasks, source = config.num_workers, "TF_CONFIG"
+    elif slurm is not None:
+        tasks, source = slurm.config.num_workers, "Slurm"
+    precision, _ = resolve_precision(None, env)
+    return plan_steps(PlanInputs(consumer="hook", cpu_replicas=replicas, devices=env.get(ENV_DEVICES) or None,
+                                 cluster_tasks=tasks, cluster_source=source, audit=audit,
+                                 under_launcher=bool(env.get(ENV_JOIN_FILE)), precision=precision))
+
+
+def _phase(phase: str) -> list[Callable[[], str | None]]:
+    if not _PLAN:
+        _PLAN.extend(hook_plan())
+    return [_STEPS[step.name] for step in _PLAN if step.phase == phase]
+
+
+def _take(steps: list[Callable[[], str | None]]) -> None:
     for step in steps:
-        if step.__name__ in _TAKEN:
+        name = step.__name__.lstrip("_")
+        if name in _TAKEN:
             continue  # taken meanwhile (a step's own import of keras runs on_keras_imported)
-        _TAKEN.add(step.__name__)
+        _TAKEN.add(name)
         try:
             done = step()
         except Exception as error:  # the user's script must run even if tfstrategy cannot help it
-            message = f"{step.__name__.lstrip('_')}: {type(error).__name__}: {error}"
+            message = f"{name}: {type(error).__name__}: {error}"
             STATE.errors.append(message)
             print(f"tfstrategy: hook step {message}", file=sys.stderr, flush=True)
-            if isinstance(error, TFStrategyError) and step in (_split_cpu, _precision):
+            if isinstance(error, TFStrategyError) and step in (_split_cpu, _set_precision):
                 raise  # a bad --cpu-replicas/precision must not silently train on one replica/in float32
         else:
             if done:
-                STATE.steps.append((step.__name__.lstrip("_"), done))
+                STATE.steps.append((name, done))
 
 
 def _split_cpu() -> str | None:
@@ -251,7 +298,7 @@ def _slurm_tf_config() -> str | None:
     return f"set TF_CONFIG from {cluster.describe()}"
 
 
-def _chosen_devices() -> list[str] | None:
+def chosen_devices() -> list[str] | None:
     """The devices ``select()`` would give a MirroredStrategy from the hook's settings, or ``None``."""
     from tfstrategy.selection.choose import choose
     from tfstrategy.selection.cpu_split import validate_cpu_replicas
@@ -267,77 +314,6 @@ def _chosen_devices() -> list[str] | None:
     return [device.tf_name for device in choice.devices]
 
 
-def _default_devices() -> str | None:
-    import tensorflow as tf
-
-    from tfstrategy.multiworker.cluster import load_cluster_config
-
-    cls = tf.distribute.MirroredStrategy
-    config = load_cluster_config()
-    if config is not None and config.num_workers > 1:
-        # Named as TensorFlow exports it (its class is CollectiveAllReduceStrategy).
-        multi_worker = type("MultiWorkerMirroredStrategy", (tf.distribute.MultiWorkerMirroredStrategy,),
-                            {"__module__": __name__})
-
-        def __new__(klass: type, devices: Any = None, cross_device_ops: Any = None) -> Any:
-            if klass is cls and devices is None:
-                return multi_worker()
-            return object.__new__(klass)
-
-        cls.__new__ = __new__
-        return f"MirroredStrategy() without devices is a MultiWorkerMirroredStrategy over {config.num_workers} workers"
-    chosen = _chosen_devices()
-    if chosen is None:
-        return None
-    original = cls.__init__
-
-    @functools.wraps(original)
-    def __init__(self: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
-        original(self, chosen if devices is None else devices, cross_device_ops)
-
-    cls.__init__ = __init__
-    return f"MirroredStrategy() without devices uses {','.join(chosen)}"
-
-
-def _watch_multi_worker() -> str:
-    import tensorflow as tf
-
-    from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
-
-    cls = tf.distribute.MultiWorkerMirroredStrategy
-    original = cls.__init__
-    signature = inspect.signature(original)
-    timeout, _ = resolve_collective_timeout(None)
-
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        bound = signature.bind(self, *args, **kwargs)
-        options = bound.arguments.get("communication_options")
-        if timeout is not None and getattr(options, "timeout_seconds", None) is None:
-            # A stalled peer then fails the job after the timeout instead of hanging it forever.
-            default = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
-            bound.arguments["communication_options"] = default if options is None else options.merge(default)
-        signal_starting()
-        original(*bound.args, **bound.kwargs)
-        signal_joined()
-        STATE.strategies.append(f"{type(self).__name__}, {self.num_replicas_in_sync} replicas")
-
-    cls.__init__ = __init__
-    _watch_mirrored(tf.distribute.MirroredStrategy)
-    return f"MultiWorkerMirroredStrategy signals the launcher; collective timeout {timeout or 'none'}"
-
-
-def _watch_mirrored(cls: type) -> None:
-    original = cls.__init__
-
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        STATE.strategies.append(f"{type(self).__name__}, {self.num_replicas_in_sync} replicas")
-
-    cls.__init__ = __init__
-
-
 def _apply_patches() -> str | None:
     from tfstrategy.patches import apply_patches
 
@@ -346,25 +322,23 @@ def _apply_patches() -> str | None:
     return ", ".join(installed) or None
 
 
-def _precision() -> str | None:
-    from tfstrategy.training.precision import resolve_precision, set_precision
-
-    precision, _ = resolve_precision()
-    return set_precision(precision) if precision else None
-
-
 def _keras2_aliases() -> str | None:
     from tfstrategy import _compat
+    from tfstrategy.launch.rewrites import Rewrite, install_rewrite
 
-    metric = _compat.keras_for().metrics.Metric
+    keras = _compat.keras_for()
+    metric = keras.metrics.Metric
     if hasattr(metric, "reset_states") or not hasattr(metric, "reset_state"):
         return None
 
-    def reset_states(self: Any) -> None:
-        """Keras 2's name of :meth:`reset_state` (added back by tfstrategy's start-up hook)."""
-        self.reset_state()
+    def alias(original: Any) -> Callable[..., Any]:
+        def reset_states(self: Any) -> None:
+            """Keras 2's name of :meth:`reset_state` (added back by tfstrategy's start-up hook)."""
+            self.reset_state()
 
-    metric.reset_states = reset_states
+        return reset_states
+
+    install_rewrite(Rewrite("keras2_aliases", lambda: keras, {"metrics.Metric.reset_states": alias}))
     return "Metric.reset_states() calls reset_state() (Keras 2 name, used by TensorFlow's tutorials)"
 
 
@@ -372,13 +346,13 @@ def _audit() -> str | None:
     mode = validate_audit_mode(os.environ.get(ENV_AUDIT) or "warn", name=ENV_AUDIT)
     if mode == "off":
         return None
-    from tfstrategy import _compat
+    from tfstrategy.launch.hook_strategies import _keras_flavours
+    from tfstrategy.launch.rewrites import Rewrite, install_rewrite
 
-    # tf.keras's Model, and Keras 3's too if the script imported it beside tf_keras.
-    flavours = {_compat.keras_for(), sys.modules.get("keras")} - {None}
-    for keras in flavours:
-        for method in ("fit", "evaluate"):
-            setattr(keras.Model, method, _audited(getattr(keras.Model, method), method, mode))
+    for keras in _keras_flavours():
+        factories = {f"Model.{method}": functools.partial(_audited, method=method, mode=mode)
+                     for method in ("fit", "evaluate")}
+        install_rewrite(Rewrite(f"audit:{keras.__name__}", lambda k=keras: k, factories))
     return f"Model.fit and Model.evaluate audit the scope first ({mode})"
 
 
@@ -411,9 +385,9 @@ def _audit_model(model: Any, method: str, mode: str) -> None:
     _AUDITED.add(id(model))
     strategy = _compat.model_strategy(model) or tf.distribute.get_strategy()
     report = audit_scope(model, strategy)
-    STATE.audited += 1
     for advice in report.advice:
         print(f"tfstrategy: {advice}", file=sys.stderr, flush=True)
+    STATE.audited += 1
     if report.passed:
         return
     message = report.message()
@@ -424,5 +398,53 @@ def _audit_model(model: Any, method: str, mode: str) -> None:
           file=sys.stderr, flush=True)
 
 
+def _prepare_collectives() -> str | None:
+    from tfstrategy.launch.hook_strategies import prepare_collectives
+
+    return prepare_collectives()
+
+
+def _watch_strategies() -> str | None:
+    from tfstrategy.launch.hook_strategies import watch_strategies
+
+    return watch_strategies()
+
+
+def _mirrored_devices() -> str | None:
+    from tfstrategy.launch.hook_strategies import mirrored_devices
+
+    return mirrored_devices()
+
+
+def _refuse_unjoinable() -> str | None:
+    from tfstrategy.launch.hook_strategies import refuse_unjoinable
+
+    return refuse_unjoinable()
+
+
+def _set_precision() -> str | None:
+    from tfstrategy.training.precision import resolve_precision, set_precision
+
+    precision, _ = resolve_precision()
+    return set_precision(precision) if precision else None
+
+
+def _refuse_unjoined_fit() -> str | None:
+    from tfstrategy.launch.hook_strategies import refuse_unjoined_fit
+
+    return refuse_unjoined_fit()
+
+
+#: The function of each step name of the hook's plan (tfstrategy.plan).
+_STEPS: dict[str, Callable[[], str | None]] = {
+    step.__name__.lstrip("_"): step
+    for step in (_split_cpu, _record_creation_sites, _slurm_tf_config, _prepare_collectives, _watch_strategies,
+                 _mirrored_devices, _refuse_unjoinable, _apply_patches, _keras2_aliases, _audit, _refuse_unjoined_fit,
+                 _set_precision)
+}
+
+
 def _print_summary() -> None:
+    if "tensorflow" not in sys.modules:
+        return  # a process that never imported TensorFlow (a shell helper, a data tool): the hook did nothing
     print(STATE.summary(), file=sys.stderr, flush=True)

@@ -4,37 +4,36 @@ Under MultiWorkerMirroredStrategy, saving reads variables, and reading a
 variable that is synchronised on read (metrics, some optimizer slots) is a
 collective op: every worker must take part. ``if chief: model.save(path)``
 therefore leaves the chief waiting for peers that never join the all-reduce.
-:func:`save_model` is called by every worker: the chief writes the real path,
-the others write the same thing to a private temporary directory that is
-removed afterwards, so the collectives match and only one file appears.
+:func:`save_model` is called by every worker and writes through
+:func:`~tfstrategy.multiworker.chief_files.chief_write`, the rule Keras' own
+writers follow under tfstrategy: the chief writes the real path, the others
+the same thing to a private temporary directory that is removed afterwards,
+so the collectives match, only one file appears, and no worker returns
+before the chief's file is complete.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tfstrategy.errors import SaveError
-from tfstrategy.multiworker.cluster import ClusterConfig, load_cluster_config
+from tfstrategy.multiworker.chief_files import chief_write
+from tfstrategy.multiworker.cluster import load_cluster_config
 
 __all__ = ["save_model"]
 
 SUFFIXES = (".keras", ".weights.h5")
 
 
-def save_target(path: str | os.PathLike[str], config: ClusterConfig | None) -> tuple[Path, bool]:
-    """Where this task writes ``path``: ``(target, is_temporary)``.
-
-    The chief (or a process without ``TF_CONFIG``) writes ``path`` itself; any
-    other task gets a fresh temporary directory holding a file of the same name.
+def validate_save_path(path: object) -> Path:
+    """``path`` as a ``Path`` if it names a whole model (``.keras``) or its weights (``.weights.h5``).
 
     Raises:
-        SaveError: ``path`` does not end in ``.keras`` or ``.weights.h5``.
+        SaveError: anything else.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise SaveError(f"Received path={path!r} ({type(path).__name__}); expected a file path such as 'out/model.keras'.")
@@ -44,10 +43,7 @@ def save_target(path: str | os.PathLike[str], config: ClusterConfig | None) -> t
             f"Received path={str(path)!r}; expected a file ending in {' or '.join(SUFFIXES)} "
             "(a whole model or its weights), e.g. 'out/model.keras'."
         )
-    if config is None or config.is_chief:
-        return path, False
-    scratch = Path(tempfile.mkdtemp(prefix=f"tfstrategy-save-{config.task_name}-"))
-    return scratch / path.name, True
+    return path
 
 
 def save_model(model: Any, path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Path | None:
@@ -73,23 +69,22 @@ def save_model(model: Any, path: str | os.PathLike[str], *, env: Mapping[str, st
             f"Received model of type {type(model).__name__}; expected a Keras model (with save and save_weights)."
         )
     config = load_cluster_config(env)
-    target, temporary = save_target(path, config)
-    try:
-        if target.is_dir():
-            raise IsADirectoryError(errno.EISDIR, "it is a directory", str(target))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.name.endswith(".weights.h5"):
-            model.save_weights(str(target), overwrite=True)
-        else:
-            model.save(str(target), overwrite=True)
-    except OSError as error:
-        blocker = next((p for p in (target.parent, *target.parent.parents) if p.exists() and not p.is_dir()), None)
-        reason = f"{blocker} is a file, not a directory" if blocker else f"{error.strerror or error} ({error.filename or target})"
-        raise SaveError(
-            f"Received path={str(path)!r}, which cannot be written: {reason}. Pass a path in a writable directory, "
-            "or fix the permissions."
-        ) from error
-    finally:
-        if temporary:
-            shutil.rmtree(target.parent, ignore_errors=True)
-    return None if temporary else target
+    path = validate_save_path(path)
+    with chief_write(path, env=env) as target:
+        try:
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "it is a directory", str(target))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.name.endswith(".weights.h5"):
+                model.save_weights(str(target), overwrite=True)
+            else:
+                model.save(str(target), overwrite=True)
+        except OSError as error:
+            blocker = next((p for p in (target.parent, *target.parent.parents) if p.exists() and not p.is_dir()), None)
+            reason = (f"{blocker} is a file, not a directory" if blocker
+                      else f"{error.strerror or error} ({error.filename or target})")
+            raise SaveError(
+                f"Received path={str(path)!r}, which cannot be written: {reason}. Pass a path in a writable directory, "
+                "or fix the permissions."
+            ) from error
+    return path if config is None or config.is_chief or config.num_workers < 2 else None

@@ -124,4 +124,7 @@ def backup_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options
             "(tfstrategy launch --backup-dir DIR)."
         ) from error
     options.setdefault("double_checkpoint", True)
-    return [keras.callbacks.BackupAndRestore(backup_dir=str(directory), **options)]
+    from tfstrategy.multiworker.chief_files import keep_per_worker
+
+    # Its own directory per worker: every worker writes it (not only the chief, as for a shared one).
+    return [keep_per_worker(keras.callbacks.BackupAndRestore(backup_dir=str(directory), **options))]

@@ -165,6 +165,31 @@ def _owned_variables(model: Any, optimizer: Any, metrics: Iterable[Any]) -> list
     return owned
 
 
+def _nested_owners(model: Any, strategy: Any) -> dict[int, Any]:
+    """Variable id -> the strategy of the nested model that made it, when ``model`` is used without a strategy.
+
+    Keras' tutorials export a trained model by wrapping it, after training and
+    outside any scope, with layers of its own (``Sequential([vectorize_layer,
+    model, Activation("sigmoid")])``) and evaluate that without a strategy,
+    which TensorFlow runs fine: the wrapped model's variables belong to the
+    strategy it was built under, not to the default one. Under a real strategy a
+    nested model of another strategy is a genuine mistake, so only the default
+    strategy looks inside.
+    """
+    owners: dict[int, Any] = {}
+    if model is None or not _compat.is_default_strategy(strategy):
+        return owners
+    pending = list(getattr(model, "layers", ()))
+    while pending:
+        layer = pending.pop()
+        nested = _compat.model_strategy(layer) if hasattr(layer, "layers") else None
+        if nested is not None and not _compat.is_default_strategy(nested):
+            for variable in layer.weights:
+                owners.setdefault(id(variable), nested)
+        pending.extend(getattr(layer, "layers", ()))
+    return owners
+
+
 def _in_scope(strategy: Any, variable: Any) -> bool:
     # Asking about a Keras 3 variable itself raises AttributeError (measured on Keras 3.15).
     return bool(strategy.extended.variable_created_in_scope(_compat.tf_variable(variable)))
@@ -218,12 +243,13 @@ def audit_scope(
     started = time.perf_counter()
     strategy = strategy_of(strategy)
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    nested = _nested_owners(model, strategy)
     records = [
         VariableRecord(
             owner=owner,
             path=_compat.variable_path(variable),
             shape=tuple(variable.shape),
-            in_scope=_in_scope(strategy, variable),
+            in_scope=_in_scope(nested.get(id(variable), strategy), variable),
             site=site_of(variable),
         )
         for owner, variable in _owned_variables(model, optimizer, metrics)

@@ -3,7 +3,8 @@
 :func:`select` reads the settings (argument > ``TFSTRATEGY_*`` > default,
 :func:`resolve_request`), chooses purely (:func:`~tfstrategy.choose`), builds
 the strategy (:func:`~tfstrategy.build`), and around those takes the named
-steps that change the process, each recorded on the :class:`Selection`:
+steps of its plan (:func:`tfstrategy.plan.plan_steps`, the plan ``tfstrategy
+env`` prints), each recorded on the :class:`Selection`:
 
 1. ``split_cpu``: split the CPU into logical devices (``cpu_replicas``);
 2. ``record_creation_sites``: remember where variables are created, so the
@@ -16,10 +17,7 @@ steps that change the process, each recorded on the :class:`Selection`:
 4. ``signal_launcher``: under ``tfstrategy launch``, say "creating the strategy"
    and then "joined" (:mod:`tfstrategy.multiworker.worker_protocol`);
 5. ``apply_patches``: install the Keras workarounds the installed release needs
-   (:mod:`tfstrategy.patches`);
-6. ``set_precision``: with ``precision`` (or ``TFSTRATEGY_PRECISION``), set the
-   Keras global dtype policy, before the script builds its model
-   (:mod:`tfstrategy.training.precision`).
+   (:mod:`tfstrategy.patches`).
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ from tfstrategy.multiworker.slurm import SlurmStepCluster, cluster_from_slurm_st
 from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
 from tfstrategy.patches import apply_patches
 from tfstrategy.patches.mechanism import PatchStatus
+from tfstrategy.plan import PlanInputs, Step, plan_steps
 from tfstrategy.scope.creation_sites import start_recording
 from tfstrategy.selection.choose import Choice, choose
 from tfstrategy.selection.cpu_split import configure_cpu_replicas, validate_cpu_replicas
@@ -44,6 +43,7 @@ from tfstrategy.selection.strategies import build
 from tfstrategy.settings import (
     ENV_CPU_REPLICAS,
     ENV_DEVICES,
+    ENV_JOIN_FILE,
     ENV_STRATEGY,
     StrategyKind,
     resolve_collective_timeout,
@@ -104,6 +104,8 @@ class Request:
     cluster_source: str | None = None
     #: The cluster built from the Slurm job step, when ``cluster_source == "Slurm"``.
     slurm: SlurmStepCluster | None = None
+    #: The Keras global dtype policy to set, or ``None`` to leave Keras' alone.
+    precision: str | None = None
 
 
 def resolve_request(
@@ -112,6 +114,7 @@ def resolve_request(
     cpu_replicas: int | None = None,
     *,
     collective_timeout: float | str | None = None,
+    precision: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Request:
     """Apply argument > ``TFSTRATEGY_*`` > default and validate each setting and ``TF_CONFIG``.
@@ -151,7 +154,11 @@ def resolve_request(
         sources["cpu_replicas"] = replicas_setting.source
     if kind in (StrategyKind.AUTO, StrategyKind.MULTI_WORKER) and timeout_source != "default":
         sources["collective_timeout"] = timeout_source
+    chosen_precision, precision_source = resolve_precision(precision, env)
+    if chosen_precision is not None:
+        sources["precision"] = precision_source
     return Request(
+        precision=chosen_precision,
         kind=kind,
         devices=request,
         cpu_replicas=replicas,
@@ -161,6 +168,17 @@ def resolve_request(
         cluster_source=("Slurm" if slurm else "TF_CONFIG") if cluster else None,
         slurm=slurm,
     )
+
+
+def select_plan(request: Request, env: Mapping[str, str] | None = None) -> tuple[Step, ...]:
+    """The process-wide steps :func:`select` takes for ``request`` (``tfstrategy env`` prints the same plan)."""
+    env = os.environ if env is None else env
+    return plan_steps(PlanInputs(
+        consumer="select", kind=request.kind, cpu_replicas=request.cpu_replicas,
+        devices=request.devices.text if request.devices is not None else None,
+        cluster_tasks=request.cluster_tasks, cluster_source=request.cluster_source,
+        under_launcher=bool(env.get(ENV_JOIN_FILE)), precision=request.precision,
+    ))
 
 
 def _devices_key(value: Any, name: str) -> str:
@@ -208,10 +226,11 @@ def select(
         ...     model = build_model()
     """
     _versions.require_supported(env)
-    request = resolve_request(strategy, devices, cpu_replicas, collective_timeout=collective_timeout, env=env)
-    chosen_precision, precision_source = resolve_precision(precision, env)
+    request = resolve_request(strategy, devices, cpu_replicas, collective_timeout=collective_timeout,
+                              precision=precision, env=env)
+    planned = {step.name for step in select_plan(request)}
     steps: list[tuple[str, str]] = []
-    if request.cpu_replicas is not None and request.kind in (StrategyKind.AUTO, StrategyKind.MIRRORED, StrategyKind.ONE_DEVICE):
+    if "split_cpu" in planned:
         count = configure_cpu_replicas(request.cpu_replicas)
         steps.append(("split_cpu", f"{count} logical CPU devices"))
     choice = choose(
@@ -222,7 +241,7 @@ def select(
         cluster_tasks=request.cluster_tasks,
         cluster_source=request.cluster_source or "TF_CONFIG",
     )
-    if request.slurm is not None and choice.kind is StrategyKind.MULTI_WORKER:
+    if "slurm_tf_config" in planned and request.slurm is not None:
         os.environ["TF_CONFIG"] = request.slurm.config.to_json()
         steps.append(("slurm_tf_config", f"set TF_CONFIG from {request.slurm.describe()}"))
     if start_recording():
@@ -235,8 +254,6 @@ def select(
     installed = [status.name for status in patches if status.installed]
     if installed:
         steps.append(("apply_patches", ", ".join(installed)))
-    sources = dict(request.sources)
-    if chosen_precision is not None:
-        steps.append(("set_precision", set_precision(chosen_precision)))
-        sources["precision"] = precision_source
-    return Selection(strategy=strategy, choice=choice, sources=sources, steps=tuple(steps), patches=patches)
+    if "set_precision" in planned:
+        steps.append(("set_precision", set_precision(request.precision)))
+    return Selection(strategy=strategy, choice=choice, sources=request.sources, steps=tuple(steps), patches=patches)

@@ -1,0 +1,295 @@
+"""The hook's strategy steps: prepare the multi-worker runtime, join or refuse each strategy, name every one.
+
+Each function here is one step of the hook's plan (:mod:`tfstrategy.plan`) and
+installs its changes as :class:`~tfstrategy.launch.rewrites.Rewrite` objects, so
+they can be undone. What joins and what is refused is decided purely in
+:mod:`tfstrategy.launch.one_job`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from tfstrategy.errors import DeviceError, StrategyError, TFStrategyError
+from tfstrategy.launch import one_job
+from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES, resolve_collective_timeout
+
+__all__ = ["prepare_collectives", "watch_strategies", "mirrored_devices", "refuse_unjoinable", "refuse_unjoined_fit"]
+
+
+def _state() -> Any:
+    from tfstrategy.launch.worker_hook import STATE
+
+    return STATE
+
+
+def _distribute() -> Any:
+    import tensorflow as tf
+
+    return tf.distribute
+
+
+def _cluster() -> Any:
+    from tfstrategy.multiworker.cluster import load_cluster_config
+
+    config = load_cluster_config()
+    return config if config is not None and config.num_workers > 1 else None
+
+
+def _script_line() -> str:
+    """``file:line`` of the user's code that called into TensorFlow (the first frame outside TF and tfstrategy)."""
+    for frame in inspect.stack()[2:]:
+        name = frame.filename
+        if "tensorflow" not in name and "tfstrategy" not in name and "keras" not in name and not name.startswith("<"):
+            return f"{os.path.relpath(name) if not os.path.relpath(name).startswith('..') else name}:{frame.lineno}"
+    return "an unknown line"
+
+
+def prepare_collectives() -> str | None:
+    """Configure collectives and the collective server before the first op, as MultiWorkerMirroredStrategy would."""
+    from tfstrategy import _compat
+
+    config = _cluster()
+    if config is None:
+        return None
+    cluster = {role: list(addresses) for role, addresses in config.cluster.items()}
+    if not _compat.prepare_collective_runtime(cluster, config.task_type, config.task_index):
+        return "the runtime had already started; left as it was"
+    _quiet_second_enable()
+    return f"{config.task_type} {config.task_index} of {config.num_workers}: collectives configured before the first op"
+
+
+def _quiet_second_enable() -> None:
+    """MultiWorkerMirroredStrategy enables collectives again on the prepared context; its warnings then mislead."""
+    import logging
+
+    expected = ("Enabling collective ops after program startup", "Configuring coordination service type may not be")
+
+    class _Expected(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not str(record.getMessage()).startswith(expected)
+
+    for name in ("absl", "tensorflow"):
+        logging.getLogger(name).addFilter(_Expected())
+
+
+def _describe(strategy: Any) -> str:
+    try:
+        replicas = int(strategy.num_replicas_in_sync)
+    except Exception:  # e.g. a ParameterServerStrategy before its cluster answers
+        return type(strategy).__name__
+    return f"{type(strategy).__name__}, {replicas} replica{'' if replicas == 1 else 's'}"
+
+
+def watch_strategies() -> str:
+    """Every strategy is named in the summary; MultiWorkerMirroredStrategy signals the launcher and gets a timeout."""
+    from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
+
+    distribute = _distribute()
+    timeout, _ = resolve_collective_timeout(None)
+    signature = inspect.signature(distribute.MultiWorkerMirroredStrategy.__init__)
+
+    def base_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            if not type(self).__name__.startswith("_Default"):
+                _state().strategies.append(_describe(self))
+
+        return __init__
+
+    def mwms_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            bound = signature.bind(self, *args, **kwargs)
+            options = bound.arguments.get("communication_options")
+            if timeout is not None and getattr(options, "timeout_seconds", None) is None:
+                # A stalled peer then fails the job after the timeout instead of hanging it forever.
+                default = distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
+                bound.arguments["communication_options"] = default if options is None else options.merge(default)
+            signal_starting()
+            original(*bound.args, **bound.kwargs)
+            signal_joined()
+            _state().joined = True
+
+        return __init__
+
+    install_rewrite(Rewrite("watch_strategies", _distribute,
+                            {"Strategy.__init__": base_init, "MultiWorkerMirroredStrategy.__init__": mwms_init}))
+    return f"every strategy named in the summary; MultiWorkerMirroredStrategy signals the launcher; collective " \
+           f"timeout {timeout or 'none'}"
+
+
+def _parse(devices: Any) -> Any:
+    from tfstrategy.selection.devices import parse_devices
+
+    try:
+        return parse_devices(list(devices) if not isinstance(devices, str) else devices)
+    except (DeviceError, TypeError):
+        return None  # a form tfstrategy does not parse (a remote job's device): TensorFlow decides
+
+
+def mirrored_devices() -> str:
+    """``MirroredStrategy``: join the job or be refused (multi-worker), else defaults and a checked device list."""
+    distribute = _distribute()
+    config = _cluster()
+    cls = distribute.MirroredStrategy
+    if config is not None:
+        multi_worker = type("MultiWorkerMirroredStrategy", (distribute.MultiWorkerMirroredStrategy,),
+                            {"__module__": __name__})
+        gpus = len(__import__("tensorflow").config.list_physical_devices("GPU"))
+        local = one_job.worker_devices(gpus)
+
+        def new(original: Any) -> Callable[..., Any]:
+            def __new__(klass: type, devices: Any = None, cross_device_ops: Any = None) -> Any:
+                if klass is not cls:
+                    return object.__new__(klass)
+                request = None if devices is None else _parse(devices)
+                listed = None if devices is None else (request.devices if request is not None else ())
+                decision = one_job.decide_mirrored(listed, local, config.num_workers)
+                if decision.action == one_job.REFUSE:
+                    _state().strategies.append("MirroredStrategy with a device list (refused)")
+                    raise StrategyError(decision.message)
+                return multi_worker()
+
+            return __new__
+
+        install_rewrite(Rewrite("mirrored_devices", _distribute, {"MirroredStrategy.__new__": new}))
+        return f"MirroredStrategy() is a MultiWorkerMirroredStrategy over {config.num_workers} workers; other device " \
+               "lists are refused"
+
+    from tfstrategy.launch.worker_hook import chosen_devices
+
+    chosen = chosen_devices()
+
+    def init(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def __init__(self: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
+            if devices is None:
+                return original(self, chosen, cross_device_ops)
+            _check_listed(devices, chosen)
+            return original(self, devices, cross_device_ops)
+
+        return __init__
+
+    install_rewrite(Rewrite("mirrored_devices", _distribute, {"MirroredStrategy.__init__": init}))
+    head = f"MirroredStrategy() without devices uses {','.join(chosen)}; " if chosen else ""
+    return head + "a device list is checked against this host"
+
+
+def _check_listed(devices: Any, chosen: list[str] | None) -> None:
+    """A listed device the host lacks is the error select(devices=...) raises; overridden settings are reported."""
+    from tfstrategy.selection.devices import resolve_devices
+    from tfstrategy.selection.host import HostInfo
+
+    mode = (os.environ.get(ENV_DEVICE_CHECK) or "stop").strip().lower()
+    if mode not in ("stop", "warn"):
+        raise TFStrategyError(f"Received {ENV_DEVICE_CHECK}={os.environ[ENV_DEVICE_CHECK]!r}; expected stop (a device "
+                              "list naming a device this host lacks is an error) or warn (report it and go on).")
+    request = _parse(devices)
+    where = _script_line()
+    if request is not None and request.devices:
+        try:
+            resolve_devices(request, HostInfo.detect())
+        except DeviceError as error:
+            message = f"MirroredStrategy(devices={list(devices)!r}) at {where}: {error}"
+            if mode == "stop":
+                raise DeviceError(f"{message} ({ENV_DEVICE_CHECK}=warn lets the script go on as plain TensorFlow "
+                                  "would, placing ops where it can)") from None
+            _state().notes.append(message)
+            print(f"tfstrategy: {message} ({ENV_DEVICE_CHECK}=warn: going on as plain TensorFlow would)",
+                  file=sys.stderr, flush=True)
+    settings = [f"{flag} {os.environ[name]}" for flag, name in (("--devices", ENV_DEVICES), ("--cpu-replicas", ENV_CPU_REPLICAS))
+                if os.environ.get(name)]
+    if settings:
+        note = (f"MirroredStrategy(devices={list(devices)!r}) at {where} names its own devices, so "
+                f"{' and '.join(settings)} had no effect on it; remove the list from the script to use them")
+        _state().notes.append(note)
+        print(f"tfstrategy: {note}", file=sys.stderr, flush=True)
+
+
+def refuse_unjoinable() -> str | None:
+    """Strategies that cannot be part of one job stop at creation; a worker that never joined cannot exit 0."""
+    config = _cluster()
+    if config is None:
+        return None
+    targets = {
+        "OneDeviceStrategy.__init__": "OneDeviceStrategy",
+        "experimental.CentralStorageStrategy.__init__": "CentralStorageStrategy",
+        "experimental.ParameterServerStrategy.__init__": "ParameterServerStrategy",
+        "experimental.coordinator.ClusterCoordinator.__new__": "ClusterCoordinator",
+        "TPUStrategy.__init__": "TPUStrategy",
+        "experimental.TPUStrategy.__init__": "TPUStrategy",
+    }
+
+    def refusing(what: str) -> Callable[[Any], Callable[..., Any]]:
+        def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+            def refused(self: Any, *args: Any, **kwargs: Any) -> None:  # __init__, or ClusterCoordinator's __new__
+                _state().strategies.append(f"{what} (refused)")
+                raise StrategyError(one_job.refusal(what, config.num_workers))
+
+            return refused
+
+        return factory
+
+    install_rewrite(Rewrite("refuse_unjoinable", _distribute, {path: refusing(what) for path, what in targets.items()}))
+    atexit.register(_fail_if_never_joined, config.num_workers)
+    return f"{', '.join(sorted(set(targets.values())))} refused under {config.num_workers} workers"
+
+
+def _fail_if_never_joined(num_workers: int) -> None:
+    from tfstrategy import _compat
+
+    state = _state()
+    if state.joined or not _compat.runtime_started():
+        return
+    print(f"tfstrategy: this worker ran TensorFlow ops under a multi-worker TF_CONFIG ({num_workers} workers) but "
+          "never created a strategy that joined the job, so each worker trained (if at all) alone; exiting 1. Create "
+          "tf.distribute.MultiWorkerMirroredStrategy() (or MirroredStrategy()) and build the model in its scope, or "
+          "run the script as one process.", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
+def refuse_unjoined_fit() -> str | None:
+    """``Model.fit`` without any strategy, when no strategy joined: stopped before its first step."""
+    config = _cluster()
+    if config is None:
+        return None
+    from tfstrategy import _compat
+
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
+            strategy = _compat.model_strategy(model)
+            if not _state().joined and (strategy is None or _compat.is_default_strategy(strategy)):
+                import tensorflow as tf
+
+                if not tf.distribute.has_strategy():
+                    raise StrategyError(one_job.refusal("fit", config.num_workers))
+            return original(model, *args, **kwargs)
+
+        return fit
+
+    for keras in _keras_flavours():
+        install_rewrite(Rewrite(f"refuse_unjoined_fit:{keras.__name__}", lambda k=keras: k, {"Model.fit": factory}))
+    return "Model.fit() without a strategy stops before its first step"
+
+
+def _keras_flavours() -> list[Any]:
+    from tfstrategy import _compat
+
+    # tf.keras's Model, and Keras 3's too if the script imported it beside tf_keras.
+    flavours = [_compat.keras_for()]
+    other = sys.modules.get("keras")
+    if other is not None and other not in flavours:
+        flavours.append(other)
+    return flavours
+

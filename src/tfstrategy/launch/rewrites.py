@@ -1,0 +1,114 @@
+"""What the start-up hook replaces in TensorFlow and Keras, each one undoable through the patch mechanism.
+
+The hook's rewrites are not workarounds of upstream bugs, but they have the
+same shape as one (:class:`~tfstrategy.patches.mechanism.Patch`): named targets,
+an :meth:`~Rewrite.apply` that keeps the originals, a :meth:`~Rewrite.remove`
+that puts them back (deleting what the class only inherited or never had), and
+a status. :data:`REWRITES` holds every rewrite installed in this process;
+:func:`remove_rewrites` undoes them all.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from tfstrategy import _compat
+from tfstrategy.patches.mechanism import _ORIGINAL, Patch, PatchStatus, ProbeResult
+
+__all__ = ["REWRITES", "Rewrite", "install_rewrite", "remove_rewrites"]
+
+_MISSING = object()
+
+
+class Rewrite(Patch):
+    """One rewrite of the hook: ``factories`` maps a target path to ``original -> replacement``."""
+
+    upstream = "none: a rewrite of tfstrategy's start-up hook, not a workaround"
+    verified_up_to = ""
+
+    def __init__(self, name: str, module: Callable[[], ModuleType | None],
+                 factories: dict[str, Callable[[Any], Any]], *, detail: str = "") -> None:
+        super().__init__()
+        self.name = name
+        self.targets = tuple(factories)
+        self._module = module
+        self._factories = factories
+        self._owned: dict[str, bool] = {}
+        self.detail = detail
+
+    def target_module(self) -> ModuleType | None:
+        return self._module()
+
+    def run_probe(self, module: ModuleType) -> ProbeResult:
+        return ProbeResult({target: True for target in self.targets})
+
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        return self._factories[target](original)
+
+    def library(self) -> str:
+        root = str(getattr(self.target_module(), "__name__", "?")).split(".", 1)[0]
+        version = getattr(sys.modules.get(root), "__version__", None)
+        return f"{root} {version}" if version else root
+
+    def apply(self) -> PatchStatus:
+        """Install every target's replacement (idempotent); a target may be an attribute the owner lacks."""
+        with self._lock:
+            module = self.target_module()
+            if module is None:
+                return self.status()
+            for target in self.targets:
+                if target in self._originals:
+                    continue
+                owner_path, _, attribute = target.rpartition(".")
+                owner = _compat.get_path(module, owner_path) if owner_path else module
+                original = getattr(owner, attribute, _MISSING)
+                replacement = self.replacement(target, None if original is _MISSING else original)
+                try:
+                    setattr(replacement, _ORIGINAL, original)
+                except (AttributeError, TypeError):  # a staticmethod or builtin cannot carry attributes
+                    pass
+                self._owned[target] = attribute in vars(owner)
+                self._originals[target] = original
+                setattr(owner, attribute, replacement)
+            return self.status()
+
+    def remove(self) -> PatchStatus:
+        """Put back what each target was: the class's own attribute, or nothing (inherited or absent)."""
+        with self._lock:
+            module = self.target_module()
+            for target, original in list(self._originals.items()):
+                owner_path, _, attribute = target.rpartition(".")
+                owner = _compat.get_path(module, owner_path) if owner_path else module
+                if self._owned.pop(target):
+                    setattr(owner, attribute, original)
+                elif attribute in vars(owner):
+                    delattr(owner, attribute)
+                del self._originals[target]
+            return self.status()
+
+    def status(self) -> PatchStatus:
+        return PatchStatus(name=self.name, library=self.library(), needed=True, installed=tuple(self._originals),
+                           note=self.detail)
+
+
+#: Every rewrite installed in this process, by name, in installation order.
+REWRITES: dict[str, Rewrite] = {}
+
+
+def install_rewrite(rewrite: Rewrite) -> PatchStatus:
+    """Apply ``rewrite`` and remember it for :func:`remove_rewrites` (a rewrite of the same name is replaced)."""
+    previous = REWRITES.pop(rewrite.name, None)
+    if previous is not None:
+        previous.remove()
+    REWRITES[rewrite.name] = rewrite
+    return rewrite.apply()
+
+
+def remove_rewrites() -> tuple[PatchStatus, ...]:
+    """Undo every rewrite, newest first; TensorFlow and Keras are then as the script would find them unhooked."""
+    statuses = tuple(rewrite.remove() for rewrite in reversed(list(REWRITES.values())))
+    REWRITES.clear()
+    return statuses

@@ -1,0 +1,129 @@
+"""One job or a clear refusal, with real processes: each strategy kind under `tfstrategy launch -n 2` and `run`.
+
+Joined: both workers report the same final loss, equal to the 1-process run on the same global batch.
+Refused: the job exits non-zero and the launcher's headline is the one line saying what and what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+SCRIPT = ROOT / "tests" / "workers" / "one_job_script.py"
+
+
+def _tfstrategy(*args: str, timeout: float = 400, **extra: str):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **extra}
+    return subprocess.run([sys.executable, "-m", "tfstrategy", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=ROOT)
+
+
+def _launch(case: str):
+    return _tfstrategy("launch", "-n", "2", "--timeout", "180", "--", sys.executable, str(SCRIPT), case)
+
+
+def _losses(stdout: str) -> list[float]:
+    return [float(line.rsplit(" ", 1)[1]) for line in stdout.splitlines() if "final loss" in line]
+
+
+@pytest.fixture(scope="module")
+def one_process_loss() -> float:
+    result = subprocess.run([sys.executable, str(SCRIPT), "mirrored"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    [loss] = _losses(result.stdout)
+    return loss
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["mirrored", "ops_first"])
+def test_launch_joins_and_trains_as_one_job(case, one_process_loss):
+    result = _launch(case)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    losses = _losses(result.stdout)
+    assert len(losses) == 2 and losses[0] == losses[1], result.stdout
+    assert losses[0] == pytest.approx(one_process_loss, rel=1e-5)
+    assert result.stdout.count("strategy MultiWorkerMirroredStrategy 2") == 2
+    assert "Collective ops must be configured" not in result.stderr
+    assert "Enabling collective ops after program startup" not in result.stdout + result.stderr
+    # Every worker's exit summary (forwarded with its output) names the strategy and the steps.
+    assert result.stdout.count("tfstrategy: MultiWorkerMirroredStrategy, 2 replicas;") == 2, result.stdout[-3000:]
+    assert "steps: record_creation_sites, prepare_collectives" in result.stdout
+
+
+REFUSALS = [
+    pytest.param("listed", "tfstrategy refused MirroredStrategy(devices=['/cpu:0', '/cpu:1'])", id="mirrored-devices"),
+    pytest.param("one_device", "tfstrategy refused OneDeviceStrategy", id="one-device"),
+    pytest.param("parameter_server", "tfstrategy refused ParameterServerStrategy", id="parameter-server"),
+    pytest.param("coordinator", "tfstrategy refused ClusterCoordinator", id="cluster-coordinator"),
+    pytest.param("tpu", "tfstrategy refused TPUStrategy", id="tpu"),
+    pytest.param("default", "tfstrategy stopped Model.fit() before its first step", id="default-strategy"),
+]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "line"), REFUSALS)
+def test_launch_refuses_what_cannot_be_one_job_in_one_line(case, line):
+    result = _launch(case)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    headline = next(text for text in result.stderr.splitlines() if " exited with status 1" in text)
+    assert f"StrategyError: {line}" in headline, headline
+    assert "final loss" not in result.stdout
+    assert "under a multi-worker TF_CONFIG (2 workers" in headline
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_launch_fails_a_worker_that_trained_without_any_strategy():
+    result = _launch("loop")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "never created a strategy that joined the job" in result.stderr
+
+
+@pytest.mark.slow
+def test_run_checks_a_listed_device_the_host_lacks_as_select_does():
+    result = _tfstrategy("run", "--", sys.executable, str(SCRIPT), "gpu")
+    assert result.returncode == 1
+    assert "DeviceError: MirroredStrategy(devices=['device:GPU:0']) at tests/workers/one_job_script.py:" in result.stderr
+    assert "this host has ['/cpu:0']" in result.stderr
+    assert "final loss" not in result.stdout
+
+
+@pytest.mark.slow
+def test_run_device_check_warn_reports_the_missing_device_and_goes_on():
+    result = _tfstrategy("run", "--", sys.executable, str(SCRIPT), "gpu", TFSTRATEGY_DEVICE_CHECK="warn")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "final loss" in result.stdout
+    # Said when it happens and again in the exit summary.
+    assert result.stderr.count("MirroredStrategy(devices=['device:GPU:0']) at tests/workers/one_job_script.py:") == 2
+
+
+@pytest.mark.slow
+def test_run_reports_the_settings_a_listed_device_list_overrides():
+    result = _tfstrategy("run", "--cpu-replicas", "2", "--devices", "cpu", "--", sys.executable, str(SCRIPT), "listed")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "strategy MirroredStrategy 2" in result.stdout
+    note = "names its own devices, so --devices cpu and --cpu-replicas 2 had no effect on it"
+    assert result.stderr.count(note) == 2  # when it happens, and in the exit summary
+
+
+@pytest.mark.slow
+def test_run_summary_names_a_strategy_of_any_kind():
+    result = _tfstrategy("run", "--", sys.executable, str(SCRIPT), "one_device")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tfstrategy: OneDeviceStrategy, 1 replica;" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_python_child_of_the_script_is_not_hooked_again():
+    result = _tfstrategy("run", "--cpu-replicas", "2", "--", sys.executable, str(SCRIPT), "child")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "child hook steps 0 True" in result.stdout
+    assert result.stderr.count("tfstrategy: MirroredStrategy, 2 replicas;") == 1
