@@ -3,7 +3,7 @@
 #   make test        set up .venv and run the whole test suite (what CI runs)
 # For developers:
 #   make test-fast   the edit-test loop: no worker processes, no long training (under 2 minutes)
-#   make lint        ruff
+#   make lint        ruff, and mypy (strict for src/tfstrategy/launch)
 #   make versions    the smoke set on the oldest supported TensorFlow/Keras and on tf_keras (own venvs)
 #   make bench       the benchmarks (tables, benchmarks/results/results.{json,png})
 #   make docs        the documentation site, strictly (a broken link or missing docstring fails): site/
@@ -32,6 +32,7 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/python -m mypy
 
 versions:
 	bash .ci/versions

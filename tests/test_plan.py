@@ -79,6 +79,7 @@ def test_the_hook_has_a_function_for_every_step_its_plan_can_name():
     variants = [PlanInputs(consumer="hook", cpu_replicas=2, devices="cpu", cluster_tasks=tasks, cluster_source=source,
                            precision="mixed_float16")
                 for tasks, source in ((0, None), (2, "TF_CONFIG"), (2, "Slurm"))]
+    variants.append(PlanInputs(consumer="hook", under_launcher=True))
     named = {step.name for inputs in variants for step in plan_steps(inputs)}
     assert named == set(worker_hook._STEPS)
 

@@ -85,6 +85,8 @@ __all__ = [
     "TFStrategyError",
 ]
 
+#: The release that removes the 0.1 names below (each still resolves with a DeprecationWarning until then).
+_ALIASES_REMOVED_IN = "0.4"
 #: Names exported by tfstrategy 0.1 that moved: name -> module that has it now.
 _MOVED = {
     "AuditReport": "tfstrategy.scope.audit",
@@ -127,7 +129,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'tfstrategy' has no attribute {name!r}")
     _warnings.warn(
         f"tfstrategy.{name} moved out of the top-level API; import it from {module} "
-        f"(from {module} import {name}).",
+        f"(from {module} import {name}). The old name is removed in tfstrategy {_ALIASES_REMOVED_IN}.",
         DeprecationWarning,
         stacklevel=2,
     )

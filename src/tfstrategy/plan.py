@@ -138,6 +138,10 @@ def _hook_steps(inputs: PlanInputs, multi: bool) -> tuple[Step, ...]:
     if multi:
         steps.append(Step(name="refuse_unjoined_fit", phase="keras", rewrites=True,
                           detail="Model.fit() without any strategy, when none joined, stops before its first step"))
+    if inputs.under_launcher:
+        steps.append(Step(name="count_batches", phase="keras", rewrites=True,
+                          detail="Model.fit, evaluate and predict count their batches for the launcher's stall "
+                                 "detection (tfstrategy.launch.worker_watch)"))
     steps.extend(_precision_steps(inputs))
     return tuple(steps)
 

@@ -89,6 +89,17 @@ def _launch(*args: str, timeout: float) -> tuple[int, str, str, float]:
         pytest.param(["-n", "2", "--", str(ROOT / "README.md")], "README.md', a file that is not executable", id="not-executable"),
         pytest.param(["-n", "2", "--backup-dir", "/proc/1/nope", "--", "true"], "--backup-dir /proc/1/nope, which cannot be created",
                      id="backup-dir-cannot-be-created"),
+        pytest.param(["-n", "2", "--tee", "--", "true"], "--tee without --log-dir", id="tee-without-log-dir"),
+        pytest.param(["-n", "2", "--console-workers", "a,1", "--", "true"], "--console-workers 'a,1'; expected comma",
+                     id="console-workers-not-numbers"),
+        pytest.param(["-n", "2", "--console-workers", "5", "--", "true"], "--console-workers with 5; expected worker "
+                     "indices 0..1", id="console-workers-out-of-range"),
+        pytest.param(["-n", "2", "--stall-timeout", "-1", "--", "true"], "--stall-timeout -1; expected seconds > 0",
+                     id="negative-stall-timeout"),
+        pytest.param(["-n", "2", "--stall-report", "0", "--", "true"], "--stall-report 0; expected seconds > 0",
+                     id="zero-stall-report"),
+        pytest.param(["-n", "2", "--log-dir", str(ROOT / "README.md"), "--", "true"], "--log-dir .*README.md, which is "
+                     "a file", id="log-dir-is-a-file"),
     ],
 )
 def test_invalid_options_are_refused_before_starting(argv, message):
@@ -104,7 +115,7 @@ def test_options_from_command_line():
 @pytest.mark.multiprocess
 def test_failed_worker_stops_the_others_and_shows_its_last_lines():
     code, out, err, seconds = _launch("-n", "3", "--", sys.executable, str(PLAIN_WORKER), "fail", timeout=60)
-    assert code == 3
+    assert code == 1  # a worker failed; its own status is in the report
     assert "[worker 1] line 29" in out and "[worker 2] ready" in out
     assert "worker 1 exited with status 3" in err
     assert "  | line 29" in err and "  | line 14" not in err  # the last 15 lines
@@ -115,9 +126,9 @@ def test_failed_worker_stops_the_others_and_shows_its_last_lines():
 def test_ctrl_c_stops_every_worker_and_their_children():
     run = Run("-n", "2", "--", sys.executable, str(PLAIN_WORKER), "sleep")
     deadline = time.monotonic() + 60
-    while len(_tagged(run.tag)) < 5 and time.monotonic() < deadline:  # launcher, 2 workers, 2 children
+    while len(_tagged(run.tag)) < 6 and time.monotonic() < deadline:  # launcher, reaper, 2 workers, 2 children
         time.sleep(0.1)
-    assert len(_tagged(run.tag)) == 5
+    assert len(_tagged(run.tag)) == 6
     run.process.send_signal(signal.SIGINT)
     interrupted = time.monotonic()
     code, _, err, _ = run.finish(timeout=30)
@@ -309,3 +320,87 @@ def test_sigterm_to_the_launcher_preempts_and_a_relaunch_resumes_to_the_same_res
                                 *example, "--out", str(tmp_path / "c.keras"), timeout=300)
     assert code == 0, err[-3000:]
     assert sorted(line.split("] ", 1)[1] for line in out.splitlines() if "final loss" in line) == reference
+
+
+def _wait_until_gone(tag: str, bound: float = 60.0) -> list[int]:
+    """Wait for every process tagged ``tag`` to disappear (bounded generously); those left."""
+    deadline = time.monotonic() + bound
+    while _tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _tagged(tag)
+
+
+@pytest.mark.multiprocess
+def test_sigkilled_launcher_takes_its_workers_and_their_children_with_it():
+    run = Run("-n", "2", "--", sys.executable, str(PLAIN_WORKER), "sleep")
+    deadline = time.monotonic() + 60
+    while len(_tagged(run.tag)) < 6 and time.monotonic() < deadline:  # launcher, reaper, 2 workers, 2 children
+        time.sleep(0.1)
+    before = _tagged(run.tag)
+    assert len(before) == 6
+    run.process.kill()
+    killed = time.monotonic()
+    run.process.wait()
+    assert _wait_until_gone(run.tag) == []
+    print(f"every process of the job gone {time.monotonic() - killed:.2f} s after SIGKILL of the launcher")
+    run.finish(timeout=5)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_sigkilled_launcher_mid_training_leaves_no_worker(tmp_path):
+    example = [sys.executable, str(ROOT / "examples" / "multi_worker_train.py"), "--epochs", "50"]
+    run = Run("-n", "2", "--timeout", "120", "--", *example, "--out", str(tmp_path / "m.keras"))
+    assert run.process.stdout is not None
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        line = run.process.stdout.readline()
+        if "Epoch 2/" in line or not line:
+            break
+    assert "Epoch 2/" in line
+    workers = [pid for pid in _tagged(run.tag) if pid != run.process.pid
+               and b"multi_worker_train" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(workers) == 2
+    run.process.kill()
+    killed = time.monotonic()
+    run.process.wait()
+    assert _wait_until_gone(run.tag) == []
+    print(f"both training workers gone {time.monotonic() - killed:.2f} s after SIGKILL of the launcher")
+    run.finish(timeout=5)
+
+
+@pytest.mark.multiprocess
+def test_log_dir_keeps_each_workers_streams_and_the_report_says_where(tmp_path):
+    code, out, err, _ = _launch("-n", "2", "--log-dir", str(tmp_path), "--", sys.executable, str(PLAIN_WORKER), "fail",
+                                timeout=60)
+    assert code == 1
+    assert "[worker" not in out  # the files instead of the console
+    worker_1 = tmp_path / "attempt-0" / "worker-1"
+    assert "line 29" in (worker_1 / "stdout.log").read_text()
+    assert f"each worker's output goes to {tmp_path}/attempt-0/worker-<i>/stdout.log and stderr.log" in err
+    assert f"full output of worker 1: {worker_1}/stdout.log, {worker_1}/stderr.log" in err
+
+
+@pytest.mark.multiprocess
+def test_tee_with_console_workers_shows_only_those_on_the_console(tmp_path):
+    code, out, err, _ = _launch("-n", "2", "--log-dir", str(tmp_path), "--tee", "--console-workers", "0", "--",
+                                sys.executable, "-c", "import os, sys; print('hi from', os.environ['TFSTRATEGY_WORKER_INDEX']); "
+                                "print('to stderr', file=sys.stderr)", timeout=60)
+    assert code == 0, err
+    assert sorted(out.splitlines()) == ["[worker 0] hi from 0", "[worker 0] to stderr"]
+    assert (tmp_path / "attempt-0" / "worker-1" / "stderr.log").read_text() == "to stderr\n"
+
+
+@pytest.mark.multiprocess
+def test_sigterm_ends_143_even_when_workers_ignoring_it_are_sigkilled_after_the_grace():
+    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(600)"
+    run = Run("-n", "2", "--grace", "1", "--", sys.executable, "-c", stubborn)
+    assert run.process.stdout is not None
+    assert sorted(run.process.stdout.readline().strip() for _ in range(2)) == ["[worker 0] ready", "[worker 1] ready"]
+    deadline = time.monotonic() + 60
+    while len(_tagged(run.tag)) < 4 and time.monotonic() < deadline:  # launcher, reaper, 2 workers
+        time.sleep(0.1)
+    run.process.send_signal(signal.SIGTERM)
+    code, _, err, _ = run.finish(timeout=30)
+    assert code == 143, err
+    assert "received SIGTERM: passed it on; every worker stopped" in err

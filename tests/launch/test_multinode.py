@@ -96,6 +96,7 @@ def test_invalid_node_options_are_refused(argv, env, message, monkeypatch):
 def test_rank_from_the_environment_and_secret_from_a_file(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text(SECRET + "\n")
+    secret.chmod(0o600)
     args = _args("--nnodes", "3", "--master", "[::1]:29400", "--secret-file", str(secret), "-n", "2")
     node = node_options_from_args(args, {ENV_NODE_RANK: "2"})
     assert (node.nnodes, node.node_rank, node.master_host, node.master_port) == (3, 2, "::1", 29400)
@@ -135,7 +136,7 @@ def test_failure_on_node_1_stops_and_restarts_both_nodes():
     nodes = [_node(0, master, *restart), _node(1, master, *restart)]
     results = _finish_all(*nodes, timeout=90)
     for code, _, err, seconds in results:
-        assert code == 3, err
+        assert code == 1, err
         assert "node 1 worker 1 exited with status 3" in err and "last 15 line(s) of node 1 worker 1:" in err
         assert "  | line 29" in err
         assert "(restart 1 of 1)" in err and "giving up after 1 restart(s)" in err
@@ -160,10 +161,10 @@ def test_ctrl_c_on_node_0_stops_every_process_on_both_nodes():
     job = ("-n", "2", "--timeout", "60", "--", sys.executable, str(PLAIN_WORKER), "sleep")
     nodes = [_node(0, master, *job), _node(1, master, *job)]
     deadline = time.monotonic() + 60
-    # per node: the launcher, 2 workers and their 2 children
-    while any(len(_tagged(node.tag)) < 5 for node in nodes) and time.monotonic() < deadline:
+    # per node: the launcher, its reaper, 2 workers and their 2 children
+    while any(len(_tagged(node.tag)) < 6 for node in nodes) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [len(_tagged(node.tag)) for node in nodes] == [5, 5]
+    assert [len(_tagged(node.tag)) for node in nodes] == [6, 6]
     nodes[0].process.send_signal(signal.SIGINT)
     interrupted = time.monotonic()
     results = _finish_all(*nodes, timeout=30)
@@ -186,7 +187,7 @@ def two_by_one(tmp_path_factory):
     [(stranger_code, _, stranger_err, _)] = _finish_all(stranger, timeout=60)
     node1 = _node(1, master, *job)
     deadline = time.monotonic() + 120
-    while len(_tagged(node1.tag)) < 2 and time.monotonic() < deadline:  # its worker runs: the cluster is formed
+    while len(_tagged(node1.tag)) < 3 and time.monotonic() < deadline:  # its worker runs: the cluster is formed
         time.sleep(0.2)
     [(taken_code, _, taken_err, _)] = _finish_all(_node(1, master, *job, address="127.0.0.8"), timeout=60)
     results = _finish_all(node0, node1, timeout=600)
@@ -257,3 +258,27 @@ def test_sigkilled_worker_on_node_1_restarts_both_nodes_to_the_same_result(two_b
     want = keras.saving.load_model(two_by_one["out"] / "model.keras").get_weights()
     for got, expected in zip(keras.saving.load_model(tmp_path / "model.keras").get_weights(), want):
         np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.multiprocess
+def test_sigkilled_node_0_launcher_leaves_no_process_on_either_node():
+    master = f"{MASTER_HOST}:{_free_port()}"
+    job = ("-n", "1", "--timeout", "60", "--", sys.executable, str(PLAIN_WORKER), "sleep")
+    nodes = [_node(0, master, *job), _node(1, master, *job)]
+    deadline = time.monotonic() + 60
+    # per node: the launcher, its reaper, a worker and its child
+    while any(len(_tagged(node.tag)) < 4 for node in nodes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [len(_tagged(node.tag)) for node in nodes] == [4, 4]
+    nodes[0].process.kill()
+    killed = time.monotonic()
+    nodes[0].process.wait()
+    nodes[1].process.wait(timeout=60)  # it loses node 0 and stops its worker
+    for node in nodes:  # before finish(), which would kill what is left
+        deadline = time.monotonic() + 60
+        while (remaining := _tagged(node.tag)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert remaining == []
+    print(f"both nodes' processes gone {time.monotonic() - killed:.1f} s after SIGKILL of node 0's launcher")
+    (_, _, _, _), (code1, _, err1, _) = [node.finish(timeout=10) for node in nodes]
+    assert code1 == 1 and "lost the connection to node 0's rendezvous" in err1

@@ -67,7 +67,7 @@ def test_port_conflict_is_reported_only_when_tensorflow_said_so():
     assert failure_reason(1, lines, 1234, joined=False) == "exited with status 1 before joining: AttributeError: boom"
     port_lines = ["UNKNOWN: Could not start gRPC server", "Traceback (most recent call last):", "StrategyError: x"]
     assert "could not serve on its port 127.0.0.1:1234" in failure_reason(1, port_lines, 1234, joined=False)
-    assert failure_reason(-9, [], 1, joined=True) == "was killed by SIGKILL"
+    assert failure_reason(-9, [], 1, joined=True, signalled_by_us=True) == "was killed by SIGKILL"
 
 
 # --- tfstrategy run ----------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def _load_then_wrap(filepath):
 def test_makedirs_on_every_worker(tmp_path):
     error = _raised(_makedirs_twice, str(tmp_path / "ckpt"))
     path, what = race_of(error)
-    assert path == str(tmp_path / "ckpt") and "another worker created it" in what
+    assert path == str(tmp_path / "ckpt") and "another worker probably created it" in what
 
 
 def test_a_zip_read_while_rewritten_names_the_archive_not_its_member(tmp_path):

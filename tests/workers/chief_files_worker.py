@@ -167,7 +167,8 @@ def backup() -> dict:
 
 
 result = {"writers": writers, "reload": reload, "backup": backup}[MODE]()
+# This worker's own private copies still on disk (the workers share TMPDIR; another one may be mid-write).
 result["leftovers"] = sorted(name for name in os.listdir(os.environ.get("TMPDIR", "/tmp"))
-                             if name.startswith("tfstrategy-worker-"))
+                             if name.startswith(f"tfstrategy-worker-{INDEX}-"))
 with open(os.path.join(OUT, f"worker-{INDEX}.json"), "w") as out:
     json.dump(result, out)

@@ -14,6 +14,7 @@ from tfstrategy.cli._common import add_program_arguments, program_from_args, qui
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch import network_isolation
 from tfstrategy.launch.rendezvous import NodeOptions, parse_master, read_secret, validate_node_options
+from tfstrategy.launch.states import EXIT_STALL
 from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 from tfstrategy.training.precision import precision_environment
@@ -41,9 +42,23 @@ DESCRIPTION = textwrap.dedent(
     Ctrl-C or SIGTERM is passed on to every worker, which get --grace seconds to
     exit. Processes the workers started are stopped with them.
 
-    Exit status: 0 when every worker exits 0; else the first failed worker's status
-    (128+N when killed by signal N), {JOIN_TIMEOUT_STATUS} when workers did not join
-    in time, 130 on Ctrl-C, 2 on invalid options.
+    Root cause first: each worker records its first uncaught exception; the report
+    names the earliest real failure across workers (and nodes) and shows TensorFlow's
+    echoes of it on the peers (UnavailableError, "Collective ops is aborted") as
+    consequences. A worker that stops advancing while its peers wait (stopped, busy
+    in a callback, blocked on input) is named after --stall-report seconds (more when
+    a step is slow), with every worker's Python stack; --stall-timeout fails the job.
+    The workers die with the launcher, however it ends (SIGKILL included).
+
+    Exit status (for Slurm --requeue and Kubernetes podFailurePolicy):
+      0    every worker exited 0
+      1    a worker failed (its own status or signal is in the report)
+      75   preempted: every worker saved and exited 75; requeue the job
+      {JOIN_TIMEOUT_STATUS}  not every worker (or node) joined within --timeout
+      {EXIT_STALL}  a worker stalled past --stall-timeout
+      128+N  the launcher received signal N (130 Ctrl-C, 143 SIGTERM, even when
+           workers had to be SIGKILLed after --grace)
+      2    invalid options
 
     Several machines (--nnodes N): run the same command on each, with its own
     --node-rank (or TFSTRATEGY_NODE_RANK) and the same --master HOST:PORT, the
@@ -55,8 +70,17 @@ DESCRIPTION = textwrap.dedent(
     channel: a failure on any node stops every worker on every node, --max-restarts
     restarts the whole group on every node, Ctrl-C on any launcher stops the whole
     job, and a node missing at --timeout fails every launcher, naming its rank.
-    TensorFlow's servers listen on all interfaces: allow their ports only between
-    the nodes (see the README's "Several machines without a scheduler")."""
+    A node silent for 10 s (frozen, unplugged) is lost: that fails the round. When
+    node 0's launcher is lost, every node stops: restart the launcher on all nodes.
+
+    What is authenticated: only this control channel. Every message carries the
+    job's identity, a sequence number and an HMAC under per-connection keys, so a
+    man in the middle can cut it (the job stops, naming the node) but cannot join,
+    forge, replay or reorder. NOT authenticated: TensorFlow's own gRPC servers, the
+    workers' ports. They accept anyone and listen on every interface (TensorFlow
+    has no option to bind one address): whoever reaches them can run operations in
+    the workers. Allow those ports only between the nodes: firewall rules in
+    docs/guides/clusters.md, "Security model"."""
 )
 
 EPILOG = textwrap.dedent(
@@ -66,6 +90,7 @@ EPILOG = textwrap.dedent(
       tfstrategy launch -n 4 --max-restarts 2 --backup-dir /tmp/ckpt -- python train.py
       tfstrategy launch -n 2 --timeout 60 -- python train.py
       tfstrategy launch -n 2 --audit stop -- python -m mypackage.train
+      tfstrategy launch -n 4 --log-dir logs --tee --console-workers 0 -- python train.py
 
     two machines, 10.0.0.5 (node 0) and 10.0.0.6, with 2 workers each:
       export TFSTRATEGY_LAUNCH_SECRET=$(cat ~/.tfstrategy-secret)   # the same file on both
@@ -100,6 +125,19 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("--sentinel", default="epoch", metavar="WHEN",
                         help="check that every worker and replica holds the same finite weights: epoch (default: "
                         "at each epoch's end), every N steps, or off (env TFSTRATEGY_SENTINEL)")
+    parser.add_argument("--stall-report", type=float, default=30.0, metavar="S",
+                        help="seconds without progress before a stuck worker is named and every worker's stack "
+                        "printed (default: 30; 20 steps' time when that is longer)")
+    parser.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
+                        help=f"seconds without progress that fail the job with status {EXIT_STALL} (or restart it "
+                        "with --max-restarts) (default: 120; 0: only report stalls)")
+    output = parser.add_argument_group("output")
+    output.add_argument("--log-dir", type=Path, metavar="DIR",
+                        help="write each worker's stdout and stderr to DIR/attempt-K/worker-I/{stdout,stderr}.log "
+                        "instead of the console")
+    output.add_argument("--tee", action="store_true", help="with --log-dir: also copy the output to the console")
+    output.add_argument("--console-workers", metavar="LIST",
+                        help="only these workers' lines on the console, e.g. 0 or 0,2 (default: every worker's)")
     parser.add_argument("--isolate-network", action="store_true",
                         help="run the job in a private network namespace with only loopback, so TensorFlow's servers "
                         "(which listen on 0.0.0.0) are unreachable from other hosts; workers then have no network")
@@ -139,8 +177,28 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             grace=args.grace,
             audit=args.audit,
             nodes=nodes,
+            stall_report=args.stall_report,
+            stall_timeout=None if args.stall_timeout == 0 else args.stall_timeout,
+            log_dir=args.log_dir,
+            tee=args.tee,
+            console_workers=_worker_list(args.console_workers),
         )
     )
+
+
+def _worker_list(text: str | None) -> frozenset[int] | None:
+    """``--console-workers 0,2`` as indices.
+
+    Raises:
+        LaunchError: anything but comma-separated non-negative integers.
+    """
+    if text is None:
+        return None
+    parts = [part.strip() for part in text.split(",")]
+    if not parts or not all(part.isdigit() for part in parts):
+        raise LaunchError(f"Received --console-workers {text!r}; expected comma-separated worker indices, e.g. "
+                          "--console-workers 0 or --console-workers 0,2.")
+    return frozenset(int(part) for part in parts)
 
 
 def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> NodeOptions | None:
@@ -182,9 +240,13 @@ def _command_line(args: argparse.Namespace, options: LaunchOptions) -> list[str]
     """These arguments as a ``tfstrategy`` command line (to re-run it in a network namespace)."""
     line = ["launch", "-n", str(options.num_workers), "--max-restarts", str(options.max_restarts),
             "--timeout", str(args.timeout), "--grace", str(options.grace), "--audit", options.audit,
-            "--isolate-network"]
+            "--stall-report", str(args.stall_report), "--stall-timeout", str(args.stall_timeout), "--isolate-network"]
     if options.backup_dir is not None:
         line += ["--backup-dir", str(options.backup_dir.resolve())]
+    if options.log_dir is not None:
+        line += ["--log-dir", str(options.log_dir.resolve())] + (["--tee"] if options.tee else [])
+    if args.console_workers is not None:
+        line += ["--console-workers", args.console_workers]
     if args.debug:
         line.append("--debug")
     if args.precision:

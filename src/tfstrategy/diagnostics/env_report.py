@@ -29,6 +29,7 @@ from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
 from tfstrategy._versions import LEGACY_KERAS_TRUE
 from tfstrategy.errors import TFStrategyError
+from tfstrategy.launch.exposure import describe_tf_config_exposure, network_interfaces
 from tfstrategy.multiworker.cluster import read_tf_config, validate_tf_config
 from tfstrategy.multiworker.slurm import cluster_from_slurm_step, read_slurm_step
 from tfstrategy.selection.choose import choose
@@ -165,6 +166,8 @@ class EnvReport:
     #: The process-wide steps of select() and of the run/launch hook here, from the one plan (tfstrategy.plan).
     select_steps: tuple[str, ...] = field(default_factory=tuple)
     hook_steps: tuple[str, ...] = field(default_factory=tuple)
+    #: Where this task's TensorFlow server will listen, and who can reach it.
+    tensorflow_server: str = "none (no TF_CONFIG task)"
 
 
 def keras_flavour(env: Mapping[str, str]) -> tuple[str, str | None]:
@@ -379,7 +382,7 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
         tf_build=dict(tf_.sysconfig.get_build_info()),
         devices=devices,
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
-        settings_env={key: env[key] for key in sorted(env) if key.startswith("TFSTRATEGY_")},
+        settings_env={key: shown_value(key, env[key]) for key in sorted(env) if key.startswith("TFSTRATEGY_")},
         slurm={key: env[key] for key in sorted(env) if key.startswith("SLURM_")},
         slurm_step=describe_slurm_step(env),
         tf_config=tf_config,
@@ -387,7 +390,19 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
         patches=preview_patches(env),
         problems=tuple(problems),
         **preview_steps(env),
+        tensorflow_server=describe_tf_config_exposure(tf_config.config, network_interfaces()),
     )
+
+
+#: Words that mark a variable whose value the report (pasted into bug reports) never shows.
+SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD")
+
+
+def shown_value(key: str, value: str) -> str:
+    """``value`` as the report shows it: a secret only as set and its length."""
+    if any(word in key.upper() for word in SECRET_WORDS):
+        return f"<set, {len(value)} characters, not shown>"
+    return value
 
 
 def preview_steps(env: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
@@ -524,6 +539,7 @@ def env_report_lines(report: EnvReport) -> list[tuple[str, str]]:
         ("Slurm", _mapping_line(report.slurm, SLURM_SHOWN, "not under Slurm (no SLURM_* variables)")),
         *([("Slurm job step", report.slurm_step)] if report.slurm else []),
         ("TFSTRATEGY_* variables", _mapping_line(report.settings_env, None, "none")),
+        ("TensorFlow server", report.tensorflow_server),
         ("select() would choose", _selection_line(report)),
         ("Keras patches", "; ".join(report.patches) or "none"),
         ("select() steps", ", ".join(report.select_steps) or "none"),

@@ -52,6 +52,15 @@ def _script_line() -> str:
     return "an unknown line"
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _called_by_tfstrategy(depth: int = 2) -> bool:
+    """Whether tfstrategy's own code (``select()``, the checks) is creating the strategy: it chose it explicitly."""
+    caller = sys._getframe(depth).f_code.co_filename
+    return os.path.abspath(caller).startswith(_PACKAGE + os.sep) and "hook_strategies" not in caller
+
+
 def prepare_collectives() -> str | None:
     """Configure collectives and the collective server before the first op, as MultiWorkerMirroredStrategy would."""
     from tfstrategy import _compat
@@ -149,7 +158,7 @@ def mirrored_devices() -> str:
 
         def new(original: Any) -> Callable[..., Any]:
             def __new__(klass: type, devices: Any = None, cross_device_ops: Any = None) -> Any:
-                if klass is not cls:
+                if klass is not cls or (devices is not None and _called_by_tfstrategy()):
                     return object.__new__(klass)
                 request = None if devices is None else _parse(devices)
                 listed = None if devices is None else (request.devices if request is not None else ())
@@ -173,9 +182,10 @@ def mirrored_devices() -> str:
         @functools.wraps(original)
         def __init__(self: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
             if devices is None:
-                return original(self, chosen, cross_device_ops)
+                original(self, chosen, cross_device_ops)
+                return
             _check_listed(devices, chosen)
-            return original(self, devices, cross_device_ops)
+            original(self, devices, cross_device_ops)
 
         return __init__
 
@@ -231,7 +241,9 @@ def refuse_unjoinable() -> str | None:
 
     def refusing(what: str) -> Callable[[Any], Callable[..., Any]]:
         def factory(original: Callable[..., Any]) -> Callable[..., Any]:
-            def refused(self: Any, *args: Any, **kwargs: Any) -> None:  # __init__, or ClusterCoordinator's __new__
+            def refused(self: Any, *args: Any, **kwargs: Any) -> Any:  # __init__, or ClusterCoordinator's __new__
+                if _called_by_tfstrategy():
+                    return original(self, *args, **kwargs)
                 _state().strategies.append(f"{what} (refused)")
                 raise StrategyError(one_job.refusal(what, config.num_workers))
 

@@ -1,31 +1,35 @@
-"""A launcher's part in a multi-node job: the glue between the supervisor and the rendezvous.
+"""A launcher's part in a multi-node job: the :class:`~tfstrategy.launch.coordinator.Coordinator` of ``--nnodes``.
 
-:class:`MultiNode` is what :class:`~tfstrategy.launch.supervisor.Launcher` talks to when
+:class:`RendezvousCoordinator` is what :class:`~tfstrategy.launch.supervisor.Launcher` talks to when
 ``--nnodes`` > 1: on node 0 it also hosts the :class:`~tfstrategy.launch.rendezvous.RendezvousServer`;
-on every node it speaks to that server through a :class:`~tfstrategy.launch.rendezvous.RendezvousClient`.
+on every node it speaks to that server through a :class:`~tfstrategy.launch.rendezvous.RendezvousClient`,
+and turns node 0's messages into the supervisor's :class:`~tfstrategy.launch.coordinator.Event`.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch import processes
-from tfstrategy.launch.processes import WorkerFailure
+from tfstrategy.launch import exposure, processes
+from tfstrategy.launch.coordinator import Cluster, Event, EventType
+from tfstrategy.launch.diagnosis import is_consequence
 from tfstrategy.launch.rendezvous import EventKind, JobEvent, NodeOptions, RendezvousClient, RendezvousServer
+from tfstrategy.launch.states import EXIT_FAILURE, EXIT_JOIN_TIMEOUT, EXIT_STALL, EndReason, Failure
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 
-__all__ = ["MultiNode", "failure_from_event", "describe_end", "secret_free_environment"]
+__all__ = ["RendezvousCoordinator", "failure_from_event", "describe_end", "secret_free_environment"]
 
 if TYPE_CHECKING:
     from tfstrategy.launch.supervisor import LaunchOptions
 
 #: Exit status when a node did not arrive in time (as for workers that do not join).
-TIMEOUT_STATUS = 124
+TIMEOUT_STATUS = EXIT_JOIN_TIMEOUT
 
 
-class MultiNode:
+class RendezvousCoordinator:
     """This launcher's seat in a job of several nodes.
 
     Args:
@@ -40,10 +44,11 @@ class MultiNode:
     def __init__(self, options: LaunchOptions, *, say: Callable[[str], None], interrupted: Callable[[], bool]) -> None:
         node = _nodes_of(options)
         workers, restarts = options.num_workers, options.max_restarts
-        self.node, self.say = node, say
-        self.rank = node.node_rank
+        self.options, self.node, self.say = options, node, say
+        self._rank = node.node_rank
         self.first_worker = node.node_rank * workers
         self._server = None
+        self._warned = False  # about TensorFlow's servers being reachable: once per launcher
         if node.node_rank == 0:
             self._server = RendezvousServer(node, workers_per_node=workers, max_restarts=restarts,
                                             timeout=options.join_timeout, say=say)
@@ -51,44 +56,55 @@ class MultiNode:
         self._client = RendezvousClient(node, workers_per_node=workers, max_restarts=restarts, interrupted=interrupted)
 
     @property
+    def rank(self) -> int | None:
+        return self._rank
+
+    @property
     def round(self) -> int:
         return self._client.round
 
-    def connect(self, timeout: float | None) -> JobEvent | None:
+    def connect(self) -> Event | None:
         """Join node 0's rendezvous; the event that ended the job instead (node 0 not reachable in time)."""
-        ended = self._client.connect(timeout)
-        if ended is None and self._client.address:
-            self.say(f"node {self.rank} of {self.node.nnodes} joined the rendezvous at {self.node.master}; "
+        ended = self._client.connect(self.options.join_timeout)
+        if ended is not None:
+            return self._event(ended)
+        if self._client.address:
+            self.say(f"node {self.node.node_rank} of {self.node.nnodes} joined the rendezvous at {self.node.master}; "
                      f"its workers are reached at {self._client.address}")
-        return ended
+        return None
 
-    def free_ports(self, count: int) -> list[int]:
+    def ports(self, count: int) -> list[int]:
         """Ports free on this node's advertised address (any address when it is not local, behind NAT)."""
         try:
             return processes.free_ports(count, self._client.address)
         except OSError:
             return processes.free_ports(count, "")
 
-    def form(self, attempt: int, ports: list[int]) -> JobEvent | None:
-        return self._client.form(attempt, ports)
+    def form(self, attempt: int, ports: list[int]) -> Cluster | Event:
+        formed = self._client.form(attempt, ports)
+        if formed is not None and formed.kind is EventKind.CLUSTER:
+            if not self._warned:  # TensorFlow's servers reachable from other hosts: once per launcher
+                warning = exposure.exposure_warning(ports, exposure.network_interfaces())
+                self._warned = True
+                if warning:
+                    self.say(warning)
+            return Cluster(tuple(str(a) for a in formed.data["workers"]), self.first_worker)
+        return self._event(formed)
 
-    def poll(self) -> JobEvent | None:
+    def poll(self) -> Event | None:
         event = self._client.poll()
-        return None if event is not None and event.kind is EventKind.CLUSTER else event
+        if event is None or event.kind is EventKind.CLUSTER:
+            return None
+        return self._event(event)
 
-    def finish(self, attempt: int) -> JobEvent | None:
-        return self._client.finish(attempt)
+    def decide(self, attempt: int, failure: Failure) -> Event:
+        """Node 0's decision after a failure here: the round's first failure (maybe another node's), restart or not."""
+        return self._event(self._client.report_failure(attempt, failure_to_message(failure)))
 
-    def verdict(self, attempt: int, outcome: WorkerFailure | JobEvent | None) -> JobEvent | None:
-        """Node 0's decision after a failure here (reported to it) or elsewhere (already its event)."""
-        if isinstance(outcome, WorkerFailure):
-            return self._client.report_failure(attempt, {
-                "worker": outcome.index, "reason": outcome.reason, "status": outcome.status,
-                "lines": list(outcome.last_lines),
-            })
-        return outcome
+    def finish(self, attempt: int) -> Event:
+        return self._event(self._client.finish(attempt))
 
-    def request_stop(self, signum: int) -> None:
+    def stop(self, signum: int) -> None:
         self._client.request_stop(signum)
 
     def close(self, grace: float) -> None:
@@ -99,14 +115,44 @@ class MultiNode:
         if self._server is not None:
             self._server.close()
 
+    def _event(self, event: JobEvent | None) -> Event:
+        if event is None:  # interrupted while waiting: the supervisor handles its own signal
+            return Event(type=EventType.STOP, reason=EndReason.INTERRUPTED)
+        if event.kind is EventKind.FINISHED:
+            return Event(type=EventType.FINISHED, reason=EndReason.SUCCEEDED, status=0)
+        if event.kind is EventKind.FAILED:
+            return Event(type=EventType.FAILED, failure=failure_from_event(event), restart=bool(event.data.get("restart")))
+        if event.kind is EventKind.STOP:
+            signum = int(event.data.get("signal") or signal.SIGTERM)
+            node = event.data.get("node")
+            return Event(type=EventType.STOP, signum=signum, node=None if node is None else int(node),
+                         reason=EndReason.INTERRUPTED)
+        status, message = describe_end(event, self.options)
+        reason = EndReason.JOIN_TIMEOUT if event.kind is EventKind.TIMEOUT else EndReason.LOST
+        return Event(type=EventType.END, status=status, message=message, reason=reason)
 
-def failure_from_event(event: JobEvent) -> WorkerFailure:
+
+def failure_to_message(failure: Failure) -> dict[str, Any]:
+    """A failure as the rendezvous relays it."""
+    return {"worker": failure.index, "reason": failure.reason, "status": failure.status,
+            "lines": list(failure.last_lines), "time": failure.time, "consequential": failure.consequential,
+            "exit_status": failure.exit_status, "logs": list(failure.logs)}
+
+
+def failure_from_event(event: JobEvent) -> Failure:
     """The failure node 0 relayed, as this launcher reports it."""
     data = event.data
-    worker = data.get("worker")
-    return WorkerFailure(index=None if worker is None else int(worker), node=int(data.get("node", -1)),
-                         reason=str(data.get("reason", "failed")), status=int(data.get("status", 1)),
-                         last_lines=tuple(str(line) for line in data.get("lines", ())))
+    worker, status = data.get("worker"), int(data.get("status", 1))
+    reason, lines = str(data.get("reason", "failed")), tuple(str(line) for line in data.get("lines", ()))
+    # A rendezvous that relays only worker, reason, status and lines: the rest follows from them.
+    exit_status = int(data.get("exit_status", status if status in (EXIT_JOIN_TIMEOUT, EXIT_STALL) else EXIT_FAILURE))
+    consequential = data.get("consequential")
+    if consequential is None:
+        consequential = is_consequence(None, ["Traceback (most recent call last):", reason.split(": ", 1)[-1]])
+    return Failure(index=None if worker is None else int(worker), node=int(data.get("node", -1)),
+                   reason=reason, status=status, last_lines=lines, time=float(data.get("time", 0.0)),
+                   consequential=bool(consequential), exit_status=exit_status,
+                   logs=tuple(str(path) for path in data.get("logs", ())))
 
 
 def _nodes_of(options: LaunchOptions) -> NodeOptions:
@@ -132,6 +178,9 @@ def describe_end(event: JobEvent | None, options: LaunchOptions) -> tuple[int, s
             f"(arrived: {arrived or 'none'}). Start 'tfstrategy launch --nnodes {node.nnodes} --node-rank {missing} "
             f"--master {node.master} ...' on that machine with the same secret, check that it can reach "
             f"{node.master}, or raise --timeout")
+    if event is not None and event.kind is EventKind.FAILED:  # e.g. a node broke the protocol while a round formed
+        failure = failure_from_event(event)
+        return failure.status, failure.report()
     if event is not None and event.kind is EventKind.LOST:
         why = event.data.get("why") or "node 0's launcher stopped, or the network between the nodes failed"
         return 1, f"lost the connection to node 0's rendezvous at {node.master} ({why}); stopped this node's workers"

@@ -1,32 +1,40 @@
-"""The processes of a worker group: starting, watching, describing and stopping them.
+"""The processes of a worker group behind a small interface: start, observe, signal, stop.
 
-The launcher's side that touches processes (:mod:`tfstrategy.launch.supervisor`
-decides what to do with them): each worker runs in its own process group with
-an output pump that prefixes its lines and keeps its last ones; a failure is
-described from its status and output; the launcher becomes the subreaper of
-everything its workers start.
+:class:`WorkerHandle` is all the supervisor knows of a worker; :class:`LocalProcess` is the real
+one (the launcher's policy tests use fakes that start nothing). A real worker runs in its own
+process group and session, with its output pumped (:mod:`tfstrategy.launch.output`), the
+files of :mod:`tfstrategy.launch.reports` beside its join file, and the launcher's lifeline:
+the read end of a pipe whose end-of-file tells the worker's hook that the launcher is gone,
+and the :mod:`tfstrategy.launch.reaper` that stops everything of the job if the launcher dies.
+The launcher is also the subreaper of what its workers start (Linux), so a child that left its
+worker's group with ``setsid`` is found and stopped at the job's end.
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import os
-import re
 import signal
 import socket
 import subprocess
-import threading
-from collections.abc import Mapping, Sequence
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, Protocol
 
-__all__ = ["LOOPBACK", "free_ports", "failure_reason", "become_subreaper", "WorkerFailure"]
+from tfstrategy.launch import reaper as reaper_script
+from tfstrategy.launch.diagnosis import LOOPBACK, describe_status, exception_line, exit_status, failure_reason
+from tfstrategy.launch.monitor import Observation
+from tfstrategy.launch.output import Console, Pump, Tail
+from tfstrategy.launch.reports import read_error, read_progress
+from tfstrategy.launch.worker_watch import STACK_SIGNAL
 
-LOOPBACK = "127.0.0.1"
-#: Lines of a failed worker's output repeated in the failure report.
-TAIL_LINES = 15
+__all__ = [
+    "LOOPBACK", "free_ports", "become_subreaper", "WorkerSpec", "WorkerHandle", "LocalProcess", "Lifeline",
+    "stop_workers", "describe_status", "exception_line", "exit_status", "failure_reason",
+]
 
 
 def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
@@ -42,13 +50,13 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             sock.bind((host, 0))
             sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
+        return [int(sock.getsockname()[1]) for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
 
 
-def _is_listening(port: int) -> bool:
+def is_listening(port: int) -> bool:
     try:
         with socket.create_connection((LOOPBACK, port), timeout=0.5):
             return True
@@ -56,59 +64,16 @@ def _is_listening(port: int) -> bool:
         return False
 
 
-def _describe_status(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"was killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with status {returncode}"
-
-
-def _exit_status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
-#: The last line of a Python traceback: ``ValueError: ...``, ``module.Error: ...``, ``KeyboardInterrupt``.
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b(?::.*)?$")
-#: What TensorFlow (gRPC) prints when a worker's port is taken.
-_PORT_IN_USE = re.compile(r"Could not start gRPC server|[Aa]ddress already in use|Failed to add port")
-
-
-def exception_line(lines: Sequence[str]) -> str | None:
-    """The last line of the last Python traceback in ``lines``, if any."""
-    after_traceback = False
-    found = None
-    for line in lines:
-        if line.startswith("Traceback (most recent call last)"):
-            after_traceback = True
-        elif after_traceback and _EXCEPTION_LINE.match(line.strip()):
-            found = line.strip()
-    return found
-
-
-def failure_reason(returncode: int, lines: Sequence[str], port: int, joined: bool) -> str:
-    """The headline of a failed worker: status or signal, the exception, and a port conflict only if seen."""
-    reason = _describe_status(returncode) + ("" if joined else " before joining")
-    exception = exception_line(lines)
-    if exception:
-        reason += f": {exception}"
-    if any(_PORT_IN_USE.search(line) for line in lines):
-        reason += (f"; TensorFlow could not serve on its port {LOOPBACK}:{port}, which another process holds. "
-                   "Stop that process, or restart the job to get new free ports")
-    return reason
-
-
 def become_subreaper() -> bool:
     """Make orphaned descendants children of this process (Linux), so none escapes the job's end."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+        return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         return False
 
 
-def _own_children(exclude: set[int]) -> list[int]:
+def own_children(exclude: set[int]) -> list[int]:
     """Live processes whose parent is this process (orphans reparented to the subreaper), minus ``exclude``."""
     me, children = os.getpid(), []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
@@ -124,70 +89,171 @@ def _own_children(exclude: set[int]) -> list[int]:
     return children
 
 
-@dataclass(kw_only=True)
-class WorkerFailure:
-    """Why the job (or one attempt of it) stopped."""
+def _is_stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
-    index: int | None
-    reason: str
-    status: int
-    last_lines: tuple[str, ...] = ()
-    #: The node of a multi-node job the failure happened on (``None`` on one machine).
-    node: int | None = None
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSpec:
+    """Everything needed to start one worker."""
+
+    index: int
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    port: int
+    join_file: Path
+    error_file: Path
+    progress_file: Path
+    #: ``stdout.log``, ``stderr.log`` (``--log-dir``), or ``None``: merged output, no files.
+    logs: tuple[Path, Path] | None = None
+    #: Whether this worker's lines go to the console.
+    console: bool = True
+
+
+class WorkerHandle(Protocol):
+    """What the supervisor needs of a worker (a process, or a test's fake)."""
+
+    index: int
+    port: int
+    pid: int
+    logs: tuple[str, ...]
+
+    def poll(self) -> int | None: ...
+
+    def observe(self) -> Observation: ...
+
+    def signal_group(self, signum: int) -> None: ...
+
+    def dump_stacks(self) -> None: ...
+
+    def wait(self) -> int: ...
+
+    def last_lines(self) -> tuple[str, ...]: ...
+
+    def output_lost(self) -> OSError | None: ...
+
+    def close(self) -> None: ...
+
+
+class Lifeline:
+    """The pipe every worker holds the read end of, and the reaper that acts if the launcher dies."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.read_fd, self._write_fd = os.pipe()
+        self._reaper: subprocess.Popen[bytes] | None = None
+        try:
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(Path(reaper_script.__file__)), tag], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+            )
+        except OSError:
+            self._reaper = None  # the workers' hooks and PR_SET_PDEATHSIG still end them
 
     @property
-    def who(self) -> str:
-        worker = f"worker {self.index}"
-        if self.node is None:
-            return worker
-        return f"node {self.node}'s launcher" if self.index is None else f"node {self.node} {worker}"
+    def pid(self) -> int:
+        return -1 if self._reaper is None else self._reaper.pid
 
-    def report(self) -> str:
-        """The failure and the worker's last lines, for the terminal."""
-        lines = [f"{self.who} {self.reason}"]
-        if self.last_lines:
-            lines.append(f"last {len(self.last_lines)} line(s) of {self.who}:")
-            lines.extend(f"  | {line}" for line in self.last_lines)
-        return "\n".join(lines)
+    def watch(self, pgid: int) -> None:
+        if self._reaper is not None and self._reaper.stdin is not None:
+            try:
+                self._reaper.stdin.write(f"pgid {pgid}\n".encode())
+                self._reaper.stdin.flush()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """The launcher ends the job itself: release the reaper and the pipe."""
+        if self._reaper is not None and self._reaper.stdin is not None:
+            try:
+                self._reaper.stdin.write(b"done\n")
+                self._reaper.stdin.close()
+            except OSError:
+                pass
+            try:
+                self._reaper.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+                self._reaper.wait()
+        for fd in (self.read_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
-class _Worker:
-    """One worker process, its output pump and its recent lines."""
+class LocalProcess:
+    """One worker process: its pumps, tail, files and process group.
 
-    def __init__(self, index: int, command: Sequence[str], env: Mapping[str, str], port: int, join_file: Path,
-                 out: TextIO, lock: threading.Lock) -> None:
-        self.index, self.port, self.join_file = index, port, join_file
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.process = subprocess.Popen(
-            list(command), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True,
+    Raises:
+        OSError: the command could not be started.
+    """
+
+    def __init__(self, spec: WorkerSpec, console: Console, lifeline: Lifeline | None) -> None:
+        self.spec, self.index, self.port = spec, spec.index, spec.port
+        self.logs = tuple(str(path) for path in spec.logs) if spec.logs else ()
+        self.tail = Tail()
+        self._console = console
+        self._next_port_check = 0.0
+        self._drained = False
+        self._listening = False
+        env = dict(spec.env)
+        fds: tuple[int, ...] = ()
+        if lifeline is not None:
+            fds = (lifeline.read_fd,)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe() if spec.logs else (None, None)
+        try:
+            self.process = subprocess.Popen(
+                list(spec.command), env=env, stdin=subprocess.DEVNULL, stdout=out_w,
+                stderr=subprocess.STDOUT if err_w is None else err_w, start_new_session=True, pass_fds=fds,
+            )
+        except OSError:
+            for fd in (out_r, out_w, err_r, err_w):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        self.pid = self.process.pid
+        os.close(out_w)
+        if err_w is not None:
+            os.close(err_w)
+        if lifeline is not None:
+            lifeline.watch(self.process.pid)
+        show = console if spec.console else None
+        prefix = f"[worker {spec.index}] "
+        logs: tuple[BinaryIO | None, BinaryIO | None] = (None, None)
+        if spec.logs:
+            for path in spec.logs:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            logs = (open(spec.logs[0], "ab"), open(spec.logs[1], "ab"))  # noqa: SIM115 (the pump closes them)
+        self._pumps = [Pump(out_r, prefix=prefix, console=show, log=logs[0], tail=self.tail)]
+        if err_r is not None:
+            self._pumps.append(Pump(err_r, prefix=prefix, console=show, log=logs[1], tail=self.tail))
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def observe(self) -> Observation:
+        code = self.process.poll()
+        joined = self.spec.join_file.exists()
+        starting = Path(f"{self.spec.join_file}.starting").exists()
+        now = time.monotonic()
+        listening = self._listening
+        if not joined and not listening and code is None and now >= self._next_port_check:
+            # A program the start-up hook cannot reach (not Python) signals nothing; its
+            # TensorFlow server accepting connections is the next best sign (see the monitor).
+            self._next_port_check = now + 0.5
+            listening = self._listening = is_listening(self.port)
+        return Observation(
+            returncode=code, starting=starting, joined=joined, listening=listening,
+            progress=read_progress(self.spec.progress_file),
+            error=read_error(self.spec.error_file) if code is not None or self.spec.error_file.exists() else None,
+            stopped=code is None and _is_stopped(self.process.pid),
         )
-        self.joined_at: float | None = None
-        self.output_lost: OSError | None = None
-        self._pump = threading.Thread(target=self._copy_output, args=(out, lock), daemon=True)
-        self._pump.start()
-
-    def _copy_output(self, out: TextIO, lock: threading.Lock) -> None:
-        stdout = self.process.stdout
-        if stdout is None:  # only when started without stdout=PIPE, which this class never does
-            return
-        for raw in iter(stdout.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            self.tail.append(line)
-            if self.output_lost is not None:
-                continue  # keep draining: a worker blocked on a full pipe would stall the whole job
-            with lock:
-                try:
-                    out.write(f"[worker {self.index}] {line}\n")
-                    out.flush()
-                except (BrokenPipeError, ValueError, OSError) as error:  # the reader went away (| head)
-                    self.output_lost = error if isinstance(error, OSError) else BrokenPipeError(str(error))
-
-    def last_lines(self) -> tuple[str, ...]:
-        # Let the pump drain what the process wrote before dying; a child that
-        # inherited the pipe may keep it open, hence the bound.
-        self._pump.join(timeout=1.0)
-        return tuple(self.tail)
 
     def signal_group(self, signum: int) -> None:
         try:
@@ -195,11 +261,67 @@ class _Worker:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def dump_stacks(self) -> None:
+        """Ask the worker's hook for every thread's stack (only a hooked Python worker, which handles it)."""
+        if self.process.poll() is None and self.spec.progress_file.exists():
+            try:
+                os.kill(self.process.pid, STACK_SIGNAL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def wait(self) -> int:
+        return self.process.wait()
+
+    def last_lines(self) -> tuple[str, ...]:
+        # Let the pumps drain what the process wrote before dying (once); a child that
+        # inherited the pipe may keep it open, hence the bound.
+        if not self._drained and self.process.poll() is not None:
+            self._drained = True
+            for pump in self._pumps:
+                pump.join(timeout=1.0)
+        return self.tail.lines()
+
+    def output_lost(self) -> OSError | None:
+        return self._console.lost
+
     def close(self) -> None:
-        self._pump.join(timeout=1.0)
-        # A descendant may still hold the pipe open; closing it under the reading
-        # thread would block until that descendant exits, so leave it to the pump.
-        if self.process.stdout is not None and not self._pump.is_alive():
-            self.process.stdout.close()
+        for pump in self._pumps:
+            pump.join(timeout=1.0)
 
 
+def stop_workers(workers: Sequence[WorkerHandle], *, grace: float, signum: int = signal.SIGTERM,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> list[int]:
+    """Signal every worker's process group, SIGKILL what is left after ``grace`` seconds, reap all.
+
+    Returns:
+        The workers' exit statuses (128+N for signal N).
+    """
+    if grace:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.signal_group(signum)
+    deadline = clock() + grace
+    while clock() < deadline and any(worker.poll() is None for worker in workers):
+        sleep(0.05)
+    for worker in workers:
+        worker.signal_group(signal.SIGKILL)  # also reaches children a worker left behind after it exited
+    return [exit_status(worker.wait()) for worker in workers]
+
+
+def stop_orphans(workers: set[int]) -> None:
+    """SIGKILL and reap the descendants reparented to this launcher (the subreaper), until none is left."""
+    for _ in range(50):
+        orphans = own_children(workers)
+        if not orphans:
+            return
+        for pid in orphans:
+            for kill, target in ((os.killpg, pid), (os.kill, pid)):
+                try:
+                    kill(target, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for pid in orphans:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass

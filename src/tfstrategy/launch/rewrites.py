@@ -11,7 +11,7 @@ a status. :data:`REWRITES` holds every rewrite installed in this process;
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -29,11 +29,12 @@ class Rewrite(Patch):
     upstream = "none: a rewrite of tfstrategy's start-up hook, not a workaround"
     verified_up_to = ""
 
-    def __init__(self, name: str, module: Callable[[], ModuleType | None],
-                 factories: dict[str, Callable[[Any], Any]], *, detail: str = "") -> None:
+    def __init__(self, name: str, module: Callable[..., ModuleType | None],
+                 factories: Mapping[str, Callable[..., Any]], *, detail: str = "") -> None:
         super().__init__()
-        self.name = name
-        self.targets = tuple(factories)
+        # A rewrite's name and targets are its instance's (a Patch's are its class's).
+        self.name = name  # type: ignore[misc]
+        self.targets = tuple(factories)  # type: ignore[misc]
         self._module = module
         self._factories = factories
         self._owned: dict[str, bool] = {}
@@ -45,8 +46,9 @@ class Rewrite(Patch):
     def run_probe(self, module: ModuleType) -> ProbeResult:
         return ProbeResult({target: True for target in self.targets})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        return self._factories[target](original)
+    def replacement(self, target: str, original: Any) -> Callable[..., Any]:
+        replacement: Callable[..., Any] = self._factories[target](original)
+        return replacement
 
     def library(self) -> str:
         root = str(getattr(self.target_module(), "__name__", "?")).split(".", 1)[0]

@@ -1,47 +1,31 @@
-"""Start and supervise a group of local MultiWorkerMirroredStrategy workers.
+"""Start and supervise a group of MultiWorkerMirroredStrategy workers: one monitor loop over named states.
 
-``tfstrategy launch -n N -- python train.py`` (in the spirit of ``torchrun
---standalone``): N processes of the same command, each with a ``TF_CONFIG``
-naming free ports on 127.0.0.1 and the ``TFSTRATEGY_*`` variables of
-:mod:`tfstrategy.multiworker.worker_protocol`. TensorFlow alone handles failures badly: a peer that
-never starts leaves the others blocked in the strategy's constructor forever,
-a dead peer surfaces as an ``UnavailableError`` seconds later on the survivors
-only. The launcher therefore:
+``tfstrategy launch -n N -- python train.py`` (in the spirit of ``torchrun``): N processes of the
+same command, each with a ``TF_CONFIG`` naming free ports and the ``TFSTRATEGY_*`` variables of
+:mod:`tfstrategy.multiworker.worker_protocol`. TensorFlow alone handles failures badly: a peer
+that never starts blocks the others in the strategy's constructor forever, a dead peer surfaces
+seconds later as an ``UnavailableError`` on the survivors, a stopped one only when the collective
+timeout fires. The :class:`Launcher` therefore runs one loop: each tick it observes every worker
+(:class:`~tfstrategy.launch.processes.WorkerHandle`), lets the pure
+:class:`~tfstrategy.launch.monitor.GroupMonitor` turn that into state transitions, and acts on its
+:class:`~tfstrategy.launch.monitor.Decision`:
 
-- prefixes every output line with ``[worker i]``;
-- stops the whole group (SIGKILL: the survivors are stuck in collectives with a
-  dead peer) as soon as one worker exits non-zero or dies, and reports the first
-  failure with its last lines;
-- fails the job, naming the laggards, when not every worker has joined within
-  ``join_timeout`` seconds. A worker joins when its MultiWorkerMirroredStrategy
-  exists (the start-up hook of :mod:`tfstrategy.launch.worker_hook` signals it,
-  however the script created the strategy); for a program the hook cannot reach
-  (not Python), when every worker's server port accepts connections. Once all
-  have joined, the timeout no longer applies: only a failure (or a stall the
-  collective timeout turns into one) ends a job, so a healthy job is never killed;
-- with ``max_restarts``, restarts the whole group on fresh ports, so that
-  per-worker BackupAndRestore state (:func:`tfstrategy.backup_callbacks`) resumes;
-- on SIGINT/SIGTERM passes the signal on to every worker (a preempted worker
-  saves and exits), SIGKILLs what is left after ``grace`` seconds, and returns;
-- keeps draining the workers' output when its own reader goes away
-  (``tfstrategy launch ... | head``), so the job neither stops nor hangs.
+- on the attempt's root cause (the earliest real failure; peers' echoes of it are shown as
+  consequences), stop the group at once and report it with its last lines and log files;
+- on a join timeout, name the worker holding the job up; on a stall, name the stuck worker and
+  ask every worker for its Python stack, then fail past ``--stall-timeout``;
+- with ``max_restarts``, restart the whole group on fresh ports (per-worker backups resume);
+- on SIGINT/SIGTERM, pass the signal on, SIGKILL what is left after ``grace`` seconds, exit 128+N
+  (75 when every worker saved and exited 75).
 
-With ``--nnodes N`` (:mod:`tfstrategy.launch.nodes`, :mod:`tfstrategy.launch.rendezvous`)
-every machine runs one launcher; node 0's hosts the rendezvous that forms each
-attempt's cluster and relays the first failure, the restart decision and stops
-to every node, so the rules above hold for the whole job across machines.
-
-Each worker runs in its own process group so that stopping it also stops any
-process it started, and so that a terminal's Ctrl-C reaches only the launcher,
-which then stops the workers in order. The launcher is also the "subreaper" of
-everything its workers start (Linux), so even a child that left the group with
-``setsid`` is found and stopped when the job ends.
+What lies beyond this machine is a :class:`~tfstrategy.launch.coordinator.Coordinator`: local,
+or node 0's rendezvous (``--nnodes``). Nothing outlives the launcher: every worker holds its
+lifeline and the reaper stops the job if the launcher dies (:mod:`tfstrategy.launch.processes`).
 """
 
 from __future__ import annotations
 
-import json
-import math
+import dataclasses
 import os
 import shutil
 import signal
@@ -49,146 +33,69 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch.nodes import MultiNode, describe_end, failure_from_event, secret_free_environment
+from tfstrategy.launch.coordinator import Coordinator, Event, EventType, LocalCoordinator
+from tfstrategy.launch.monitor import Decision, GroupMonitor, Policy, Verdict
+from tfstrategy.launch.nodes import RendezvousCoordinator, secret_free_environment
+from tfstrategy.launch.options import LaunchOptions, cluster_tf_config, validate_launch_options, worker_tf_config
+from tfstrategy.launch.output import Console
 from tfstrategy.launch.processes import (
-    LOOPBACK,
-    WorkerFailure,
-    _describe_status,
-    _exit_status,
-    _is_listening,
-    _own_children,
-    _Worker,
+    Lifeline,
+    LocalProcess,
+    WorkerHandle,
+    WorkerSpec,
     become_subreaper,
-    failure_reason,
-    free_ports,
+    stop_orphans,
+    stop_workers,
 )
-from tfstrategy.launch.rendezvous import EventKind, JobEvent, NodeOptions, validate_node_options
-from tfstrategy.launch.worker_hook import hook_environment, validate_audit_mode
+from tfstrategy.launch.rendezvous import NodeOptions
+from tfstrategy.launch.states import (
+    EXIT_JOIN_TIMEOUT,
+    EXIT_PREEMPTED,
+    EXIT_STALL,
+    EndReason,
+    Failure,
+    RunResult,
+    signal_status,
+)
+from tfstrategy.launch.worker_hook import hook_environment
 from tfstrategy.settings import (
     ENV_BACKUP_DIR,
+    ENV_ERROR_FILE,
+    ENV_JOB_TAG,
     ENV_JOIN_FILE,
+    ENV_LAUNCHER_PID,
+    ENV_LIFELINE_FD,
     ENV_NODE_RANK,
     ENV_NUM_WORKERS,
+    ENV_PROGRESS_FILE,
     ENV_RESTART,
     ENV_WORKER_INDEX,
 )
 
-__all__ = ["JOIN_TIMEOUT_STATUS", "LaunchOptions", "validate_launch_options", "LaunchResult", "Launcher", "launch"]
+__all__ = [
+    "JOIN_TIMEOUT_STATUS", "LaunchOptions", "validate_launch_options", "LaunchResult", "RunResult", "Launcher",
+    "launch", "worker_tf_config", "cluster_tf_config",
+]
 
-#: Exit status of a job whose workers did not all join in time (as coreutils' ``timeout``).
-JOIN_TIMEOUT_STATUS = 124
-_POLL_SECONDS = 0.05
+JOIN_TIMEOUT_STATUS = EXIT_JOIN_TIMEOUT
+#: The name of :class:`RunResult` in tfstrategy 0.2.
+LaunchResult = RunResult
+_POLL_SECONDS = 0.1
 
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchOptions:
-    """What to run and how to supervise it."""
-
-    command: tuple[str, ...]
-    num_workers: int
-    max_restarts: int = 0
-    backup_dir: Path | None = None
-    join_timeout: float | None = 300.0
-    #: Seconds workers get to exit after the launcher passes on SIGINT/SIGTERM.
-    grace: float = 10.0
-    #: What the workers' start-up hook does about variables outside the scope: warn, stop or off.
-    audit: str = "warn"
-    #: This machine's place in a multi-node job (``--nnodes``); ``None``: every worker here.
-    nodes: NodeOptions | None = None
+Spawn = Callable[[WorkerSpec], WorkerHandle]
 
 
-def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
-    """Check the options before anything starts; creates the backup directory.
-
-    Raises:
-        LaunchError: no command or one that cannot be run, fewer than one worker,
-            a negative restart count, a timeout that is not a positive number,
-            or a backup directory that cannot be created or written.
-    """
-    example = "tfstrategy launch -n 2 -- python train.py"
-    if not options.command:
-        raise LaunchError(f"Received no command to run; expected it after '--', e.g. {example}.")
-    if options.num_workers < 1:
-        raise LaunchError(f"Received -n {options.num_workers}; expected 1 or more workers, e.g. {example}.")
-    if options.max_restarts < 0:
-        raise LaunchError(f"Received --max-restarts {options.max_restarts}; expected 0 (never restart) or more.")
-    timeout = options.join_timeout
-    if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
-        raise LaunchError(
-            f"Received --timeout {timeout:g}; expected seconds > 0 for every worker to join, e.g. --timeout 120 "
-            "(or 0 for no limit)."
-        )
-    if not math.isfinite(options.grace) or options.grace < 0:
-        raise LaunchError(f"Received --grace {options.grace:g}; expected seconds >= 0, e.g. --grace 30.")
-    try:
-        validate_audit_mode(options.audit)
-    except Exception as error:
-        raise LaunchError(str(error)) from None
-    _require_runnable(options.command[0], example)
-    if options.nodes is not None:
-        validate_node_options(options.nodes)
-    if options.backup_dir is not None:
-        _require_writable_directory(options.backup_dir)
-    return options
-
-
-def _require_runnable(program: str, example: str) -> None:
-    found = shutil.which(program)
-    if found is not None:
-        return
-    path = Path(program)
-    if os.sep in program and path.is_file():
-        raise LaunchError(
-            f"Received the command {program!r}, a file that is not executable; expected a program, e.g. {example}. "
-            f"Run it through its interpreter ('{sys.executable} {program}') or chmod +x it."
-        )
-    raise LaunchError(
-        f"Received the command {program!r}, which is not an executable on PATH; "
-        f"expected e.g. {example} (use '{sys.executable}' for this Python)."
-    )
-
-
-def _require_writable_directory(directory: Path) -> None:
-    if directory.exists() and not directory.is_dir():
-        raise LaunchError(f"Received --backup-dir {directory}, which is a file; pass a directory (it is created).")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise LaunchError(
-            f"Received --backup-dir {directory}, which cannot be created ({error.strerror}); pass a directory "
-            "you can write to."
-        ) from None
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise LaunchError(f"Received --backup-dir {directory}, which is not writable; pass a directory you can write to.")
-
-
-def worker_tf_config(ports: Sequence[int], index: int) -> str:
-    """The ``TF_CONFIG`` of worker ``index`` in a local cluster on ``ports``."""
-    return cluster_tf_config([f"{LOOPBACK}:{port}" for port in ports], index)
-
-
-def cluster_tf_config(addresses: Sequence[str], index: int) -> str:
-    """The ``TF_CONFIG`` of worker ``index`` of the workers at ``addresses`` (``host:port``)."""
-    return json.dumps({"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}})
-
-
-@dataclass(kw_only=True)
-class LaunchResult:
-    """How the job ended."""
-
-    returncode: int
-    restarts: int = 0
-    failures: list[WorkerFailure] = field(default_factory=list)
-    #: Seconds from noticing a failure to the new group's processes running.
-    restart_seconds: list[float] = field(default_factory=list)
-    #: Seconds from noticing a failure to every restarted worker having joined.
-    rejoin_seconds: list[float] = field(default_factory=list)
+def policy_of(options: LaunchOptions) -> Policy:
+    """The monitor's thresholds from the launch options."""
+    return Policy(join_timeout=options.join_timeout, stall_report=options.stall_report,
+                  stall_timeout=options.stall_timeout,
+                  heartbeat_timeout=max(2.0, min(10.0, options.stall_report)))
 
 
 class Launcher:
@@ -199,30 +106,42 @@ class Launcher:
         env: base environment of the workers (``os.environ`` when omitted).
         out: where prefixed worker output goes.
         err: where the launcher's own messages go.
+        spawn: starts one worker (default: a real process); tests pass fakes.
+        coordinator: the job beyond this machine (default: local, or the rendezvous with ``--nnodes``).
+        clock, wall, sleep: monotonic time, wall-clock time, and waiting (tests pass a fake clock).
     """
 
     def __init__(self, options: LaunchOptions, *, env: Mapping[str, str] | None = None,
-                 out: TextIO | None = None, err: TextIO | None = None) -> None:
+                 out: TextIO | None = None, err: TextIO | None = None, spawn: Spawn | None = None,
+                 coordinator: Coordinator | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
         self.options = validate_launch_options(options)
         self.env = dict(os.environ if env is None else env)
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self._lock = threading.Lock()
+        self._console = Console(self.out, self._lock)
+        self._spawn, self._coordinator = spawn, coordinator
+        self._clock, self._wall, self._sleep = clock, wall, sleep
         self._signal: int | None = None
-        self._workers: list[_Worker] = []
+        self._workers: list[WorkerHandle] = []
         self._said_output_lost = False
         self._subreaper = False
-        self._nodes: MultiNode | None = None
+        self._lifeline: Lifeline | None = None
+        self.tag = uuid.uuid4().hex
 
     def _say(self, message: str) -> None:
         with self._lock:
-            self.err.write(f"tfstrategy launch: {message}\n")
-            self.err.flush()
+            try:
+                self.err.write(f"tfstrategy launch: {message}\n")
+                self.err.flush()
+            except (OSError, ValueError):
+                pass
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signal = signum
 
-    def run(self) -> LaunchResult:
-        """Run the job to its end; returns its exit status and what happened."""
+    def run(self) -> RunResult:
+        """Run the job to its end; returns its exit status and why it ended."""
         run_dir = Path(tempfile.mkdtemp(prefix="tfstrategy-launch-"))
         backup_dir = self.options.backup_dir
         if backup_dir is None and self.options.max_restarts > 0:
@@ -231,265 +150,236 @@ class Launcher:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 installed[signum] = signal.signal(signum, self._on_signal)
-            self._subreaper = become_subreaper()
+            if self._spawn is None:
+                self._subreaper = become_subreaper()
+        if self._spawn is None:
+            self._lifeline = Lifeline(self.tag)
+            lifeline = self._lifeline
+            self._spawn = lambda spec: LocalProcess(spec, self._console, lifeline)
+        coordinator = self._coordinator
         try:
-            if self.options.nodes is not None:
-                self._nodes = MultiNode(self.options, say=self._say, interrupted=lambda: self._signal is not None)
-            return self._supervise(run_dir, backup_dir)
+            if coordinator is None:
+                if self.options.nodes is None:
+                    coordinator = LocalCoordinator(self.options.max_restarts)
+                else:
+                    coordinator = RendezvousCoordinator(self.options, say=self._say,
+                                                        interrupted=lambda: self._signal is not None)
+            self._coordinator = coordinator
+            return self._supervise(coordinator, run_dir, backup_dir)
         finally:
-            self._stop_all()
-            if self._nodes is not None:
-                self._nodes.close(grace=self.options.grace)
+            self._stop(grace=0.0)
+            if coordinator is not None:
+                coordinator.close(grace=self.options.grace)
+            if self._lifeline is not None:
+                self._lifeline.close()
             for signum, handler in installed.items():
                 signal.signal(signum, handler)
             shutil.rmtree(run_dir, ignore_errors=True)
 
-    def _start_group(self, run_dir: Path, backup_dir: Path | None, attempt: int) -> JobEvent | None:
-        """Start this machine's workers; on several nodes, once node 0 sent the round's cluster.
+    # --- one attempt ------------------------------------------------------------------------------
 
-        Returns:
-            ``None`` once started; the event that ended the job instead (a node missing, a stop, node 0 lost).
-        """
-        count, first = self.options.num_workers, 0
-        if self._nodes is None:
-            ports = free_ports(count)
-            addresses = [f"{LOOPBACK}:{port}" for port in ports]
-        else:
-            ports = self._nodes.free_ports(count)
-            formed = self._nodes.form(attempt, ports)
-            if formed is None or formed.kind is not EventKind.CLUSTER:
-                return formed
-            addresses, first = list(formed.data["workers"]), self._nodes.first_worker
-        join_dir = run_dir / f"attempt-{attempt}"
-        join_dir.mkdir()
+    def _start(self, coordinator: Coordinator, run_dir: Path, backup_dir: Path | None,
+               attempt: int) -> GroupMonitor | Event:
+        """Start this machine's workers for ``attempt`` once the coordinator formed its cluster."""
+        count = self.options.num_workers
+        formed = coordinator.form(attempt, coordinator.ports(count))
+        if isinstance(formed, Event):
+            return formed
+        addresses, first = list(formed.addresses), formed.first
+        ports = {first + local: int(address.rsplit(":", 1)[1])
+                 for local, address in enumerate(addresses[first:first + count])}
+        attempt_dir = run_dir / f"attempt-{attempt}"
+        attempt_dir.mkdir()
         span = f" {first}" if count == 1 else f"s {first}..{first + count - 1}"
-        where = "" if self._nodes is None else f" (worker{span} of {len(addresses)})"
-        self._say(
-            f"starting {count} worker(s){where} on " + ", ".join(addresses[first:first + count])
-            + (f" (restart {attempt} of {self.options.max_restarts})" if attempt else "")
-        )
-        for local, port in enumerate(ports):
-            index = first + local
-            join_file = join_dir / f"worker-{index}.joined"
+        where = "" if coordinator.rank is None else f" (worker{span} of {len(addresses)})"
+        self._say(f"starting {count} worker(s){where} on " + ", ".join(addresses[first:first + count])
+                  + (f" (restart {attempt} of {self.options.max_restarts})" if attempt else ""))
+        log_dir = None if self.options.log_dir is None else self.options.log_dir / f"attempt-{attempt}"
+        if log_dir is not None:
+            self._say(f"each worker's output goes to {log_dir}/worker-<i>/stdout.log and stderr.log"
+                      + (" (and to the console)" if self.options.tee else ""))
+        shown = self.options.console_workers
+        for index, port in ports.items():
+            files = {kind: attempt_dir / f"worker-{index}.{kind}" for kind in ("joined", "error", "progress")}
             env = {
                 **hook_environment(audit=self.options.audit, summary=True, env=secret_free_environment(self.env)),
                 "TF_CONFIG": cluster_tf_config(addresses, index),
-                ENV_NUM_WORKERS: str(len(addresses)),
-                ENV_WORKER_INDEX: str(index),
-                ENV_RESTART: str(attempt),
-                ENV_JOIN_FILE: str(join_file),
-                # Line-by-line output, so prefixes and failure tails are current.
-                "PYTHONUNBUFFERED": "1",
+                ENV_NUM_WORKERS: str(len(addresses)), ENV_WORKER_INDEX: str(index), ENV_RESTART: str(attempt),
+                ENV_JOIN_FILE: str(files["joined"]), ENV_ERROR_FILE: str(files["error"]),
+                ENV_PROGRESS_FILE: str(files["progress"]), ENV_LAUNCHER_PID: str(os.getpid()), ENV_JOB_TAG: self.tag,
+                # Line-by-line output, so prefixes and failure tails are current; UTF-8 whatever the
+                # terminal's encoding, as the launcher reads it (and re-encodes for the terminal).
+                "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8",
             }
-            if self._nodes is not None:
-                env[ENV_NODE_RANK] = str(self._nodes.rank)
+            if self._lifeline is not None:
+                env[ENV_LIFELINE_FD] = str(self._lifeline.read_fd)
+            if coordinator.rank is not None:
+                env[ENV_NODE_RANK] = str(coordinator.rank)
             if backup_dir is not None:
                 env[ENV_BACKUP_DIR] = str(backup_dir)
+            worker_logs = None if log_dir is None else (log_dir / f"worker-{index}" / "stdout.log",
+                                                        log_dir / f"worker-{index}" / "stderr.log")
+            console = (log_dir is None or self.options.tee) and (shown is None or index in shown)
+            spec = WorkerSpec(index=index, command=self.options.command, env=env, port=port,
+                              join_file=files["joined"], error_file=files["error"], progress_file=files["progress"],
+                              logs=worker_logs, console=console)
+            spawn = self._spawn
+            if spawn is None:
+                raise RuntimeError("Launcher._start() runs only inside run()")
             try:
-                worker = _Worker(index, self.options.command, env, port, join_file, self.out, self._lock)
+                self._workers.append(spawn(spec))
             except OSError as error:
                 raise LaunchError(
                     f"Received the command {self.options.command[0]!r}, which could not be started ({error.strerror}); "
                     "expected a program this user can run."
                 ) from None
-            self._workers.append(worker)
-        return None
+        handles = {worker.index: worker for worker in self._workers}
+        return GroupMonitor(list(ports), policy_of(self.options), started=self._clock(),
+                            lines=lambda index: handles[index].last_lines(), ports=ports)
 
-    def _supervise(self, run_dir: Path, backup_dir: Path | None) -> LaunchResult:
-        result = LaunchResult(returncode=0)
-        attempt = 0
-        failed_at: float | None = None
-        if self._nodes is not None:
-            ended = self._nodes.connect(self.options.join_timeout)
-            if ended is not None or self._signal is not None:
-                return self._ended(ended, result)
-            attempt = self._nodes.round
+    def _watch(self, coordinator: Coordinator, monitor: GroupMonitor, failed_at: float | None,
+               result: RunResult) -> Decision | Event | None:
+        """The monitor loop: until the attempt ends here (a decision), elsewhere (an event), or a signal (``None``)."""
         while True:
-            started = time.monotonic()
-            ended = self._start_group(run_dir, backup_dir, attempt)
-            if ended is not None or self._signal is not None:
-                return self._ended(ended, result)
+            if self._signal is not None:
+                return None
+            event = coordinator.poll()
+            if event is not None:
+                return event
+            self._report_lost_output()
+            seen = {worker.index: worker.observe() for worker in self._workers}
+            now = self._clock()
+            decision = monitor.update(now, self._wall(), seen)
+            for note in decision.notes:
+                self._say(note)
+            if decision.dump_stacks:
+                for worker in self._workers:
+                    worker.dump_stacks()
+            if decision.all_joined and failed_at is not None:
+                result.rejoin_seconds.append(now - failed_at)
+                self._say(f"all workers joined again {now - failed_at:.1f} s after the failure")
+            if decision.verdict is not Verdict.CONTINUE:
+                result.stall_seconds.extend(monitor.stall_seconds)
+                return decision
+            self._sleep(_POLL_SECONDS)
+
+    # --- the job ----------------------------------------------------------------------------------
+
+    def _supervise(self, coordinator: Coordinator, run_dir: Path, backup_dir: Path | None) -> RunResult:
+        result = RunResult(returncode=0)
+        ended = coordinator.connect()
+        if ended is not None or self._signal is not None:
+            return self._ended(ended, result)
+        attempt, failed_at = coordinator.round, None
+        while True:
+            started = self._start(coordinator, run_dir, backup_dir, attempt)
+            if isinstance(started, Event) or self._signal is not None:
+                return self._ended(started if isinstance(started, Event) else None, result)
             if failed_at is not None:
-                result.restart_seconds.append(time.monotonic() - failed_at)
-            outcome = self._watch(started, failed_at, result)
-            if outcome is None and self._signal is None and self._nodes is not None:
-                outcome = self._nodes.finish(attempt)  # wait for every node's workers
-                if outcome is not None and outcome.kind is EventKind.FINISHED:
+                result.restart_seconds.append(self._clock() - failed_at)
+            outcome = self._watch(coordinator, started, failed_at, result)
+            if isinstance(outcome, Decision) and outcome.verdict is Verdict.SUCCEEDED:
+                outcome = coordinator.finish(attempt)  # every node's workers (at once on one machine)
+                if outcome.type is EventType.FINISHED:
+                    result.reason = EndReason.SUCCEEDED
                     return result
-            if self._signal is not None or (isinstance(outcome, JobEvent) and outcome.kind is EventKind.STOP):
-                return self._ended(outcome, result)
-            if outcome is None:
-                return result
-            failed_at = time.monotonic()
+            if outcome is None or self._signal is not None:
+                return self._ended(None, result)
+            failed_at = self._clock()
             # No grace: the survivors are blocked in collectives with a dead peer and are
             # discarded anyway (measured: an MWMS worker outlived SIGTERM by a 5 s grace).
-            self._stop_all(grace=0.0)
-            if isinstance(outcome, WorkerFailure) and self._nodes is None:
-                failure, restart = outcome, attempt < self.options.max_restarts
-            else:
-                # Node 0 decides for every node: the round's first failure, and restart or give up.
-                verdict = None if self._nodes is None else self._nodes.verdict(attempt, outcome)
-                if verdict is None or verdict.kind is not EventKind.FAILED:
-                    return self._ended(verdict, result)
-                failure, restart = failure_from_event(verdict), bool(verdict.data.get("restart"))
+            consequences: tuple[Failure, ...] = ()
+            if isinstance(outcome, Decision):
+                if outcome.failure is None:  # every verdict but SUCCEEDED carries one
+                    raise RuntimeError(f"the monitor ended an attempt ({outcome.verdict}) without a failure")
+                local = self._with_output(outcome.failure)
+                self._stop(grace=0.0)
+                consequences = outcome.consequences
+                outcome = coordinator.decide(attempt, local)
+                if outcome.failure != local and outcome.failure is not None:
+                    consequences = (local, *consequences)  # node 0 chose another node's failure
+            if outcome.type is not EventType.FAILED or outcome.failure is None:
+                return self._ended(outcome, result)
+            self._stop(grace=0.0)
+            failure = outcome.failure
             result.failures.append(failure)
-            whose = "every worker" if self._nodes is None else "this node's workers"
-            self._say(f"{failure.report()}\nstopped {whose} {time.monotonic() - failed_at:.1f} s after the failure")
-            if not restart:
-                result.returncode = failure.status
+            whose = "every worker" if coordinator.rank is None else "this node's workers"
+            self._say(f"{failure.report(consequences)}\nstopped {whose} {self._clock() - failed_at:.1f} s after the "
+                      "failure")
+            if not outcome.restart:
+                result.returncode, result.reason = failure.exit_status, _reason_of(failure)
                 if self.options.max_restarts:
                     self._say(f"giving up after {attempt} restart(s)")
                 return result
             attempt += 1
             result.restarts = attempt
 
-    def _ended(self, event: JobEvent | None, result: LaunchResult) -> LaunchResult:
+    def _with_output(self, failure: Failure) -> Failure:
+        """``failure`` with its worker's last lines and log files."""
+        worker = next((w for w in self._workers if w.index == failure.index), None)
+        if worker is None:
+            return failure
+        return dataclasses.replace(failure, last_lines=worker.last_lines(), logs=worker.logs)
+
+    def _ended(self, event: Event | None, result: RunResult) -> RunResult:
         """Stop for a signal (ours or another node's) or an event that ends the job; the launcher's result."""
         signum = self._signal
-        if signum is not None and self._nodes is not None:
-            self._nodes.request_stop(signum)
-        elif signum is None and event is not None and event.kind is EventKind.STOP:
-            signum = int(event.data.get("signal") or signal.SIGTERM)
-            self._say(f"node {event.data.get('node')} received {signal.Signals(signum).name}: stopping this node's workers")
+        coordinator = self._coordinator
+        if signum is not None and coordinator is not None:
+            coordinator.stop(signum)
+        elif signum is None and event is not None and event.type is EventType.STOP and event.signum is not None:
+            signum = event.signum
+            self._say(f"node {event.node} received {signal.Signals(signum).name}: stopping this node's workers")
         if signum is None:
-            result.returncode, message = describe_end(event, self.options)
-            self._say(message)
+            result.returncode = event.status if event is not None else 1
+            result.reason = event.reason if event is not None else EndReason.FAILED
+            if event is not None and event.failure is not None:  # e.g. a node broke the protocol while forming
+                result.failures.append(event.failure)
+                result.returncode = event.failure.exit_status
+                self._say(event.failure.report())
+            else:
+                self._say(event.message if event is not None and event.message else
+                          "the job ended before this node's workers started")
             return result
-        stopping = time.monotonic()
+        stopping = self._clock()
         # Pass the signal on (a preempted worker saves and exits), then SIGKILL after the grace.
-        codes = self._stop_all(signum=signum)
+        codes = self._stop(signum=signum)
         self._say(f"received {signal.Signals(signum).name}: passed it on; every worker stopped "
-                  f"{time.monotonic() - stopping:.1f} s later")
-        result.returncode = 128 + signum
-        if len(set(codes)) == 1 and codes[0] > 0:
-            # Every worker chose the same status (e.g. 75: saved, requeue me); pass that on to the scheduler.
-            result.returncode = codes[0]
-            self._say(f"every worker exited with status {codes[0]}; so does the launcher")
+                  f"{self._clock() - stopping:.1f} s later")
+        result.returncode, result.reason = signal_status(signum), EndReason.INTERRUPTED
+        if codes and all(code == EXIT_PREEMPTED for code in codes):
+            # Every worker saved and asked to be requeued; pass that on to the scheduler.
+            result.returncode, result.reason = EXIT_PREEMPTED, EndReason.PREEMPTED
+            self._say(f"every worker exited with status {EXIT_PREEMPTED} (preempted, saved); so does the launcher")
         return result
 
-    def _watch(self, started: float, failed_at: float | None, result: LaunchResult) -> WorkerFailure | JobEvent | None:
-        """Poll the group until it succeeds or is interrupted (``None``), fails, or does not join in time.
-
-        On several nodes, also until node 0 relays another node's failure or a stop (the event).
-        """
-        all_joined = False
-        next_port_check = 0.0
-        while True:
-            if self._signal is not None:
-                return None
-            event = None if self._nodes is None else self._nodes.poll()
-            if event is not None:
-                return event
-            now = time.monotonic()
-            self._report_lost_output()
-            for worker in self._workers:
-                if worker.joined_at is None and worker.join_file.exists():
-                    worker.joined_at = now
-            if not all_joined and now >= next_port_check:
-                # A program the start-up hook cannot reach (not Python) signals nothing; its
-                # TensorFlow servers accepting connections is the next best sign of a formed job.
-                next_port_check = now + 0.5
-                if all(worker.joined_at is not None or _is_listening(worker.port) for worker in self._workers):
-                    for worker in self._workers:
-                        worker.joined_at = worker.joined_at or now
-            if not all_joined and all(worker.joined_at is not None for worker in self._workers):
-                all_joined = True
-                if failed_at is not None:
-                    result.rejoin_seconds.append(now - failed_at)
-                    self._say(f"all workers joined again {now - failed_at:.1f} s after the failure")
-            codes = [worker.process.poll() for worker in self._workers]
-            for worker, code in zip(self._workers, codes):
-                if code is not None and code != 0:
-                    lines = worker.last_lines()
-                    reason = failure_reason(code, lines, worker.port, worker.joined_at is not None)
-                    return WorkerFailure(index=worker.index, reason=reason, status=_exit_status(code), last_lines=lines)
-            if all(code == 0 for code in codes):
-                return None
-            timeout = self.options.join_timeout
-            # Only the wait for joining is bounded: a joined job runs as long as it is healthy.
-            if not all_joined and timeout is not None and now - started > timeout:
-                return self._join_timeout(timeout)
-            time.sleep(_POLL_SECONDS)
-
     def _report_lost_output(self) -> None:
-        lost = next((worker.output_lost for worker in self._workers if worker.output_lost is not None), None)
+        lost = next((worker.output_lost() for worker in self._workers if worker.output_lost() is not None), None)
         if lost is not None and not self._said_output_lost:
             self._said_output_lost = True
-            try:
-                self._say(f"the reader of the workers' output went away ({type(lost).__name__}); the job goes on, "
-                          "its output is discarded")
-            except OSError:
-                pass
+            self._say(f"the reader of the workers' output went away ({type(lost).__name__}); the job goes on, "
+                      "its output is discarded")
 
-    def _join_timeout(self, timeout: float) -> WorkerFailure:
-        """Name the worker holding the job up: one that never started its server, else the first not joined."""
-        missing = [worker for worker in self._workers if worker.joined_at is None]
-        states = {}
-        for worker in missing:
-            code = worker.process.poll()
-            if code is not None:
-                states[worker.index] = f"{_describe_status(code)} before joining"
-            elif Path(f"{worker.join_file}.starting").exists() or _is_listening(worker.port):
-                states[worker.index] = f"is creating its strategy on {LOOPBACK}:{worker.port}, waiting for its peers"
-            else:
-                states[worker.index] = (f"never started creating its strategy ({LOOPBACK}:{worker.port} is not "
-                                        "listening; is it stuck before tfstrategy.select()?)")
-        culprit = next((w for w in missing if "waiting" not in states[w.index]), missing[0])
-        others = "; ".join(f"worker {w.index} {states[w.index]}" for w in missing if w is not culprit)
-        reason = (
-            f"did not join within --timeout {timeout:g} s: it {states[culprit.index]}"
-            + (f"; {others}" if others else "")
-            + ". A worker joins when its MultiWorkerMirroredStrategy exists (Python workers signal it; other "
-            "programs when every worker's port accepts connections); raise --timeout if start-up is slow"
-        )
-        return WorkerFailure(index=culprit.index, reason=reason, status=JOIN_TIMEOUT_STATUS, last_lines=culprit.last_lines())
-
-    def _stop_all(self, grace: float | None = None, signum: int = signal.SIGTERM) -> list[int]:
-        """Signal every worker's process group, SIGKILL what is left after ``grace`` seconds, reap all.
-
-        Returns the workers' exit statuses (128+N for signal N).
-
-        Descendants that left their worker's process group (``setsid``) were
-        reparented to this launcher (the subreaper) and are stopped with it.
-        """
+    def _stop(self, grace: float | None = None, signum: int = signal.SIGTERM) -> list[int]:
+        """Stop every worker (signal, grace, SIGKILL) and what they started; their exit statuses."""
         workers, self._workers = self._workers, []
         if not workers:
             return []
-        grace = self.options.grace if grace is None else grace
-        for worker in workers:
-            if grace and worker.process.poll() is None:
-                worker.signal_group(signum)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(worker.process.poll() is None for worker in workers):
-            time.sleep(_POLL_SECONDS)
-        for worker in workers:
-            # Also reaches children a worker left behind after it exited itself.
-            worker.signal_group(signal.SIGKILL)
-            worker.process.wait()
-        self._stop_orphans({worker.process.pid for worker in workers})
+        codes = stop_workers(workers, grace=self.options.grace if grace is None else grace, signum=signum,
+                             clock=self._clock, sleep=self._sleep)
+        if self._subreaper:
+            exclude = {worker.pid for worker in workers}
+            if self._lifeline is not None:
+                exclude.add(self._lifeline.pid)
+            stop_orphans(exclude)
         for worker in workers:
             worker.close()
-        return [_exit_status(worker.process.returncode) for worker in workers]
+        return codes
 
-    def _stop_orphans(self, workers: set[int]) -> None:
-        """SIGKILL and reap the descendants reparented to this launcher, until none is left."""
-        if not self._subreaper:
-            return
-        for _ in range(50):
-            orphans = _own_children(workers)
-            if not orphans:
-                return
-            for pid in orphans:
-                for kill, target in ((os.killpg, pid), (os.kill, pid)):
-                    try:
-                        kill(target, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-            for pid in orphans:
-                try:
-                    os.waitpid(pid, 0)
-                except ChildProcessError:
-                    pass
+
+def _reason_of(failure: Failure) -> EndReason:
+    return {EXIT_JOIN_TIMEOUT: EndReason.JOIN_TIMEOUT, EXIT_STALL: EndReason.STALLED,
+            EXIT_PREEMPTED: EndReason.PREEMPTED}.get(failure.exit_status, EndReason.FAILED)
 
 
 def launch(
@@ -502,10 +392,11 @@ def launch(
     audit: str = "warn",
     grace: float = 10.0,
     nodes: NodeOptions | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
-) -> LaunchResult:
+) -> RunResult:
     """Run ``command`` as ``num_workers`` local workers of one MultiWorkerMirroredStrategy job.
 
     Args:
@@ -521,13 +412,14 @@ def launch(
         grace: seconds workers get to exit after SIGINT/SIGTERM is passed on.
         nodes: this machine's place in a job of several machines (``num_workers`` on each);
             ``None``: every worker on this machine.
+        log_dir: each worker's stdout and stderr to files under this directory.
         env: the workers' base environment (``os.environ`` when omitted).
         out: where ``[worker i]`` lines go (stdout); err: launcher messages (stderr).
 
     Returns:
-        A :class:`LaunchResult`; ``returncode`` is 0 when every worker exited 0,
-        the first failed worker's status (128+N for signal N), 124 when workers
-        did not join in time, 130/143 after SIGINT/SIGTERM.
+        A :class:`RunResult`; ``returncode`` is 0 when every worker exited 0, 1 when one
+        failed, 124 when workers did not join in time, 125 when one stalled, 75 when every
+        worker was preempted, 130/143 after SIGINT/SIGTERM (see :mod:`tfstrategy.launch.states`).
 
     Raises:
         LaunchError: invalid options (nothing is started).
@@ -535,6 +427,7 @@ def launch(
     options = LaunchOptions(
         command=tuple(command), num_workers=num_workers, max_restarts=max_restarts,
         backup_dir=None if backup_dir is None else Path(backup_dir), join_timeout=join_timeout,
-        audit=audit, grace=grace, nodes=nodes,
+        audit=audit, grace=grace, nodes=nodes, log_dir=None if log_dir is None else Path(log_dir),
     )
     return Launcher(options, env=env, out=out, err=err).run()
+

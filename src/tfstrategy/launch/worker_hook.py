@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tfstrategy.errors import ScopeError, TFStrategyError
+from tfstrategy.launch import worker_watch
 from tfstrategy.settings import (
     ENV_AUDIT,
     ENV_CPU_REPLICAS,
@@ -146,6 +147,7 @@ def install() -> None:
     os.environ[ENV_HOOK_PID] = str(os.getpid())
     if os.environ.get(ENV_HOOK_SUMMARY) == "1":
         atexit.register(_print_summary)
+    worker_watch.install()  # supervision: die with the launcher, error file, stacks, heartbeat
     from tfstrategy.multiworker.file_races import install_excepthook
 
     install_excepthook()  # one line naming a path two workers wrote, after the traceback
@@ -398,6 +400,22 @@ def _audit_model(model: Any, method: str, mode: str) -> None:
           file=sys.stderr, flush=True)
 
 
+def _count_batches() -> str | None:
+    from tfstrategy.launch.hook_strategies import _keras_flavours
+
+    return worker_watch.count_batches(_keras_flavours())
+
+
+def reset() -> None:
+    """Forget this process's hook state (tests; a second job in one process starts clean)."""
+    fresh = HookState()
+    for name in fresh.__dataclass_fields__:
+        setattr(STATE, name, getattr(fresh, name))  # in place: other modules hold STATE itself
+    _TAKEN.clear()
+    _AUDITED.clear()
+    worker_watch.reset()
+
+
 def _prepare_collectives() -> str | None:
     from tfstrategy.launch.hook_strategies import prepare_collectives
 
@@ -440,7 +458,7 @@ _STEPS: dict[str, Callable[[], str | None]] = {
     step.__name__.lstrip("_"): step
     for step in (_split_cpu, _record_creation_sites, _slurm_tf_config, _prepare_collectives, _watch_strategies,
                  _mirrored_devices, _refuse_unjoinable, _apply_patches, _keras2_aliases, _audit, _refuse_unjoined_fit,
-                 _set_precision)
+                 _count_batches, _set_precision)
 }
 
 

@@ -75,7 +75,7 @@ def race_of(error: BaseException) -> tuple[str, str] | None:
     for cause in _chain(error):
         text = str(cause)
         if isinstance(cause, FileExistsError) or (isinstance(cause, OSError) and cause.errno == errno.EEXIST):
-            return str(cause.filename or _path_from_frames(cause) or "?"), "it already existed (another worker created it)"
+            return str(cause.filename or _path_from_frames(cause) or "?"), "it already existed (another worker probably created it)"
         if isinstance(cause, OSError) and any(marker in text.lower() for marker in _H5_RACE):
             match = _H5_NAME.search(text)
             path = match.group(1) if match else cause.filename or _path_from_frames(cause) or "?"

@@ -1,0 +1,124 @@
+"""Who else is in the job: the supervisor's one interface to the other machines (or to none).
+
+The supervisor asks a :class:`Coordinator` to connect, to form each attempt's cluster from
+this machine's ports, for events from elsewhere while its workers run, for the verdict after
+a failure (restart or give up) and to finish. :class:`LocalCoordinator` answers for a job on
+this machine alone; :class:`~tfstrategy.launch.nodes.RendezvousCoordinator` for a job of
+several (``--nnodes``), through node 0's rendezvous. The supervisor has no other branch on
+the job's shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from tfstrategy.launch.processes import LOOPBACK, free_ports
+from tfstrategy.launch.states import EXIT_FAILURE, EndReason, Failure
+
+__all__ = ["Cluster", "EventType", "Event", "Coordinator", "LocalCoordinator"]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One attempt's workers: every ``host:port``, and the global index of this machine's first."""
+
+    addresses: tuple[str, ...]
+    first: int = 0
+
+
+class EventType(str, Enum):
+    FAILED = "failed"  # the attempt's root cause (here or elsewhere) and the verdict
+    STOP = "stop"  # a launcher received SIGINT/SIGTERM: stop every worker, pass the signal on
+    END = "end"  # the job cannot go on (a node missing, node 0 lost)
+    FINISHED = "finished"  # every worker of every machine exited 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """What the coordinator tells the supervisor."""
+
+    type: EventType
+    failure: Failure | None = None
+    restart: bool = False
+    signum: int | None = None
+    node: int | None = None
+    status: int = EXIT_FAILURE
+    reason: EndReason = EndReason.FAILED
+    message: str = ""
+
+
+class Coordinator(Protocol):
+    """The job beyond this machine's workers."""
+
+    @property
+    def rank(self) -> int | None:
+        """This machine's rank (``None`` on one machine)."""
+
+    @property
+    def round(self) -> int:
+        """The job's attempt to start with (a node joining late starts at the current one)."""
+
+    def connect(self) -> Event | None:
+        """Join the job; an ``END`` event instead if it cannot be joined."""
+
+    def ports(self, count: int) -> list[int]:
+        """``count`` free ports for this machine's workers."""
+
+    def form(self, attempt: int, ports: list[int]) -> Cluster | Event:
+        """The attempt's cluster, or the event that ended the job before it formed."""
+
+    def poll(self) -> Event | None:
+        """An event from elsewhere (another node's failure, a stop, a loss), without waiting."""
+
+    def decide(self, attempt: int, failure: Failure) -> Event:
+        """The verdict after ``failure`` on this machine: the attempt's root cause, restart or not."""
+
+    def finish(self, attempt: int) -> Event:
+        """This machine's workers all exited 0: ``FINISHED`` once every machine's did, else what happened."""
+
+    def stop(self, signum: int) -> None:
+        """This launcher received ``signum``: tell every machine."""
+
+    def close(self, grace: float) -> None:
+        """Leave the job."""
+
+
+class LocalCoordinator:
+    """A job on this machine alone: restarts up to ``max_restarts`` times; nothing happens elsewhere."""
+
+    def __init__(self, max_restarts: int) -> None:
+        self.max_restarts = max_restarts
+
+    @property
+    def rank(self) -> int | None:
+        return None
+
+    @property
+    def round(self) -> int:
+        return 0
+
+    def connect(self) -> Event | None:
+        return None
+
+    def ports(self, count: int) -> list[int]:
+        return free_ports(count)
+
+    def form(self, attempt: int, ports: list[int]) -> Cluster | Event:
+        return Cluster(tuple(f"{LOOPBACK}:{port}" for port in ports))
+
+    def poll(self) -> Event | None:
+        return None
+
+    def decide(self, attempt: int, failure: Failure) -> Event:
+        return Event(type=EventType.FAILED, failure=failure, restart=attempt < self.max_restarts)
+
+    def finish(self, attempt: int) -> Event:
+        return Event(type=EventType.FINISHED, reason=EndReason.SUCCEEDED, status=0)
+
+    def stop(self, signum: int) -> None:
+        pass
+
+    def close(self, grace: float) -> None:
+        pass

@@ -1,0 +1,379 @@
+"""The launcher's one monitor loop body: observations in, state transitions and a decision out.
+
+Pure: it starts, signals and reads nothing. Each tick the supervisor hands it what it saw of
+every worker (:class:`Observation`: exit status, join files, progress, error record) and the
+time; :meth:`GroupMonitor.update` moves each worker through
+:class:`~tfstrategy.launch.states.WorkerState` and returns a :class:`Decision`: go on
+(maybe with things to say and stacks to dump), or end the attempt with a root cause. The
+transitions (ARCHITECTURE.md has the table):
+
+- starting -> joining (``<join file>.starting``) -> running (join file, or every port listening);
+- running -> stalled: no heartbeat for ``heartbeat_timeout`` (stopped, frozen), or outside its
+  step while a peer waits inside one, with no progress for ``max(stall_report, stall_factor x
+  step time)``; stalled -> running when it advances again;
+- any -> succeeded / failed on exit. A worker that exits 0 while a peer waits for it (before
+  joining, or while a peer is inside a step) is a failure at once: "left the job early".
+
+The group ends: succeeded when every worker did; failed on the first root cause (a failure
+that only echoes a peer's waits up to ``settle`` seconds for the real one); join timeout;
+stalled past ``stall_timeout``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
+from tfstrategy.launch.reports import ErrorRecord, Progress
+from tfstrategy.launch.states import (
+    EXIT_FAILURE,
+    EXIT_JOIN_TIMEOUT,
+    EXIT_PREEMPTED,
+    EXIT_STALL,
+    Failure,
+    GroupState,
+    WorkerState,
+)
+
+__all__ = ["Policy", "Observation", "Verdict", "Decision", "GroupMonitor"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """The thresholds of supervision (seconds)."""
+
+    join_timeout: float | None = 300.0
+    #: Floor of the no-progress time before a stall is reported (scaled up by ``stall_factor`` x step time).
+    stall_report: float = 30.0
+    stall_factor: float = 20.0
+    #: No progress for this long fails the group (``None``: report stalls, never fail for one).
+    stall_timeout: float | None = 120.0
+    #: A live worker whose heartbeat stopped this long is stalled (stopped or frozen).
+    heartbeat_timeout: float = 10.0
+    #: How long a failure that only echoes a peer's waits for the real one to show.
+    settle: float = 3.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the launcher saw of one worker at one tick."""
+
+    returncode: int | None = None
+    starting: bool = False
+    joined: bool = False
+    progress: Progress | None = None
+    error: ErrorRecord | None = None
+    #: The process is stopped (``T`` in ``/proc/PID/stat``: SIGSTOP, a debugger).
+    stopped: bool = False
+    #: Its TensorFlow server's port accepts connections (how a program without the hook joins).
+    listening: bool = False
+
+
+class Verdict(str, Enum):
+    CONTINUE = "continue"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    JOIN_TIMEOUT = "join-timeout"
+    STALLED = "stalled"
+
+
+@dataclass
+class Decision:
+    """What the supervisor does after a tick."""
+
+    verdict: Verdict = Verdict.CONTINUE
+    failure: Failure | None = None
+    consequences: tuple[Failure, ...] = ()
+    notes: list[str] = field(default_factory=list)
+    #: Ask every worker for its Python stacks (a stall was just found).
+    dump_stacks: bool = False
+    #: Every worker joined on this tick.
+    all_joined: bool = False
+
+
+@dataclass
+class _Worker:
+    index: int
+    state: WorkerState = WorkerState.STARTING
+    joined: bool = False
+    listening: bool = False
+    returncode: int | None = None
+    ended_at: float = 0.0
+    wall_ended: float = 0.0
+    error: ErrorRecord | None = None
+    heartbeat: int = -1
+    beat_at: float = 0.0
+    steps: int = -1
+    in_step: bool = False
+    steps_at: float = 0.0
+    intervals: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=20))
+    stopped_since: float | None = None
+    stall: str | None = None
+    stall_wall: float = 0.0
+    left_early: str | None = None
+
+
+class GroupMonitor:
+    """One attempt of one machine's workers, as states.
+
+    Args:
+        indices: the workers' global indices.
+        policy: the thresholds.
+        started: the monotonic second the group started.
+        lines: a worker's last output lines (for headlines read from output).
+        ports: the workers' TensorFlow ports (to name a port conflict), by index.
+    """
+
+    def __init__(self, indices: Sequence[int], policy: Policy, *, started: float,
+                 lines: Callable[[int], Sequence[str]] = lambda index: (),
+                 ports: dict[int, int] | None = None) -> None:
+        self.policy, self.started = policy, started
+        self.workers = {index: _Worker(index) for index in indices}
+        for worker in self.workers.values():
+            worker.beat_at = worker.steps_at = started
+        self._lines, self._ports = lines, ports or {}
+        self.all_joined = False
+        self.state = GroupState.STARTING
+        self._first_failure_at: float | None = None
+        #: Seconds from the last progress to each stall's report.
+        self.stall_seconds: list[float] = []
+
+    # --- observations -> worker states ------------------------------------------------------------
+
+    def update(self, now: float, wall: float, seen: dict[int, Observation]) -> Decision:
+        """One tick: apply what was seen at monotonic ``now`` (wall clock ``wall``); what to do."""
+        decision = Decision()
+        for index, observation in seen.items():
+            self._observe(self.workers[index], observation, now, wall, decision)
+        if not self.all_joined and self._every_worker_joined():
+            self.all_joined, decision.all_joined = True, True
+            self.state = GroupState.RUNNING
+            for worker in self.workers.values():
+                if worker.state in (WorkerState.STARTING, WorkerState.JOINING):
+                    worker.joined, worker.state = True, WorkerState.RUNNING
+        self._early_exits(now, decision)
+        ended = self._ending(now, wall)
+        if ended is not None:
+            decision.verdict, decision.failure, decision.consequences = ended
+            self.state = GroupState.SUCCEEDED if ended[0] is Verdict.SUCCEEDED else GroupState.FAILED
+            return decision
+        if not self.all_joined:
+            timeout = self.policy.join_timeout
+            if timeout is not None and now - self.started > timeout:
+                decision.verdict, decision.failure = Verdict.JOIN_TIMEOUT, self._join_timeout(timeout, wall)
+                self.state = GroupState.FAILED
+            return decision
+        self._stalls(now, wall, decision)
+        return decision
+
+    def _every_worker_joined(self) -> bool:
+        workers = list(self.workers.values())
+        if all(w.joined or w.state is WorkerState.SUCCEEDED for w in workers) and any(w.joined for w in workers):
+            return True
+        # A program the start-up hook cannot reach (not Python) signals nothing; every TensorFlow
+        # server accepting connections is the next best sign of a formed job.
+        return all(w.joined or (w.listening and not w.state.ended) for w in workers)
+
+    def _observe(self, worker: _Worker, seen: Observation, now: float, wall: float, decision: Decision) -> None:
+        if worker.state.ended:
+            return
+        worker.error = seen.error or worker.error
+        worker.listening = worker.listening or seen.listening
+        if seen.joined and not worker.joined:
+            worker.joined, worker.state = True, WorkerState.RUNNING
+        elif (seen.starting or seen.listening) and worker.state is WorkerState.STARTING:
+            worker.state = WorkerState.JOINING
+        if seen.progress is not None:
+            if seen.progress.heartbeat != worker.heartbeat:
+                worker.heartbeat, worker.beat_at = seen.progress.heartbeat, now
+            if seen.progress.steps != worker.steps:
+                if worker.steps >= 0 and seen.progress.steps > worker.steps:
+                    worker.intervals.append((now - worker.steps_at) / (seen.progress.steps - worker.steps))
+                worker.steps, worker.steps_at = seen.progress.steps, now
+                if worker.stall is not None:
+                    decision.notes.append(f"worker {worker.index} advances again (batch {worker.steps})")
+                    worker.stall = None
+                    worker.state = WorkerState.RUNNING
+            worker.in_step = seen.progress.in_step
+        worker.stopped_since = (worker.stopped_since or now) if seen.stopped else None
+        if seen.returncode is not None:
+            worker.returncode, worker.ended_at, worker.wall_ended = seen.returncode, now, wall
+            worker.state = WorkerState.SUCCEEDED if seen.returncode == 0 else WorkerState.FAILED
+            if seen.returncode != 0 and self._first_failure_at is None:
+                self._first_failure_at = now
+
+    # --- how an attempt ends ----------------------------------------------------------------------
+
+    def _alive(self) -> list[_Worker]:
+        return [w for w in self.workers.values() if not w.state.ended]
+
+    def _early_exits(self, now: float, decision: Decision) -> None:
+        """A worker that exited 0 while a peer waits for it has left the job early: a root cause."""
+        alive = self._alive()
+        for worker in self.workers.values():
+            if worker.state is not WorkerState.SUCCEEDED or worker.left_early:
+                continue
+            waiting = [w for w in alive if (w.state is WorkerState.JOINING and not worker.joined)
+                       or (w.in_step and worker.joined)]
+            # A peer that failed after it with an error that only echoes a lost peer was waiting for it too.
+            waiting += [w for w in self.workers.values() if w.state is WorkerState.FAILED
+                        and w.ended_at >= worker.ended_at and is_consequence(w.error, self._lines(w.index))]
+            if not waiting:
+                continue
+            names = ", ".join(str(w.index) for w in waiting)
+            if not worker.joined:
+                worker.left_early = (f"exited with status 0 before joining, while worker(s) {names} wait for it to "
+                                     "create its strategy: its script ended without creating a "
+                                     "MultiWorkerMirroredStrategy (every worker must run the same training)")
+            else:
+                batches = f" after {worker.steps} batch(es)" if worker.steps >= 0 else ""
+                worker.left_early = (f"exited with status 0{batches} while worker(s) {names} still wait for it inside "
+                                     "a step: it left the job early (every worker must run the same number of steps)")
+            if self._first_failure_at is None:
+                self._first_failure_at = now
+
+    def _failure(self, worker: _Worker) -> Failure:
+        if worker.left_early:
+            return Failure(index=worker.index, reason=worker.left_early, status=0, time=worker.wall_ended)
+        code = worker.returncode if worker.returncode is not None else 1
+        lines = tuple(self._lines(worker.index))
+        reason = failure_reason(code, lines, self._ports.get(worker.index), worker.joined, worker.error)
+        when = min(worker.error.time, worker.wall_ended) if worker.error is not None else worker.wall_ended
+        return Failure(index=worker.index, reason=reason, status=128 - code if code < 0 else code, time=when,
+                       consequential=is_consequence(worker.error, lines))
+
+    def _ending(self, now: float, wall: float) -> tuple[Verdict, Failure | None, tuple[Failure, ...]] | None:
+        workers = list(self.workers.values())
+        if all(w.state is WorkerState.SUCCEEDED for w in workers) and not any(w.left_early for w in workers):
+            return Verdict.SUCCEEDED, None, ()
+        failed = [w for w in workers if w.state is WorkerState.FAILED or w.left_early]
+        # A live worker that recorded an uncaught exception is about to die of it (its process may
+        # take seconds to exit): a root cause now, unless the error only echoes a peer's.
+        raising = [w for w in self._alive() if w.error is not None and not is_consequence(w.error)]
+        if not failed and not raising:
+            return None
+        failures = [self._failure(w) for w in failed] + [
+            Failure(index=w.index, reason=f"raised {w.error.describe()} (its process is exiting)", status=1,
+                    time=w.error.time) for w in raising if w.error is not None]
+        # A peer's failure while a worker is stalled (TensorFlow's own heartbeats or collective timeout
+        # gave up on it) is an echo of the stall: the stall is the root cause.
+        failures += [Failure(index=w.index, reason=f"stalled: it {w.stall}", status=EXIT_STALL, time=w.stall_wall,
+                             exit_status=EXIT_STALL) for w in self._alive() if w.stall is not None and failed]
+        cause, consequences = root_cause(failures)
+        first = self._first_failure_at if self._first_failure_at is not None else now
+        if cause.consequential and now - first < self.policy.settle:
+            return None  # the real failure is probably about to show (its process is still exiting)
+        if all(w.returncode == EXIT_PREEMPTED for w in workers):
+            cause = Failure(index=None, reason="every worker exited with status 75 (preempted: saved, requeue me)",
+                            status=EXIT_PREEMPTED, time=cause.time, exit_status=EXIT_PREEMPTED)
+        if cause.consequential:
+            cause = dataclasses.replace(cause, reason=cause.reason + " (a consequence of a failure elsewhere: no "
+                                        "worker here failed first; on several nodes, see the other nodes' reports)")
+        return Verdict.FAILED, cause, consequences
+
+    def _join_timeout(self, timeout: float, wall: float) -> Failure:
+        """Name the worker holding the job up: one that never started joining, else the first not joined."""
+        missing = [w for w in self.workers.values() if not w.joined and w.state is not WorkerState.SUCCEEDED]
+        missing = missing or [w for w in self.workers.values() if not w.joined]
+        port = self._ports.get
+
+        def state(w: _Worker) -> str:
+            if w.returncode is not None:
+                return f"{describe_status(w.returncode)} before joining"
+            if w.state is WorkerState.JOINING:
+                where = f" on 127.0.0.1:{port(w.index)}" if port(w.index) else ""
+                return f"is creating its strategy{where}, waiting for its peers"
+            where = f" (127.0.0.1:{port(w.index)} is not listening" if port(w.index) else " ("
+            return f"never started creating its strategy{where}; is it stuck before tfstrategy.select()?)"
+
+        culprit = next((w for w in missing if w.state is not WorkerState.JOINING), missing[0])
+        others = "; ".join(f"worker {w.index} {state(w)}" for w in missing if w is not culprit)
+        reason = (
+            f"did not join within --timeout {timeout:g} s: it {state(culprit)}" + (f"; {others}" if others else "")
+            + ". A worker joins when its MultiWorkerMirroredStrategy exists (Python workers signal it; other "
+            "programs when every worker's port accepts connections); raise --timeout if start-up is slow"
+        )
+        return Failure(index=culprit.index, reason=reason, status=EXIT_JOIN_TIMEOUT, time=wall,
+                       exit_status=EXIT_JOIN_TIMEOUT)
+
+    # --- stalls -----------------------------------------------------------------------------------
+
+    def step_seconds(self) -> float | None:
+        """The median time of a batch over the workers' recent batches (``None`` before one finished)."""
+        intervals = [value for w in self.workers.values() for value in w.intervals]
+        return statistics.median(intervals) if intervals else None
+
+    def stall_threshold(self) -> float:
+        step = self.step_seconds()
+        return max(self.policy.stall_report, self.policy.stall_factor * step) if step else self.policy.stall_report
+
+    def _stalls(self, now: float, wall: float, decision: Decision) -> None:
+        alive = self._alive()
+        tracked = [w for w in alive if w.heartbeat >= 0]
+        if not tracked:
+            return  # no worker reports progress (not Python, or no hook): the collective timeout decides
+        found: list[tuple[_Worker, str, float]] = []
+        for w in tracked:
+            if w.stopped_since is not None and now - w.stopped_since > 1.0:
+                found.append((w, "is stopped (state T: SIGSTOP, SIGTSTP or a debugger) and does not run", w.beat_at))
+            elif now - w.beat_at > self.policy.heartbeat_timeout:
+                found.append((w, f"has not beaten its heartbeat for {now - w.beat_at:.0f} s: frozen (a C extension "
+                              "holding Python's lock, or the machine swapping)", w.beat_at))
+        threshold = self.stall_threshold()
+        counted = [w for w in tracked if w.steps >= 0]
+        last_advance = max((w.steps_at for w in counted), default=now)
+        if not found and counted and len(counted) == len(tracked) and now - last_advance > threshold:
+            waiting = [w for w in counted if w.in_step]
+            outside = [w for w in counted if not w.in_step]
+            batch = max(w.steps for w in counted)
+            if waiting and outside:
+                names = ", ".join(str(w.index) for w in waiting)
+                for w in outside:
+                    found.append((w, f"has been outside its step for {now - last_advance:.0f} s (in its own code: a "
+                                  f"callback, input, a busy loop) after batch {w.steps}, while worker(s) {names} wait "
+                                  "for it inside the next step's collectives", last_advance))
+            elif waiting and all(w.steps >= 1 for w in counted):
+                fewest = min(w.steps for w in counted)
+                laggards = [w for w in counted if w.steps == fewest]
+                blame = laggards if len(laggards) < len(counted) else []
+                for w in blame or counted[:1]:
+                    what = (f"is stuck inside batch {w.steps + 1} while its peers passed it" if blame else
+                            f"and every other worker have been inside batch {batch + 1} for {now - last_advance:.0f} s "
+                            "with no progress (a stuck input pipeline or collective)")
+                    found.append((w, what, last_advance))
+        for w, why, since in found:
+            if w.stall is None:
+                w.stall, w.state, w.stall_wall = why, WorkerState.STALLED, wall - (now - since)
+                self.state = GroupState.STALLED
+                self.stall_seconds.append(now - since)
+                decision.dump_stacks = True
+                limit = self.policy.stall_timeout
+                then = (f"; the job fails if it does not advance within {max(limit, threshold) - (now - since):.0f} s"
+                        if limit is not None else "")
+                decision.notes.append(f"stall: worker {w.index} {why} (found {now - since:.1f} s after its last "
+                                      f"progress); every worker's Python stack follows in its output{then}")
+        limit = self.policy.stall_timeout
+        stalled = [w for w in alive if w.stall is not None]
+        if limit is None or not stalled:
+            return
+        for w in stalled:
+            since = w.beat_at if now - w.beat_at > self.policy.heartbeat_timeout or w.stopped_since else last_advance
+            if now - since > max(limit, threshold):
+                decision.verdict = Verdict.STALLED
+                decision.failure = Failure(
+                    index=w.index, time=wall, status=EXIT_STALL, exit_status=EXIT_STALL,
+                    reason=f"stalled: it {w.stall}; no progress for {now - since:.0f} s (--stall-timeout "
+                           f"{limit:g} s). Its Python stack is in its output above",
+                )
+                self.state = GroupState.FAILED
+                return
+
+
+def exit_status_of(failure: Failure | None) -> int:
+    """The launcher's exit status when ``failure`` ends the job (0 without one)."""
+    return 0 if failure is None else failure.exit_status or EXIT_FAILURE

@@ -1,0 +1,138 @@
+"""What ``tfstrategy launch`` runs and how it supervises it: :class:`LaunchOptions`, validated before anything starts."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfstrategy.errors import LaunchError
+from tfstrategy.launch.diagnosis import LOOPBACK
+from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
+from tfstrategy.launch.worker_hook import validate_audit_mode
+
+__all__ = ["LaunchOptions", "validate_launch_options", "worker_tf_config", "cluster_tf_config"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """What to run and how to supervise it."""
+
+    command: tuple[str, ...]
+    num_workers: int
+    max_restarts: int = 0
+    backup_dir: Path | None = None
+    join_timeout: float | None = 300.0
+    #: Seconds workers get to exit after the launcher passes on SIGINT/SIGTERM.
+    grace: float = 10.0
+    #: What the workers' start-up hook does about variables outside the scope: warn, stop or off.
+    audit: str = "warn"
+    #: This machine's place in a multi-node job (``--nnodes``); ``None``: every worker here.
+    nodes: NodeOptions | None = None
+    #: Floor of the seconds without progress before a stall is reported (scaled by the step time).
+    stall_report: float = 30.0
+    #: Seconds without progress that fail the group (exit 125, or a restart); ``None``: never for a stall.
+    stall_timeout: float | None = 120.0
+    #: Each worker's stdout/stderr to ``DIR/attempt-K/worker-I/{stdout,stderr}.log``; ``None``: console only.
+    log_dir: Path | None = None
+    #: With ``log_dir``: also copy the output to the console.
+    tee: bool = False
+    #: Only these workers' lines on the console (``None``: every worker's).
+    console_workers: frozenset[int] | None = None
+
+
+def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
+    """Check the options before anything starts; creates the backup directory.
+
+    Raises:
+        LaunchError: no command or one that cannot be run, fewer than one worker,
+            a negative restart count, a timeout that is not a positive number,
+            or a backup directory that cannot be created or written.
+    """
+    example = "tfstrategy launch -n 2 -- python train.py"
+    if not options.command:
+        raise LaunchError(f"Received no command to run; expected it after '--', e.g. {example}.")
+    if options.num_workers < 1:
+        raise LaunchError(f"Received -n {options.num_workers}; expected 1 or more workers, e.g. {example}.")
+    if options.max_restarts < 0:
+        raise LaunchError(f"Received --max-restarts {options.max_restarts}; expected 0 (never restart) or more.")
+    timeout = options.join_timeout
+    if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
+        raise LaunchError(
+            f"Received --timeout {timeout:g}; expected seconds > 0 for every worker to join, e.g. --timeout 120 "
+            "(or 0 for no limit)."
+        )
+    if not math.isfinite(options.grace) or options.grace < 0:
+        raise LaunchError(f"Received --grace {options.grace:g}; expected seconds >= 0, e.g. --grace 30.")
+    if not math.isfinite(options.stall_report) or options.stall_report <= 0:
+        raise LaunchError(f"Received --stall-report {options.stall_report:g}; expected seconds > 0 without progress "
+                          "before a stall is reported, e.g. --stall-report 30.")
+    stall = options.stall_timeout
+    if stall is not None and (not math.isfinite(stall) or stall <= 0):
+        raise LaunchError(f"Received --stall-timeout {stall:g}; expected seconds > 0 without progress before the job "
+                          "fails, e.g. --stall-timeout 120 (or 0 to only report stalls).")
+    if options.tee and options.log_dir is None:
+        raise LaunchError("Received --tee without --log-dir; expected --log-dir DIR too (--tee copies the log files' "
+                          "lines to the console), or drop --tee.")
+    if options.console_workers is not None:
+        total = options.num_workers * (options.nodes.nnodes if options.nodes is not None else 1)
+        outside = sorted(i for i in options.console_workers if not 0 <= i < total)
+        if outside:
+            raise LaunchError(f"Received --console-workers with {', '.join(map(str, outside))}; expected worker "
+                              f"indices 0..{total - 1}, e.g. --console-workers 0.")
+    try:
+        validate_audit_mode(options.audit)
+    except Exception as error:
+        raise LaunchError(str(error)) from None
+    _require_runnable(options.command[0], example)
+    if options.nodes is not None:
+        validate_node_options(options.nodes)
+    for name, directory in (("--backup-dir", options.backup_dir), ("--log-dir", options.log_dir)):
+        if directory is not None:
+            _require_writable_directory(directory, name)
+    return options
+
+
+def _require_runnable(program: str, example: str) -> None:
+    found = shutil.which(program)
+    if found is not None:
+        return
+    path = Path(program)
+    if os.sep in program and path.is_file():
+        raise LaunchError(
+            f"Received the command {program!r}, a file that is not executable; expected a program, e.g. {example}. "
+            f"Run it through its interpreter ('{sys.executable} {program}') or chmod +x it."
+        )
+    raise LaunchError(
+        f"Received the command {program!r}, which is not an executable on PATH; "
+        f"expected e.g. {example} (use '{sys.executable}' for this Python)."
+    )
+
+
+def _require_writable_directory(directory: Path, name: str) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise LaunchError(f"Received {name} {directory}, which is a file; pass a directory (it is created).")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise LaunchError(
+            f"Received {name} {directory}, which cannot be created ({error.strerror}); pass a directory "
+            "you can write to."
+        ) from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise LaunchError(f"Received {name} {directory}, which is not writable; pass a directory you can write to.")
+
+
+def worker_tf_config(ports: Sequence[int], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` in a local cluster on ``ports``."""
+    return cluster_tf_config([f"{LOOPBACK}:{port}" for port in ports], index)
+
+
+def cluster_tf_config(addresses: Sequence[str], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` of the workers at ``addresses`` (``host:port``)."""
+    return json.dumps({"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}})

@@ -1,0 +1,148 @@
+"""The workers' output: pumped to the console and log files with bounded memory, and a bounded tail.
+
+A worker may write anything: a ``\\r`` progress bar for hours without a newline, megabytes on
+one line, bytes the launcher's terminal cannot encode. The pump reads fixed-size chunks,
+coalesces ``\\r`` updates (only the last state of a line is kept), splits a line longer than
+:data:`MAX_LINE` bytes, replaces what the console cannot encode, and keeps the last
+:data:`TAIL_LINES` lines of at most :data:`TAIL_LINE_CHARS` characters each for the failure
+report. With ``--log-dir`` the raw bytes also go to the worker's own file, unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import BinaryIO, TextIO
+
+__all__ = ["Console", "Tail", "Pump", "MAX_LINE", "TAIL_LINES", "TAIL_LINE_CHARS"]
+
+#: Bytes of one line beyond which it is split (what a chunk of a newline-less stream becomes).
+MAX_LINE = 16 * 1024
+#: Lines of a failed worker's output repeated in the failure report, and their longest.
+TAIL_LINES = 15
+TAIL_LINE_CHARS = 400
+_CHUNK = 64 * 1024
+
+
+class Console:
+    """The launcher's output stream, shared by every pump: whole lines, never an exception.
+
+    Characters the stream cannot encode are replaced; a reader that went away (``| head``)
+    makes every later line be discarded (the job goes on).
+    """
+
+    def __init__(self, stream: TextIO, lock: threading.Lock) -> None:
+        self.stream, self.lock = stream, lock
+        self.lost: OSError | None = None
+
+    def write_line(self, prefix: str, text: str) -> None:
+        if self.lost is not None:
+            return
+        line = f"{prefix}{text}\n"
+        with self.lock:
+            try:
+                try:
+                    self.stream.write(line)
+                except UnicodeEncodeError:
+                    encoding = getattr(self.stream, "encoding", None) or "ascii"
+                    self.stream.write(line.encode(encoding, errors="replace").decode(encoding))
+                self.stream.flush()
+            except (BrokenPipeError, ValueError, OSError) as error:  # the reader went away
+                self.lost = error if isinstance(error, OSError) else BrokenPipeError(str(error))
+
+
+class Tail:
+    """The last lines of a worker (all its streams), bounded in lines and characters."""
+
+    def __init__(self, lines: int = TAIL_LINES, chars: int = TAIL_LINE_CHARS) -> None:
+        self._lines: collections.deque[str] = collections.deque(maxlen=lines)
+        self._chars = chars
+        self._lock = threading.Lock()
+
+    def add(self, line: str) -> None:
+        if len(line) > self._chars:
+            line = f"{line[:self._chars]} [... {len(line) - self._chars} more characters]"
+        with self._lock:
+            self._lines.append(line)
+
+    def lines(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(self._lines)
+
+
+class Pump:
+    """One thread copying one stream of one worker until its end.
+
+    Args:
+        fd: the read end of the worker's pipe (closed by the pump at the end).
+        prefix: put before each console line, e.g. ``[worker 1] ``.
+        console: where lines go (``None``: not on the console).
+        log: where the raw bytes go (``None``: no log file).
+        tail: where the last lines are kept.
+    """
+
+    def __init__(self, fd: int, *, prefix: str, console: Console | None, log: BinaryIO | None, tail: Tail) -> None:
+        self.fd, self.prefix, self.console, self.log, self.tail = fd, prefix, console, log, tail
+        #: The largest the pending buffer ever was (bytes), for the memory bound's tests.
+        self.peak_buffer = 0
+        self._thread = threading.Thread(target=self._run, name=f"tfstrategy-pump-{prefix.strip()}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        pending = b""
+        try:
+            while chunk := os.read(self.fd, _CHUNK):
+                if self.log is not None:
+                    self._log(chunk)
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._emit(self._split(line))
+                if len(pending) > MAX_LINE:
+                    pending = self._split(pending)
+                self.peak_buffer = max(self.peak_buffer, len(pending))
+            if pending:
+                self._emit(pending)
+        except OSError:
+            pass
+        finally:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            if self.log is not None:
+                try:
+                    self.log.close()
+                except OSError:
+                    pass
+
+    def _log(self, chunk: bytes) -> None:
+        assert self.log is not None
+        try:
+            self.log.write(chunk)
+            self.log.flush()
+        except (OSError, ValueError):
+            self.log = None  # a full disk: the console copy and the tail go on
+
+    def _split(self, raw: bytes) -> bytes:
+        """Emit ``raw``'s pieces beyond :data:`MAX_LINE` as split lines; the rest."""
+        trimmed = raw.rstrip(b"\r")
+        raw = trimmed[trimmed.rfind(b"\r") + 1:] + raw[len(trimmed):]  # a progress bar: its last state
+        while len(raw) > MAX_LINE:
+            self._emit(raw[:MAX_LINE], split=True)
+            raw = raw[MAX_LINE:]
+        return raw
+
+    def _emit(self, raw: bytes, *, split: bool = False) -> None:
+        raw = raw.rstrip(b"\r")
+        raw = raw[raw.rfind(b"\r") + 1:]  # "\r" updates of one line: the last is what a terminal shows
+        text = raw.decode("utf-8", errors="replace") + (" [line split: longer than 16 KiB]" if split else "")
+        self.tail.add(text)
+        if self.console is not None:
+            self.console.write_line(self.prefix, text)
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the stream's end; whether it ended."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()

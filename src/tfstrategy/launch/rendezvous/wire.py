@@ -1,0 +1,396 @@
+"""The rendezvous protocol on the wire: the handshake, the session keys, sealed and typed messages.
+
+One JSON object per line. The handshake is a mutual HMAC-SHA256 challenge-response over fresh
+nonces, so the secret never crosses the network::
+
+    server -> {"type": "challenge", "protocol": P, "nonce": S}
+    client -> {"type": "hello", "rank": R, "job": {shape}, "nonce": C, "proof": HMAC(secret, client|S|C|R)}
+    server -> {"type": "welcome", "job_id": J, "round": r, "heartbeat": h, "dead_after": d,
+               "proof": HMAC(secret, server|S|C|R|welcome fields)}      or  {"type": "refused", "reason": ...}
+
+Every later line, in both directions, is *sealed*: ``MAC PAYLOAD`` where ``PAYLOAD`` is the JSON
+of the message plus the job's identity ``J`` and the sender's sequence number (0, 1, 2, ... per
+direction), and ``MAC`` is HMAC-SHA256 of the payload's bytes under that direction's session key.
+The keys are derived HKDF-style (RFC 5869 extract-then-expand, with :mod:`hmac`) from the secret,
+both nonces, ``J`` and the rank, so they are fresh for every connection and differ per direction:
+a line altered in transit, injected, taken from another connection or job, or sent back to its
+sender fails the MAC; one replayed, reordered or dropped fails the sequence number (a dropped one
+at the latest with the next heartbeat).
+
+The payload is then parsed into one of the frozen message classes below, with every field
+checked; anything else is a :class:`ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import re
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+__all__ = [
+    "PROTOCOL", "ProtocolError", "LineReader", "client_proof", "welcome_proof", "proof_matches", "session_keys", "Sealer", "Opener",
+    "Join", "Failed", "Done", "Stop", "Abort", "Heartbeat", "Cluster", "Verdict", "Stopped", "Timeout", "Finished",
+    "Closing", "Message", "parse_message",
+]
+
+PROTOCOL = "tfstrategy-rendezvous/2"
+#: Longest line before authentication (a hello is ~300 bytes) and after it (a failure's last lines).
+HANDSHAKE_LINE = 4096
+MAX_LINE = 4 << 20
+_HEX = re.compile(r"[0-9a-f]{16,128}")
+_HOST = re.compile(r"[A-Za-z0-9._:%-]{1,253}")
+_HOST_PORT = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,300}")
+
+
+class ProtocolError(Exception):
+    """A peer broke the protocol: what it sent, and what was expected (for the report naming the peer)."""
+
+
+# --- framing -------------------------------------------------------------------------------------
+
+
+class LineReader:
+    """Whole lines from a socket, each at most ``limit`` bytes, within a deadline or an idle time."""
+
+    def __init__(self, sock: socket.socket, limit: int = HANDSHAKE_LINE) -> None:
+        self.sock, self.limit = sock, limit
+        self._buffer = bytearray()
+
+    def read_line(self, *, deadline: float | None = None, idle: float | None = None) -> bytes | None:
+        """The next line without its newline; ``None`` at the end of the stream.
+
+        Raises:
+            TimeoutError: the deadline passed, or nothing arrived for ``idle`` seconds.
+            ProtocolError: a line longer than the limit.
+            OSError: the connection failed.
+        """
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buffer[:end])
+                del self._buffer[:end + 1]
+                if len(line) > self.limit:
+                    raise ProtocolError(f"sent a line of {len(line)} bytes; expected at most {self.limit}")
+                return line
+            if len(self._buffer) > self.limit:
+                raise ProtocolError(f"sent more than {self.limit} bytes without a newline")
+            wait = idle
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("deadline passed")
+                wait = left if wait is None else min(wait, left)
+            # The socket's timeout is only changed during the handshake (one thread then); afterwards
+            # the channel sets it once, for sends and receives alike.
+            if wait is not None and self.sock.gettimeout() != wait:
+                self.sock.settimeout(wait)
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                raise TimeoutError(f"nothing for {wait:g} s") from None
+            if not data:
+                return None
+            self._buffer += data
+
+
+def read_json(reader: LineReader, *, deadline: float) -> dict[str, Any] | None:
+    """One handshake object; ``None`` at the end of the stream.
+
+    Raises:
+        ProtocolError: not a JSON object. TimeoutError, OSError: as :meth:`LineReader.read_line`.
+    """
+    line = reader.read_line(deadline=deadline)
+    if line is None:
+        return None
+    try:
+        value = json.loads(line)
+    except ValueError:
+        raise ProtocolError(f"sent {line[:60]!r}, which is not JSON") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"sent {line[:60]!r}; expected a JSON object")
+    return value
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+# --- authentication ------------------------------------------------------------------------------
+
+
+def is_nonce(value: object) -> bool:
+    return isinstance(value, str) and _HEX.fullmatch(value) is not None
+
+
+def client_proof(secret: bytes, server_nonce: str, client_nonce: str, rank: int) -> str:
+    return _mac(secret, f"{PROTOCOL}|client|{server_nonce}|{client_nonce}|{rank}".encode())
+
+
+def welcome_proof(secret: bytes, server_nonce: str, client_nonce: str, rank: int, welcome: Mapping[str, Any]) -> str:
+    """The server's proof, over every field of its welcome (job identity, round, heartbeat) but the proof."""
+    fields = json.dumps({k: v for k, v in welcome.items() if k != "proof"}, sort_keys=True, separators=(",", ":"))
+    return _mac(secret, f"{PROTOCOL}|server|{server_nonce}|{client_nonce}|{rank}|{fields}".encode())
+
+
+def proof_matches(given: object, expected: str) -> bool:
+    """Constant-time comparison of a peer's proof (any JSON value) with the expected one."""
+    return isinstance(given, str) and hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode())
+
+
+def _mac(key: bytes, data: bytes) -> str:
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def session_keys(secret: bytes, server_nonce: str, client_nonce: str, job_id: str, rank: int) -> tuple[bytes, bytes]:
+    """``(client-to-server, server-to-client)`` keys of one connection (HKDF-SHA256 extract and expand)."""
+    prk = hmac.new(f"{server_nonce}|{client_nonce}".encode(), secret, hashlib.sha256).digest()
+
+    def expand(direction: str) -> bytes:
+        info = f"{PROTOCOL}|session|{job_id}|{rank}|{direction}".encode()
+        return hmac.new(prk, info + b"\x01", hashlib.sha256).digest()
+
+    return expand("client->server"), expand("server->client")
+
+
+class Sealer:
+    """Seals one direction's messages: job identity, next sequence number, MAC."""
+
+    def __init__(self, key: bytes, job_id: str) -> None:
+        self._key, self.job_id, self.seq = key, job_id, 0
+
+    def seal(self, message: Message) -> bytes:
+        payload = json.dumps({"job": self.job_id, "seq": self.seq, "type": message.kind, **dataclasses.asdict(message)},
+                             separators=(",", ":")).encode()
+        self.seq += 1
+        return _mac(self._key, payload).encode() + b" " + payload + b"\n"
+
+
+class Opener:
+    """Checks the other direction's lines: MAC first, then job identity and sequence, then the message."""
+
+    def __init__(self, key: bytes, job_id: str, messages: Mapping[str, type[Message]]) -> None:
+        self._key, self.job_id, self.seq, self._messages = key, job_id, 0, messages
+
+    def open(self, line: bytes) -> Message:
+        """The message of ``line``.
+
+        Raises:
+            ProtocolError: it failed authentication, is out of sequence, or is not a valid message.
+        """
+        mac, _, payload = line.partition(b" ")
+        if not hmac.compare_digest(mac, _mac(self._key, payload).encode()):
+            raise ProtocolError("sent a message that failed authentication (altered or injected in transit, "
+                                "or not from this connection)")
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise ProtocolError(f"sent an authentic line that is not a JSON object: {payload[:60]!r}")
+        if data.pop("job", None) != self.job_id:
+            raise ProtocolError(f"sent a message of another job; expected job {self.job_id}")
+        seq = data.pop("seq", None)
+        if seq != self.seq:
+            raise ProtocolError(f"sent message number {seq}, expected {self.seq} (replayed, reordered or dropped "
+                                "in transit)")
+        self.seq += 1
+        return parse_message(data, self._messages)
+
+
+# --- messages ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    """A control message; ``kind`` is its ``type`` on the wire."""
+
+    kind: ClassVar[str] = ""
+
+
+@dataclass(frozen=True)
+class Join(Message):
+    """node -> node 0: this node's workers for ``round``."""
+
+    kind: ClassVar[str] = "join"
+    round: int
+    address: str
+    ports: list[int]
+
+
+@dataclass(frozen=True)
+class Failed(Message):
+    """node -> node 0: a local worker failed in ``round``."""
+
+    kind: ClassVar[str] = "failed"
+    round: int
+    worker: int | None
+    reason: str
+    status: int
+    lines: list[str]
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    kind: ClassVar[str] = "done"
+    round: int
+
+
+@dataclass(frozen=True)
+class Stop(Message):
+    """node -> node 0: this launcher received ``signal``; stop the job."""
+
+    kind: ClassVar[str] = "stop"
+    signal: int
+
+
+@dataclass(frozen=True)
+class Abort(Message):
+    """node -> node 0: this node's end of the connection broke the protocol (why); end the job."""
+
+    kind: ClassVar[str] = "abort"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    kind: ClassVar[str] = "heartbeat"
+
+
+@dataclass(frozen=True)
+class Cluster(Message):
+    """node 0 -> nodes: every worker's ``host:port`` for ``round``."""
+
+    kind: ClassVar[str] = "cluster"
+    round: int
+    workers: list[str]
+
+
+@dataclass(frozen=True)
+class Verdict(Message):
+    """node 0 -> nodes: the round's first failure, and whether the group restarts."""
+
+    kind: ClassVar[str] = "failed"
+    round: int
+    node: int
+    worker: int | None
+    reason: str
+    status: int
+    lines: list[str]
+    restart: bool
+
+
+@dataclass(frozen=True)
+class Stopped(Message):
+    """node 0 -> nodes: node ``node`` received ``signal``; stop."""
+
+    kind: ClassVar[str] = "stop"
+    node: int
+    signal: int
+
+
+@dataclass(frozen=True)
+class Timeout(Message):
+    kind: ClassVar[str] = "timeout"
+    round: int
+    missing: list[int]
+    arrived: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Finished(Message):
+    kind: ClassVar[str] = "finished"
+    round: int
+
+
+@dataclass(frozen=True)
+class Closing(Message):
+    """node 0 -> node: node 0 closes this connection, and why."""
+
+    kind: ClassVar[str] = "closing"
+    reason: str
+
+
+TO_SERVER: dict[str, type[Message]] = {m.kind: m for m in (Join, Failed, Done, Stop, Abort, Heartbeat)}
+TO_CLIENT: dict[str, type[Message]] = {m.kind: m for m in (Cluster, Verdict, Stopped, Timeout, Finished, Closing,
+                                                           Heartbeat)}
+
+_ROUNDS = 1_000_000
+_TEXT = 10_000
+#: A failure's last lines: at most this many, each at most LINE_CHARS characters.
+LINES = 100
+LINE_CHARS = 2_000
+# Field checks: name -> check(value, where) returning the value or raising ProtocolError.
+
+
+def _int(low: int, high: int, *, optional: bool = False):
+    def check(value: object, where: str) -> int | None:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ProtocolError(f"{where} is {value!r}; expected an integer {low}..{high}")
+        return value
+    return check
+
+
+def _text(limit: int = _TEXT, pattern: re.Pattern[str] | None = None):
+    def check(value: object, where: str) -> str:
+        if not isinstance(value, str) or len(value) > limit or (pattern and not pattern.fullmatch(value)):
+            raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected {'a host' if pattern else 'text'} of at "
+                                f"most {limit} characters")
+        return value
+    return check
+
+
+def _list(item, limit: int):
+    def check(value: object, where: str) -> list[Any]:
+        if not isinstance(value, list) or len(value) > limit:
+            raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected a list of at most {limit} items")
+        return [item(entry, f"{where}[{index}]") for index, entry in enumerate(value)]
+    return check
+
+
+def _bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{where} is {value!r}; expected true or false")
+    return value
+
+
+def _addresses(value: object, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or len(value) > 10_000:
+        raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected an object of rank: address")
+    host = _text(253, _HOST)
+    return {_text(7)(rank, f"{where} key"): host(address, f"{where}[{rank}]") for rank, address in value.items()}
+
+
+_FIELDS: dict[str, Any] = {
+    "round": _int(0, _ROUNDS), "address": _text(253, _HOST), "ports": _list(_int(1, 65535), 4096),
+    "worker": _int(0, 1 << 20, optional=True), "reason": _text(), "status": _int(0, 1023),
+    "lines": _list(_text(LINE_CHARS), LINES), "signal": _int(1, 64), "workers": _list(_text(300, _HOST_PORT), 1 << 16),
+    "node": _int(0, 1 << 16), "restart": _bool, "missing": _list(_int(0, 1 << 16), 1 << 16),
+    "arrived": _addresses,
+}
+
+
+def parse_message(data: Mapping[str, Any], messages: Mapping[str, type[Message]]) -> Message:
+    """The typed message of ``data`` (its ``type`` one of ``messages``), every field checked.
+
+    Raises:
+        ProtocolError: an unknown type, a missing or unexpected field, or a field of the wrong type or range.
+    """
+    kind = data.get("type")
+    cls = messages.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"sent a message of type {str(kind)[:40]!r}; expected one of {', '.join(sorted(messages))}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    extra = sorted(set(data) - set(names) - {"type"})
+    missing = [name for name in names if name not in data]
+    if extra or missing:
+        raise ProtocolError(f"sent a {kind} message with fields {sorted(set(data) - {'type'})}; expected {names}")
+    return cls(**{name: _FIELDS[name](data[name], f"{kind}.{name}") for name in names})

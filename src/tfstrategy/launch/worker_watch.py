@@ -1,0 +1,223 @@
+"""The worker's side of supervision, installed by the start-up hook in every launched Python worker.
+
+Each part is one small named step, recorded in :data:`INSTALLED`:
+
+- ``die_with_launcher``: the worker ends when its launcher does, however it ends (SIGKILL
+  included): ``PR_SET_PDEATHSIG`` (Linux) kills it when the launcher's thread that started it
+  exits, and a thread blocked on the launcher's lifeline pipe (every platform) kills the
+  worker's whole process group when that pipe reaches end-of-file. The launcher's reaper
+  (:mod:`tfstrategy.launch.reaper`) stops whatever escaped both.
+- ``record_errors``: the first uncaught exception goes to ``TFSTRATEGY_ERROR_FILE``
+  (:func:`tfstrategy.launch.reports.write_error`), so the launcher names the root cause.
+- ``dump_stacks``: ``faulthandler`` prints every thread's Python stack to stderr on
+  :data:`STACK_SIGNAL` (the launcher sends it to every worker when one stalls) and on a crash.
+- ``heartbeat``: a thread bumps the progress file's heartbeat (a frozen or stopped process
+  stops beating); :func:`progress_callbacks` count batches and marks "inside a step".
+
+Nothing here imports TensorFlow; the Keras callback class is made when Keras is imported.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import functools
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+from tfstrategy.launch.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
+from tfstrategy.settings import ENV_ERROR_FILE, ENV_LAUNCHER_PID, ENV_LIFELINE_FD, ENV_PROGRESS_FILE
+
+__all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches", "reset"]
+
+#: The signal on which a launched Python worker prints every thread's stack to its stderr.
+STACK_SIGNAL = signal.SIGUSR2
+_PR_SET_PDEATHSIG = 1
+
+#: The steps taken in this process, with what each did.
+INSTALLED: dict[str, str] = {}
+_PROGRESS: list[ProgressWriter] = []
+
+
+def install(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Take every step this process's environment asks for (a no-op outside ``tfstrategy launch``)."""
+    env = os.environ if env is None else env
+    steps: tuple[tuple[str, Callable[[Mapping[str, str]], str | None]], ...] = (
+        ("die_with_launcher", _die_with_launcher), ("record_errors", _record_errors),
+        ("dump_stacks", _dump_stacks), ("heartbeat", _heartbeat),
+    )
+    for name, step in steps:
+        if name in INSTALLED:
+            continue
+        try:
+            done = step(env)
+        except Exception as error:  # supervision must never stop the user's program from starting
+            print(f"tfstrategy: hook step {name}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+            continue
+        if done:
+            INSTALLED[name] = done
+    if env is os.environ:
+        # This process is the worker: a Python process it starts (a helper, `python other.py`)
+        # must not write its error file, reset its progress or die for its lifeline.
+        for name in (ENV_ERROR_FILE, ENV_PROGRESS_FILE, ENV_LAUNCHER_PID, ENV_LIFELINE_FD):
+            os.environ.pop(name, None)
+    return dict(INSTALLED)
+
+
+def reset() -> None:
+    """Forget what was installed (tests; a second job in one process installs again)."""
+    INSTALLED.clear()
+    _PROGRESS.clear()
+
+
+def _die_with_launcher(env: Mapping[str, str]) -> str | None:
+    launcher = env.get(ENV_LAUNCHER_PID)
+    if not launcher:
+        return None
+    done = []
+    # Only when the launcher started this process itself (not through `sh -c ...`, whose death
+    # would then kill it); and armed before the check, so a launcher dying in between is seen.
+    if sys.platform.startswith("linux") and launcher.isdigit() and os.getppid() == int(launcher):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
+            done.append("PR_SET_PDEATHSIG")
+            if os.getppid() != int(launcher):
+                os.killpg(os.getpgrp(), signal.SIGKILL)  # the launcher died before the signal was armed
+    fd = env.get(ENV_LIFELINE_FD)
+    if fd and fd.isdigit():
+        threading.Thread(target=_wait_for_end_of_file, args=(int(fd),), name="tfstrategy-lifeline",
+                         daemon=True).start()
+        done.append("lifeline")
+    return " + ".join(done) or None
+
+
+def _wait_for_end_of_file(fd: int) -> None:
+    try:
+        while os.read(fd, 1):
+            pass
+    except OSError:
+        pass
+    # The launcher is gone: end this worker and everything in its process group.
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _record_errors(env: Mapping[str, str]) -> str | None:
+    path = env.get(ENV_ERROR_FILE)
+    if not path:
+        return None
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        try:
+            write_error(path, error.with_traceback(tb))
+        except Exception:  # a full disk must not hide the user's own traceback
+            pass
+        previous(kind, error, tb)
+
+    sys.excepthook = excepthook
+    return f"the first uncaught exception goes to {path}"
+
+
+def _dump_stacks(env: Mapping[str, str]) -> str | None:
+    if not env.get(ENV_PROGRESS_FILE):
+        return None
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+    return f"every thread's stack on {STACK_SIGNAL.name} and on a crash"
+
+
+def _heartbeat(env: Mapping[str, str]) -> str | None:
+    path = env.get(ENV_PROGRESS_FILE)
+    if not path:
+        return None
+    writer = ProgressWriter(path)
+    _PROGRESS.append(writer)
+
+    def beat() -> None:
+        while True:
+            writer.beat()
+            time.sleep(HEARTBEAT_SECONDS)
+
+    threading.Thread(target=beat, name="tfstrategy-heartbeat", daemon=True).start()
+    return f"heartbeat and batches in {path}"
+
+
+def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
+    """Two ``keras.callbacks.Callback``: one to put first (a batch ended), one last (a batch begins).
+
+    So a batch counts as ended before the script's own ``on_*_batch_end`` callbacks run, and as
+    begun only after its ``on_*_batch_begin`` ones: time spent in the script's callbacks is
+    "outside the step", where the launcher looks for a worker its peers wait for.
+    ``None`` outside ``tfstrategy launch``.
+    """
+    if not _PROGRESS:
+        return None
+    writer = _PROGRESS[0]
+
+    class BatchEnded(keras.callbacks.Callback):  # type: ignore[misc]
+        """Counts finished batches for ``tfstrategy launch`` (stall detection); added by its start-up hook."""
+
+        # Never asks for the logs as numbers, so it adds no synchronisation to a step.
+        _supports_tf_logs = True
+
+        def _end(self, batch: int, logs: Any = None) -> None:
+            writer.step_ends()
+
+        on_train_batch_end = on_test_batch_end = on_predict_batch_end = _end
+
+    class BatchBegins(keras.callbacks.Callback):  # type: ignore[misc]
+        """Marks "inside a step" for ``tfstrategy launch``; added by its start-up hook."""
+
+        _supports_tf_logs = True
+
+        def _begin(self, batch: int, logs: Any = None) -> None:
+            writer.step_begins()
+
+        on_train_batch_begin = on_test_batch_begin = on_predict_batch_begin = _begin
+
+    return BatchEnded(), BatchBegins()
+
+
+def count_batches(flavours: list[Any]) -> str | None:
+    """Make ``Model.fit``/``evaluate``/``predict`` of each Keras in ``flavours`` report batches to the launcher.
+
+    Installed as undoable rewrites (:mod:`tfstrategy.launch.rewrites`); ``None`` outside ``tfstrategy launch``.
+    """
+    if not _PROGRESS:
+        return None
+    from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+
+    for keras in flavours:
+        factories = {f"Model.{method}": functools.partial(_with_progress, keras=keras,
+                                                          position=_CALLBACKS_POSITION[method])
+                     for method in _CALLBACKS_POSITION}
+        install_rewrite(Rewrite(f"count_batches:{keras.__name__}", lambda k=keras: k, factories))
+    return "Model.fit, evaluate and predict report their batches to the launcher"
+
+
+#: Where ``callbacks`` is among the positional arguments (after ``self``).
+_CALLBACKS_POSITION = {"fit": 5, "evaluate": 6, "predict": 4}
+
+
+def _with_progress(original: Callable[..., Any], keras: Any, position: int) -> Callable[..., Any]:
+    def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+        given = args[position] if len(args) > position else kwargs.get("callbacks")
+        # A CallbackList is fit's own, handed to its validation's evaluate: already counted.
+        pair = progress_callbacks(keras) if given is None or isinstance(given, (list, tuple)) else None
+        if pair is not None:
+            first, last = pair
+            if len(args) > position:  # callbacks passed positionally
+                args = (*args[:position], [first, *(given or []), last], *args[position + 1:])
+            else:
+                kwargs["callbacks"] = [first, *(given or []), last]
+        return original(model, *args, **kwargs)
+
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper.__doc__ = original.__doc__
+    return wrapper

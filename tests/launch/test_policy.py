@@ -1,0 +1,395 @@
+"""The launcher's policy with fake workers and a fake clock: no process starts, every test is instant.
+
+Each scenario drives :class:`~tfstrategy.launch.supervisor.Launcher` itself (the real monitor
+loop, coordinator and stop sequence) through ``spawn=`` fakes whose observations change with
+the fake clock; it checks the exit status, the reason, the headline, and what every worker got.
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+import sys
+
+import pytest
+from fakes import Clock, FakeWorker, Fleet
+
+from tfstrategy.launch.coordinator import Event, EventType, LocalCoordinator
+from tfstrategy.launch.reports import ErrorRecord
+from tfstrategy.launch.states import EndReason, Failure, RunResult
+from tfstrategy.launch.supervisor import Launcher, LaunchOptions
+
+COMMAND = (sys.executable, "train.py")
+
+
+def _run(scenario, *, workers: int = 2, coordinator=None, **options) -> tuple[RunResult, str, Fleet, Clock]:
+    """Run the launcher over fakes; ``scenario(fleet, now)`` is called at every tick of the fake clock."""
+    clock = Clock()
+    fleet = Fleet(clock)
+    err = io.StringIO()
+    launcher = Launcher(LaunchOptions(command=COMMAND, num_workers=workers, **options), env={}, out=io.StringIO(),
+                        err=err, spawn=fleet.spawn, coordinator=coordinator, clock=clock, wall=clock.wall,
+                        sleep=clock.sleep)
+
+    def tick(now: float) -> None:
+        if now > 3600:
+            raise AssertionError("the scenario never ended")
+        scenario(fleet, now, launcher)
+
+    clock.hooks.append(tick)
+    result = launcher.run()
+    return result, err.getvalue(), fleet, clock
+
+
+def _headline(err: str) -> str:
+    return next(line for line in err.splitlines() if line.startswith("tfstrategy launch: worker")
+                or line.startswith("tfstrategy launch: node"))
+
+
+def _record(kind: str, message: str, when: float, frame: str = "train.py:12 in main") -> ErrorRecord:
+    return ErrorRecord(type=kind, message=message, frame=frame, time=when)
+
+
+def _joined_and_training(fleet: Fleet, attempt: int = 0, steps: int = 3, in_step: bool = True) -> None:
+    for worker in fleet.attempts[attempt]:
+        if worker.returncode is None:
+            worker.join()
+            worker.train(steps=steps, in_step=in_step)
+
+
+def test_every_worker_exits_0_the_job_succeeds():
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 2:
+            for worker in fleet.attempts[0]:
+                worker.exit(0)
+
+    result, err, fleet, _ = _run(scenario)
+    assert (result.returncode, result.reason) == (0, EndReason.SUCCEEDED)
+    assert all(not worker.signals or worker.signals == [signal.SIGKILL] for worker in fleet.attempts[0])
+
+
+def test_first_failure_stops_the_group_at_once_and_names_the_worker():
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 2:
+            fleet.at(0, 1).exit(3, lines=("Traceback (most recent call last):", "ValueError: bad batch"))
+
+    result, err, fleet, clock = _run(scenario)
+    assert (result.returncode, result.reason) == (1, EndReason.FAILED)
+    assert _headline(err) == "tfstrategy launch: worker 1 exited with status 3: ValueError: bad batch"
+    assert result.failures[0].status == 3
+    assert fleet.at(0, 0).returncode == -signal.SIGKILL  # no grace: it is stuck with a dead peer
+    assert clock.now < 2.5
+
+
+def test_root_cause_is_the_earliest_real_error_and_peers_echoes_are_consequences():
+    """Worker 0's UnavailableError is seen first; worker 1's earlier ValueError is the root cause."""
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 2:
+            fleet.at(0, 0).exit(1, _record("tensorflow.python.framework.errors_impl.UnavailableError",
+                                           "Collective ops is aborted by: ... The error could be from a previous "
+                                           "operation", 1002.0, frame=""))
+        if now > 3:
+            fleet.at(0, 1).exit(1, _record("ValueError", "shapes (32, 4) and (3, 1) not aligned", 1001.5))
+
+    result, err, _, clock = _run(scenario)
+    assert _headline(err) == ("tfstrategy launch: worker 1 exited with status 1: ValueError: shapes (32, 4) and "
+                              "(3, 1) not aligned (at train.py:12 in main)")
+    assert "  then, as a consequence: worker 0 exited with status 1: tensorflow.python.framework.errors_impl." \
+           "UnavailableError: Collective ops is aborted by" in err
+    assert clock.now < 2 + 3 + 0.5  # within the settle window after the first (consequential) failure
+
+
+def test_a_sigkill_nobody_sent_suggests_the_oom_killer():
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 1:
+            fleet.at(0, 1).exit(-signal.SIGKILL)
+
+    result, err, _, _ = _run(scenario)
+    assert _headline(err).startswith("tfstrategy launch: worker 1 was killed by SIGKILL; tfstrategy did not send it: "
+                                     "the kernel's OOM killer")
+    assert result.failures[0].status == 137 and result.returncode == 1
+
+
+def test_join_timeout_names_the_worker_that_never_started_joining():
+    def scenario(fleet, now, launcher):
+        fleet.at(0, 0).starting = True
+
+    result, err, _, clock = _run(scenario, join_timeout=30)
+    assert (result.returncode, result.reason) == (124, EndReason.JOIN_TIMEOUT)
+    assert _headline(err).startswith("tfstrategy launch: worker 1 did not join within --timeout 30 s: it never started "
+                                     "creating its strategy")
+    assert "worker 0 is creating its strategy" in err
+    assert 30 < clock.now < 30.5
+
+
+def test_exit_0_before_joining_while_a_peer_waits_fails_at_once_not_at_the_timeout():
+    def scenario(fleet, now, launcher):
+        fleet.at(0, 0).starting = True
+        if now > 1:
+            fleet.at(0, 1).exit(0)
+
+    result, err, _, clock = _run(scenario, join_timeout=300)
+    assert result.returncode == 1
+    assert _headline(err).startswith("tfstrategy launch: worker 1 exited with status 0 before joining, while worker(s) 0 "
+                                     "wait for it")
+    assert clock.now < 1.5
+
+
+def test_exit_0_mid_training_while_a_peer_is_inside_a_step_fails_at_once():
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet, steps=7)
+        if now > 2:
+            fleet.at(0, 1).exit(0)
+
+    result, err, _, clock = _run(scenario)
+    assert _headline(err) == ("tfstrategy launch: worker 1 exited with status 0 after 7 batch(es) while worker(s) 0 "
+                              "still wait for it inside a step: it left the job early (every worker must run the same "
+                              "number of steps)")
+    assert clock.now < 2.5
+
+
+def test_one_worker_finishing_first_while_its_peer_saves_is_no_failure():
+    def scenario(fleet, now, launcher):
+        if now < 1:
+            _joined_and_training(fleet, steps=8, in_step=False)
+        if now > 1:
+            fleet.at(0, 1).exit(0)
+        if now > 6:  # the chief writes its files for a while, outside any step
+            fleet.at(0, 0).exit(0)
+
+    result, _, _, _ = _run(scenario)
+    assert (result.returncode, result.reason) == (0, EndReason.SUCCEEDED)
+
+
+def test_restart_starts_a_new_group_with_the_next_restart_count_and_then_succeeds():
+    def scenario(fleet, now, launcher):
+        attempt = len(fleet.attempts) - 1
+        _joined_and_training(fleet, attempt)
+        if attempt == 0 and now > 1:
+            fleet.at(0, 1).exit(-signal.SIGKILL)
+        if attempt == 1 and now > 5:
+            for worker in fleet.attempts[1]:
+                worker.exit(0)
+
+    result, err, fleet, _ = _run(scenario, max_restarts=2)
+    assert (result.returncode, result.restarts, len(fleet.attempts)) == (0, 1, 2)
+    assert [w.spec.env["TFSTRATEGY_RESTART"] for w in fleet.attempts[1]] == ["1", "1"]
+    assert "(restart 1 of 2)" in err and len(result.rejoin_seconds) == 1
+
+
+def test_restarts_exhausted_gives_up_with_the_last_root_cause():
+    def scenario(fleet, now, launcher):
+        attempt = len(fleet.attempts) - 1
+        _joined_and_training(fleet, attempt)
+        fleet.at(attempt, 0).exit(2)
+
+    result, err, fleet, _ = _run(scenario, max_restarts=1)
+    assert (result.returncode, result.restarts, len(result.failures)) == (1, 1, 2)
+    assert "giving up after 1 restart(s)" in err
+
+
+@pytest.mark.parametrize(("on_term", "expected"), [
+    pytest.param(None, 143, id="workers-ignore-sigterm-and-are-sigkilled-after-grace-still-143"),
+    pytest.param(75, 75, id="every-worker-preempted-exits-75"),
+    pytest.param(-signal.SIGTERM, 143, id="workers-die-of-sigterm"),
+])
+def test_sigterm_to_the_launcher_is_passed_on_and_its_status_is_stated(on_term, expected):
+    def scenario(fleet, now, launcher):
+        for worker in fleet.attempts[0]:
+            worker.on_term = on_term
+        _joined_and_training(fleet)
+        if now > 2 and launcher._signal is None and all(w.returncode is None for w in fleet.attempts[0]):
+            launcher._signal = signal.SIGTERM
+
+    result, err, fleet, clock = _run(scenario, grace=5)
+    assert result.returncode == expected
+    assert all(worker.signals[0] == signal.SIGTERM for worker in fleet.attempts[0])
+    if on_term is None:
+        assert 2 + 5 <= clock.now < 2 + 5.5 and fleet.at(0, 0).returncode == -signal.SIGKILL
+
+
+def test_a_stopped_worker_is_named_its_peers_stacks_requested_then_the_group_fails_past_the_stall_timeout():
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet, steps=5)
+        if now > 3:
+            fleet.at(0, 1).stopped = True
+
+    result, err, fleet, clock = _run(scenario, stall_report=5, stall_timeout=20)
+    assert (result.returncode, result.reason) == (125, EndReason.STALLED)
+    assert "stall: worker 1 is stopped (state T: SIGSTOP" in err
+    assert all(worker.stacks_dumped == 1 for worker in fleet.attempts[0])
+    assert _headline(err).startswith("tfstrategy launch: worker 1 stalled: it is stopped")
+    assert result.stall_seconds and result.stall_seconds[0] < 2.5
+
+
+def test_a_worker_outside_its_step_while_peers_wait_is_stalled_after_a_threshold_that_scales_with_step_time():
+    state = {"steps": 0}
+
+    def scenario(fleet, now, launcher):
+        for worker in fleet.attempts[0]:
+            worker.join()
+        if now < 10:  # one batch a second, in lockstep
+            state["steps"] = int(now)
+            for worker in fleet.attempts[0]:
+                worker.train(steps=state["steps"], in_step=True)
+        else:  # worker 1 busy in a callback after its batch; worker 0 waits inside the next step
+            fleet.at(0, 0).train(steps=state["steps"], in_step=True)
+            fleet.at(0, 1).train(steps=state["steps"], in_step=False)
+
+    result, err, _, clock = _run(scenario, stall_report=5, stall_timeout=60)
+    assert "stall: worker 1 has been outside its step for" in err and "while worker(s) 0 wait" in err
+    detected = result.stall_seconds[0]
+    assert 20 <= detected < 21  # 20 x the 1 s step time, above the 5 s floor
+    assert result.returncode == 125 and 60 <= clock.now - 9 < 61.5
+
+
+def test_a_stall_that_resumes_is_reported_and_forgotten():
+    def scenario(fleet, now, launcher):
+        for worker in fleet.attempts[0]:
+            worker.join()
+            worker.train(steps=1 if now < 20 else 2 + int(now), in_step=worker.index == 0 or now >= 20)
+        if now > 30:
+            for worker in fleet.attempts[0]:
+                worker.exit(0)
+
+    result, err, _, _ = _run(scenario, stall_report=5, stall_timeout=60)
+    assert result.returncode == 0
+    assert "stall: worker 1 has been outside its step" in err and "worker 1 advances again" in err
+
+
+class NodeLost(LocalCoordinator):
+    """Another node's launcher disconnects mid-job: node 0 relays it as the round's failure."""
+
+    rank = 0  # type: ignore[assignment]  (node 0 of a job)
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(max_restarts=0)
+        self.clock, self.stops = clock, []
+
+    def poll(self) -> Event | None:
+        if self.clock.now > 4:
+            failure = Failure(index=None, node=1, reason="disconnected (it was stopped, or its machine is unreachable)",
+                              status=1, time=1004.0)
+            return Event(type=EventType.FAILED, failure=failure, restart=False)
+        return None
+
+
+def test_a_lost_node_stops_this_nodes_workers_and_is_the_headline():
+    clock_box = {}
+
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+
+    clock = Clock()
+    clock_box["clock"] = clock
+    fleet = Fleet(clock)
+    err = io.StringIO()
+    launcher = Launcher(LaunchOptions(command=COMMAND, num_workers=2), env={}, out=io.StringIO(), err=err,
+                        spawn=fleet.spawn, coordinator=NodeLost(clock), clock=clock, wall=clock.wall,
+                        sleep=clock.sleep)
+    clock.hooks.append(lambda now: scenario(fleet, now, launcher))
+    result = launcher.run()
+    assert result.returncode == 1
+    assert "node 1's launcher disconnected" in err.getvalue()
+    assert all(worker.returncode == -signal.SIGKILL for worker in fleet.attempts[0])
+
+
+def test_fake_worker_refuses_a_wait_while_alive():
+    """The fakes themselves: waiting on a live worker would hang a real launcher, so it must never happen."""
+    from tfstrategy.launch.processes import WorkerSpec
+
+    worker = FakeWorker(WorkerSpec(index=0, command=COMMAND, env={}, port=1, join_file=None, error_file=None,
+                                   progress_file=None), Clock())
+    with pytest.raises(AssertionError):
+        worker.wait()
+
+
+def test_a_program_without_the_hook_joins_when_every_port_accepts_connections():
+    from dataclasses import replace
+
+    from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
+
+    monitor = GroupMonitor([0, 1], Policy(join_timeout=30), started=0.0)
+    assert not monitor.update(1.0, 1.0, {0: Observation(listening=True), 1: Observation()}).all_joined
+    decision = monitor.update(2.0, 2.0, {0: Observation(listening=True), 1: replace(Observation(), listening=True)})
+    assert decision.all_joined and monitor.update(400.0, 400.0, {0: Observation(), 1: Observation()}).verdict.value \
+        == "continue"
+
+
+def test_a_stall_past_the_stall_timeout_restarts_the_group_with_max_restarts():
+    def scenario(fleet, now, launcher):
+        attempt = len(fleet.attempts) - 1
+        _joined_and_training(fleet, attempt, steps=2)
+        if attempt == 0 and now > 1:
+            fleet.at(0, 0).stopped = True
+        if attempt == 1:
+            for worker in fleet.attempts[1]:
+                worker.exit(0)
+
+    result, err, fleet, _ = _run(scenario, max_restarts=1, stall_report=5, stall_timeout=10)
+    assert (result.returncode, result.restarts) == (0, 1)
+    assert result.failures[0].exit_status == 125 and "worker 0 stalled: it is stopped" in err
+    assert fleet.at(0, 0).returncode == -signal.SIGKILL  # a stopped process still dies of SIGKILL
+
+
+def test_a_worker_that_raised_is_the_root_cause_before_its_process_has_exited():
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 2:  # its excepthook wrote the record; TensorFlow's teardown keeps the process alive
+            fleet.at(0, 1).error = _record("ValueError", "bad batch", 1002.0)
+
+    result, err, fleet, clock = _run(scenario)
+    assert _headline(err) == ("tfstrategy launch: worker 1 raised ValueError: bad batch (at train.py:12 in main) "
+                              "(its process is exiting)")
+    assert clock.now < 2.5 and fleet.at(0, 1).returncode == -signal.SIGKILL
+
+
+def test_exit_0_is_the_root_cause_when_the_peer_already_failed_with_an_echo():
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet, steps=4, in_step=False)  # worker 0 between steps: nothing waits yet
+        if now > 2:
+            fleet.at(0, 1).exit(0)
+        if now > 2.15:  # then its next step finds the peer gone
+            fleet.at(0, 0).exit(1, _record("tensorflow.python.framework.errors_impl.UnavailableError",
+                                           "Socket closed", 1002.1, frame=""))
+
+    result, err, _, _ = _run(scenario)
+    assert _headline(err).startswith("tfstrategy launch: worker 1 exited with status 0 after 4 batch(es)")
+    assert "then, as a consequence: worker 0 exited with status 1: tensorflow" in err
+
+
+@pytest.mark.parametrize(("data", "exit_status", "consequential"), [
+    pytest.param({"worker": 3, "reason": "stalled: it is stopped", "status": 125}, 125, False, id="stall"),
+    pytest.param({"worker": 1, "reason": "did not join within --timeout 30 s", "status": 124}, 124, False, id="join"),
+    pytest.param({"worker": 2, "reason": "exited with status 1: tensorflow.python.framework.errors_impl."
+                  "UnavailableError: Socket closed", "status": 1}, 1, True, id="echo"),
+    pytest.param({"worker": 2, "reason": "exited with status 3", "status": 3}, 1, False, id="plain"),
+])
+def test_a_relayed_failure_keeps_its_exit_status_and_whether_it_is_an_echo(data, exit_status, consequential):
+    from tfstrategy.launch.nodes import failure_from_event
+    from tfstrategy.launch.rendezvous import EventKind, JobEvent
+
+    failure = failure_from_event(JobEvent(EventKind.FAILED, {**data, "node": 1, "lines": []}))
+    assert (failure.exit_status, failure.consequential, failure.node) == (exit_status, consequential, 1)
+
+
+def test_a_peer_failing_while_a_worker_is_stalled_is_an_echo_of_the_stall():
+    """TensorFlow's coordination service gives up on a stopped task before --stall-timeout does."""
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet, steps=5)
+        if now > 3:
+            fleet.at(0, 1).stopped = True
+        if now > 12:
+            fleet.at(0, 0).exit(1, _record("tensorflow.python.framework.errors_impl.UnavailableError",
+                                           "Collective ops is aborted by: ... unhealthy (stopped sending heartbeats)",
+                                           1012.0, frame=""))
+
+    result, err, _, clock = _run(scenario, stall_report=5, stall_timeout=60)
+    assert (result.returncode, result.reason) == (125, EndReason.STALLED)
+    assert _headline(err).startswith("tfstrategy launch: worker 1 stalled: it is stopped")
+    assert "then, as a consequence: worker 0 exited with status 1: tensorflow" in err
+    assert clock.now < 12 + 3.5

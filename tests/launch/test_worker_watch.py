@@ -1,0 +1,122 @@
+"""The worker's side of supervision in a small real Python process (no TensorFlow: milliseconds each)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from helpers import ROOT
+from tfstrategy.launch.reports import read_error, read_progress
+from tfstrategy.launch.worker_hook import hook_environment
+
+SCRIPT = """
+import os, sys, time, subprocess
+print("env", [k for k in os.environ if k in ("TFSTRATEGY_ERROR_FILE", "TFSTRATEGY_PROGRESS_FILE")], flush=True)
+def users_function():
+    raise RuntimeError("the user's own bug")
+if sys.argv[1] == "raise":
+    users_function()
+if sys.argv[1] == "child":
+    child = subprocess.run([sys.executable, "-c", "import os; print('child env', os.environ.get('TFSTRATEGY_ERROR_FILE'))"],
+                           capture_output=True, text=True)
+    print(child.stdout.strip(), flush=True)
+if sys.argv[1] == "wait":
+    print("waiting", flush=True)
+    time.sleep(60)
+"""
+
+
+def _worker(tmp_path, mode: str, **popen):
+    env = {
+        **hook_environment(env=dict(os.environ)),
+        "TFSTRATEGY_ERROR_FILE": str(tmp_path / "error.json"),
+        "TFSTRATEGY_PROGRESS_FILE": str(tmp_path / "progress"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src" / "tfstrategy" / "launch" / "startup"), str(ROOT / "src")]),
+    }
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    return subprocess.Popen([sys.executable, str(script), mode], env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **popen)
+
+
+def test_the_first_uncaught_exception_is_recorded_with_the_users_frame(tmp_path):
+    process = _worker(tmp_path, "raise")
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1 and "RuntimeError: the user's own bug" in err  # the usual traceback too
+    record = read_error(tmp_path / "error.json")
+    assert (record.type, record.message) == ("RuntimeError", "the user's own bug")
+    assert record.frame == f"{tmp_path / 'script.py'}:5 in users_function"
+    assert abs(record.time - time.time()) < 60
+
+
+def test_a_python_process_the_worker_starts_does_not_inherit_its_supervision(tmp_path):
+    process = _worker(tmp_path, "child")
+    out, _ = process.communicate(timeout=60)
+    assert "env []" in out and "child env None" in out
+
+
+def test_the_heartbeat_beats_and_a_stack_signal_prints_every_threads_stack(tmp_path):
+    process = _worker(tmp_path, "wait")
+    try:
+        assert process.stdout.readline().startswith("env") and process.stdout.readline() == "waiting\n"
+        first = read_progress(tmp_path / "progress").heartbeat
+        deadline = time.monotonic() + 30
+        while read_progress(tmp_path / "progress").heartbeat == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert read_progress(tmp_path / "progress").heartbeat > first
+        process.send_signal(signal.SIGUSR2)
+        time.sleep(0.5)
+    finally:
+        process.kill()
+    _, err = process.communicate(timeout=30)
+    assert "tfstrategy-heartbeat" in err or "Thread 0x" in err
+    assert 'script.py", line' in err and "in <module>" in err
+
+
+def test_fit_counts_train_and_validation_batches_and_keeps_the_users_callbacks(tmp_path):
+    import keras
+    import numpy as np
+
+    from tfstrategy.launch import worker_watch
+    from tfstrategy.launch.reports import ProgressWriter
+
+    worker_watch._PROGRESS.append(ProgressWriter(tmp_path / "progress"))
+    seen = []
+
+    class Users(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(read_progress(tmp_path / "progress"))
+
+    try:
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        x, y = np.zeros((12, 2), "float32"), np.zeros((12, 1), "float32")
+        fit = worker_watch._with_progress(keras.Model.fit, keras, worker_watch._CALLBACKS_POSITION["fit"])
+        fit(model, x, y, batch_size=4, epochs=2, verbose=0, callbacks=[Users()], validation_data=(x, y))
+    finally:
+        worker_watch.reset()
+    progress = read_progress(tmp_path / "progress")
+    assert progress.steps == 2 * (3 + 3) and not progress.in_step  # 3 train + 3 validation batches per epoch
+    # The user's batch-end callback runs after the batch counted as ended: "outside the step".
+    assert [(p.steps, p.in_step) for p in seen[:3]] == [(1, False), (2, False), (3, False)]
+
+
+def test_reset_forgets_the_hooks_state_in_place():
+    from tfstrategy.launch import worker_hook, worker_watch
+
+    state = worker_hook.STATE
+    saved = (list(state.steps), set(worker_hook._TAKEN), dict(worker_watch.INSTALLED))
+    try:
+        state.steps.append(("x", "y"))
+        worker_hook._TAKEN.add("_split_cpu")
+        worker_watch.INSTALLED["heartbeat"] = "in a file"
+        worker_hook.reset()
+        assert worker_hook.STATE is state and state.steps == [] and not worker_hook._TAKEN
+        assert worker_watch.INSTALLED == {}
+    finally:
+        state.steps[:] = saved[0]
+        worker_hook._TAKEN.update(saved[1])
+        worker_watch.INSTALLED.update(saved[2])
