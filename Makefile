@@ -18,7 +18,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[cpu,test,bench]'
+	$(BIN)/pip install --quiet -e '.[cpu,test,bench,ray]'
 	touch $@
 
 check: setup
@@ -41,7 +41,7 @@ bench: setup
 	$(BIN)/python benchmarks/run.py
 
 $(VENV)/.docs-installed: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e '.[cpu,test,bench,docs]'
+	$(BIN)/pip install --quiet -e '.[cpu,test,bench,ray,docs]'
 	touch $@
 
 docs: $(VENV)/.docs-installed

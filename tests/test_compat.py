@@ -7,6 +7,7 @@ supported release and on tf_keras.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -171,3 +172,30 @@ def test_prepare_collective_runtime_lets_ops_come_before_the_strategy(mode, expe
     result = subprocess.run([sys.executable, "-c", _OP_THEN_MWMS, mode], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert result.stdout.split("\n")[:-1] == expected, result.stderr[-3000:]
+
+
+def test_resolved_tf_keras_and_a_creator_installed_for_a_thread_life():
+    assert keras.layers is not None  # tf.keras resolved
+    assert _compat.resolved_tf_keras() == ("tf_keras" if LEGACY else "keras")
+    seen, unraisable = [], []
+
+    def creator(next_creator, **kwargs):
+        seen.append(kwargs.get("name"))
+        return next_creator(**kwargs)
+
+    def a_thread_that_ends():
+        _compat.install_variable_creator(creator)
+        tf.Variable(1.0, name="after_install")
+        with tf.variable_creator_scope(lambda next_creator, **kwargs: next_creator(**kwargs)):
+            tf.Variable(1.0, name="inside_a_later_scope")  # that scope closes cleanly over ours
+
+    previous, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        thread = threading.Thread(target=a_thread_that_ends)
+        thread.start()
+        thread.join(timeout=60)
+        del thread
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    assert seen == ["after_install", "inside_a_later_scope"] and unraisable == []

@@ -31,15 +31,41 @@ def is_tf_keras_object(obj: Any) -> bool:
 
 def keras_for(obj: Any = None) -> ModuleType:
     """The Keras package ``obj`` belongs to, or the one ``tf.keras`` resolves to when ``obj`` is ``None``."""
-    from tfstrategy._versions import legacy_keras_requested
+    from tfstrategy._versions import keras_package
 
-    if is_tf_keras_object(obj) if obj is not None else legacy_keras_requested():
+    if is_tf_keras_object(obj) if obj is not None else keras_package() == "tf_keras":
         import tf_keras
 
         return tf_keras
     import keras
 
     return keras
+
+
+def resolved_tf_keras() -> str | None:
+    """What ``tf.keras`` already resolved to in this process: ``"keras"``, ``"tf_keras"``, or ``None``.
+
+    ``None`` while TensorFlow is not imported or ``tf.keras`` was not used yet:
+    TensorFlow decides lazily, reading ``TF_USE_LEGACY_KERAS`` at the first
+    attribute access, then replaces its ``KerasLazyLoader`` in the ``tensorflow``
+    module by the package it loaded. A host that sets the variable after that
+    (Ray Train does, on every worker) changes nothing, so the variable alone
+    would misreport the flavour.
+    """
+    module = sys.modules.get("tensorflow")
+    if module is None:
+        return None
+    loaded = vars(module).get("keras")
+    if not isinstance(loaded, ModuleType):
+        return None
+    state = vars(loaded)
+    if "_tfll_initialized" in state:  # still TensorFlow's KerasLazyLoader
+        if not state.get("_tfll_initialized"):
+            return None
+        version = state.get("_tfll_keras_version")
+        return {"tf_keras": "tf_keras", "keras_3": "keras"}.get(version)
+    root = str(state.get("__name__", "")).split(".", 1)[0]
+    return root if root in ("keras", "tf_keras") else None
 
 
 def keras_version(module: ModuleType) -> str:
@@ -380,6 +406,24 @@ def variable_creator_scope_open() -> bool:
     """Whether some ``tf.variable_creator_scope`` is open in this thread."""
     graph = tf().compat.v1.get_default_graph()
     return bool(getattr(graph, "_variable_creator_stack", None))
+
+
+def install_variable_creator(creator: Any) -> None:
+    """Add ``creator`` to this thread's variable creator stack for the rest of the thread's life.
+
+    What ``tf.variable_creator_scope`` does on entry, without a context to exit:
+    a scope kept open for a thread's life is closed by the garbage collector when
+    the thread ends (Ray Train's training thread), after TensorFlow's
+    thread-local stack is gone, and its exit raises ``AttributeError: '_thread._local'
+    object has no attribute '_variable_creator_stack'``. The stack TensorFlow builds
+    inside the scope (entries of whatever shape this release uses) is copied and set
+    again once the scope has closed; a new list, so a scope opened later still finds
+    its own on exit.
+    """
+    graph = tf().compat.v1.get_default_graph()
+    with tf().variable_creator_scope(creator):
+        stack = list(graph._variable_creator_stack)
+    graph._variable_creator_stack = stack
 
 
 # --- Slurm ------------------------------------------------------------------------------

@@ -14,6 +14,9 @@ Supported (each measured; see CONTRIBUTING.md for the version table):
   and metrics (4 replicas: loss 17.04 where 1 replica gives 16.62, measured on
   TF 2.16 and 2.20). 3.10 is the first release where both match one replica.
 - tf_keras 2.16 and later when ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` tf_keras.
+
+Which of the two ``tf.keras`` is comes from :func:`keras_package`: what it
+resolved to once TensorFlow is imported and used, else the variable.
 """
 
 from __future__ import annotations
@@ -66,9 +69,31 @@ def installed(*distributions: str) -> str | None:
 
 
 def legacy_keras_requested(env: Mapping[str, str] | None = None) -> bool:
-    """Whether ``TF_USE_LEGACY_KERAS`` makes ``tf.keras`` load tf_keras (TensorFlow's own rule)."""
+    """Whether ``TF_USE_LEGACY_KERAS`` asks ``tf.keras`` to load tf_keras (TensorFlow's own rule).
+
+    The variable only counts until ``tf.keras`` is first used; :func:`keras_package`
+    says what ``tf.keras`` is.
+    """
     env = os.environ if env is None else env
     return env.get("TF_USE_LEGACY_KERAS") in LEGACY_KERAS_TRUE
+
+
+def keras_package(env: Mapping[str, str] | None = None) -> str:
+    """``"tf_keras"`` or ``"keras"``: the package ``tf.keras`` is, or will be, in this process.
+
+    Once TensorFlow is imported and ``tf.keras`` resolved, what it resolved to
+    (a host may set ``TF_USE_LEGACY_KERAS`` afterwards, as Ray Train does, and
+    TensorFlow ignores it then); before that, what ``TF_USE_LEGACY_KERAS``
+    will make it. An explicit ``env`` other than ``os.environ`` is a preview of
+    another process: only its variable counts.
+    """
+    if env is None or env is os.environ:
+        from tfstrategy import _compat
+
+        resolved = _compat.resolved_tf_keras()
+        if resolved is not None:
+            return resolved
+    return "tf_keras" if legacy_keras_requested(env) else "keras"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,18 +146,22 @@ class Versions:
 
 
 def detect(env: Mapping[str, str] | None = None) -> Versions:
-    """Read the installed versions from package metadata (no import)."""
-    legacy = legacy_keras_requested(env)
+    """Read the installed versions from package metadata (no import); the flavour from :func:`keras_package`."""
+    return _detect(keras_package(env))
+
+
+def _detect(package: str) -> Versions:
+    legacy = package == "tf_keras"
     return Versions(
         tensorflow=installed(*_TENSORFLOW_DISTRIBUTIONS),
         keras=installed("tf-keras", "tf_keras") if legacy else installed("keras"),
-        keras_package="tf_keras" if legacy else "keras",
+        keras_package=package,
     )
 
 
 @functools.cache
-def _cached_problem(legacy: bool) -> str | None:
-    return detect({"TF_USE_LEGACY_KERAS": "1"} if legacy else {}).problem()
+def _cached_problem(package: str) -> str | None:
+    return _detect(package).problem()
 
 
 def require_supported(env: Mapping[str, str] | None = None) -> None:
@@ -141,6 +170,6 @@ def require_supported(env: Mapping[str, str] | None = None) -> None:
     Raises:
         UnsupportedVersionError: names the installed version, the minimum and the upgrade.
     """
-    problem = _cached_problem(legacy_keras_requested(env)) if env is None else detect(env).problem()
+    problem = _cached_problem(keras_package()) if env is None else detect(env).problem()
     if problem is not None:
         raise UnsupportedVersionError(problem)

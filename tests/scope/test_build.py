@@ -133,6 +133,17 @@ def test_checkpoint_without_optimizer_restores_weights_only(tmp_path, written):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
+def test_checkpoint_written_with_write_restores_weights_slots_and_step(tmp_path):
+    # Checkpoint.write() keeps no save_counter; restoring it once failed with "1 Python objects not bound".
+    source, _ = build_in_scope(selection_for(1), two_layer_model, optimizer="adam", loss="mse")
+    source.fit(X, Y, batch_size=8, epochs=1, verbose=0)
+    prefix = tf.train.Checkpoint(model=source, optimizer=source.optimizer).write(str(tmp_path / "written"))
+    model, report = build_in_scope(selection_for(2), two_layer_model, optimizer="adam", loss="mse", checkpoint=prefix)
+    assert report.restore.optimizer_state and report.restore.step == int(source.optimizer.iterations.numpy()) > 0
+    for got, want in zip(model.weights + model.optimizer.variables, source.weights + source.optimizer.variables):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 def truncate(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])

@@ -24,12 +24,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
+from tfstrategy.errors import PlatformError
 from tfstrategy.settings import ENV_RESTART
 
 __all__ = ["preemption_callbacks"]
@@ -110,6 +112,7 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
     Place it after ``BackupAndRestore`` (as :func:`tfstrategy.preemption_callbacks` does), so a stop
     agreed on an epoch's last batch exits after that epoch's backup.
     """
+    _require_main_thread()
     keras = _compat.keras_for()
     watcher = watcher or PreemptionWatcher()
 
@@ -160,6 +163,17 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
     return StopOnPreemption()
 
 
+def _require_main_thread() -> None:
+    thread = threading.current_thread()
+    if thread is not threading.main_thread():
+        raise PlatformError(
+            f"Received a call to preemption_callbacks() in thread {thread.name!r}; Python handles SIGTERM in the main "
+            "thread only. Ray Train runs the training function in such a thread and stops and restarts its workers "
+            "itself (the group resumes from the last committed checkpoint): there, use the callback of "
+            "tfstrategy.integrations.ray instead. Elsewhere, call fit from the main thread."
+        )
+
+
 def _say(text: str) -> None:
     print(f"tfstrategy: {text}", file=sys.stderr, flush=True)
 
@@ -179,6 +193,8 @@ def preemption_callbacks(backup_dir: str | os.PathLike[str] | None = None, **opt
 
     Raises:
         ClusterConfigError: ``TF_CONFIG`` is set but invalid.
+        PlatformError: called outside the main thread (Ray Train's training thread), where Python
+            cannot catch SIGTERM; under Ray use ``tfstrategy.integrations.ray``.
 
     Example:
         >>> model.fit(dataset, epochs=20, callbacks=tfstrategy.preemption_callbacks())

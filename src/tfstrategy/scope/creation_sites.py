@@ -161,13 +161,14 @@ def start_recording() -> bool:
 
     The creator is pushed at the bottom of the thread's creator stack and never
     popped, so it is only installed when no other creator scope is open (one
-    left open inside another scope would break that scope's exit).
+    left open inside another scope would break that scope's exit). No context
+    manager is left open, so a thread that ends (Ray Train's training thread)
+    has nothing to close.
     """
-    if getattr(_STARTED, "context", None) is not None:
+    if getattr(_STARTED, "on", False):
         return True
     if _compat.variable_creator_scope_open():
         return False
-    context = recording()
-    context.__enter__()
-    _STARTED.context = context  # kept alive: collecting it would pop the creator
+    _compat.install_variable_creator(_record_site)
+    _STARTED.on = True
     return True

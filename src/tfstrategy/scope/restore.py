@@ -241,7 +241,7 @@ def _restore_tf_checkpoint(model: Any, path: str) -> RestoreReport:
             "optimizer: rebuild the model it was written with, or restore a matching checkpoint."
         )
     with _all_or_nothing(model, prefix, "the checkpoint"):
-        status = root.restore(prefix)
+        status = root.read(prefix)  # read(), not restore(): no save_counter to match, so write() checkpoints restore too
         try:
             status.assert_existing_objects_matched()
         except AssertionError as error:

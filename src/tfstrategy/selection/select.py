@@ -208,7 +208,8 @@ def select(
             ``multi_worker`` or ``tpu``.
         devices: e.g. ``"gpu:0,gpu:1"``, ``[0, 1]``, ``"cpu"``; ``None`` for all.
         cpu_replicas: split the CPU into this many logical devices and use
-            them as replicas. Must come before anything starts TensorFlow.
+            them as replicas. Must come before anything runs a TensorFlow op
+            (importing TensorFlow first is fine).
         collective_timeout: seconds a multi-worker collective may wait for a
             peer before raising; ``"none"`` waits forever.
         precision: the Keras global dtype policy to set before the model is

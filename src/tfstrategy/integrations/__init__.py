@@ -1,0 +1,1 @@
+"""tfstrategy inside other systems' training loops; each module imports its system only when used."""

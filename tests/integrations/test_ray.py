@@ -1,0 +1,306 @@
+"""tfstrategy inside Ray Train's TensorflowTrainer, on a real local Ray cluster (multiprocess tier).
+
+One cluster (``ray_driver.py``) runs every job of this module in turn: a 2-worker Keras ``fit``
+and a 2-worker custom loop (``tfstrategy.make_train_step``), each compared with one process on
+the same global batch (computed here, on one replica), and three failures with
+``FailureConfig(max_failures=1)``, each once Ray registered epoch 1's checkpoint: rank 1 SIGKILLed
+after training epoch 2 but before reporting it (the chief's epoch-2 checkpoint must not count),
+SIGKILLed in the middle of epoch 2 of the custom loop, and sent SIGTERM in the middle of epoch 2
+(which a training Ray worker does not act on: the chief's collective times out). Each must resume
+every worker from the last committed epoch and end where the uninterrupted job ends.
+
+Only loopback: the cluster runs in a private network namespace where the system allows one
+(so even TensorFlow's 0.0.0.0 server is loopback only), Ray is kept on 127.0.0.1, and the test
+checks every ``TF_CONFIG`` address and every listening socket. Token authentication is on
+(Ray 2.60's default) with a fresh token. Every process of the run is found by a marker variable
+afterwards and must have exited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.train")
+
+import ray_driver  # noqa: E402
+import ray_jobs  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfstrategy  # noqa: E402
+from helpers import ROOT, mirrored  # noqa: E402
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(3600)]
+
+HERE = Path(__file__).resolve().parent
+JOBS = [
+    {"name": "fit", "workers": 2},
+    {"name": "loop", "workers": 2, "loop": True},
+    {"name": "fit-killed-before-report", "workers": 2, "fail": "kill-before-report", "max_failures": 1},
+    {"name": "loop-killed-mid-epoch", "workers": 2, "loop": True, "fail": "kill", "max_failures": 1},
+    # SIGTERM does not stop a Ray worker that trains: the chief's collective times out (60 s here).
+    {"name": "fit-sigterm", "workers": 2, "fail": "term", "max_failures": 1, "collective_timeout": 60},
+]
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def isolation_available() -> bool:
+    try:
+        return subprocess.run(["unshare", "--net", "--map-root-user", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def ray_environment(marker: str, temp_dir: str, isolated: bool, two_nodes: bool = False) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("TFSTRATEGY_", "TF_CONFIG"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(32),  # else Ray writes one to ~/.ray/auth_token
+        RAY_TMPDIR=temp_dir,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONUNBUFFERED="1",
+        **{ray_driver.MARKER: marker},
+    )
+    if not two_nodes:
+        # Ray replaces 127.0.0.1 by the host's first non-loopback address unless clusters are "disabled"
+        # (read when Ray is imported, in the driver and every process it starts). That also refuses a
+        # second node, so the two raylets get explicit addresses (127.0.0.2, 127.0.0.3) instead.
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    if isolated:
+        env["TFSTRATEGY_TEST_NETNS"] = "1"
+    return env
+
+
+def stop_leftovers(marker: str, grace: float = 120.0) -> list[int]:
+    """Wait for the run's processes to exit; SIGKILL (by pid) and return any still alive after ``grace``."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        alive = ray_driver.run_processes(marker)
+        if not alive:
+            return []
+        time.sleep(0.5)
+    alive = ray_driver.run_processes(marker)
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+@dataclass
+class RayRun:
+    out: Path
+    summary: dict
+    log: str
+    leftovers: list[int]
+    isolated: bool
+
+    def records(self, job: str) -> dict[tuple[int, int], dict]:
+        """``(attempt, rank) -> what that worker wrote`` (a killed worker wrote nothing)."""
+        found = {}
+        for path in (self.out / job).glob("attempt-*-rank-*.json"):
+            attempt, rank = (int(v) for v in re.findall(r"\d+", path.name))
+            found[(attempt, rank)] = json.loads(path.read_text())
+        return found
+
+
+def run_driver(out: Path, args: list[str], timeout: float = 3000) -> tuple[subprocess.CompletedProcess | None, str, list[int], bool]:
+    marker, isolated = uuid.uuid4().hex, isolation_available()
+    temp_dir = tempfile.mkdtemp(prefix="tfsray-", dir="/tmp")  # Ray's socket paths must stay short
+    prefix = ["unshare", "--net", "--map-root-user"] if isolated else []
+    env = ray_environment(marker, temp_dir, isolated, two_nodes="two-nodes" in args)
+    log_path = out / "driver.log"
+    try:
+        with open(log_path, "w") as log:
+            process = subprocess.Popen(
+                [*prefix, sys.executable, str(HERE / "netns_run.py"), *args], env=env, cwd=out,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    finally:
+        leftovers = stop_leftovers(marker)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return process, log_path.read_text(errors="replace"), leftovers, isolated
+
+
+@pytest.fixture(scope="module")
+def ray_run(tmp_path_factory) -> RayRun:
+    out = tmp_path_factory.mktemp("ray")
+    process, log, leftovers, isolated = run_driver(out, [str(HERE / "ray_driver.py"), str(out), json.dumps(JOBS)])
+    assert process.returncode == 0, log[-6000:]
+    summary = json.loads((out / "summary.json").read_text())
+    for name, job in summary["jobs"].items():  # from trainer.fit() to the training function's first line
+        starts = [float(p.read_text()) for p in (out / name).glob("started-rank-*-0")]
+        job["worker_start_seconds"] = min(starts) - job["fit_called"] if starts else None
+    print(f"\nray: init {summary['init_seconds']:.1f}s, peak PSS {summary['peak_pss_mib']:.0f} MiB over "
+          f"{summary['peak_processes']} processes, jobs " +
+          ", ".join(f"{name} {job['seconds']:.0f}s (workers started after {job['worker_start_seconds']:.0f}s)"
+                    for name, job in summary["jobs"].items()))
+    return RayRun(out=out, summary=summary, log=log, leftovers=leftovers, isolated=isolated)
+
+
+def one_process(loop: bool) -> tuple[list[float], list[np.ndarray]]:
+    """The same training in this process on one replica: the reference every Ray job must match."""
+    strategy = mirrored(1)
+    with strategy.scope():
+        model = ray_jobs.build_model()
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="mse")
+        model.optimizer.build(model.trainable_variables)
+    x, y = ray_jobs._data()
+    batches = tfstrategy.prepare_dataset(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch=ray_jobs.GLOBAL_BATCH)
+    if not loop:
+        history = model.fit(batches, epochs=ray_jobs.EPOCHS, shuffle=False, verbose=0)
+        return [float(v) for v in history.history["loss"]], model.get_weights()
+    step = tfstrategy.make_train_step(model, strategy=strategy, global_batch=ray_jobs.GLOBAL_BATCH, loss="mse")
+    losses = []
+    for _ in range(ray_jobs.EPOCHS):
+        values = [float(step(batch)["loss"]) for batch in strategy.experimental_distribute_dataset(batches)]
+        losses.append(sum(values) / len(values))
+    return losses, model.get_weights()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    result = {"fit": one_process(loop=False), "loop": one_process(loop=True)}
+    print(f"\none process: fit losses {result['fit'][0]}, custom loop losses {result['loop'][0]}")
+    return result
+
+
+def assert_weights_close(actual, expected):
+    assert len(actual) == len(expected)
+    for a, b in zip(actual, expected):
+        np.testing.assert_allclose(np.asarray(a), b, **TOLERANCE)
+
+
+def test_every_job_succeeded(ray_run):
+    for job in JOBS:
+        result = ray_run.summary["jobs"][job["name"]]
+        assert result["error"] is None, result["error"]
+        assert result["metrics"]["epoch"] == ray_jobs.EPOCHS and result["checkpoint"], result
+
+
+@pytest.mark.parametrize("job", ["fit", "loop"])
+def test_two_ray_workers_equal_one_process(ray_run, reference, job):
+    records = ray_run.records(job)
+    assert set(records) == {(0, 0), (0, 1)}
+    ref_losses, ref_weights = reference[job]
+    for record in records.values():
+        # The worker Ray made: TensorFlow imported, TF_USE_LEGACY_KERAS=1 set, a training thread.
+        assert record["tf_use_legacy_keras"] == "1" and record["thread"].startswith("TrainingThread")
+        assert record["tensorflow_imported"] and not record["runtime_started_before_prepare"]  # cpu_replicas could split
+        assert record["strategy"] == "CollectiveAllReduceStrategy" and record["replicas"] == 2
+        assert "record_creation_sites" in record["explain"]
+        if not tfstrategy._versions.keras_package() == "tf_keras":
+            assert "keras_mwms" in record["patches"]  # without it Keras 3 fit fails under MWMS
+        assert record["initial_epoch"] == 0 and record["resumed_from"] is None
+        assert record["steps"] == ray_jobs.EPOCHS * ray_jobs.EXAMPLES // ray_jobs.GLOBAL_BATCH
+        np.testing.assert_allclose(record["losses"], ref_losses, **TOLERANCE)
+        assert_weights_close(record["weights"], ref_weights)
+    assert records[(0, 0)]["losses"] == records[(0, 1)]["losses"]  # bit-identical on both workers
+    assert records[(0, 0)]["weights"] == records[(0, 1)]["weights"]
+    assert ray_run.summary["jobs"][job]["metrics"]["loss"] == pytest.approx(ref_losses[-1], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("job", "uninterrupted"),
+    [
+        pytest.param("fit-killed-before-report", "fit", id="sigkill-after-epoch-2-before-its-report"),
+        pytest.param("loop-killed-mid-epoch", "loop", id="sigkill-mid-epoch-2-custom-loop"),
+        pytest.param("fit-sigterm", "fit", id="sigterm-mid-epoch-2"),
+    ],
+)
+def test_a_failed_worker_resumes_every_worker_from_the_last_committed_epoch(ray_run, job, uninterrupted):
+    records = ray_run.records(job)
+    fired = (ray_run.out / job / "fault-fired").read_text()
+    assert "epoch 2" in fired and "committed before: [1]" in fired, fired
+    # The first attempt: rank 1 died before writing its record; Ray restarted the whole group once.
+    assert (0, 1) not in records and set(records) >= {(1, 0), (1, 1)}, sorted(records)
+    clean = ray_run.records(uninterrupted)[(0, 0)]
+    resumed = [records[(1, 0)], records[(1, 1)]]
+    for record in resumed:
+        # Epoch 2 was never reported by every worker, so its checkpoint (even the chief's) does not count.
+        assert record["initial_epoch"] == 1, record["resumed_from"]
+        assert record["resumed_from"] == resumed[0]["resumed_from"] is not None
+        assert record["steps"] == clean["steps"]
+        np.testing.assert_allclose(record["losses"], clean["losses"][1:], **TOLERANCE)
+        assert_weights_close(record["weights"], [np.asarray(w) for w in clean["weights"]])
+    assert resumed[0]["start_weights"] == resumed[1]["start_weights"]  # the same restored state everywhere
+
+
+def test_only_loopback_addresses(ray_run):
+    assert ray_run.summary["node_ip"] == "127.0.0.1"
+    if ray_run.isolated:
+        assert ray_run.summary["interfaces"] == ["lo"]
+    seen = 0
+    for job in JOBS:
+        for record in ray_run.records(job["name"]).values():
+            addresses = record["tf_config"]["cluster"]["worker"]
+            assert addresses and all(a.startswith("127.") for a in addresses), addresses
+            tf_ports = {a.rsplit(":", 1)[1] for a in addresses}
+            for listener in record["listeners"]:
+                host, port = listener.rsplit(":", 1)
+                # TensorFlow's gRPC server binds 0.0.0.0 whatever TF_CONFIG says (in the namespace: lo only).
+                assert host.startswith("127.") or (port in tf_ports and host in ("0.0.0.0", "::")), listener
+                seen += 1
+    assert seen > 0
+
+
+def test_every_ray_process_stopped(ray_run):
+    assert ray_run.leftovers == [], f"processes left running after ray.shutdown (killed now): {ray_run.leftovers}"
+    assert "_variable_creator_stack" not in ray_run.log and "UnsupportedVersionError" not in ray_run.log
+
+
+def test_the_guide_script_runs(tmp_path):
+    page = (ROOT / "docs" / "guides" / "ray.md").read_text()
+    script = re.search(r"<!-- docs-test: skip starts a Ray cluster.*?-->\n```python\n(.*?)```", page, re.S).group(1)
+    (tmp_path / "train_ray.py").write_text(script)
+    process, log, leftovers, _ = run_driver(tmp_path, [str(tmp_path / "train_ray.py")], timeout=1800)
+    assert process.returncode == 0, log[-6000:]
+    final = [line for line in log.splitlines() if line.startswith("final loss ")]
+    assert final and final[-1].endswith("after epoch 3"), log[-3000:]
+    assert float(final[-1].split()[2]) < 10.0  # trained (the target is a sum of 8 normals: variance 8)
+    assert leftovers == []
+
+
+def test_two_raylets_on_two_loopback_addresses_with_token_auth(tmp_path, reference):
+    # Raylets on 127.0.0.2/.3 listen on every interface: only a private network namespace keeps them on loopback.
+    assert isolation_available(), "needs unshare --net (a private network namespace) to keep two raylets off the network"
+    process, log, leftovers, _ = run_driver(
+        tmp_path, [str(HERE / "ray_driver.py"), str(tmp_path), json.dumps([{"name": "fit", "workers": 2}]), "two-nodes"]
+    )
+    assert process.returncode == 0, log[-6000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["nodes"] == ["127.0.0.2", "127.0.0.3"] and summary["interfaces"] == ["lo"]
+    wrong = summary["wrong_token"]
+    assert wrong["returncode"] != 0 and re.search(r"(?i)auth|token", wrong["output"]), wrong  # refused for its token
+    assert summary["jobs"]["fit"]["error"] is None, summary["jobs"]["fit"]["error"]
+    records = RayRun(out=tmp_path, summary=summary, log=log, leftovers=leftovers, isolated=True).records("fit")
+    hosts = sorted(address.rsplit(":", 1)[0] for address in records[(0, 0)]["tf_config"]["cluster"]["worker"])
+    assert hosts == ["127.0.0.2", "127.0.0.3"]  # one worker on each node
+    for record in records.values():
+        np.testing.assert_allclose(record["losses"], reference["fit"][0], **TOLERANCE)
+    print(f"\nray two nodes: start {summary['init_seconds']:.1f}s, job {summary['jobs']['fit']['seconds']:.0f}s, "
+          f"peak PSS {summary['peak_pss_mib']:.0f} MiB; wrong token: status {wrong['returncode']} after "
+          f"{wrong['seconds']:.0f}s: {wrong['output'].strip().splitlines()[-1:]}")
+    assert leftovers == []
