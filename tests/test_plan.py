@@ -76,8 +76,17 @@ def test_unknown_consumer_is_refused():
 def test_the_hook_has_a_function_for_every_step_its_plan_can_name():
     from tfstrategy.launch import worker_hook
 
-    variants = [PlanInputs(consumer="hook", cpu_replicas=2, devices="cpu", cluster_tasks=tasks, cluster_source=source)
+    variants = [PlanInputs(consumer="hook", cpu_replicas=2, devices="cpu", cluster_tasks=tasks, cluster_source=source,
+                           precision="mixed_float16")
                 for tasks, source in ((0, None), (2, "TF_CONFIG"), (2, "Slurm"))]
     variants.append(PlanInputs(consumer="hook", under_launcher=True))
     named = {step.name for inputs in variants for step in plan_steps(inputs)}
     assert named == set(worker_hook._STEPS)
+
+
+def test_a_precision_is_a_keras_step_of_both_plans_and_absent_without_one():
+    for consumer in ("select", "hook"):
+        steps = plan_steps(PlanInputs(consumer=consumer, precision="mixed_bfloat16"))
+        chosen = [step for step in steps if step.name == "set_precision"]
+        assert len(chosen) == 1 and chosen[0].phase == "keras" and "mixed_bfloat16" in chosen[0].detail
+        assert "set_precision" not in {step.name for step in plan_steps(PlanInputs(consumer=consumer))}

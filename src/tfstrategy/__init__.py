@@ -37,6 +37,7 @@ from tfstrategy.settings import StrategyKind  # noqa: E402
 from tfstrategy.training.batching import plan_batch  # noqa: E402
 from tfstrategy.training.custom_loop import make_train_step  # noqa: E402
 from tfstrategy.training.datasets import plan_dataset, prepare_dataset  # noqa: E402
+from tfstrategy.training.sentinel import divergence_sentinel  # noqa: E402
 from tfstrategy.training.steps_per_execution import tune_steps_per_execution  # noqa: E402
 
 __version__ = "0.2.0"
@@ -61,6 +62,7 @@ __all__ = [
     "plan_dataset",
     "prepare_dataset",
     "make_train_step",
+    "divergence_sentinel",
     "fix_steps_per_execution",
     "tune_steps_per_execution",
     # Keras workarounds.

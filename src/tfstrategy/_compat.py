@@ -317,6 +317,48 @@ def dataset_function_outputs(dataset: Any) -> list[Any]:
     return outputs
 
 
+def dataset_function_captures(dataset: Any) -> list[Any]:
+    """The ``tf.data.Dataset`` objects the Python functions of a transformation capture.
+
+    ``ds.interleave(lambda i: batched)`` returns a dataset made *outside* the
+    function: its graph output is a captured placeholder, with nothing to walk.
+    The wrapper keeps the user's function (``StructuredFunctionWrapper._func``);
+    the datasets it closes over, takes as defaults or names as globals are the ones
+    whose elements come out.
+    """
+    dataset_type = tf().data.Dataset
+    variant = tf().variant
+    found = []
+    for value in vars(dataset).values():
+        func = getattr(value, "_func", None)
+        code = getattr(func, "__code__", None)
+        graph = getattr(getattr(value, "function", None), "graph", None)
+        if code is None or graph is None:
+            continue
+        if not any(_is_captured(tensor) for tensor in graph.outputs if tensor.dtype == variant):
+            continue  # the function builds its output itself; dataset_function_outputs walks it
+        candidates = [cell.cell_contents for cell in (func.__closure__ or ()) if _cell_filled(cell)]
+        candidates += list(func.__defaults__ or ())
+        candidates += [func.__globals__[name] for name in code.co_names if name in func.__globals__]
+        found.extend(candidate for candidate in candidates if isinstance(candidate, dataset_type))
+    return found
+
+
+def _is_captured(tensor: Any) -> bool:
+    op = tensor.op
+    while op.type == "Identity" and op.inputs:
+        op = op.inputs[0].op
+    return op.type == "Placeholder"
+
+
+def _cell_filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
 def op_function_outputs(op: Any) -> list[Any]:
     """The variant outputs of the functions a dataset op inside a function graph calls (nested interleave)."""
     variant = tf().variant
@@ -454,6 +496,35 @@ def skip_keras3_steps(model: Any, batches: int) -> None:
 
     model.train_function = skipping
 
+# --- Keras 3 LossScaleOptimizer internals (patches/keras_loss_scale.py) --------------------
+
+
+def keras3_loss_scale_module() -> ModuleType | None:
+    """``keras.src.optimizers.loss_scale_optimizer`` when Keras 3 runs on TensorFlow; else ``None``."""
+    if keras3_tensorflow_trainer() is None:
+        return None
+    try:
+        from keras.src.optimizers import loss_scale_optimizer
+    except ImportError:
+        return None
+    return loss_scale_optimizer if hasattr(loss_scale_optimizer, "LossScaleOptimizer") else None
+
+
+def loss_scale_cross_replica_handler(apply: Any, optimizer: Any) -> Any:
+    """The ``_handle_cross_replica`` closure inside ``LossScaleOptimizer._tf_apply``, bound to ``optimizer``.
+
+    Keras decides "apply or skip this step" there; the probe calls it with a
+    stand-in distribution. Raises ``LookupError`` if the release has no such closure.
+    """
+    import types
+
+    for const in apply.__code__.co_consts:
+        if isinstance(const, types.CodeType) and const.co_name == "_handle_cross_replica":
+            if const.co_freevars != ("self",):
+                break
+            return types.FunctionType(const, apply.__globals__, "_handle_cross_replica", None,
+                                      (types.CellType(optimizer),))
+    raise LookupError("LossScaleOptimizer._tf_apply has no _handle_cross_replica(self) closure")
 
 # --- The coordination service of a multi-worker job ----------------------------------
 

@@ -90,3 +90,11 @@ class TrainingError(TFStrategyError, ValueError):
 
 class LossReductionError(TrainingError):
     """A loss averages per replica, which scales gradients wrongly under a strategy."""
+
+
+class PrecisionError(TFStrategyError, ValueError):
+    """A precision (Keras dtype policy) setting is not one tfstrategy can set."""
+
+
+class DivergenceError(TFStrategyError, RuntimeError):
+    """Replicas or workers no longer hold the same weights, or weights or loss are not finite."""

@@ -47,6 +47,8 @@ class PlanInputs:
     under_launcher: bool = False
     #: The hook's ``--audit`` mode.
     audit: str = "warn"
+    #: The Keras global dtype policy to set (``select(precision=...)``/``TFSTRATEGY_PRECISION``), or ``None``.
+    precision: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +102,7 @@ def _select_steps(inputs: PlanInputs, kind: StrategyKind) -> tuple[Step, ...]:
                           detail="tell tfstrategy launch 'creating' before the strategy and 'joined' after"))
     steps.append(Step(name="apply_patches", phase="keras", detail="the Keras workarounds the installed release needs",
                       rewrites=True))
+    steps.extend(_precision_steps(inputs))
     return tuple(steps)
 
 
@@ -139,7 +142,15 @@ def _hook_steps(inputs: PlanInputs, multi: bool) -> tuple[Step, ...]:
         steps.append(Step(name="count_batches", phase="keras", rewrites=True,
                           detail="Model.fit, evaluate and predict count their batches for the launcher's stall "
                                  "detection (tfstrategy.launch.worker_watch)"))
+    steps.extend(_precision_steps(inputs))
     return tuple(steps)
+
+
+def _precision_steps(inputs: PlanInputs) -> list[Step]:
+    if inputs.precision is None:
+        return []
+    return [Step(name="set_precision", phase="keras",
+                 detail=f"set the Keras global dtype policy to {inputs.precision} before the model is built")]
 
 
 def _mirrored_detail(inputs: PlanInputs, multi: bool) -> str:

@@ -32,6 +32,10 @@ ENV_COLLECTIVE_TIMEOUT = "TFSTRATEGY_COLLECTIVE_TIMEOUT"
 ENV_SLURM = "TFSTRATEGY_SLURM"
 #: Base port of the workers of a Slurm step: the k-th task on a node listens on base + k.
 ENV_SLURM_PORT = "TFSTRATEGY_SLURM_PORT"
+#: The Keras global dtype policy set before the model is built: float32, mixed_float16 or mixed_bfloat16.
+ENV_PRECISION = "TFSTRATEGY_PRECISION"
+#: The divergence sentinel's interval: epoch, a step count, or off (`tfstrategy launch` defaults to epoch).
+ENV_SENTINEL = "TFSTRATEGY_SENTINEL"
 
 # The launch protocol: set by `tfstrategy launch` for each worker it starts.
 ENV_NUM_WORKERS = "TFSTRATEGY_NUM_WORKERS"

@@ -81,6 +81,9 @@ def add_program_arguments(parser: argparse.ArgumentParser, *, where: str) -> Non
     parser.add_argument("--audit", default="warn", choices=AUDIT_MODES,
                         help="before fit/evaluate, variables made outside the strategy's scope: warn (default) "
                         "reports them once, stop refuses to train, off skips the audit")
+    parser.add_argument("--precision", metavar="POLICY",
+                        help="Keras global dtype policy set before the script builds its model: float32, "
+                        "mixed_float16 or mixed_bfloat16 (env TFSTRATEGY_PRECISION)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help=f"the program to run{where}, after '--'")

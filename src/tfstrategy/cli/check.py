@@ -59,6 +59,11 @@ def check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
     )
     add_strategy_arguments(parser)
     parser.add_argument(
+        "--precision",
+        metavar="POLICY",
+        help="Keras global dtype policy to check under: float32, mixed_float16 or mixed_bfloat16 (env TFSTRATEGY_PRECISION)",
+    )
+    parser.add_argument(
         "--equivalence",
         action="store_true",
         help="also check that training on the N replicas matches 1 replica (fit, custom loop, planted bug)",
@@ -107,7 +112,8 @@ def check_command(args: argparse.Namespace) -> int:
         except PeerTimeoutError as error:
             print(f"tfstrategy check: failed: {error}", file=sys.stderr)
             return 1
-    selection = select(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)
+    selection = select(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas,
+                       precision=args.precision)
     report = run_check(selection)
     if args.equivalence:
         from tfstrategy.diagnostics.equivalence import add_equivalence

@@ -17,6 +17,8 @@ from tfstrategy.launch.rendezvous import NodeOptions, parse_master, read_secret,
 from tfstrategy.launch.states import EXIT_STALL
 from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
+from tfstrategy.training.precision import precision_environment
+from tfstrategy.training.sentinel import sentinel_environment
 
 __all__ = ["DESCRIPTION", "EPILOG", "launch_parser"]
 
@@ -123,6 +125,9 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
                         "limit); a joined job is never stopped for running long")
     parser.add_argument("--grace", type=float, default=10.0, metavar="S",
                         help="seconds workers get to exit after Ctrl-C or SIGTERM is passed on (default: 10)")
+    parser.add_argument("--sentinel", default="epoch", metavar="WHEN",
+                        help="check that every worker and replica holds the same finite weights: epoch (default: "
+                        "at each epoch's end), every N steps, or off (env TFSTRATEGY_SENTINEL)")
     parser.add_argument("--stall-report", type=float, default=30.0, metavar="S",
                         help="seconds without progress before a stuck worker is named and every worker's stack "
                         "printed (default: 30; 20 steps' time when that is longer)")
@@ -247,6 +252,9 @@ def _command_line(args: argparse.Namespace, options: LaunchOptions) -> list[str]
         line += ["--console-workers", args.console_workers]
     if args.debug:
         line.append("--debug")
+    if args.precision:
+        line += ["--precision", args.precision]
+    line += ["--sentinel", args.sentinel]
     return [*line, "--", *options.command]
 
 
@@ -254,6 +262,8 @@ def launch_command(args: argparse.Namespace) -> int:
     """Run the job; its exit status."""
     quiet_tensorflow(args.debug)
     options = options_from_args(args)
+    precision_environment(args.precision)  # a bad --precision fails here, in one line, before any worker
+    sentinel_environment(args.sentinel)
     if args.isolate_network:
         if not network_isolation.is_isolated():
             network_isolation.reexec_isolated(_command_line(args, options))
@@ -262,7 +272,9 @@ def launch_command(args: argparse.Namespace) -> int:
               "other hosts cannot reach them", file=sys.stderr)
     nodes = None if options.nodes is None else ["--nnodes", str(args.nnodes), "--node-rank",
                                                 str(options.nodes.node_rank), "--master", args.master]
-    result = backup_dir.run_with_backup(options, lambda opts: Launcher(opts).run(), timeout=args.timeout, nodes=nodes,
+    env = {**os.environ, **precision_environment(args.precision), **sentinel_environment(args.sentinel)}
+    result = backup_dir.run_with_backup(options, lambda opts: Launcher(opts, env=env).run(), env=env,
+                                        timeout=args.timeout, nodes=nodes,
                                         say=lambda text: print(f"tfstrategy launch: {text}", file=sys.stderr))
     if result.restart_seconds:
         timings = ", ".join(f"{seconds:.1f} s" for seconds in result.restart_seconds)

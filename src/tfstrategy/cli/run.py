@@ -13,6 +13,7 @@ from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
 from tfstrategy.launch.worker_hook import hook_environment
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
 from tfstrategy.selection.devices import parse_devices
+from tfstrategy.training.precision import precision_environment
 
 __all__ = ["DESCRIPTION", "EPILOG", "run_parser"]
 
@@ -79,6 +80,7 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
         parse_devices(args.devices)
     validate_launch_options(LaunchOptions(command=tuple(program), num_workers=1, audit=args.audit))
     env = hook_environment(audit=args.audit, cpu_replicas=replicas, devices=args.devices, summary=True)
+    env.update(precision_environment(args.precision, env))
     if not args.debug:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return program, env

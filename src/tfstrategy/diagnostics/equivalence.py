@@ -28,12 +28,23 @@ from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
 from tfstrategy.training.batching import plan_batch, replicas_of
 from tfstrategy.training.custom_loop import make_train_step
 from tfstrategy.training.datasets import prepare_dataset
+from tfstrategy.training.precision import computes_in, global_policy, loss_scale_optimizer
 
 __all__ = ["EquivalenceReport", "replica_equivalence", "add_equivalence"]
 
 #: Largest weight difference still counted as "the same answer" (float32 sums
 #: in a different order differ by ~1e-7 per step).
 DEFAULT_TOLERANCE = 1e-5
+#: The same, per Keras global policy (what ``--precision`` sets). Measured on
+#: TF 2.21 / Keras 3.15.1, 8 steps, 2 and 4 CPU replicas against 1 (largest
+#: difference seen): float32 1.8e-7, mixed_float16 1.0e-4, mixed_bfloat16 6.1e-4. Half
+#: precision rounds each replica's partial sums; the planted bug still differs by > 0.1.
+TOLERANCES = {"float32": DEFAULT_TOLERANCE, "mixed_float16": 1e-3, "mixed_bfloat16": 5e-3}
+#: Dynamic loss scaling skips a step whose float16 gradients overflow. One replica
+#: sums the whole global batch, N replicas a share each, so at Keras' initial
+#: scale (2**15) the equivalence model overflows on 1 and 2 replicas but not on 4:
+#: a skipped step, not a distribution bug. The check starts lower, where none overflow.
+EQUIVALENCE_LOSS_SCALE = 2.0**8
 FEATURES = 4
 METHODS = ("fit", "loop", "planted")
 
@@ -55,7 +66,8 @@ def reference_model() -> Any:
             keras.Input((FEATURES,)),
             # The L2 penalty makes the check cover regularisation scaling too.
             keras.layers.Dense(8, activation="tanh", kernel_regularizer=keras.regularizers.L2(1e-3)),
-            keras.layers.Dense(1),
+            # float32 under any policy: the loss must not receive float16 outputs (the audit's rule).
+            keras.layers.Dense(1, dtype="float32"),
         ]
     )
 
@@ -78,7 +90,8 @@ def _planted_per_replica_mean_step(model: Any, strategy: Any, optimizer: Any) ->
         with tf_.GradientTape() as tape:
             predictions = model(features, training=True)
             # Wrong under N replicas: the optimizer sums N per-replica means.
-            loss = tf_.reduce_mean(tf_.square(labels - predictions)) + tf_.add_n(model.losses)
+            loss = tf_.reduce_mean(tf_.square(labels - tf_.cast(predictions, labels.dtype)))
+            loss += tf_.cast(tf_.add_n(model.losses), loss.dtype)
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
 
@@ -120,6 +133,8 @@ def train_weights(
         model = reference_model()
         model.set_weights(weights)
         optimizer = _optimizer()
+        if method != "planted" and computes_in(model, "float16"):
+            optimizer = loss_scale_optimizer(optimizer, initial_scale=EQUIVALENCE_LOSS_SCALE)
         if method == "fit":
             model.compile(optimizer=optimizer, loss="mse", steps_per_execution=steps_per_execution)
     if method == "fit":
@@ -183,6 +198,8 @@ class EquivalenceReport:
     reference_device: str
     global_batch: int
     steps: int
+    policy: str = "float32"
+    tolerance: float = DEFAULT_TOLERANCE
     results: list[EquivalenceResult] = field(default_factory=list)
 
     @property
@@ -194,6 +211,8 @@ class EquivalenceReport:
             f"equivalence {self.replicas} replicas vs 1 on {self.reference_device}, "
             f"{self.steps} steps of global batch {self.global_batch}"
         )
+        if self.policy != "float32":
+            header += f", policy {self.policy} (tolerance {self.tolerance:.0e})"
         return [header] + [result.line() for result in self.results]
 
 
@@ -203,7 +222,7 @@ def replica_equivalence(
     steps: int = 8,
     global_batch: int | None = None,
     steps_per_execution: int = 8,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> EquivalenceReport:
@@ -219,7 +238,9 @@ def replica_equivalence(
         steps: training steps per run.
         global_batch: defaults to 8 examples per replica.
         steps_per_execution: the ``fit`` setting checked besides 1.
-        tolerance: largest weight difference counted as equal.
+        tolerance: largest weight difference counted as equal; by default
+            :data:`TOLERANCES` of the Keras global policy in effect (the
+            check trains under it: ``select(precision=...)``, ``--precision``).
         seed: for the initial weights and the data.
         progress: called with a short message before each training run
             (the CLI prints them to stderr: the check takes tens of seconds).
@@ -239,6 +260,9 @@ def replica_equivalence(
             "Run it with --cpu-replicas N or on a multi-GPU host's MirroredStrategy."
         )
     replicas = replicas_of(strategy)
+    policy = global_policy()
+    if tolerance is None:
+        tolerance = TOLERANCES.get(policy, TOLERANCES["mixed_float16"] if "16" in policy else DEFAULT_TOLERANCE)
     plan = plan_batch(replicas, global_batch=global_batch or 8 * replicas)
     first_device = strategy.extended.worker_devices[0]
     reference = tf().distribute.MirroredStrategy([first_device])
@@ -252,7 +276,8 @@ def replica_equivalence(
     say(f"[2/{total}] custom loop on 1 replica (reference)")
     loop_reference = train_weights(reference, "loop", weights, **common)
     report = EquivalenceReport(
-        replicas=replicas, reference_device=first_device.rsplit("device:", 1)[-1], global_batch=plan.global_batch, steps=steps
+        replicas=replicas, reference_device=first_device.rsplit("device:", 1)[-1], global_batch=plan.global_batch,
+        steps=steps, policy=policy, tolerance=tolerance,
     )
     runs = [("fit", "fit", 1, fit_reference), ("fit", f"fit_spe{steps_per_execution}", steps_per_execution, fit_reference)]
     runs += [("loop", "loop", 1, loop_reference), ("planted", "planted_per_replica_mean", 1, loop_reference)]

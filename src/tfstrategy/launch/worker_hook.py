@@ -228,6 +228,7 @@ def hook_plan(env: Mapping[str, str] | None = None) -> tuple[Any, ...]:
     from tfstrategy.multiworker.slurm import cluster_from_slurm_step
     from tfstrategy.plan import PlanInputs, plan_steps
     from tfstrategy.selection.cpu_split import validate_cpu_replicas
+    from tfstrategy.training.precision import resolve_precision
 
     env = os.environ if env is None else env
     replicas = validate_cpu_replicas(env.get(ENV_CPU_REPLICAS) or None, name=ENV_CPU_REPLICAS)
@@ -243,9 +244,10 @@ def hook_plan(env: Mapping[str, str] | None = None) -> tuple[Any, ...]:
         tasks, source = config.num_workers, "TF_CONFIG"
     elif slurm is not None:
         tasks, source = slurm.config.num_workers, "Slurm"
+    precision, _ = resolve_precision(None, env)
     return plan_steps(PlanInputs(consumer="hook", cpu_replicas=replicas, devices=env.get(ENV_DEVICES) or None,
                                  cluster_tasks=tasks, cluster_source=source, audit=audit,
-                                 under_launcher=bool(env.get(ENV_JOIN_FILE))))
+                                 under_launcher=bool(env.get(ENV_JOIN_FILE)), precision=precision))
 
 
 def _phase(phase: str) -> list[Callable[[], str | None]]:
@@ -266,8 +268,8 @@ def _take(steps: list[Callable[[], str | None]]) -> None:
             message = f"{name}: {type(error).__name__}: {error}"
             STATE.errors.append(message)
             print(f"tfstrategy: hook step {message}", file=sys.stderr, flush=True)
-            if isinstance(error, TFStrategyError) and step is _split_cpu:
-                raise  # a bad --cpu-replicas must not silently train on one replica
+            if isinstance(error, TFStrategyError) and step in (_split_cpu, _set_precision):
+                raise  # a bad --cpu-replicas/precision must not silently train on one replica/in float32
         else:
             if done:
                 STATE.steps.append((name, done))
@@ -359,6 +361,12 @@ def _audit() -> str | None:
 def _audited(original: Callable[..., Any], method: str, mode: str) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+        if method == "fit":
+            from tfstrategy.training.datasets import refuse_endless_fit
+            from tfstrategy.training.sentinel import add_sentinel, resolve_sentinel
+
+            refuse_endless_fit(args, kwargs)
+            add_sentinel(model, kwargs, resolve_sentinel())  # TFSTRATEGY_SENTINEL (launch: epoch)
         _audit_model(model, method, mode)
         return original(model, *args, **kwargs)
 
@@ -379,6 +387,8 @@ def _audit_model(model: Any, method: str, mode: str) -> None:
     _AUDITED.add(id(model))
     strategy = _compat.model_strategy(model) or tf.distribute.get_strategy()
     report = audit_scope(model, strategy)
+    for advice in report.advice:
+        print(f"tfstrategy: {advice}", file=sys.stderr, flush=True)
     STATE.audited += 1
     if report.passed:
         return
@@ -430,6 +440,13 @@ def _refuse_unjoinable() -> str | None:
     return refuse_unjoinable()
 
 
+def _set_precision() -> str | None:
+    from tfstrategy.training.precision import resolve_precision, set_precision
+
+    precision, _ = resolve_precision()
+    return set_precision(precision) if precision else None
+
+
 def _refuse_unjoined_fit() -> str | None:
     from tfstrategy.launch.hook_strategies import refuse_unjoined_fit
 
@@ -441,7 +458,7 @@ _STEPS: dict[str, Callable[[], str | None]] = {
     step.__name__.lstrip("_"): step
     for step in (_split_cpu, _record_creation_sites, _slurm_tf_config, _prepare_collectives, _watch_strategies,
                  _mirrored_devices, _refuse_unjoinable, _apply_patches, _keras2_aliases, _audit, _refuse_unjoined_fit,
-                 _count_batches)
+                 _count_batches, _set_precision)
 }
 
 

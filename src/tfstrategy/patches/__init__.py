@@ -4,8 +4,11 @@ Each module here holds one :class:`~tfstrategy.patches.mechanism.Patch` with
 its bug's root cause written out: :mod:`~tfstrategy.patches.keras_mwms` (Keras 3
 ``fit`` on a multi-worker MultiWorkerMirroredStrategy),
 :mod:`~tfstrategy.patches.keras_steps_per_execution` (``steps_per_execution > 1``
-on 2+ replicas) and :mod:`~tfstrategy.patches.keras_chief_files` (Keras' file
-writers on every worker of a multi-worker job: only the chief writes the path).
+on 2+ replicas), :mod:`~tfstrategy.patches.keras_chief_files` (Keras' file
+writers on every worker of a multi-worker job: only the chief writes the path),
+:mod:`~tfstrategy.patches.keras_end_of_data` (an optimizer step counted past the
+end of data of unknown size) and :mod:`~tfstrategy.patches.keras_loss_scale`
+(``LossScaleOptimizer`` applying a step that overflowed on another replica).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one (``tfstrategy env`` prints it).
 
@@ -15,11 +18,19 @@ Example:
     keras_mwms: installed (TensorFlowTrainer._maybe_symbolic_build, reduce_per_replica); keras 3.15.1
     keras_steps_per_execution: installed (TensorFlowTrainer._make_function); keras 3.15.1; probes when a model first needs it
     keras_chief_files: installed (saving.saving_lib.save_model, ...); keras 3.15.1
+    keras_end_of_data: installed (TensorFlowTrainer.make_train_function); keras 3.15.1; probes when a model first needs it
+    keras_loss_scale: installed (LossScaleOptimizer.check_finite); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
 
-from tfstrategy.patches import keras_chief_files, keras_mwms, keras_steps_per_execution
+from tfstrategy.patches import (
+    keras_chief_files,
+    keras_end_of_data,
+    keras_loss_scale,
+    keras_mwms,
+    keras_steps_per_execution,
+)
 from tfstrategy.patches.mechanism import Patch, PatchStatus
 
 #: Every patch, by name, in the order they are applied.
@@ -27,6 +38,8 @@ PATCHES: dict[str, Patch] = {
     keras_mwms.PATCH.name: keras_mwms.PATCH,
     keras_steps_per_execution.PATCH.name: keras_steps_per_execution.PATCH,
     keras_chief_files.PATCH.name: keras_chief_files.PATCH,
+    keras_end_of_data.PATCH.name: keras_end_of_data.PATCH,
+    keras_loss_scale.PATCH.name: keras_loss_scale.PATCH,
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import BuildError, ScopeError
 from tfstrategy.scope.creation_sites import site_of
+from tfstrategy.training.datasets import refuse_endless_fit
+from tfstrategy.training.precision import float16_output_message
 
 __all__ = ["VariableRecord", "AuditReport", "strategy_of", "audit_scope", "require_scope", "guard_model", "scope_guard"]
 
@@ -69,6 +72,8 @@ class AuditReport:
     problems: tuple[str, ...] = ()
     optimizer_built: bool | None = None
     seconds: float = field(default=0.0, compare=False)
+    #: Findings that do not stop training (e.g. outputs handed to the loss in float16).
+    advice: tuple[str, ...] = ()
 
     @property
     def offenders(self) -> list[VariableRecord]:
@@ -91,7 +96,7 @@ class AuditReport:
     def lines(self) -> list[str]:
         """A table of every variable, then the problems."""
         head = f"{len(self.variables)} variables, {len(self.offenders)} outside {self.strategy} ({self._replicas()})"
-        return [head, *(record.line() for record in self.variables), *self.problems]
+        return [head, *(record.line() for record in self.variables), *self.problems, *self.advice]
 
     def message(self, *, from_build_in_scope: bool = False) -> str:
         """What is wrong, which variables and where, and how to fix it.
@@ -257,6 +262,7 @@ def audit_scope(
             f"them lazily inside strategy.run, which fails on several replicas. Call "
             f"optimizer.build(model.trainable_variables) inside the scope (tfstrategy.build_in_scope does)."
         )
+    half_outputs = float16_output_message(model)
     return AuditReport(
         strategy=type(strategy).__name__,
         replicas=int(strategy.num_replicas_in_sync),
@@ -264,6 +270,7 @@ def audit_scope(
         problems=tuple(problems),
         optimizer_built=built,
         seconds=time.perf_counter() - started,
+        advice=(half_outputs,) if half_outputs else (),
     )
 
 
@@ -306,10 +313,14 @@ def guard_model(model: Any, strategy: Any) -> Any:
     def wrap(method: Any) -> Any:
         @functools.wraps(method)
         def guarded(*args: Any, **kwargs: Any) -> Any:
+            if method.__name__ == "fit":
+                refuse_endless_fit(args, kwargs)
             key = _audit_key(model)
             if passed.get("key") != key:
-                require_scope(model, strategy)
+                report = require_scope(model, strategy)
                 passed["key"] = key
+                for advice in report.advice:
+                    warnings.warn(f"tfstrategy: {advice}", RuntimeWarning, stacklevel=2)
             return method(*args, **kwargs)
 
         guarded.__tfstrategy_guard__ = True

@@ -77,6 +77,48 @@ def _make_model(source: ModelSource, compile_args: dict[str, Any]) -> tuple[Any,
     return model, None
 
 
+#: Metric names Keras' compile() resolves from the loss, which ``keras.metrics.get`` does not know.
+_COMPILE_METRIC_ALIASES = ("acc", "accuracy", "ce", "crossentropy")
+
+
+def _names(value: Any) -> list[str]:
+    """The string identifiers in a compile argument (a name, or a list/dict of them, nested)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [name for item in value.values() for name in _names(item)]
+    if isinstance(value, (list, tuple)):
+        return [name for item in value for name in _names(item)]
+    return []
+
+
+def _check_identifiers(compile_args: dict[str, Any]) -> None:
+    """Refuse unknown loss/metric names now: Keras resolves them only at the first fit."""
+    keras = tf().keras
+    lookups = {"loss": keras.losses.get, "metrics": keras.metrics.get, "weighted_metrics": keras.metrics.get}
+    for argument, lookup in lookups.items():
+        for name in _names(compile_args.get(argument)):
+            if argument != "loss" and name.lower() in _COMPILE_METRIC_ALIASES:
+                continue
+            try:
+                found = lookup(name)
+            except (ValueError, TypeError):
+                found = None
+            if found is None:
+                _refuse_identifier(argument, name)
+
+
+def _refuse_identifier(argument: str, name: str) -> None:
+    kind, module, example = {
+        "loss": ("loss", "losses", "'mse' or 'sparse_categorical_crossentropy'"),
+        "optimizer": ("optimizer", "optimizers", "'adam' or 'sgd'"),
+    }.get(argument, ("metric", "metrics", "'mae' or 'accuracy'"))
+    raise BuildError(
+        f"Received {argument}={name!r}; expected the name of a Keras {kind} (unchecked, an unknown one fails only "
+        f"when training starts). Pass a Keras name such as {example}, or the object itself (keras.{module}.X())."
+    ) from None
+
+
 def _build_optimizer(model: Any) -> None:
     if getattr(model, "optimizer", None) is None:
         raise BuildError(
@@ -131,7 +173,8 @@ def build_in_scope(
         :class:`BuildReport`.
 
     Raises:
-        BuildError: the model source or compile arguments are unusable.
+        BuildError: the model source or compile arguments are unusable
+            (including a loss, optimizer or metric name Keras does not know).
         CheckpointError: the checkpoint is missing, unreadable or does not
             match; the model and optimizer are then left as they were.
         ScopeError: a variable was still created outside the scope (e.g. an
@@ -164,7 +207,13 @@ def build_in_scope(
             if callable(optimizer) and not isinstance(optimizer, tf().keras.optimizers.Optimizer):
                 # A factory: the optimizer is made here, inside the scope.
                 compile_args = {**compile_args, "optimizer": optimizer()}
-            built.compile(**compile_args)
+            _check_identifiers(compile_args)
+            try:
+                built.compile(**compile_args)
+            except ValueError as error:
+                if isinstance(compile_args.get("optimizer"), str) and "optimizer identifier" in str(error):
+                    _refuse_identifier("optimizer", compile_args["optimizer"])
+                raise
         # Audit before building the optimizer: an optimizer made outside the
         # scope would fail there with "Mixing different tf.distribute.Strategy
         # objects" instead of this error naming where it was made.

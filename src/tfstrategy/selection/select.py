@@ -50,6 +50,7 @@ from tfstrategy.settings import (
     resolve_setting,
     setting_name,
 )
+from tfstrategy.training.precision import resolve_precision, set_precision
 
 __all__ = ["Selection", "resolve_request", "select"]
 
@@ -103,6 +104,8 @@ class Request:
     cluster_source: str | None = None
     #: The cluster built from the Slurm job step, when ``cluster_source == "Slurm"``.
     slurm: SlurmStepCluster | None = None
+    #: The Keras global dtype policy to set, or ``None`` to leave Keras' alone.
+    precision: str | None = None
 
 
 def resolve_request(
@@ -111,6 +114,7 @@ def resolve_request(
     cpu_replicas: int | None = None,
     *,
     collective_timeout: float | str | None = None,
+    precision: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Request:
     """Apply argument > ``TFSTRATEGY_*`` > default and validate each setting and ``TF_CONFIG``.
@@ -150,7 +154,11 @@ def resolve_request(
         sources["cpu_replicas"] = replicas_setting.source
     if kind in (StrategyKind.AUTO, StrategyKind.MULTI_WORKER) and timeout_source != "default":
         sources["collective_timeout"] = timeout_source
+    chosen_precision, precision_source = resolve_precision(precision, env)
+    if chosen_precision is not None:
+        sources["precision"] = precision_source
     return Request(
+        precision=chosen_precision,
         kind=kind,
         devices=request,
         cpu_replicas=replicas,
@@ -169,7 +177,7 @@ def select_plan(request: Request, env: Mapping[str, str] | None = None) -> tuple
         consumer="select", kind=request.kind, cpu_replicas=request.cpu_replicas,
         devices=request.devices.text if request.devices is not None else None,
         cluster_tasks=request.cluster_tasks, cluster_source=request.cluster_source,
-        under_launcher=bool(env.get(ENV_JOIN_FILE)),
+        under_launcher=bool(env.get(ENV_JOIN_FILE)), precision=request.precision,
     ))
 
 
@@ -183,6 +191,7 @@ def select(
     cpu_replicas: int | None = None,
     *,
     collective_timeout: float | str | None = None,
+    precision: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Selection:
     """Select, validate and build a distribution strategy in one call.
@@ -203,6 +212,9 @@ def select(
             (importing TensorFlow first is fine).
         collective_timeout: seconds a multi-worker collective may wait for a
             peer before raising; ``"none"`` waits forever.
+        precision: the Keras global dtype policy to set before the model is
+            built: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``
+            (``TFSTRATEGY_PRECISION``; default: leave Keras' policy alone).
         env: environment to read instead of ``os.environ``.
 
     Raises:
@@ -215,7 +227,8 @@ def select(
         ...     model = build_model()
     """
     _versions.require_supported(env)
-    request = resolve_request(strategy, devices, cpu_replicas, collective_timeout=collective_timeout, env=env)
+    request = resolve_request(strategy, devices, cpu_replicas, collective_timeout=collective_timeout,
+                              precision=precision, env=env)
     planned = {step.name for step in select_plan(request)}
     steps: list[tuple[str, str]] = []
     if "split_cpu" in planned:
@@ -242,4 +255,6 @@ def select(
     installed = [status.name for status in patches if status.installed]
     if installed:
         steps.append(("apply_patches", ", ".join(installed)))
+    if "set_precision" in planned:
+        steps.append(("set_precision", set_precision(request.precision)))
     return Selection(strategy=strategy, choice=choice, sources=request.sources, steps=tuple(steps), patches=patches)

@@ -31,11 +31,20 @@ from tfstrategy.errors import BatchError
 __all__ = ["replicas_of", "BatchPlan", "plan_batch"]
 
 
+#: tf.data takes sizes as int64.
+_INT64_MAX = 2**63 - 1
+
+
 def _whole(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise BatchError(f"Received {name}={value!r}; expected a whole number of at least {minimum}, e.g. {name}=256.")
     if value < minimum:
         raise BatchError(f"Received {name}={value}; expected at least {minimum}.")
+    if value > _INT64_MAX:
+        raise BatchError(
+            f"Received {name}={value}; expected at most 2**63-1, the largest size tf.data takes (int64). "
+            f"Pass the {name.replace('_', ' ')} you mean, e.g. {name}=256."
+        )
     return value
 
 

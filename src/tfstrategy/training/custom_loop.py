@@ -22,6 +22,8 @@ from typing import Any
 from tfstrategy._tf import tf
 from tfstrategy.errors import BatchError, LossReductionError, TrainingError
 from tfstrategy.training.batching import BatchPlan, replicas_of
+from tfstrategy.training.precision import require_loss_scaling
+from tfstrategy.training.sentinel import Sentinel, resolve_sentinel
 
 __all__ = ["TrainStep", "make_train_step"]
 
@@ -95,13 +97,18 @@ class TrainStep:
         loss: Callable[..., Any],
         optimizer: Any,
         metrics: Sequence[Any],
+        sentinel: Any = None,
     ) -> None:
         self.model = model
+        #: A :class:`~tfstrategy.training.sentinel.Sentinel` checked at each run_epoch's end, or None.
+        self.sentinel = sentinel
         self.strategy = strategy
         self.global_batch = global_batch
         self.loss = loss
         self.optimizer = optimizer
         self.metrics = list(metrics)
+        #: How the loss is scaled for mixed precision (see tfstrategy.training.precision.loss_scaling).
+        self.loss_scaling = require_loss_scaling(model, optimizer)
         # No autograph: the step has no tensor-dependent Python control flow,
         # and autograph would wrap our errors in its StagingError.
         self._function = tf().function(self._distributed_step, autograph=False)
@@ -114,13 +121,26 @@ class TrainStep:
         with tf_.GradientTape() as tape:
             predictions = self.model(features, training=True)
             per_example = _per_example(self.loss, labels, predictions, _loss_name(self.loss))
+            if per_example.dtype != tf_.float32 and per_example.dtype.is_floating:
+                # A half-precision loss would sum the global batch in 3 digits.
+                per_example = tf_.cast(per_example, tf_.float32)
             # Divide by the *global* batch: the optimizer sums the replicas' gradients.
             loss = tf_.nn.compute_average_loss(per_example, sample_weight=weights, global_batch_size=self.global_batch)
             if self.model.losses:
                 # Regularisation is added once per replica, so divide it by the replicas.
-                loss += tf_.nn.scale_regularization_loss(tf_.add_n(self.model.losses))
+                regularisation = tf_.add_n([tf_.cast(value, tf_.float32) for value in self.model.losses])
+                loss += tf_.nn.scale_regularization_loss(regularisation)
+            # Mixed precision: scale inside the tape, so the float16 gradients do not underflow.
+            if self.loss_scaling == "tf_keras":
+                scaled = self.optimizer.get_scaled_loss(loss)
+            elif self.loss_scaling == "keras3":
+                scaled = self.optimizer.scale_loss(loss)  # its apply() divides the gradients back
+            else:
+                scaled = loss
         variables = self.model.trainable_variables
-        gradients = tape.gradient(loss, variables)
+        gradients = tape.gradient(scaled, variables)
+        if self.loss_scaling == "tf_keras":
+            gradients = self.optimizer.get_unscaled_gradients(gradients)
         self.optimizer.apply_gradients(zip(gradients, variables))
         for metric in self.metrics:
             metric.update_state(labels, predictions, sample_weight=weights)
@@ -190,7 +210,10 @@ class TrainStep:
             if steps is not None and index >= steps:
                 break
             logs = self(batch)
-        return {name: float(value) for name, value in logs.items()}
+        result = {name: float(value) for name, value in logs.items()}
+        if self.sentinel is not None:
+            self.sentinel.check(step=int(self.optimizer.iterations.numpy()), loss=result.get("loss"))
+        return result
 
 
 def _build_optimizer(optimizer: Any, model: Any, strategy: Any) -> None:
@@ -221,10 +244,14 @@ def make_train_step(
     loss: Any,
     optimizer: Any | None = None,
     metrics: Sequence[Any] = (),
+    sentinel: bool | None = None,
 ) -> TrainStep:
     """Build a custom-loop training step that matches 1-replica training on N replicas.
 
-    Create ``model``, ``optimizer`` and ``metrics`` inside ``strategy.scope()``
+    Under mixed precision (``precision="mixed_float16"``) pass a
+    ``LossScaleOptimizer``: the step scales the loss before the gradient
+    (Keras 3's ``scale_loss``; tf_keras' ``get_scaled_loss`` and
+    ``get_unscaled_gradients``). Create ``model``, ``optimizer`` and ``metrics`` inside ``strategy.scope()``
     first; metric names (``"mae"``) are created here, inside it, and an optimizer
     not built yet is built here, in the scope, for the model's trainable variables.
 
@@ -236,12 +263,18 @@ def make_train_step(
             loss per example, or a Keras loss name (``"mse"``).
         optimizer: defaults to ``model.optimizer``.
         metrics: Keras metric objects or names.
+        sentinel: check at the end of each :meth:`TrainStep.run_epoch` that all
+            replicas hold the same finite weights (``TFSTRATEGY_SENTINEL``;
+            :class:`~tfstrategy.training.sentinel.Sentinel`). Call
+            ``step.sentinel.check(step=...)`` yourself in a loop of your own.
 
     Raises:
         LossReductionError: the loss averages per replica (``AUTO`` /
             ``SUM_OVER_BATCH_SIZE``), which scales gradients by the replicas.
         BatchError: the global batch does not fit the strategy.
-        TrainingError: no optimizer, or an unbuilt one for a model without variables.
+        TrainingError: no optimizer, an unbuilt one for a model without variables,
+            or a model computing in float16 with an optimizer that does not
+            scale the loss (pass a ``LossScaleOptimizer``).
 
     Example:
         >>> with strategy.scope():
@@ -283,4 +316,6 @@ def make_train_step(
                 else:
                     metric = keras.metrics.MeanMetricWrapper(found, name=metric)
             built.append(metric)
-    return TrainStep(model, strategy=strategy, global_batch=global_batch, loss=resolve_loss(loss), optimizer=optimizer, metrics=built)
+    watch = Sentinel(strategy, model.weights) if resolve_sentinel(sentinel) else None
+    return TrainStep(model, strategy=strategy, global_batch=global_batch, loss=resolve_loss(loss), optimizer=optimizer,
+                     metrics=built, sentinel=watch)

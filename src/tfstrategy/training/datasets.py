@@ -25,7 +25,7 @@ from tfstrategy._tf import tf
 from tfstrategy.errors import BatchError
 from tfstrategy.training.batching import BatchPlan, plan_batch, replicas_of
 
-__all__ = ["auto_shard_policy", "dataset_size", "plan_dataset", "prepare_dataset"]
+__all__ = ["auto_shard_policy", "dataset_size", "plan_dataset", "prepare_dataset", "refuse_endless_fit"]
 
 #: tf.data classes that read files; their pipelines can be sharded by file.
 _FILE_SOURCES = ("tfrecord", "textline", "fixedlengthrecord")
@@ -66,6 +66,10 @@ def batched_by(dataset: Any) -> str | None:
             found = visit_op(output.op, set())
             if found:
                 return f"{found} inside {name}"
+        for captured in _compat.dataset_function_captures(current):
+            found = visit(captured)
+            if found:
+                return f"{found} captured by {name}'s function"
         for source in _compat.dataset_inputs(current):
             found = visit(source)
             if found:
@@ -153,6 +157,44 @@ def _refuse_batched(dataset: Any) -> None:
         raise BatchError(
             f"Received a dataset already batched by {name}; expected single examples, because tfstrategy batches "
             "with the global batch itself. Remove the .batch(...) call from the dataset (or .unbatch() it first)."
+        )
+
+
+#: Where ``steps_per_epoch`` sits among Keras ``Model.fit``'s positional arguments.
+_FIT_STEPS_POSITION = 12
+
+
+def _cardinality(data: Any) -> int | None:
+    distribute = tf().distribute
+    if isinstance(data, tf().data.Dataset):
+        return int(data.cardinality())
+    if isinstance(data, distribute.DistributedDataset):
+        try:
+            return int(data.cardinality)
+        except (AttributeError, TypeError, ValueError):
+            return None
+    return None
+
+
+def refuse_endless_fit(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse ``fit(dataset)`` on an infinite dataset without ``steps_per_epoch``: its first epoch never ends.
+
+    Args:
+        args: ``fit``'s positional arguments (after the model).
+        kwargs: its keyword arguments.
+
+    Raises:
+        BatchError: the data repeats forever and no ``steps_per_epoch`` bounds an epoch.
+    """
+    data = kwargs.get("x", args[0] if args else None)
+    steps = kwargs.get("steps_per_epoch", args[_FIT_STEPS_POSITION] if len(args) > _FIT_STEPS_POSITION else None)
+    if steps is not None or data is None:
+        return
+    if _cardinality(data) == int(tf().data.INFINITE_CARDINALITY):
+        raise BatchError(
+            "Received fit() on an infinite dataset (it .repeat()s without a count) and no steps_per_epoch; expected "
+            "a size or a bound, because the first epoch would never end. Pass steps_per_epoch=plan.steps_per_epoch "
+            "(tfstrategy.plan_dataset on the dataset before .repeat()), or drop .repeat()."
         )
 
 
