@@ -147,6 +147,7 @@ def test_coordination_store_is_absent_without_a_multi_worker_strategy():
     # The multiprocess tests of keras_chief_files use the real store of a 2-worker job.
     assert _compat.coordination_store() is None
     assert issubclass(_compat.deadline_exceeded_error(), tf.errors.OpError)
+    assert issubclass(_compat.unavailable_error(), tf.errors.OpError)
 
 
 @pytest.mark.skipif(LEGACY, reason="tf_keras: its callbacks are not patched")

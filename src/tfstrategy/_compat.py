@@ -550,6 +550,11 @@ def deadline_exceeded_error() -> type[BaseException]:
     return tf().errors.DeadlineExceededError
 
 
+def unavailable_error() -> type[BaseException]:
+    """What ``get_config_key_value`` raises once the task hosting the coordination service has exited."""
+    return tf().errors.UnavailableError
+
+
 # --- The multi-worker runtime, prepared before the first op --------------------------
 
 

@@ -306,10 +306,6 @@ CASES: tuple[Case, ...] = (
         skip_reason="run: like plain, the script itself needs TF_CONFIG (KeyError: 'task' before any TensorFlow)",
         files={"ckpt/ckpt_1.weights.h5": 1, "ckpt/ckpt_2.weights.h5": 1, "logs/train/events.out.tfevents.*": 1,
                "saved_model/saved_model.pb": 1, "saved_model/fingerprint.pb": 1, "saved_model/variables/*": 2},
-        known={"launch": (r"UnavailableError: Socket closed",
-                        "worker 1 exports to saved_model/worker_tmp_1, a path the chief never writes; its private "
-                        "copy waits for the chief's file through the coordination service of the chief, which has "
-                        "finished and exited")},
         plain_tf_two_workers='fails: `ValueError: Attempt to convert a value (PerReplica...)` (Keras 3 under MultiWorkerMirroredStrategy)',
     ),
     Case(

@@ -25,7 +25,7 @@ written (``BadZipFile``), h5py cannot lock it (``BlockingIOError``), or
 The chief's n-th write of a file name is matched with the other worker's n-th
 write of the same name (whatever its directory), so the tutorial pattern of a
 per-worker directory (``workertemp_1/model.keras``) matches too. A worker that
-writes a name the chief never writes waits at most :data:`WAIT_LIMIT` seconds
+writes a name the chief never writes waits until the chief leaves the job, at most :data:`WAIT_LIMIT` seconds,
 and says so.
 """
 
@@ -201,6 +201,7 @@ def _wait_for_chief(key: str, path: str, config: ClusterConfig) -> None:
     if store is None:
         return  # no MultiWorkerMirroredStrategy in this process: no job-wide store to wait on
     deadline_error = _compat.deadline_exceeded_error()
+    gone_error = _compat.unavailable_error()
     waited, noticed = 0.0, False
     while True:
         step = min(WAIT_NOTICE, WAIT_LIMIT - waited)
@@ -209,6 +210,12 @@ def _wait_for_chief(key: str, path: str, config: ClusterConfig) -> None:
             return
         except deadline_error:
             waited += step
+        except gone_error:
+            # The chief left the job (its script ended) without writing this name, e.g. the per-worker
+            # export paths of tf_keras-era scripts: nothing more to wait for, and no error of this worker's.
+            print(f"tfstrategy: {config.task_name} wrote {path} to a private copy; the chief left the job "
+                  "without writing that name, so there is nothing to wait for.", file=sys.stderr, flush=True)
+            return
         if waited >= WAIT_LIMIT:
             print(f"tfstrategy: {config.task_name} stopped waiting for the chief to write {path} after "
                   f"{waited:.0f}s; the chief may never write this name. Keras writes files on the chief only; "
