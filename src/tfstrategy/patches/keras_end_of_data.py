@@ -87,22 +87,11 @@ class EndOfDataPatch(Patch):
         with tf_.init_scope():
             queue = tf_.queue.FIFOQueue(_PROBE_CALLS + 1, tf_.int32, shapes=[])
 
-            class _StandIn:
-                run_eagerly = False
-                jit_compile = False
-                steps_per_execution = 1
-                unrolled_steps_per_execution = 1
-                distribute_strategy = tf_.distribute.get_strategy()
-
-            trainer_class = module.TensorFlowTrainer
-            if hasattr(trainer_class, "_autoconvert_optionals"):  # Keras 3.12+ wraps the step with it
-                _StandIn._autoconvert_optionals = trainer_class._autoconvert_optionals
-
             def step(data: Any) -> Any:
                 queue.enqueue(tf_.constant(1))  # takes nothing from the batch, like iterations.assign_add(1)
                 return {"value": tf_.reduce_sum(data)}
 
-            function = original(_StandIn(), step)
+            function = original(steps_per_execution.stand_in_trainer(module, steps_per_execution=1), step)
             iterator = iter(tf_.data.Dataset.from_tensor_slices(tf_.ones((1, 1))).batch(1))
             first = function(iterator)
             if float(first["value"]) != 1.0 or int(queue.size()) != 1:

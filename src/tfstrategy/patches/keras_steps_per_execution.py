@@ -164,6 +164,22 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
     return function
 
 
+def stand_in_trainer(module: Any, *, steps_per_execution: int) -> Any:
+    """The few attributes of a Keras model that ``TensorFlowTrainer._make_function`` reads, for the probes."""
+
+    class _StandIn:
+        run_eagerly = False
+        jit_compile = False
+        unrolled_steps_per_execution = 1
+        distribute_strategy = tf().distribute.get_strategy()
+
+    _StandIn.steps_per_execution = steps_per_execution
+    trainer_class = module.TensorFlowTrainer
+    if hasattr(trainer_class, "_autoconvert_optionals"):  # Keras 3.12+ wraps the step with it
+        _StandIn._autoconvert_optionals = trainer_class._autoconvert_optionals
+    return _StandIn()
+
+
 class StepsPerExecutionPatch(Patch):
     """Keras' multi-step loop with 2+ replicas: one ``while_loop`` with the step traced inline."""
 
@@ -181,23 +197,12 @@ class StepsPerExecutionPatch(Patch):
         tf_ = tf()
         original = self.original("TensorFlowTrainer._make_function")
 
-        class _StandIn:
-            run_eagerly = False
-            jit_compile = False
-            steps_per_execution = 2
-            unrolled_steps_per_execution = 1
-            distribute_strategy = tf_.distribute.get_strategy()
-
-        trainer_class = module.TensorFlowTrainer
-        if hasattr(trainer_class, "_autoconvert_optionals"):  # Keras 3.12+ wraps the step with it
-            _StandIn._autoconvert_optionals = trainer_class._autoconvert_optionals
-
         def step(data: Any) -> Any:
             # What a collective's instance key is: a value captured when the function is called.
             key = _compat.capture_call_time_value(lambda: tf_.constant(1.0), tf_.TensorSpec([], tf_.float32))
             return {"value": tf_.reduce_sum(data) + key}
 
-        function = original(_StandIn(), step)
+        function = original(stand_in_trainer(module, steps_per_execution=2), step)
         data = iter(tf_.data.Dataset.from_tensor_slices(tf_.ones((4, 1))).batch(1))
         try:
             outputs = function(data)
