@@ -14,7 +14,7 @@ timeout fires. The :class:`Launcher` therefore runs one loop: each tick it obser
   consequences), stop the group at once and report it with its last lines and log files;
 - on a join timeout, name the worker holding the job up; on a stall, name the stuck worker and
   ask every worker for its Python stack, then fail past ``--stall-timeout``;
-- with ``max_restarts``, restart the whole group on fresh ports (per-worker backups resume);
+- with ``max_restarts``, restart the whole group on fresh ports (every worker resumes from the newest committed backup step);
 - on SIGINT/SIGTERM, pass the signal on, SIGKILL what is left after ``grace`` seconds, exit 128+N
   (75 when every worker saved and exited 75).
 
