@@ -2,6 +2,7 @@
 #   make check       set up .venv and run `tfstrategy check` on the default strategy
 #   make test        set up .venv and run the whole test suite (what CI runs)
 # For developers:
+#   make test-extended  the long real-world tier CI leaves out: the corpus of public scripts, Ray, joins after early ops
 #   make test-fast   the edit-test loop: no worker processes, no long training (under 2 minutes)
 #   make lint        ruff, and mypy (strict for src/tfstrategy/launch)
 #   make versions    the smoke set on the oldest supported TensorFlow/Keras and on tf_keras (own venvs)
@@ -11,7 +12,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup check test test-fast lint versions bench docs clean
+.PHONY: setup check test test-extended test-fast lint versions bench docs clean
 
 setup: $(VENV)/.installed
 
@@ -25,7 +26,10 @@ check: setup
 	$(BIN)/tfstrategy check
 
 test: setup lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not extended"
+
+test-extended: setup
+	$(BIN)/python -m pytest -m extended
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not multiprocess" -q

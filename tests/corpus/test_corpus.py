@@ -52,6 +52,7 @@ def _needed_modes(case: Case) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.extended
 @pytest.mark.timeout(3 * 420)  # three modes, each bounded by corpus_cases.RUN_SECONDS
 @pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in CASES])
 def test_script_runs_as_stated_in_every_mode(case: Case, tmp_path: Path):

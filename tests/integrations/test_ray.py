@@ -44,7 +44,7 @@ import tensorflow as tf  # noqa: E402
 import tfstrategy  # noqa: E402
 from helpers import ROOT, mirrored  # noqa: E402
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.extended, pytest.mark.timeout(3600)]
 
 HERE = Path(__file__).resolve().parent
 JOBS = [

@@ -41,6 +41,7 @@ def one_process_loss() -> float:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["mirrored", "ops_first"])
 def test_launch_joins_and_trains_as_one_job(case, one_process_loss):
@@ -68,6 +69,7 @@ REFUSALS = [
 
 
 @pytest.mark.multiprocess
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.parametrize(("case", "line"), REFUSALS)
 def test_launch_refuses_what_cannot_be_one_job_in_one_line(case, line):
@@ -80,6 +82,7 @@ def test_launch_refuses_what_cannot_be_one_job_in_one_line(case, line):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.extended
 @pytest.mark.slow
 def test_launch_fails_a_worker_that_trained_without_any_strategy():
     result = _launch("loop")
