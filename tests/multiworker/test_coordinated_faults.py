@@ -27,7 +27,7 @@ import pytest
 from helpers import ROOT
 from tfstrategy.multiworker.coordinated import FAULT_ENV
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.extended]
 
 FIT_WORKER = str(ROOT / "tests" / "workers" / "fit_worker.py")
 LOOP_WORKER = str(ROOT / "tests" / "workers" / "loop_worker.py")
