@@ -558,6 +558,27 @@ def unavailable_error() -> type[BaseException]:
 # --- The multi-worker runtime, prepared before the first op --------------------------
 
 
+def eager_context_module() -> ModuleType:
+    """TensorFlow's eager context module (``Context`` and its collective configuration)."""
+    from tensorflow.python.eager import context
+
+    return context
+
+
+def serves_already(ctx: Any, server_def: Any) -> bool:
+    """Whether the running eager context ``ctx`` already serves this cluster as this task.
+
+    The same cluster, job, task and protocol as the server it was started with
+    (a ``ServerDef``); the session config may differ in what only matters before
+    start-up.
+    """
+    enabled = ctx._collective_ops_server_def
+    if ctx._context_handle is None or enabled is None or server_def is None:
+        return False
+    return all(getattr(enabled, field) == getattr(server_def, field)
+               for field in ("cluster", "job_name", "task_index", "protocol"))
+
+
 def prepare_collective_runtime(cluster: dict[str, list[str]], task_type: str, task_index: int,
                                rpc_layer: str | None = None) -> bool:
     """Configure this process's eager context for collectives as ``MultiWorkerMirroredStrategy`` would.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -171,8 +172,10 @@ def test_worker_raising_before_joining_is_reported_with_its_exception_and_no_por
     script.write_text("import tensorflow as tf\nmodel = tf.keras.Sequential()\nmodel.fitt()\n")
     result, _ = _tfstrategy("launch", "-n", "2", "--timeout", "120", "--", sys.executable, str(script), timeout=240)
     assert result.returncode == 1
-    headline = next(line for line in result.stderr.splitlines() if " exited with status 1" in line)
-    assert "before joining: AttributeError: 'Sequential' object has no attribute 'fitt'" in headline
+    # Named as it raises (the process still exiting) or once it exited; either way before joining, with its error.
+    headline = next(line for line in result.stderr.splitlines() if re.match(r"tfstrategy launch: worker \d (raised|exited)", line))
+    assert "AttributeError: 'Sequential' object has no attribute 'fitt'" in headline
+    assert "before joining" in headline
     assert "port" not in headline
 
 
@@ -191,3 +194,30 @@ def test_run_hooks_a_script_that_imports_keras_before_tensorflow():
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trained 8" in result.stdout  # steps_per_execution=4 on 2 replicas: the patch was installed
     assert "hook errors" not in result.stderr and "partially initialized" not in result.stderr
+
+
+_OPS_BEFORE_THE_STRATEGY = """
+import tensorflow as tf
+from tensorflow.python import pywrap_tfe
+calls = []
+enable = pywrap_tfe.TFE_EnableCollectiveOps
+pywrap_tfe.TFE_EnableCollectiveOps = lambda *args: calls.append(1) or enable(*args)
+data = tf.data.Dataset.range(8).map(lambda x: x * 2)  # the runtime starts here, before the strategy
+total = int(data.reduce(tf.constant(0, tf.int64), lambda a, b: a + b))
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    variable = tf.Variable(tf.random.uniform([3], seed=None))  # broadcast from worker 0
+print("server enabled", len(calls), "time(s); total", total, "variable", [round(float(v), 6) for v in variable.numpy()])
+"""
+
+
+@pytest.mark.multiprocess
+def test_ops_before_the_strategy_start_the_collective_server_once_and_join(tmp_path):
+    """A second enable on a running runtime rebuilt the server under a peer's feet: 3 of 6 runs hung at a broadcast."""
+    script = tmp_path / "ops_first.py"
+    script.write_text(_OPS_BEFORE_THE_STRATEGY)
+    result, _ = _tfstrategy("launch", "-n", "2", "--timeout", "120", "--", sys.executable, str(script), timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = sorted(line.split("] ", 1)[1] for line in result.stdout.splitlines() if "server enabled" in line)
+    assert len(lines) == 2 and lines[0] == lines[1], lines  # one job: the same variable on both
+    assert lines[0].startswith("server enabled 1 time(s); total 56 variable "), lines
