@@ -258,8 +258,9 @@ class GroupMonitor:
         if not failed and not raising:
             return None
         failures = [self._failure(w) for w in failed] + [
-            Failure(index=w.index, reason=f"raised {w.error.describe()} (its process is exiting)", status=1,
-                    time=w.error.time) for w in raising if w.error is not None]
+            Failure(index=w.index, reason=f"raised {w.error.describe()} ({'' if w.joined else 'before joining; '}"
+                                          "its process is exiting)", status=1, time=w.error.time)
+            for w in raising if w.error is not None]
         # A peer's failure while a worker is stalled (TensorFlow's own heartbeats or collective timeout
         # gave up on it) is an echo of the stall: the stall is the root cause.
         failures += [Failure(index=w.index, reason=f"stalled: it {w.stall}", status=EXIT_STALL, time=w.stall_wall,
