@@ -57,6 +57,32 @@ class PatchStatus:
 _ORIGINAL = "__tfstrategy_original__"
 
 
+def _outside_the_callers_scopes(probe: Callable[[], Any]) -> Any:
+    """``probe()`` in a thread of its own: eager, on the default strategy, whatever the caller is in.
+
+    A lazy probe runs when a model first needs its patch, often inside the user's
+    ``strategy.scope()`` or a step being traced. Strategy, device and graph scopes
+    are per thread, so a fresh thread sees none of them: the probe's stand-in
+    runs on one device, where its answer is the same in every process, and runs
+    no collective (a multi-worker probe whose answer differed between workers
+    gave them different train functions, whose collectives never met).
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = probe()
+        except BaseException as error:  # handed to the caller's thread as is
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name="tfstrategy-probe", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 class ProbeResult(dict):
     """Target path -> whether the installed library's version of it is broken."""
 
@@ -119,7 +145,10 @@ class Patch:
                 self._probed = ProbeResult()
                 return self._probed
             try:
-                self._probed = ProbeResult(self.run_probe(module))
+                if self.probe_on_first_use:
+                    self._probed = ProbeResult(_outside_the_callers_scopes(lambda: self.run_probe(module)))
+                else:
+                    self._probed = ProbeResult(self.run_probe(module))
             except Exception as error:  # a probe must never take the user's program down
                 self._probe_error = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
                 self._warn(
