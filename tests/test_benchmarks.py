@@ -42,6 +42,7 @@ def test_comparison_summarises_pair_ratios():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # runs every benchmark workload for real (96 s); make bench runs them too
 def test_quick_run_writes_tables_json_and_plot(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path)],

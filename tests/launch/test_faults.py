@@ -30,7 +30,7 @@ def _fault(mode: str, *args: str, env: dict[str, str] | None = None, timeout: fl
 
 
 def _headline(err: str) -> str:
-    return next(line for line in err.splitlines() if re.match(r"tfstrategy launch: worker \d (?!joined)", line))
+    return next(line for line in err.splitlines() if re.match(r"tfstrategy launch: worker \d (?!joined|advances again)", line))
 
 
 @pytest.mark.multiprocess
