@@ -261,6 +261,21 @@ def test_a_stall_that_resumes_is_reported_and_forgotten():
     assert "stall: worker 1 has been outside its step" in err and "worker 1 advances again" in err
 
 
+def test_every_worker_long_inside_its_first_batch_is_said_once_with_stacks_and_never_fails_the_job():
+    def scenario(fleet, now, launcher):
+        for worker in fleet.attempts[0]:
+            worker.join()
+            worker.train(steps=0 if now < 40 else 3, in_step=now < 40)
+            if now > 45:
+                worker.exit(0)
+
+    result, err, fleet, _ = _run(scenario, stall_report=5, stall_timeout=20)
+    assert result.returncode == 0  # past --stall-timeout, still nobody stopped: the first batch traces
+    said = [line for line in err.splitlines() if "inside its first batch" in line]
+    assert len(said) == 1 and said[0].startswith("tfstrategy launch: every worker has been inside its first batch for 1")
+    assert all(worker.stacks_dumped == 1 for worker in fleet.attempts[0])
+
+
 class NodeLost(LocalCoordinator):
     """Another node's launcher disconnects mid-job: node 0 relays it as the round's failure."""
 

@@ -10,7 +10,8 @@ transitions (ARCHITECTURE.md has the table):
 - starting -> joining (``<join file>.starting``) -> running (join file, or every port listening);
 - running -> stalled: no heartbeat for ``heartbeat_timeout`` (stopped, frozen), or outside its
   step while a peer waits inside one, with no progress for ``max(stall_report, stall_factor x
-  step time)``; stalled -> running when it advances again;
+  step time)``; stalled -> running when it advances again. Every worker inside its first batch
+  for 3 thresholds is said once, with stacks, and never failed (tracing may take that long);
 - any -> succeeded / failed on exit. A worker that exits 0 while a peer waits for it (before
   joining, or while a peer is inside a step) is a failure at once: "left the job early".
 
@@ -41,6 +42,9 @@ from tfstrategy.launch.states import (
 )
 
 __all__ = ["Policy", "Observation", "Verdict", "Decision", "GroupMonitor"]
+
+#: Every worker inside the first batch this many stall thresholds long is said (tracing takes long).
+FIRST_BATCH_FACTOR = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +146,7 @@ class GroupMonitor:
         self._first_failure_at: float | None = None
         #: Seconds from the last progress to each stall's report.
         self.stall_seconds: list[float] = []
+        self._first_batch_said = False
 
     # --- observations -> worker states ------------------------------------------------------------
 
@@ -304,6 +309,27 @@ class GroupMonitor:
 
     # --- stalls -----------------------------------------------------------------------------------
 
+    def _first_batch(self, now: float, decision: Decision, counted: list[_Worker], since: float,
+                     threshold: float) -> None:
+        """Every worker inside its first batch for long: said once, with stacks; never a failure.
+
+        The first batch traces and compiles the step, which may take minutes on a large model, so
+        nobody is blamed and nothing is stopped (the collective timeout still ends a real hang). But
+        workers that built different train functions wait there forever for collectives that never
+        meet, and their stacks show it at once.
+        """
+        waited = now - since
+        if self._first_batch_said or waited <= FIRST_BATCH_FACTOR * threshold:
+            return
+        if not all(w.in_step and w.steps == 0 for w in counted):
+            return
+        self._first_batch_said = True
+        decision.dump_stacks = True
+        decision.notes.append(
+            f"every worker has been inside its first batch for {waited:.0f} s: still tracing a large step, or "
+            "waiting in collectives that never meet (workers that built different train functions); every "
+            "worker's Python stack follows in its output (the same function on every worker is the first check)")
+
     def step_seconds(self) -> float | None:
         """The median time of a batch over the workers' recent batches (``None`` before one finished)."""
         intervals = [value for w in self.workers.values() for value in w.intervals]
@@ -347,6 +373,8 @@ class GroupMonitor:
                             f"and every other worker have been inside batch {batch + 1} for {now - last_advance:.0f} s "
                             "with no progress (a stuck input pipeline or collective)")
                     found.append((w, what, last_advance))
+        if not found and counted and len(counted) == len(tracked):
+            self._first_batch(now, decision, counted, last_advance, threshold)
         for w, why, since in found:
             if w.stall is None:
                 w.stall, w.state, w.stall_wall = why, WorkerState.STALLED, wall - (now - since)
