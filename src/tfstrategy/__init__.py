@@ -5,6 +5,8 @@ Names from earlier releases that moved still resolve, with a DeprecationWarning
 that gives their new home.
 """
 
+from typing import TYPE_CHECKING
+
 from tfstrategy._tf import ensure_tensorflow_installed
 
 ensure_tensorflow_installed()
@@ -12,33 +14,34 @@ ensure_tensorflow_installed()
 import importlib as _importlib  # noqa: E402
 import warnings as _warnings  # noqa: E402
 
-from tfstrategy.diagnostics.check import run_check  # noqa: E402
-from tfstrategy.diagnostics.env_report import collect_env_report  # noqa: E402
-from tfstrategy.diagnostics.equivalence import replica_equivalence  # noqa: E402
-from tfstrategy.errors import TFStrategyError  # noqa: E402
-from tfstrategy.launch.supervisor import launch  # noqa: E402
-from tfstrategy.multiworker.chief_files import is_chief  # noqa: E402
-from tfstrategy.multiworker.cluster import tf_config_from_hosts  # noqa: E402
-from tfstrategy.multiworker.preemption import preemption_callbacks  # noqa: E402
-from tfstrategy.multiworker.saving import save_model  # noqa: E402
-from tfstrategy.multiworker.slurm import tf_config_from_slurm  # noqa: E402
-from tfstrategy.multiworker.worker_protocol import backup_callbacks, signal_joined  # noqa: E402
-from tfstrategy.patches import apply_patches, patch_status  # noqa: E402
-from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution  # noqa: E402
-from tfstrategy.scope.audit import audit_scope, require_scope, scope_guard  # noqa: E402
-from tfstrategy.scope.build import build_in_scope  # noqa: E402
-from tfstrategy.scope.restore import restore_checkpoint  # noqa: E402
-from tfstrategy.selection.choose import choose  # noqa: E402
-from tfstrategy.selection.cpu_split import configure_cpu_replicas  # noqa: E402
-from tfstrategy.selection.host import HostInfo  # noqa: E402
-from tfstrategy.selection.select import Selection, select  # noqa: E402
-from tfstrategy.selection.strategies import build  # noqa: E402
-from tfstrategy.settings import StrategyKind  # noqa: E402
-from tfstrategy.training.batching import plan_batch  # noqa: E402
-from tfstrategy.training.custom_loop import make_train_step  # noqa: E402
-from tfstrategy.training.datasets import plan_dataset, prepare_dataset  # noqa: E402
-from tfstrategy.training.sentinel import divergence_sentinel  # noqa: E402
-from tfstrategy.training.steps_per_execution import tune_steps_per_execution  # noqa: E402
+if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on first use
+    from tfstrategy.diagnostics.check import run_check
+    from tfstrategy.diagnostics.env_report import collect_env_report
+    from tfstrategy.diagnostics.equivalence import replica_equivalence
+    from tfstrategy.errors import TFStrategyError
+    from tfstrategy.launch.supervisor import launch
+    from tfstrategy.multiworker.chief_files import is_chief
+    from tfstrategy.multiworker.cluster import tf_config_from_hosts
+    from tfstrategy.multiworker.preemption import preemption_callbacks
+    from tfstrategy.multiworker.saving import save_model
+    from tfstrategy.multiworker.slurm import tf_config_from_slurm
+    from tfstrategy.multiworker.worker_protocol import backup_callbacks, signal_joined
+    from tfstrategy.patches import apply_patches, patch_status
+    from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
+    from tfstrategy.scope.audit import audit_scope, require_scope, scope_guard
+    from tfstrategy.scope.build import build_in_scope
+    from tfstrategy.scope.restore import restore_checkpoint
+    from tfstrategy.selection.choose import choose
+    from tfstrategy.selection.cpu_split import configure_cpu_replicas
+    from tfstrategy.selection.host import HostInfo
+    from tfstrategy.selection.select import Selection, select
+    from tfstrategy.selection.strategies import build
+    from tfstrategy.settings import StrategyKind
+    from tfstrategy.training.batching import plan_batch
+    from tfstrategy.training.custom_loop import make_train_step
+    from tfstrategy.training.datasets import plan_dataset, prepare_dataset
+    from tfstrategy.training.sentinel import divergence_sentinel
+    from tfstrategy.training.steps_per_execution import tune_steps_per_execution
 
 __version__ = "0.2.0"
 
@@ -85,6 +88,44 @@ __all__ = [
     "TFStrategyError",
 ]
 
+#: Each public name -> the module it lives in; imported on first use, so ``tfstrategy check`` and
+#: ``import tfstrategy`` pay only for what they touch.
+_PUBLIC = {
+    "run_check": "tfstrategy.diagnostics.check",
+    "collect_env_report": "tfstrategy.diagnostics.env_report",
+    "replica_equivalence": "tfstrategy.diagnostics.equivalence",
+    "TFStrategyError": "tfstrategy.errors",
+    "launch": "tfstrategy.launch.supervisor",
+    "is_chief": "tfstrategy.multiworker.chief_files",
+    "tf_config_from_hosts": "tfstrategy.multiworker.cluster",
+    "preemption_callbacks": "tfstrategy.multiworker.preemption",
+    "save_model": "tfstrategy.multiworker.saving",
+    "tf_config_from_slurm": "tfstrategy.multiworker.slurm",
+    "backup_callbacks": "tfstrategy.multiworker.worker_protocol",
+    "signal_joined": "tfstrategy.multiworker.worker_protocol",
+    "apply_patches": "tfstrategy.patches",
+    "patch_status": "tfstrategy.patches",
+    "fix_steps_per_execution": "tfstrategy.patches.keras_steps_per_execution",
+    "audit_scope": "tfstrategy.scope.audit",
+    "require_scope": "tfstrategy.scope.audit",
+    "scope_guard": "tfstrategy.scope.audit",
+    "build_in_scope": "tfstrategy.scope.build",
+    "restore_checkpoint": "tfstrategy.scope.restore",
+    "choose": "tfstrategy.selection.choose",
+    "configure_cpu_replicas": "tfstrategy.selection.cpu_split",
+    "HostInfo": "tfstrategy.selection.host",
+    "Selection": "tfstrategy.selection.select",
+    "select": "tfstrategy.selection.select",
+    "build": "tfstrategy.selection.strategies",
+    "StrategyKind": "tfstrategy.settings",
+    "plan_batch": "tfstrategy.training.batching",
+    "make_train_step": "tfstrategy.training.custom_loop",
+    "plan_dataset": "tfstrategy.training.datasets",
+    "prepare_dataset": "tfstrategy.training.datasets",
+    "divergence_sentinel": "tfstrategy.training.sentinel",
+    "tune_steps_per_execution": "tfstrategy.training.steps_per_execution",
+}
+
 #: The release that removes the 0.1 names below (each still resolves with a DeprecationWarning until then).
 _ALIASES_REMOVED_IN = "0.4"
 #: Names exported by tfstrategy 0.1 that moved: name -> module that has it now.
@@ -124,6 +165,11 @@ _MOVED = {
 
 
 def __getattr__(name: str):
+    home = _PUBLIC.get(name)
+    if home is not None:
+        value = getattr(_importlib.import_module(home), name)
+        globals()[name] = value  # later lookups are plain attribute reads
+        return value
     module = _MOVED.get(name)
     if module is None:
         raise AttributeError(f"module 'tfstrategy' has no attribute {name!r}")
@@ -134,3 +180,7 @@ def __getattr__(name: str):
         stacklevel=2,
     )
     return getattr(_importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,16 +9,19 @@ import sys
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tfstrategy.cli._common import add_program_arguments, program_from_args, quiet_tensorflow
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch import backup_dir, network_isolation
-from tfstrategy.launch.rendezvous import NodeOptions, parse_master, read_secret, validate_node_options
+from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT as JOIN_TIMEOUT_STATUS
 from tfstrategy.launch.states import EXIT_STALL
-from tfstrategy.launch.supervisor import JOIN_TIMEOUT_STATUS, Launcher, LaunchOptions, validate_launch_options
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 from tfstrategy.training.precision import precision_environment
 from tfstrategy.training.sentinel import sentinel_environment
+
+if TYPE_CHECKING:  # the launcher's modules load when a job starts, not for `tfstrategy check`
+    from tfstrategy.launch.rendezvous import NodeOptions
+    from tfstrategy.launch.supervisor import LaunchOptions
 
 __all__ = ["DESCRIPTION", "EPILOG", "launch_parser"]
 
@@ -168,6 +171,9 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
     Raises:
         LaunchError: invalid values.
     """
+    from tfstrategy.launch import backup_dir
+    from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
+
     program = program_from_args(args)
     nodes = node_options_from_args(args, os.environ)
     return validate_launch_options(
@@ -211,6 +217,8 @@ def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> 
         LaunchError: multi-node options without --nnodes, a missing or malformed --master or rank,
             no shared secret, or --isolate-network (which would cut the nodes apart).
     """
+    from tfstrategy.launch.rendezvous import NodeOptions, parse_master, read_secret, validate_node_options
+
     example = "e.g. tfstrategy launch --nnodes 2 --node-rank 1 --master 10.0.0.5:29400 -n 2 -- python train.py"
     given = [name for name, value in (("--node-rank", args.node_rank), ("--master", args.master),
                                       ("--node-address", args.node_address), ("--secret-file", args.secret_file))
@@ -260,6 +268,9 @@ def _command_line(args: argparse.Namespace, options: LaunchOptions) -> list[str]
 
 def launch_command(args: argparse.Namespace) -> int:
     """Run the job; its exit status."""
+    from tfstrategy.launch import backup_dir, network_isolation
+    from tfstrategy.launch.supervisor import Launcher
+
     quiet_tensorflow(args.debug)
     options = options_from_args(args)
     precision_environment(args.precision)  # a bad --precision fails here, in one line, before any worker

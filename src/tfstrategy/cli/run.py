@@ -9,8 +9,6 @@ import textwrap
 
 from tfstrategy.cli._common import add_program_arguments, program_from_args
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
-from tfstrategy.launch.worker_hook import hook_environment
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
 from tfstrategy.selection.devices import parse_devices
 from tfstrategy.training.precision import precision_environment
@@ -75,6 +73,9 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     example = "tfstrategy run --cpu-replicas 4 -- python train.py"
     if not program:
         raise LaunchError(f"Received no command to run; expected it after '--', e.g. {example}.")
+    from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
+    from tfstrategy.launch.worker_hook import hook_environment
+
     replicas = validate_cpu_replicas(args.cpu_replicas)
     if args.devices is not None:
         parse_devices(args.devices)
