@@ -104,12 +104,16 @@ def keras3_file_writers() -> ModuleType | None:
     try:
         import keras.src
         from keras.src.callbacks import backup_and_restore, csv_logger, tensorboard  # noqa: F401
-        from keras.src.export import saved_model_export_archive  # noqa: F401
+        from keras.src.export import saved_model  # noqa: F401
         from keras.src.legacy.saving import legacy_h5_format  # noqa: F401
         from keras.src.saving import saving_lib  # noqa: F401
         from keras.src.utils import file_utils  # noqa: F401
     except ImportError:
         return None
+    try:  # Model.export's writer has its own module in newer Keras (3.15); ExportArchive had it before (3.10)
+        from keras.src.export import saved_model_export_archive  # noqa: F401
+    except ImportError:
+        pass
     return keras.src
 
 

@@ -44,7 +44,7 @@ def test_upstream_keras_still_writes_every_file_on_every_worker():
     found = chief_files_patch.ChiefFilesPatch().probe()
     assert found is not None, "the probe failed"
     still = {target for target, broken in found.items() if broken}
-    assert still == set(chief_files_patch.ChiefFilesPatch.targets), (
+    assert still == set(chief_files_patch.PATCH.present_targets()), (
         f"Keras {keras.__version__} no longer writes these on a non-chief worker: "
         f"{sorted(set(found) - still)}; remove them from keras_chief_files"
     )
@@ -59,7 +59,7 @@ def test_apply_installs_every_writer_and_remove_restores_keras():
     save, begin = saving_lib.save_model, CSVLogger.on_train_begin
     try:
         status = patch.apply()
-        assert status.needed is True and status.installed == chief_files_patch.ChiefFilesPatch.targets
+        assert status.needed is True and status.installed == chief_files_patch.PATCH.present_targets()
         assert saving_lib.save_model is not save and CSVLogger.on_train_begin is not begin
         assert patch.original(chief_files_patch.SAVE_MODEL) is save  # the probe keeps testing Keras' own
     finally:
@@ -81,7 +81,7 @@ def test_the_probe_neither_starts_the_runtime_nor_takes_a_model_name():
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert result.returncode == 0, result.stderr[-2000:]
     installed, started, name = json.loads(result.stdout.strip().splitlines()[-1])
-    assert (installed, started, name) == (len(chief_files_patch.ChiefFilesPatch.targets), False, "sequential")
+    assert (installed, started, name) == (len(chief_files_patch.PATCH.present_targets()), False, "sequential")
 
 
 @pytest.fixture

@@ -65,6 +65,8 @@ SAVE_MODEL = "saving.saving_lib.save_model"
 SAVE_WEIGHTS = "saving.saving_lib.save_weights_only"
 SAVE_H5 = "legacy.saving.legacy_h5_format.save_model_to_hdf5"
 EXPORT = "export.saved_model_export_archive.SavedModelExportArchive.write_out"
+#: Model.export's writer before it moved to its own module (Keras 3.10); one of the two exists.
+EXPORT_ARCHIVE = "export.saved_model.ExportArchive.write_out"
 MAKEDIRS = "utils.file_utils.makedirs"
 DOWNLOAD = "utils.file_utils.urlretrieve"
 BACKUP_SAVE = "callbacks.backup_and_restore.BackupAndRestore._save_model"
@@ -226,6 +228,7 @@ _REPLACEMENTS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     SAVE_WEIGHTS: _model_writer,
     SAVE_H5: _model_writer,
     EXPORT: _model_writer,
+    EXPORT_ARCHIVE: _model_writer,
     MAKEDIRS: _tolerant_makedirs,
     DOWNLOAD: _atomic_download,
     BACKUP_SAVE: _backup_writer,
@@ -281,9 +284,20 @@ class ChiefFilesPatch(Patch):
     upstream = "keras-team/keras: Keras 3 has no distributed_file_utils (tf_keras wrote non-chief files to temp copies)"
     verified_up_to = "3.15.1"
     targets = tuple(_REPLACEMENTS)
+    #: Targets of which the installed Keras has exactly one (the first that exists is patched).
+    one_of = ((EXPORT, EXPORT_ARCHIVE),)
 
     def target_module(self) -> Any:
         return _compat.keras3_file_writers()
+
+    def present_targets(self) -> tuple[str, ...]:
+        """The targets this Keras has: every one but the alternatives it lacks (see ``one_of``)."""
+        module = self.target_module()
+        if module is None:
+            return ()
+        lacking = {target for group in self.one_of for target in group[1:] if self._has(module, group[0])}
+        lacking |= {target for group in self.one_of for target in group if not self._has(module, target)}
+        return tuple(target for target in self.targets if target not in lacking)
 
     def run_probe(self, module: Any) -> ProbeResult:
         with tempfile.TemporaryDirectory(prefix="tfstrategy-probe-") as scratch, warnings.catch_warnings():
@@ -299,8 +313,9 @@ class ChiefFilesPatch(Patch):
         model_broken = (root / "m.keras").exists()
         # Keras routes .h5 and export the same way as .keras (no role check anywhere): probing
         # them would need traced functions, hence a started runtime.
+        export = next(target for target in (EXPORT, EXPORT_ARCHIVE) if target in self.present_targets())
         return {SAVE_MODEL: model_broken, SAVE_WEIGHTS: (root / "m.weights.h5").exists(),
-                SAVE_H5: model_broken, EXPORT: model_broken}
+                SAVE_H5: model_broken, export: model_broken}
 
     def _probe_callbacks(self, module: Any, root: Path) -> dict[str, bool]:
         callbacks = module.callbacks
