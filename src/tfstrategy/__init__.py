@@ -88,6 +88,11 @@ __all__ = [
     "TFStrategyError",
 ]
 
+# The subpackage tfstrategy.launch, loaded now: its first import would set the package's attribute
+# `launch` to it, hiding the public function of that name (which then loads on first use).
+_importlib.import_module("tfstrategy.launch")
+globals().pop("launch")
+
 #: Each public name -> the module it lives in; imported on first use, so ``tfstrategy check`` and
 #: ``import tfstrategy`` pay only for what they touch.
 _PUBLIC = {

@@ -58,6 +58,21 @@ def test_the_probe_answers_alike_inside_a_multi_replica_scope():
     assert answers == [True] * 6
 
 
+def test_every_worker_of_a_job_builds_the_fix_whatever_its_own_probe_found(monkeypatch):
+    """The probe's race may miss the bug on one worker; in a multi-worker job no worker's probe decides."""
+    from types import SimpleNamespace
+
+    from tfstrategy import _compat
+    from tfstrategy.patches.mechanism import ProbeResult
+
+    model = SimpleNamespace(run_eagerly=False, jit_compile=False, steps_per_execution=1, distribute_strategy=object())
+    monkeypatch.setattr(keras_end_of_data.PATCH, "_probed", ProbeResult({keras_end_of_data._TARGET: False}))
+    monkeypatch.setattr(_compat, "in_multi_worker_mode", lambda strategy: True)
+    assert keras_end_of_data.fix_needed(model) is True
+    monkeypatch.setattr(_compat, "in_multi_worker_mode", lambda strategy: False)
+    assert keras_end_of_data.fix_needed(model) is False  # one process: its probe decides
+
+
 def test_the_fixed_function_counts_no_step_past_the_end():
     import keras
     import numpy as np
