@@ -13,3 +13,26 @@ def test_a_moved_name_warns_with_its_new_home_and_its_removal_release():
     from tfstrategy.launch.states import RunResult
 
     assert result is RunResult
+
+
+_LAZY = """
+import sys
+import tfstrategy
+assert not any(name.startswith("tfstrategy.launch.") for name in sys.modules), "the launcher loaded eagerly"
+assert "tensorflow" not in sys.modules
+import tfstrategy.launch.states  # the subpackage the public function shares its name with
+from tfstrategy.launch.supervisor import launch
+assert tfstrategy.launch is launch, tfstrategy.launch
+from tfstrategy.selection.select import select
+assert tfstrategy.select is select and "select" in dir(tfstrategy)
+print("lazy", len([name for name in sys.modules if name.startswith("tfstrategy")]))
+"""
+
+
+def test_public_names_load_on_first_use_and_launch_stays_the_function():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _LAZY], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("lazy ")
