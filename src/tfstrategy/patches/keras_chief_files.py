@@ -295,8 +295,10 @@ class ChiefFilesPatch(Patch):
         module = self.target_module()
         if module is None:
             return ()
-        lacking = {target for group in self.one_of for target in group[1:] if self._has(module, group[0])}
-        lacking |= {target for group in self.one_of for target in group if not self._has(module, target)}
+        lacking: set[str] = set()
+        for group in self.one_of:
+            found = [target for target in group if self._has(module, target)]
+            lacking |= set(group) - set(found[:1])
         return tuple(target for target in self.targets if target not in lacking)
 
     def run_probe(self, module: Any) -> ProbeResult:
@@ -313,9 +315,9 @@ class ChiefFilesPatch(Patch):
         model_broken = (root / "m.keras").exists()
         # Keras routes .h5 and export the same way as .keras (no role check anywhere): probing
         # them would need traced functions, hence a started runtime.
-        export = next(target for target in (EXPORT, EXPORT_ARCHIVE) if target in self.present_targets())
+        exports = [target for target in (EXPORT, EXPORT_ARCHIVE) if target in self.present_targets()]
         return {SAVE_MODEL: model_broken, SAVE_WEIGHTS: (root / "m.weights.h5").exists(),
-                SAVE_H5: model_broken, export: model_broken}
+                SAVE_H5: model_broken, **dict.fromkeys(exports, model_broken)}
 
     def _probe_callbacks(self, module: Any, root: Path) -> dict[str, bool]:
         callbacks = module.callbacks

@@ -61,8 +61,8 @@ _TARGET = "TensorFlowTrainer.make_train_function"
 #: Keras' own builder of the step function, which the probe runs.
 _BUILDER = "TensorFlowTrainer._make_function"
 #: Calls of the exhausted stand-in, until one has a phantom side effect (the bug). The bug is a race
-#: that a call may miss (1 in 8 runs of 3 calls missed it under load, and that worker then built
-#: Keras' function while its peers built the fix: the job hung), so the probe keeps trying.
+#: that a call may miss (with 3 calls, one worker missed it in 1 of 5 two-worker runs, built Keras'
+#: function while its peer built the fix, and the job hung), so the probe keeps trying.
 _PROBE_CALLS = 32
 
 

@@ -63,9 +63,9 @@ def _outside_the_callers_scopes(probe: Callable[[], Any]) -> Any:
     A lazy probe runs when a model first needs its patch, often inside the user's
     ``strategy.scope()`` or a step being traced. Strategy, device and graph scopes
     are per thread, so a fresh thread sees none of them: the probe's stand-in
-    runs on one device, where its answer is the same in every process, and runs
-    no collective (a multi-worker probe whose answer differed between workers
-    gave them different train functions, whose collectives never met).
+    runs on one device and runs no collective (a probe run under a multi-worker
+    scope failed or answered differently between workers, which then built
+    different train functions whose collectives never met).
     """
     outcome: dict[str, Any] = {}
 
