@@ -569,6 +569,13 @@ def eager_context_module() -> ModuleType:
     return context
 
 
+def collective_strategy_module() -> ModuleType:
+    """TensorFlow's ``MultiWorkerMirroredStrategy`` module (``CollectiveAllReduceExtended``)."""
+    from tensorflow.python.distribute import collective_all_reduce_strategy
+
+    return collective_all_reduce_strategy
+
+
 def serves_already(ctx: Any, server_def: Any) -> bool:
     """Whether the running eager context ``ctx`` already serves this cluster as this task.
 

@@ -207,13 +207,23 @@ total = int(data.reduce(tf.constant(0, tf.int64), lambda a, b: a + b))
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 with strategy.scope():
     variable = tf.Variable(tf.random.uniform([3], seed=None))  # broadcast from worker 0
-print("server enabled", len(calls), "time(s); total", total, "variable", [round(float(v), 6) for v in variable.numpy()])
+summed = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.5)), axis=None)  # a float all-reduce
+# A second strategy (the Keras guide's fault-tolerance recipe makes one per run): its first collective, an int64
+# broadcast, must not meet the float collectives the first one made under the same keys.
+second = tf.distribute.MirroredStrategy()
+with second.scope():
+    counter = tf.Variable(tf.constant(7, tf.int64))
+print("server enabled", len(calls), "time(s); total", total, "variable", [round(float(v), 6) for v in variable.numpy()],
+      "sum", float(summed), "counter", int(counter.numpy()), type(second).__name__)
 """
 
 
 @pytest.mark.multiprocess
 def test_ops_before_the_strategy_start_the_collective_server_once_and_join(tmp_path):
-    """A second enable on a running runtime rebuilt the server under a peer's feet: 3 of 6 runs hung at a broadcast."""
+    """A second enable on a running runtime rebuilt the server under a peer's feet: 3 of 6 runs hung at a broadcast.
+
+    Without that rebuild, a second strategy needs collective keys of its own (see ``_keys_of_its_own``).
+    """
     script = tmp_path / "ops_first.py"
     script.write_text(_OPS_BEFORE_THE_STRATEGY)
     result, _ = _tfstrategy("launch", "-n", "2", "--timeout", "120", "--", sys.executable, str(script), timeout=240)
@@ -221,3 +231,4 @@ def test_ops_before_the_strategy_start_the_collective_server_once_and_join(tmp_p
     lines = sorted(line.split("] ", 1)[1] for line in result.stdout.splitlines() if "server enabled" in line)
     assert len(lines) == 2 and lines[0] == lines[1], lines  # one job: the same variable on both
     assert lines[0].startswith("server enabled 1 time(s); total 56 variable "), lines
+    assert lines[0].endswith(" sum 3.0 counter 7 MultiWorkerMirroredStrategy"), lines

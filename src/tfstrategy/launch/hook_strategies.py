@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import functools
 import inspect
+import itertools
 import os
 import sys
 from collections.abc import Callable
@@ -73,6 +74,8 @@ def prepare_collectives() -> str | None:
         return "the runtime had already started; left as it was"
     install_rewrite(Rewrite("collectives_enabled_once", _compat.eager_context_module,
                             {"Context.enable_collective_ops": _enable_once}))
+    install_rewrite(Rewrite("collective_keys_per_strategy", _compat.collective_strategy_module,
+                            {"CollectiveAllReduceExtended._initialize_multi_worker": _keys_of_its_own}))
     return f"{config.task_type} {config.task_index} of {config.num_workers}: collectives configured before the first op"
 
 
@@ -93,6 +96,32 @@ def _enable_once(original: Callable[..., Any]) -> Callable[..., Any]:
         original(self, server_def)
 
     return enable_collective_ops
+
+
+#: How far apart the collective keys of two strategies of one process start (TensorFlow's own tests use it).
+KEY_STRIDE = 100_000
+_strategies_keyed = itertools.count()
+
+
+def _keys_of_its_own(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Each MultiWorkerMirroredStrategy of the process starts its collective keys where no earlier one's are.
+
+    Every strategy numbers its collectives from the same first group and instance
+    key. TensorFlow's runtime remembers each key's collective (kind, dtype) until
+    the collective server is rebuilt, which :func:`_enable_once` no longer does:
+    a second strategy reusing the keys fails at its first collective with
+    "Collective instance 124 expected type 0 and data_type 1 but got type 1 and
+    data_type 9" (measured: the Keras guide's fault-tolerance recipe, 4 of 4 runs).
+    Every worker creates its strategies in the same order, so the n-th strategy of
+    each worker gets the same keys, apart from the n-1 before it.
+    """
+
+    @functools.wraps(original)
+    def _initialize_multi_worker(self: Any, cluster_resolver: Any) -> Any:
+        self._collective_key_base += KEY_STRIDE * next(_strategies_keyed)
+        return original(self, cluster_resolver)
+
+    return _initialize_multi_worker
 
 
 def _describe(strategy: Any) -> str:
