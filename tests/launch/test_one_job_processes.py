@@ -75,7 +75,9 @@ REFUSALS = [
 def test_launch_refuses_what_cannot_be_one_job_in_one_line(case, line):
     result = _launch(case)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    headline = next(text for text in result.stderr.splitlines() if " exited with status 1" in text)
+    # The launcher's headline: the worker that raised, and what (the first line after its start notice).
+    headline = next(text for text in result.stderr.splitlines() if text.startswith("tfstrategy launch: worker "))
+    assert " raised tfstrategy.errors.StrategyError: " in headline, headline
     assert f"StrategyError: {line}" in headline, headline
     assert "final loss" not in result.stdout
     assert "under a multi-worker TF_CONFIG (2 workers" in headline
