@@ -128,6 +128,9 @@ def _hook_steps(inputs: PlanInputs, multi: bool) -> tuple[Step, ...]:
                           detail="OneDeviceStrategy, CentralStorageStrategy, ParameterServerStrategy, "
                                  "ClusterCoordinator and TPUStrategy stop at creation with one line; a worker that "
                                  "ran ops but never joined exits 1"))
+        steps.append(Step(name="checkpoint_files", phase="tensorflow", rewrites=True,
+                          detail="tf.train.Checkpoint and CheckpointManager files are written by the chief only "
+                                 "(the other workers write a private copy and wait for the chief's)"))
     steps.append(Step(name="apply_patches", phase="keras", rewrites=True,
                       detail="the Keras workarounds the installed release needs"))
     steps.append(Step(name="keras2_aliases", phase="keras", rewrites=True,

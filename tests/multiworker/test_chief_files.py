@@ -171,3 +171,59 @@ def test_the_chief_publishes_each_write_even_a_failed_one(tmp_path, monkeypatch)
             raise OSError("disk full")
     assert store.set == {chief_files.write_key("pub-unique.keras", 1): "written",
                          chief_files.write_key("pub-unique.keras", 2): "failed"}
+
+
+# --- tf.train.Checkpoint under the hook (launch/hook_checkpoints.py), real TensorFlow, no peers ---------
+
+
+@pytest.fixture
+def checkpoint_rewrite():
+    from tfstrategy.launch.hook_checkpoints import checkpoint_files
+    from tfstrategy.launch.rewrites import remove_rewrites
+
+    checkpoint_files()
+    yield
+    remove_rewrites()
+
+
+def _checkpoint_and_manager(directory: Path) -> tuple[object, object]:
+    import tensorflow as tf
+
+    checkpoint = tf.train.Checkpoint(weight=tf.Variable([1.0, 2.0]))
+    return checkpoint, tf.train.CheckpointManager(checkpoint, str(directory / "managed"), max_to_keep=1)
+
+
+def _save_both_ways(directory: Path, checkpoint, manager) -> tuple[str, str, str | None]:
+    saved = checkpoint.save(str(directory / "ckpt"))
+    manager.save()
+    managed = manager.save()
+    return saved, managed, manager.latest_checkpoint
+
+
+def _data_files(directory: Path) -> dict[str, tuple[int, int]]:
+    return {str(path.relative_to(directory)): (path.stat().st_ino, path.stat().st_mtime_ns)
+            for path in directory.rglob("*") if path.suffix == ".index" or ".data-" in path.name}
+
+
+def test_checkpoint_save_and_manager_write_their_files_on_the_chief_only(tmp_path, private_tmp, monkeypatch,
+                                                                          checkpoint_rewrite):
+    """Both workers wrote ``ckpt-1_temp/`` shards and the first merge deleted the other's (tf_custom_training.py).
+
+    Both workers make their objects first, as they do in one job; the chief saves first (each save of worker 1
+    waits for the chief's), then worker 1 makes the same calls.
+    """
+    chief, worker = _checkpoint_and_manager(tmp_path), _checkpoint_and_manager(tmp_path)
+    monkeypatch.setenv("TF_CONFIG", _env(index=0)["TF_CONFIG"])
+    on_chief = _save_both_ways(tmp_path, *chief)
+    assert on_chief == (str(tmp_path / "ckpt-1"), str(tmp_path / "managed" / "ckpt-3"),
+                        str(tmp_path / "managed" / "ckpt-3"))  # the manager numbers by the same save counter
+    written = _data_files(tmp_path)
+    assert sorted(written) == ["ckpt-1.data-00000-of-00001", "ckpt-1.index", "managed/ckpt-3.data-00000-of-00001",
+                               "managed/ckpt-3.index"]  # max_to_keep=1 removed ckpt-2
+    monkeypatch.setenv("TF_CONFIG", _env(index=1)["TF_CONFIG"])
+    assert _save_both_ways(tmp_path, *worker) == on_chief  # the same paths on every worker: the chief's files
+    assert _data_files(tmp_path) == written  # not one file rewritten or added by worker 1
+    # Worker 1's bookkeeping ran with the real paths (its record, written atomically, is the chief's).
+    assert (tmp_path / "checkpoint").read_text().startswith('model_checkpoint_path: "ckpt-1"')
+    assert (tmp_path / "managed" / "checkpoint").read_text().startswith('model_checkpoint_path: "ckpt-3"')
+    assert list(private_tmp.iterdir()) == []
