@@ -7,6 +7,7 @@ Refused: the job exits non-zero and the launcher's headline is the one line sayi
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -77,7 +78,7 @@ def test_launch_refuses_what_cannot_be_one_job_in_one_line(case, line):
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     # The launcher's headline: the worker that raised, and what (the first line after its start notice).
     headline = next(text for text in result.stderr.splitlines() if text.startswith("tfstrategy launch: worker "))
-    assert " raised tfstrategy.errors.StrategyError: " in headline, headline
+    assert re.search(r" (raised|exited with status 1:) tfstrategy\.errors\.StrategyError: ", headline), headline
     assert f"StrategyError: {line}" in headline, headline
     assert "final loss" not in result.stdout
     assert "under a multi-worker TF_CONFIG (2 workers" in headline

@@ -59,7 +59,11 @@ def _written_once(original: Callable[..., Any]) -> Callable[..., Any]:
             private_options.experimental_write_callbacks = None
         with chief_files.chief_write(real) as target:
             original(self, target, private_options)
-        for callback in callbacks:  # after the chief's files are complete, as the chief ran them
+        if callbacks:  # after the chief's files are complete, as the chief ran them
+            # The save would have made the directory: a per-worker path of the script's own (TensorFlow's
+            # multi-worker tutorial writes workertemp_<i>/ and removes it) then holds this worker's record.
+            os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
+        for callback in callbacks:
             callback(real)
         return real
 
