@@ -76,6 +76,18 @@ def test_collective_key_base_is_set_and_restored():
     assert tf.distribute.MirroredStrategy._collective_key_base == before
 
 
+def test_the_hooks_rewrite_targets_exist_with_the_arguments_it_passes():
+    """collective_keys_per_strategy and checkpoint_files replace these private methods of TensorFlow's."""
+    import inspect
+
+    extended = _compat.collective_strategy_module().CollectiveAllReduceExtended
+    assert list(inspect.signature(extended._initialize_multi_worker).parameters) == ["self", "cluster_resolver"]
+    assert "_collective_key_base" in inspect.getsource(extended._initialize_multi_worker)
+    checkpoint = _compat.checkpoint_module().Checkpoint
+    assert list(inspect.signature(checkpoint._write).parameters)[:3] == ["self", "file_prefix", "options"]
+    assert "experimental_write_callbacks" in inspect.getsource(checkpoint._write)
+
+
 def test_per_replica_and_optional_type_spec():
     value = _compat.per_replica((np.zeros(2), np.ones(2)))
     assert isinstance(value, tf.distribute.DistributedValues) and len(value.values) == 2

@@ -576,6 +576,13 @@ def collective_strategy_module() -> ModuleType:
     return collective_all_reduce_strategy
 
 
+def checkpoint_module() -> ModuleType:
+    """TensorFlow's ``tf.train.Checkpoint`` module (``Checkpoint._write``, where every save writes)."""
+    from tensorflow.python.checkpoint import checkpoint
+
+    return checkpoint
+
+
 def serves_already(ctx: Any, server_def: Any) -> bool:
     """Whether the running eager context ``ctx`` already serves this cluster as this task.
 

@@ -31,15 +31,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from tfstrategy import _compat
 from tfstrategy.launch.rewrites import Rewrite, install_rewrite
 
 __all__ = ["checkpoint_files"]
-
-
-def _checkpoint_module() -> Any:
-    from tensorflow.python.checkpoint import checkpoint
-
-    return checkpoint
 
 
 def _written_once(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -72,5 +67,5 @@ def _written_once(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def checkpoint_files() -> str:
     """Install the rewrite (the hook's ``checkpoint_files`` step, multi-worker only)."""
-    install_rewrite(Rewrite("checkpoint_files", _checkpoint_module, {"Checkpoint._write": _written_once}))
+    install_rewrite(Rewrite("checkpoint_files", _compat.checkpoint_module, {"Checkpoint._write": _written_once}))
     return "tf.train.Checkpoint and CheckpointManager write on the chief; other workers write a private copy"
