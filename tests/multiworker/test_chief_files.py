@@ -227,3 +227,20 @@ def test_checkpoint_save_and_manager_write_their_files_on_the_chief_only(tmp_pat
     assert (tmp_path / "checkpoint").read_text().startswith('model_checkpoint_path: "ckpt-1"')
     assert (tmp_path / "managed" / "checkpoint").read_text().startswith('model_checkpoint_path: "ckpt-3"')
     assert list(private_tmp.iterdir()) == []
+
+
+def test_an_asynchronous_checkpoint_is_written_by_the_chief_only_too(tmp_path, private_tmp, monkeypatch,
+                                                                    checkpoint_rewrite):
+    """TensorFlow's thread writes it after ``write`` returned, through ``Checkpoint._write`` again."""
+    import tensorflow as tf
+
+    options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+    for index, expected in ((0, ["async.data-00000-of-00001", "async.index"]), (1, [])):
+        monkeypatch.setenv("TF_CONFIG", _env(index=index)["TF_CONFIG"])
+        directory = tmp_path / f"worker-{index}"
+        checkpoint = tf.train.Checkpoint(weight=tf.Variable([1.0, 2.0]))
+        assert checkpoint.write(str(directory / "async"), options=options) == str(directory / "async")
+        checkpoint.sync()
+        written = sorted(_data_files(directory)) if directory.exists() else []
+        assert written == expected
+    assert list(private_tmp.iterdir()) == []

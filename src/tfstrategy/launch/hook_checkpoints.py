@@ -19,8 +19,9 @@ path, so ``save()`` returns the same path on every worker and
 ``tf.train.latest_checkpoint`` finds the chief's files. The state file is small
 and written atomically by TensorFlow (temporary file and rename), so the second
 worker's identical record never leaves it half written. An asynchronous save
-(``CheckpointOptions(experimental_enable_async_checkpoint=True)``) is left as
-TensorFlow does it.
+(``CheckpointOptions(experimental_enable_async_checkpoint=True)``) returns at once
+and is written later by TensorFlow's own thread, through ``_write`` again: the rule
+applies there, in that thread.
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ def _written_once(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def _write(self: Any, file_prefix: Any, options: Any = None) -> Any:
+        if getattr(options, "experimental_enable_async_checkpoint", False):
+            # TensorFlow's thread writes it later through this same method (without the flag): redirected there.
+            return original(self, file_prefix, options)
         config = chief_files.shared_job()
-        asynchronous = bool(options is not None and getattr(options, "experimental_enable_async_checkpoint", False))
-        if config is None or config.is_chief or asynchronous or not isinstance(file_prefix, (str, os.PathLike)):
+        if config is None or config.is_chief or not isinstance(file_prefix, (str, os.PathLike)):
             with chief_files.chief_write(file_prefix) as target:
                 return original(self, target, options)
         real = os.fspath(file_prefix)
