@@ -11,10 +11,26 @@ import os
 
 import pytest
 
-from helpers import CPU_REPLICAS
+from helpers import CPU_REPLICAS, PORT_RANGE_VARIABLE
 from tfstrategy.selection.cpu_split import configure_cpu_replicas
 
 configure_cpu_replicas(CPU_REPLICAS)
+
+
+def _ports_of_this_pytest_worker() -> None:
+    """Under pytest-xdist, give each pytest worker 2000 ports of its own from 10000 (below the ephemeral range).
+
+    TensorFlow's servers listen on every address, so a port one test picked on 127.0.0.3 could be taken on
+    0.0.0.0 by the workers of a test running beside it. With a range each, the launches (``--port-range``
+    from the variable) and the tests' own picks (``helpers.free_ports``) of two pytest workers never meet.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < 5:
+        low = 10000 + 2000 * int(worker[2:])
+        os.environ[PORT_RANGE_VARIABLE] = f"{low}-{low + 1999}"
+
+
+_ports_of_this_pytest_worker()
 WATCHED_ENV_PREFIXES = ("TFSTRATEGY_", "TF_CONFIG", "CUDA_VISIBLE_DEVICES", "SLURM_")
 
 

@@ -13,6 +13,20 @@ CPU_REPLICAS = 4
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: Set by conftest.py under pytest-xdist: each pytest worker's launches and helper-picked ports keep to a
+#: range of their own below the kernel's ephemeral range, so no test takes a port another test picked.
+PORT_RANGE_VARIABLE = "TFSTRATEGY_PORT_RANGE"
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free on ``host`` now: from ``$TFSTRATEGY_PORT_RANGE`` if set, else the kernel's pick."""
+    from tfstrategy.launch.options import parse_port_range
+    from tfstrategy.launch.processes import free_ports as pick
+
+    text = os.environ.get(PORT_RANGE_VARIABLE, "").strip()
+    return pick(count, host, parse_port_range(text) if text else None)
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     """Run ``python -m tfstrategy ARGS`` in a fresh process, bounded in time."""
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}

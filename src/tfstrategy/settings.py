@@ -7,8 +7,8 @@ conflict is an error that says which one to remove.
 
 Two kinds of variables live here. *Settings* a user may set
 (:data:`ENV_STRATEGY`, :data:`ENV_DEVICES`, :data:`ENV_CPU_REPLICAS`,
-:data:`ENV_COLLECTIVE_TIMEOUT`, :data:`ENV_SLURM`, :data:`ENV_SLURM_PORT`) and the *launch protocol* that ``tfstrategy
-launch`` sets for each worker (:data:`ENV_NUM_WORKERS` ... :data:`ENV_ISOLATED`).
+:data:`ENV_COLLECTIVE_TIMEOUT`, :data:`ENV_SLURM`, :data:`ENV_SLURM_PORT`, :data:`ENV_PORT_RANGE`) and the *launch
+protocol* that ``tfstrategy launch`` sets for each worker (:data:`ENV_NUM_WORKERS` ... :data:`ENV_ISOLATED`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ ENV_COLLECTIVE_TIMEOUT = "TFSTRATEGY_COLLECTIVE_TIMEOUT"
 ENV_SLURM = "TFSTRATEGY_SLURM"
 #: Base port of the workers of a Slurm step: the k-th task on a node listens on base + k.
 ENV_SLURM_PORT = "TFSTRATEGY_SLURM_PORT"
+#: The ports ``tfstrategy launch`` gives its workers, LOW-HIGH, when ``--port-range`` is not given.
+ENV_PORT_RANGE = "TFSTRATEGY_PORT_RANGE"
 #: The Keras global dtype policy set before the model is built: float32, mixed_float16 or mixed_bfloat16.
 ENV_PRECISION = "TFSTRATEGY_PRECISION"
 #: The divergence sentinel's interval: epoch, a step count, or off (`tfstrategy launch` defaults to epoch).

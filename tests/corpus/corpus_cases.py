@@ -21,7 +21,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
+
+from helpers import free_ports
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 MODES = ("plain", "run", "launch")
@@ -400,15 +401,9 @@ def run_case(case: Case, mode: str, workdir: Path) -> Result:
     return result
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _plain_two_workers(case: Case, workdir: Path) -> tuple[int, str, str]:
     """Plain TensorFlow's own way: two processes with a TF_CONFIG each, no tfstrategy at all."""
-    workers = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     processes, logs = [], []
     for index in range(2):
         logs.append(tempfile.TemporaryFile("w+"))

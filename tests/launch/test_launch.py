@@ -101,11 +101,66 @@ def _launch(*args: str, timeout: float) -> tuple[int, str, str, float]:
                      id="zero-stall-report"),
         pytest.param(["-n", "2", "--log-dir", str(ROOT / "README.md"), "--", "true"], "--log-dir .*README.md, which is "
                      "a file", id="log-dir-is-a-file"),
+        pytest.param(["-n", "2", "--port-range", "29500:29599", "--", "true"], "--port-range '29500:29599'; expected "
+                     "LOW-HIGH", id="port-range-not-low-high"),
+        pytest.param(["-n", "2", "--port-range", "80-90", "--", "true"], "--port-range 80-90; expected 1024 <= LOW",
+                     id="port-range-privileged"),
+        pytest.param(["-n", "2", "--port-range", "29600-29500", "--", "true"], "--port-range 29600-29500; expected "
+                     "1024 <= LOW <= HIGH", id="port-range-reversed"),
+        pytest.param(["-n", "3", "--port-range", "29500-29501", "--", "true"], "--port-range 29500-29501, 2 port.s. "
+                     "for -n 3; expected at least one port per worker", id="port-range-too-small"),
     ],
 )
 def test_invalid_options_are_refused_before_starting(argv, message):
     with pytest.raises(LaunchError, match=message):
         options_from_args(build_parser().parse_args(["launch", *argv]))
+
+
+def test_port_range_comes_from_the_flag_else_the_environment(monkeypatch):
+    def port_range(*argv: str):
+        return options_from_args(build_parser().parse_args(["launch", "-n", "2", *argv, "--", "true"])).port_range
+
+    monkeypatch.delenv("TFSTRATEGY_PORT_RANGE", raising=False)  # a parallel run sets it (conftest.py)
+    assert port_range() is None
+    monkeypatch.setenv("TFSTRATEGY_PORT_RANGE", "31000-31099")
+    assert port_range() == (31000, 31099)
+    assert port_range("--port-range", "29500-29501") == (29500, 29501)  # the flag wins
+    monkeypatch.setenv("TFSTRATEGY_PORT_RANGE", "lots")
+    with pytest.raises(LaunchError, match="Received TFSTRATEGY_PORT_RANGE 'lots'; expected LOW-HIGH"):
+        port_range()
+
+
+def test_ports_of_a_range_skip_the_ones_in_use_and_refuse_when_too_few_are_free():
+    from tfstrategy.launch.processes import free_ports
+
+    held = []
+    try:
+        for port in range(29700, 29710):  # every port of a 12-port range but two, held on another address
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.2", port))
+            except OSError:  # held by someone else already: just as good
+                sock.close()
+                continue
+            held.append(sock)
+        free = set(range(29700, 29712)) - {sock.getsockname()[1] for sock in held}
+        picked = free_ports(2, port_range=(29700, 29711))
+        assert len(set(picked)) == 2 and set(picked) <= free  # a port bound on any address is not handed out
+        with pytest.raises(LaunchError, match=rf"--port-range 29700-29711, in which {len(free)} port\(s\) are free; "
+                           rf"expected {len(free) + 1}"):
+            free_ports(len(free) + 1, port_range=(29700, 29711))
+    finally:
+        for sock in held:
+            sock.close()
+
+
+@pytest.mark.multiprocess
+def test_workers_listen_on_ports_of_the_port_range():
+    code, _, err, _ = _launch("-n", "2", "--port-range", "29800-29899", "--", sys.executable, str(PLAIN_WORKER),
+                              "bind", timeout=120)
+    ports = [int(port) for port in re.findall(r"127\.0\.0\.1:(\d+)", err.split("starting 2 worker(s) on ", 1)[1].splitlines()[0])]
+    assert code == 0, err
+    assert len(set(ports)) == 2 and all(29800 <= port <= 29899 for port in ports), err
 
 
 def test_options_from_command_line():

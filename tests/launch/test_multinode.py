@@ -12,7 +12,6 @@ import argparse
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 from test_launch import PLAIN_WORKER, Run, _tagged
 
-from helpers import ROOT
+from helpers import ROOT, free_ports
 from tfstrategy.cli import build_parser
 from tfstrategy.cli.launch import node_options_from_args, options_from_args
 from tfstrategy.errors import LaunchError
@@ -34,9 +33,7 @@ MASTER_HOST = "127.0.0.2"
 
 
 def _free_port(host: str = MASTER_HOST) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 def _node(rank: int, master: str, *args: str, secret: str = SECRET, address: str | None = None) -> Run:
@@ -219,8 +216,15 @@ def test_a_stranger_and_a_second_rank_1_are_refused_and_the_job_goes_on(two_by_o
 def test_two_nodes_two_workers_each_train_to_the_same_losses(two_by_one, tmp_path):
     master = f"{MASTER_HOST}:{_free_port()}"
     job = ("-n", "2", "--timeout", "400", "--", *EXAMPLE, "--out", str(tmp_path / "model.keras"))
-    (code0, out0, err0, _), (code1, out1, err1, _) = _finish_all(_node(0, master, *job), _node(1, master, *job), timeout=900)
+    ranges = ((29610, 29619), (29620, 29629))  # each node's workers on ports of its own --port-range
+    nodes = [_node(rank, master, "--port-range", f"{low}-{high}", *job) for rank, (low, high) in enumerate(ranges)]
+    (code0, out0, err0, _), (code1, out1, err1, _) = _finish_all(*nodes, timeout=900)
     assert (code0, code1) == (0, 0), err0[-2000:] + err1[-2000:]
+    for rank, (err, (low, high)) in enumerate(zip((err0, err1), ranges)):
+        started = re.search(r"starting 2 worker\(s\) \(workers \d\.\.\d of 4\) on (.*)", err)
+        assert started, err
+        ports = [int(port) for port in re.findall(rf"127\.0\.0\.{rank + 2}:(\d+)", started.group(1))]
+        assert len(ports) == 2 and all(low <= port <= high for port in ports), started.group(0)
     assert "[worker 2]" in out1 and "[worker 3]" in out1 and "[worker 2]" not in out0
     losses = _final_losses(out0) + _final_losses(out1)
     assert len(losses) == 4 and len(set(losses)) == 1

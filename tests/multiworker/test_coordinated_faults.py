@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, free_ports
 from tfstrategy.multiworker.coordinated import FAULT_ENV
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.extended]
@@ -304,11 +304,7 @@ def test_sigterm_without_backup_dir_keeps_the_backup_and_its_resume_command_ends
 
 def test_every_worker_of_two_loopback_nodes_resumes_from_one_committed_step(reference, tmp_path):
     """--nnodes 2 on 127.0.0.2/3, one worker each: worker 1 (node 1) killed after the agreement of step 16."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.2", 0))
-        master = f"127.0.0.2:{sock.getsockname()[1]}"
+    master = f"127.0.0.2:{free_ports(1, '127.0.0.2')[0]}"
     (tmp_path / "out").mkdir()
     env = {"TFSTRATEGY_LAUNCH_SECRET": "tfstrategy-test-secret-" + uuid.uuid4().hex, FAULT_ENV: "agreed@1:16"}
     nodes = [Launch("--nnodes", "2", "--node-rank", str(rank), "--master", master, "--node-address", f"127.0.0.{rank + 2}",

@@ -12,20 +12,10 @@ import time
 
 import pytest
 
-from helpers import ROOT, run_cli
+from helpers import ROOT, free_ports, run_cli
 from tfstrategy.errors import PeerTimeoutError
 from tfstrategy.multiworker.cluster import validate_tf_config
 from tfstrategy.multiworker.peers import wait_for_peers
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def _tf_config(ports: list[int], index: int) -> dict:
@@ -33,7 +23,7 @@ def _tf_config(ports: list[int], index: int) -> dict:
 
 
 def test_a_missing_peer_is_named_after_the_timeout():
-    ports = _free_ports(3)
+    ports = free_ports(3)
     with socket.create_server(("127.0.0.1", ports[1])):  # worker-1 is up, worker-2 never starts
         started = time.monotonic()
         with pytest.raises(PeerTimeoutError, match=rf"worker-2 at 127.0.0.1:{ports[2]} did not start within 0.5 s") as caught:
@@ -43,7 +33,7 @@ def test_a_missing_peer_is_named_after_the_timeout():
 
 
 def test_returns_once_every_peer_listens_and_frees_its_own_port():
-    ports = _free_ports(2)
+    ports = free_ports(2)
     lines = []
     with socket.create_server(("127.0.0.1", ports[1])):
         wait_for_peers(validate_tf_config(_tf_config(ports, 0)), 5, progress=lines.append)
@@ -54,7 +44,7 @@ def test_returns_once_every_peer_listens_and_frees_its_own_port():
 
 @pytest.mark.slow
 def test_check_with_a_peer_that_never_starts_ends_naming_it():
-    ports = _free_ports(2)
+    ports = free_ports(2)
     result = run_cli("check", "--join-timeout", "2", env={"TF_CONFIG": json.dumps(_tf_config(ports, 0))}, timeout=120)
     assert result.returncode == 1, result.stderr
     assert result.stderr.splitlines()[-1].startswith(
@@ -65,7 +55,7 @@ def test_check_with_a_peer_that_never_starts_ends_naming_it():
 
 @pytest.mark.slow
 def test_sigterm_ends_a_check_waiting_for_its_peer():
-    ports = _free_ports(2)
+    ports = free_ports(2)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": json.dumps(_tf_config(ports, 0))}
     process = subprocess.Popen(
         [sys.executable, "-m", "tfstrategy", "check"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
@@ -82,7 +72,7 @@ def test_sigterm_ends_a_check_waiting_for_its_peer():
 
 @pytest.mark.multiprocess
 def test_two_checks_waiting_for_each_other_both_pass():
-    ports = _free_ports(2)
+    ports = free_ports(2)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     processes = [
         subprocess.Popen(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import free_ports
 from tfstrategy import _versions
 from tfstrategy.patches import keras_chief_files as chief_files_patch
 
@@ -210,22 +210,11 @@ def test_one_process_runs_keras_own_code(tmp_path, as_worker, monkeypatch):
 # --- real workers -----------------------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def _local_workers(mode: str, cwds: list[Path], *, hooked: bool, extra_env=None, timeout: float = 300) -> list:
     """Two workers with TF_CONFIG on free loopback ports, each in its own directory (its own "machine")."""
     from tfstrategy.launch.worker_hook import hook_environment
 
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(len(cwds))]}
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(len(cwds))]}
     processes = []
     for index, cwd in enumerate(cwds):
         (cwd / "tmp").mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ Each worker first starts a child (``sleep``) so the tests can check that nothing
 ``fail``: worker 1 prints 30 lines and exits 3, the others wait. ``sleep``: every worker waits.
 ``joined``: worker 0 signals that it joined; worker 1 never does.
 ``listen``: every worker listens on 0.0.0.0:<its TF_CONFIG port>, as TensorFlow's server does,
-checks that its peers answer on 127.0.0.1, and waits.
+checks that its peers answer on 127.0.0.1, and waits. ``bind``: every worker binds 0.0.0.0:<its port> and exits 0.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ if mode == "joined" and index == 0:
     from tfstrategy.multiworker.worker_protocol import signal_joined
 
     signal_joined()
+if mode == "bind":
+    ports = [int(a.rsplit(":", 1)[1]) for a in json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]]
+    socket.socket().bind(("0.0.0.0", ports[index]))
+    sys.exit(0)
 if mode == "listen":
     ports = [int(a.rsplit(":", 1)[1]) for a in json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]]
     server = socket.socket()

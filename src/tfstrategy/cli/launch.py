@@ -15,7 +15,7 @@ from tfstrategy.cli._common import add_program_arguments, program_from_args, qui
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT as JOIN_TIMEOUT_STATUS
 from tfstrategy.launch.states import EXIT_STALL
-from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
+from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, ENV_PORT_RANGE
 from tfstrategy.training.precision import precision_environment
 from tfstrategy.training.sentinel import sentinel_environment
 
@@ -83,8 +83,8 @@ DESCRIPTION = textwrap.dedent(
     forge, replay or reorder. NOT authenticated: TensorFlow's own gRPC servers, the
     workers' ports. They accept anyone and listen on every interface (TensorFlow
     has no option to bind one address): whoever reaches them can run operations in
-    the workers. Allow those ports only between the nodes: firewall rules in
-    docs/guides/clusters.md, "Security model"."""
+    the workers. Allow those ports only between the nodes (--port-range keeps them
+    in one range): firewall rules in docs/guides/clusters.md, "Security model"."""
 )
 
 EPILOG = textwrap.dedent(
@@ -144,6 +144,9 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     output.add_argument("--tee", action="store_true", help="with --log-dir: also copy the output to the console")
     output.add_argument("--console-workers", metavar="LIST",
                         help="only these workers' lines on the console, e.g. 0 or 0,2 (default: every worker's)")
+    parser.add_argument("--port-range", metavar="LOW-HIGH",
+                        help="the workers' ports on each machine come from LOW..HIGH, e.g. 29500-29599, so a firewall "
+                        f"can allow just those (default: ${ENV_PORT_RANGE}, else the kernel's ephemeral range)")
     parser.add_argument("--isolate-network", action="store_true",
                         help="run the job in a private network namespace with only loopback, so TensorFlow's servers "
                         "(which listen on 0.0.0.0) are unreachable from other hosts; workers then have no network")
@@ -172,10 +175,16 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         LaunchError: invalid values.
     """
     from tfstrategy.launch import backup_dir
+    from tfstrategy.launch.options import parse_port_range
     from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
 
     program = program_from_args(args)
     nodes = node_options_from_args(args, os.environ)
+    port_range = None
+    if args.port_range is not None:
+        port_range = parse_port_range(args.port_range)
+    elif os.environ.get(ENV_PORT_RANGE, "").strip():
+        port_range = parse_port_range(os.environ[ENV_PORT_RANGE], source=ENV_PORT_RANGE)
     return validate_launch_options(
         LaunchOptions(
             command=tuple(program),
@@ -191,6 +200,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             log_dir=args.log_dir,
             tee=args.tee,
             console_workers=_worker_list(args.console_workers),
+            port_range=port_range,
         )
     )
 
@@ -258,6 +268,8 @@ def _command_line(args: argparse.Namespace, options: LaunchOptions) -> list[str]
         line += ["--log-dir", str(options.log_dir.resolve())] + (["--tee"] if options.tee else [])
     if args.console_workers is not None:
         line += ["--console-workers", args.console_workers]
+    if options.port_range is not None:
+        line += ["--port-range", "{}-{}".format(*options.port_range)]
     if args.debug:
         line.append("--debug")
     if args.precision:

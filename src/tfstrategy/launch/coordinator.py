@@ -86,10 +86,14 @@ class Coordinator(Protocol):
 
 
 class LocalCoordinator:
-    """A job on this machine alone: restarts up to ``max_restarts`` times; nothing happens elsewhere."""
+    """A job on this machine alone: restarts up to ``max_restarts`` times; nothing happens elsewhere.
 
-    def __init__(self, max_restarts: int) -> None:
+    ``port_range``: the workers' ports come from ``low..high`` (``--port-range``), else the kernel's ephemeral range.
+    """
+
+    def __init__(self, max_restarts: int, port_range: tuple[int, int] | None = None) -> None:
         self.max_restarts = max_restarts
+        self.port_range = port_range
 
     @property
     def rank(self) -> int | None:
@@ -103,7 +107,7 @@ class LocalCoordinator:
         return None
 
     def ports(self, count: int) -> list[int]:
-        return free_ports(count)
+        return free_ports(count, port_range=self.port_range)
 
     def form(self, attempt: int, ports: list[int]) -> Cluster | Event:
         return Cluster(tuple(f"{LOOPBACK}:{port}" for port in ports))

@@ -75,10 +75,11 @@ class RendezvousCoordinator:
 
     def ports(self, count: int) -> list[int]:
         """Ports free on this node's advertised address (any address when it is not local, behind NAT)."""
+        port_range = self.options.port_range
         try:
-            return processes.free_ports(count, self._client.address)
+            return processes.free_ports(count, self._client.address, port_range)
         except OSError:
-            return processes.free_ports(count, "")
+            return processes.free_ports(count, "", port_range)
 
     def form(self, attempt: int, ports: list[int]) -> Cluster | Event:
         formed = self._client.form(attempt, ports)

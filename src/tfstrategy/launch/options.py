@@ -16,7 +16,7 @@ from tfstrategy.launch.diagnosis import LOOPBACK
 from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
 from tfstrategy.launch.worker_hook import validate_audit_mode
 
-__all__ = ["LaunchOptions", "validate_launch_options", "worker_tf_config", "cluster_tf_config"]
+__all__ = ["LaunchOptions", "validate_launch_options", "parse_port_range", "worker_tf_config", "cluster_tf_config"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +44,8 @@ class LaunchOptions:
     tee: bool = False
     #: Only these workers' lines on the console (``None``: every worker's).
     console_workers: frozenset[int] | None = None
+    #: The workers' ports come from ``low..high`` on each machine (``None``: the kernel's ephemeral range).
+    port_range: tuple[int, int] | None = None
 
 
 def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
@@ -85,6 +87,8 @@ def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
         if outside:
             raise LaunchError(f"Received --console-workers with {', '.join(map(str, outside))}; expected worker "
                               f"indices 0..{total - 1}, e.g. --console-workers 0.")
+    if options.port_range is not None:
+        _check_port_range(options.port_range, options.num_workers)
     try:
         validate_audit_mode(options.audit)
     except Exception as error:
@@ -96,6 +100,30 @@ def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
         if directory is not None:
             _require_writable_directory(directory, name)
     return options
+
+
+def parse_port_range(text: str, source: str = "--port-range") -> tuple[int, int]:
+    """``LOW-HIGH`` (or one port) as ``(low, high)``; ``source`` names where the text came from.
+
+    Raises:
+        LaunchError: anything but one or two integers joined by '-'.
+    """
+    parts = [part.strip() for part in text.split("-")]
+    if not 1 <= len(parts) <= 2 or not all(part.isdigit() for part in parts):
+        raise LaunchError(f"Received {source} {text!r}; expected LOW-HIGH, the ports the workers may listen on, "
+                          "e.g. --port-range 29500-29599.")
+    return int(parts[0]), int(parts[-1])
+
+
+def _check_port_range(port_range: tuple[int, int], num_workers: int) -> None:
+    low, high = port_range
+    shown = f"--port-range {low}-{high}"
+    if not 1024 <= low <= high <= 65535:
+        raise LaunchError(f"Received {shown}; expected 1024 <= LOW <= HIGH <= 65535 (ports below 1024 need root), "
+                          "e.g. --port-range 29500-29599.")
+    if high - low + 1 < num_workers:
+        raise LaunchError(f"Received {shown}, {high - low + 1} port(s) for -n {num_workers}; expected at least one "
+                          f"port per worker on each machine, e.g. --port-range {low}-{low + max(num_workers, 100) - 1}.")
 
 
 def _require_runnable(program: str, example: str) -> None:

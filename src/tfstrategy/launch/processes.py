@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from tfstrategy.errors import LaunchError
 from tfstrategy.launch import reaper as reaper_script
 from tfstrategy.launch.diagnosis import LOOPBACK, describe_status, exception_line, exit_status, failure_reason
 from tfstrategy.launch.monitor import Observation
@@ -38,19 +40,42 @@ __all__ = [
 ]
 
 
-def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+def free_ports(count: int, host: str = LOOPBACK, port_range: tuple[int, int] | None = None) -> list[int]:
     """``count`` distinct TCP ports free on ``host`` (127.0.0.1 by default) right now.
 
-    All sockets are held until every port is chosen so the kernel cannot hand
-    out the same port twice; another process may still take one before a
-    worker binds it, which then fails that worker with a clear error.
+    Without ``port_range`` the kernel picks them from its ephemeral range; with ``(low, high)``
+    they are taken from ``low..high`` in random order (so two jobs sharing a range rarely try the
+    same ports), each one free on every address, since TensorFlow's servers listen on all of them.
+    All sockets are held until every port is chosen so none is handed out twice; another process
+    may still take one before a worker binds it, which then fails that worker with a clear error.
+
+    Raises:
+        LaunchError: fewer than ``count`` ports of ``port_range`` are free.
     """
-    sockets = []
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            sockets.append(sock)
+        if port_range is None:
+            for _ in range(count):
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sock.bind((host, 0))
+                sockets.append(sock)
+        else:
+            low, high = port_range
+            candidates = random.sample(range(low, high + 1), high - low + 1)
+            while candidates and len(sockets) < count:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                try:
+                    sock.bind(("::" if family == socket.AF_INET6 else "", candidates.pop()))
+                except OSError:
+                    sock.close()
+                    continue
+                sockets.append(sock)
+            if len(sockets) < count:
+                raise LaunchError(
+                    f"Received --port-range {low}-{high}, in which {len(sockets)} port(s) are free; expected "
+                    f"{count} free ports for this machine's workers. Widen the range or stop what holds its ports."
+                )
         return [int(sock.getsockname()[1]) for sock in sockets]
     finally:
         for sock in sockets:

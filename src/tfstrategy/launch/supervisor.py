@@ -160,7 +160,7 @@ class Launcher:
         try:
             if coordinator is None:
                 if self.options.nodes is None:
-                    coordinator = LocalCoordinator(self.options.max_restarts)
+                    coordinator = LocalCoordinator(self.options.max_restarts, self.options.port_range)
                 else:
                     coordinator = RendezvousCoordinator(self.options, say=self._say,
                                                         interrupted=lambda: self._signal is not None)
