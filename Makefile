@@ -25,8 +25,14 @@ $(VENV)/.installed: pyproject.toml
 check: setup
 	$(BIN)/tfstrategy check
 
+# Two pytest workers, each test module whole on one of them (--dist loadfile: its module fixtures,
+# such as the Ray cluster, are made once; pytest 9.2's Node.nodeid broke xdist 3.8's loadgroup).
+# Two Slurm clusters never run at once (tests/slurm_cluster.py). TEST_WORKERS=0: serially.
+TEST_WORKERS ?= 2
+TEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: setup lint
-	$(BIN)/python -m pytest -m "not extended"
+	$(BIN)/python -m pytest $(TEST_PARALLEL)
 
 test-extended: setup
 	$(BIN)/python -m pytest -m extended

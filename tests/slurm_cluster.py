@@ -49,6 +49,7 @@ This module only needs the standard library, so it imports without pytest.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import random
 import re
@@ -62,6 +63,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 __all__ = ["JobRecord", "SlurmCluster", "SlurmClusterError", "SlurmNotInstalledError"]
+
+#: Held while a cluster runs, so that two pytest workers never run two clusters at once.
+MACHINE_LOCK = os.path.join(tempfile.gettempdir(), "tfstrategy-tests-slurm.lock")
 
 #: Job states after which a job does not run again (``squeue``'s long names).
 TERMINAL_STATES = frozenset(
@@ -312,6 +316,7 @@ class SlurmCluster:
                 "(slurmd starts job steps as the submitting user). "
                 "Run the tests as root, e.g. in the CI container."
             )
+        self._hold_the_machine()
         began = time.monotonic()
         self.dir = Path(tempfile.mkdtemp(prefix="slurm-", dir=self.base_dir))
         for sub in ("state", "spool"):
@@ -334,6 +339,17 @@ class SlurmCluster:
             raise
         self.startup_seconds = time.monotonic() - began
         return self
+
+    def _hold_the_machine(self) -> None:
+        """Wait until no other cluster of these tests runs (two pytest workers): one slurmd per node name."""
+        self._machine_lock = open(MACHINE_LOCK, "a")  # noqa: SIM115 - held until stop()
+        fcntl.flock(self._machine_lock, fcntl.LOCK_EX)
+
+    def _release_the_machine(self) -> None:
+        lock, self._machine_lock = getattr(self, "_machine_lock", None), None
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
 
     def _spawn(self, name: str, *args: str) -> None:
         log = open(self.dir / f"{name}.out", "wb")
@@ -396,6 +412,7 @@ class SlurmCluster:
         leftovers = self._kill_leftovers()
         if self.dir is not None and not self.keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+        self._release_the_machine()
         if leftovers:
             raise SlurmClusterError(f"Processes of this cluster survived SIGKILL: {leftovers}")
 
