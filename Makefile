@@ -1,8 +1,8 @@
 # Two commands on a fresh machine:
 #   make check       set up .venv and run `tfstrategy check` on the default strategy
-#   make test        set up .venv and run the whole test suite (what CI runs)
+#   make test        set up .venv and run the whole test suite, every tier, on two pytest workers (what CI runs)
 # For developers:
-#   make test-extended  the long real-world tier CI leaves out: the corpus of public scripts, Ray, joins after early ops, backup faults, the benchmark run
+#   make test-extended  only the long real-world tier (make test runs it too): the corpus of public scripts, Ray, joins after early ops, backup faults, the benchmark run
 #   make test-fast   the edit-test loop: no worker processes, no long training (under 2 minutes)
 #   make lint        ruff, and mypy (strict for src/tfstrategy/launch)
 #   make versions    the smoke set on the oldest supported TensorFlow/Keras and on tf_keras (own venvs)
