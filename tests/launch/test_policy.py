@@ -152,6 +152,24 @@ def test_exit_0_mid_training_while_a_peer_is_inside_a_step_fails_at_once():
     assert clock.now < 2.5
 
 
+def test_one_worker_finishing_while_its_peer_ends_that_same_last_step_is_no_failure():
+    """Worker 1 ran its 8th and last batch; worker 0, inside its 8th, is not waiting for it: it finishes too."""
+    def scenario(fleet, now, launcher):
+        if now < 1:
+            fleet.at(0, 0).join()
+            fleet.at(0, 1).join()
+            fleet.at(0, 0).train(steps=7, in_step=True)
+            fleet.at(0, 1).train(steps=8, in_step=False)
+        if now > 1:
+            fleet.at(0, 1).exit(0)
+        if now > 3:  # worker 0's last batch ends (the evaluate after fit, say) and the script exits
+            fleet.at(0, 0).train(steps=8, in_step=False)
+            fleet.at(0, 0).exit(0)
+
+    result, err, _, _ = _run(scenario)
+    assert (result.returncode, result.reason) == (0, EndReason.SUCCEEDED), err
+
+
 def test_one_worker_finishing_first_while_its_peer_saves_is_no_failure():
     def scenario(fleet, now, launcher):
         if now < 1:

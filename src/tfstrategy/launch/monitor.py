@@ -13,7 +13,8 @@ transitions (ARCHITECTURE.md has the table):
   step time)``; stalled -> running when it advances again. Every worker inside its first batch
   for 3 thresholds is said once, with stacks, and never failed (tracing may take that long);
 - any -> succeeded / failed on exit. A worker that exits 0 while a peer waits for it (before
-  joining, or while a peer is inside a step) is a failure at once: "left the job early".
+  joining, or while a peer is inside a step past the ones it ran) is a failure at once: "left the
+  job early". A peer inside the last step the worker ran is finishing it, not waiting.
 
 The group ends: succeeded when every worker did; failed on the first root cause (a failure
 that only echoes a peer's waits up to ``settle`` seconds for the real one); join timeout;
@@ -223,8 +224,10 @@ class GroupMonitor:
         for worker in self.workers.values():
             if worker.state is not WorkerState.SUCCEEDED or worker.left_early:
                 continue
+            # Inside a step the exited worker also ran (fewer batches done than it) is a peer finishing
+            # that step, not one waiting: the exited worker took part in each of its collectives.
             waiting = [w for w in alive if (w.state is WorkerState.JOINING and not worker.joined)
-                       or (w.in_step and worker.joined)]
+                       or (w.in_step and worker.joined and w.steps >= worker.steps)]
             # A peer that failed after it with an error that only echoes a lost peer was waiting for it too.
             waiting += [w for w in self.workers.values() if w.state is WorkerState.FAILED
                         and w.ended_at >= worker.ended_at and is_consequence(w.error, self._lines(w.index))]
