@@ -294,6 +294,26 @@ def test_every_worker_long_inside_its_first_batch_is_said_once_with_stacks_and_n
     assert all(worker.stacks_dumped == 1 for worker in fleet.attempts[0])
 
 
+def test_a_worker_slower_to_begin_its_first_batch_is_no_stall_and_said_once_if_long():
+    """Worker 1 still builds its model while worker 0 waits inside the first batch (a loaded machine)."""
+    def scenario(fleet, now, launcher):
+        worker0, worker1 = fleet.attempts[0]
+        worker0.join()
+        worker1.join()
+        worker0.train(steps=0 if now < 30 else 3, in_step=now < 30)
+        worker1.train(steps=0 if now < 30 else 3, in_step=25 <= now < 30)  # begins its first batch at 25 s
+        if now > 35:
+            worker0.exit(0)
+            worker1.exit(0)
+
+    result, err, fleet, _ = _run(scenario, stall_report=5, stall_timeout=12)
+    assert result.returncode == 0, err  # past --stall-timeout before its first batch: nobody stopped
+    assert "stall:" not in err
+    said = [line for line in err.splitlines() if "first batch" in line]
+    assert len(said) == 1 and said[0].startswith("tfstrategy launch: worker(s) 1 have not begun their first batch 1"), said
+    assert all(worker.stacks_dumped == 1 for worker in fleet.attempts[0])
+
+
 class NodeLost(LocalCoordinator):
     """Another node's launcher disconnects mid-job: node 0 relays it as the round's failure."""
 
