@@ -77,7 +77,7 @@ def test_collective_key_base_is_set_and_restored():
 
 
 def test_the_hooks_rewrite_targets_exist_with_the_arguments_it_passes():
-    """collective_keys_per_strategy and checkpoint_files replace these private methods of TensorFlow's."""
+    """collective_keys_per_strategy, checkpoint_files and data_sharding replace these private methods of TensorFlow's."""
     import inspect
 
     extended = _compat.collective_strategy_module().CollectiveAllReduceExtended
@@ -86,6 +86,9 @@ def test_the_hooks_rewrite_targets_exist_with_the_arguments_it_passes():
     checkpoint = _compat.checkpoint_module().Checkpoint
     assert list(inspect.signature(checkpoint._write).parameters)[:3] == ["self", "file_prefix", "options"]
     assert "experimental_write_callbacks" in inspect.getsource(checkpoint._write)
+    distribute = extended._experimental_distribute_dataset
+    assert list(inspect.signature(distribute).parameters) == ["self", "dataset", "options"]
+    assert "_num_workers" in inspect.getsource(extended._make_input_context)
 
 
 def test_per_replica_and_optional_type_spec():

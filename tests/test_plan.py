@@ -38,8 +38,8 @@ def names(inputs: PlanInputs) -> list[str]:
                       "keras2_aliases"], id="hook-audit-off"),
         pytest.param(PlanInputs(consumer="hook", cpu_replicas=2, cluster_tasks=2, cluster_source="TF_CONFIG"),
                      ["record_creation_sites", "prepare_collectives", "watch_strategies", "mirrored_devices",
-                      "refuse_unjoinable", "checkpoint_files", "apply_patches", "keras2_aliases", "audit",
-                      "refuse_unjoined_fit"],
+                      "refuse_unjoinable", "checkpoint_files", "data_sharding", "apply_patches", "keras2_aliases",
+                      "audit", "refuse_unjoined_fit"],
                      id="hook-launch-no-split"),
     ],
 )
@@ -51,8 +51,8 @@ def test_every_step_has_a_phase_and_the_rewrites_are_marked():
     steps = plan_steps(PlanInputs(consumer="hook", cluster_tasks=2, cluster_source="TF_CONFIG"))
     assert {step.phase for step in steps} <= {"tensorflow", "strategy", "keras"}
     rewrites = {step.name for step in steps if step.rewrites}
-    assert rewrites == {"watch_strategies", "mirrored_devices", "refuse_unjoinable", "checkpoint_files", "apply_patches",
-                        "keras2_aliases", "audit", "refuse_unjoined_fit"}
+    assert rewrites == {"watch_strategies", "mirrored_devices", "refuse_unjoinable", "checkpoint_files", "data_sharding",
+                        "apply_patches", "keras2_aliases", "audit", "refuse_unjoined_fit"}
     # The steps that must run before the script's first op come before every Keras step.
     phases = [step.phase for step in steps]
     assert phases == sorted(phases, key=["tensorflow", "strategy", "keras"].index)

@@ -131,6 +131,9 @@ def _hook_steps(inputs: PlanInputs, multi: bool) -> tuple[Step, ...]:
         steps.append(Step(name="checkpoint_files", phase="tensorflow", rewrites=True,
                           detail="tf.train.Checkpoint and CheckpointManager files are written by the chief only "
                                  "(the other workers write a private copy and wait for the chief's)"))
+        steps.append(Step(name="data_sharding", phase="tensorflow", rewrites=True,
+                          detail="a dataset reading fewer files than there are workers is sharded by element "
+                                 "(AutoShardPolicy.DATA), where TensorFlow's sharding by file fails"))
     steps.append(Step(name="apply_patches", phase="keras", rewrites=True,
                       detail="the Keras workarounds the installed release needs"))
     steps.append(Step(name="keras2_aliases", phase="keras", rewrites=True,

@@ -317,9 +317,6 @@ CASES: tuple[Case, ...] = (
         run=Trains(replicas=2, same_as="plain"),
         launch=Trains(workers=2, replicas=2, same_as="run"),
         inputs=("data/*",),
-        known={"launch": (r"Could not apply FILE based sharding",
-                        "TensorFlow's AUTO auto-shard policy refuses one TFRecord file for two workers (plain "
-                        "MultiWorkerMirroredStrategy does the same); the launcher's headline does not say so")},
         plain_tf_two_workers='exit 0, but each worker trains alone',
     ),
 )

@@ -152,6 +152,24 @@ def test_exit_0_mid_training_while_a_peer_is_inside_a_step_fails_at_once():
     assert clock.now < 2.5
 
 
+def test_one_worker_finishing_while_its_peer_ends_that_same_last_step_is_no_failure():
+    """Worker 1 ran its 8th and last batch; worker 0, inside its 8th, is not waiting for it: it finishes too."""
+    def scenario(fleet, now, launcher):
+        if now < 1:
+            fleet.at(0, 0).join()
+            fleet.at(0, 1).join()
+            fleet.at(0, 0).train(steps=7, in_step=True)
+            fleet.at(0, 1).train(steps=8, in_step=False)
+        if now > 1:
+            fleet.at(0, 1).exit(0)
+        if now > 3:  # worker 0's last batch ends (the evaluate after fit, say) and the script exits
+            fleet.at(0, 0).train(steps=8, in_step=False)
+            fleet.at(0, 0).exit(0)
+
+    result, err, _, _ = _run(scenario)
+    assert (result.returncode, result.reason) == (0, EndReason.SUCCEEDED), err
+
+
 def test_one_worker_finishing_first_while_its_peer_saves_is_no_failure():
     def scenario(fleet, now, launcher):
         if now < 1:
@@ -273,6 +291,26 @@ def test_every_worker_long_inside_its_first_batch_is_said_once_with_stacks_and_n
     assert result.returncode == 0  # past --stall-timeout, still nobody stopped: the first batch traces
     said = [line for line in err.splitlines() if "inside its first batch" in line]
     assert len(said) == 1 and said[0].startswith("tfstrategy launch: every worker has been inside its first batch for 1")
+    assert all(worker.stacks_dumped == 1 for worker in fleet.attempts[0])
+
+
+def test_a_worker_slower_to_begin_its_first_batch_is_no_stall_and_said_once_if_long():
+    """Worker 1 still builds its model while worker 0 waits inside the first batch (a loaded machine)."""
+    def scenario(fleet, now, launcher):
+        worker0, worker1 = fleet.attempts[0]
+        worker0.join()
+        worker1.join()
+        worker0.train(steps=0 if now < 30 else 3, in_step=now < 30)
+        worker1.train(steps=0 if now < 30 else 3, in_step=25 <= now < 30)  # begins its first batch at 25 s
+        if now > 35:
+            worker0.exit(0)
+            worker1.exit(0)
+
+    result, err, fleet, _ = _run(scenario, stall_report=5, stall_timeout=12)
+    assert result.returncode == 0, err  # past --stall-timeout before its first batch: nobody stopped
+    assert "stall:" not in err
+    said = [line for line in err.splitlines() if "first batch" in line]
+    assert len(said) == 1 and said[0].startswith("tfstrategy launch: worker(s) 1 have not begun their first batch 1"), said
     assert all(worker.stacks_dumped == 1 for worker in fleet.attempts[0])
 
 

@@ -10,10 +10,12 @@ transitions (ARCHITECTURE.md has the table):
 - starting -> joining (``<join file>.starting``) -> running (join file, or every port listening);
 - running -> stalled: no heartbeat for ``heartbeat_timeout`` (stopped, frozen), or outside its
   step while a peer waits inside one, with no progress for ``max(stall_report, stall_factor x
-  step time)``; stalled -> running when it advances again. Every worker inside its first batch
-  for 3 thresholds is said once, with stacks, and never failed (tracing may take that long);
+  step time)``; stalled -> running when it advances again. Before any batch is done, every worker
+  inside its first batch (or not yet begun it) for 3 thresholds is said once, with stacks, and never
+  failed (tracing, and a slow start on a loaded machine, may take that long);
 - any -> succeeded / failed on exit. A worker that exits 0 while a peer waits for it (before
-  joining, or while a peer is inside a step) is a failure at once: "left the job early".
+  joining, or while a peer is inside a step past the ones it ran) is a failure at once: "left the
+  job early". A peer inside the last step the worker ran is finishing it, not waiting.
 
 The group ends: succeeded when every worker did; failed on the first root cause (a failure
 that only echoes a peer's waits up to ``settle`` seconds for the real one); join timeout;
@@ -223,8 +225,10 @@ class GroupMonitor:
         for worker in self.workers.values():
             if worker.state is not WorkerState.SUCCEEDED or worker.left_early:
                 continue
+            # Inside a step the exited worker also ran (fewer batches done than it) is a peer finishing
+            # that step, not one waiting: the exited worker took part in each of its collectives.
             waiting = [w for w in alive if (w.state is WorkerState.JOINING and not worker.joined)
-                       or (w.in_step and worker.joined)]
+                       or (w.in_step and worker.joined and w.steps >= worker.steps)]
             # A peer that failed after it with an error that only echoes a lost peer was waiting for it too.
             waiting += [w for w in self.workers.values() if w.state is WorkerState.FAILED
                         and w.ended_at >= worker.ended_at and is_consequence(w.error, self._lines(w.index))]
@@ -311,7 +315,7 @@ class GroupMonitor:
 
     def _first_batch(self, now: float, decision: Decision, counted: list[_Worker], since: float,
                      threshold: float) -> None:
-        """Every worker inside its first batch for long: said once, with stacks; never a failure.
+        """Every worker inside its first batch, or not yet begun it, for long: said once, with stacks; never a failure.
 
         The first batch traces and compiles the step, which may take minutes on a large model, so
         nobody is blamed and nothing is stopped (the collective timeout still ends a real hang). But
@@ -321,10 +325,17 @@ class GroupMonitor:
         waited = now - since
         if self._first_batch_said or waited <= FIRST_BATCH_FACTOR * threshold:
             return
-        if not all(w.in_step and w.steps == 0 for w in counted):
+        if not all(w.steps == 0 for w in counted) or not any(w.in_step for w in counted):
             return
         self._first_batch_said = True
         decision.dump_stacks = True
+        later = [str(w.index) for w in counted if not w.in_step]
+        if later:  # a peer slower to start (a loaded machine, a large input pipeline), or stuck before fit
+            decision.notes.append(
+                f"worker(s) {', '.join(later)} have not begun their first batch {waited:.0f} s after the others "
+                "began theirs: still building the model or its input, or stuck before training; every worker's "
+                "Python stack follows in its output")
+            return
         decision.notes.append(
             f"every worker has been inside its first batch for {waited:.0f} s: still tracing a large step, or "
             "waiting in collectives that never meet (workers that built different train functions); every "
@@ -358,7 +369,9 @@ class GroupMonitor:
             waiting = [w for w in counted if w.in_step]
             outside = [w for w in counted if not w.in_step]
             batch = max(w.steps for w in counted)
-            if waiting and outside:
+            if waiting and outside and batch == 0:
+                pass  # no batch done yet: a worker still building its model or input is starting, said below
+            elif waiting and outside:
                 names = ", ".join(str(w.index) for w in waiting)
                 for w in outside:
                     found.append((w, f"has been outside its step for {now - last_advance:.0f} s (in its own code: a "

@@ -161,3 +161,7 @@ class ProgressWriter:
         self.steps += 1
         struct.pack_into("<q", self._map, 16, self.steps)
         struct.pack_into("<q", self._map, 24, 0)
+
+    def steps_over(self) -> None:
+        """Outside any step, without a batch done: the data ran out inside a begun batch, or fit/evaluate ended."""
+        struct.pack_into("<q", self._map, 24, 0)

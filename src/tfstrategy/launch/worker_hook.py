@@ -446,6 +446,12 @@ def _checkpoint_files() -> str | None:
     return checkpoint_files()
 
 
+def _data_sharding() -> str | None:
+    from tfstrategy.launch.hook_datasets import data_sharding
+
+    return data_sharding()
+
+
 def _set_precision() -> str | None:
     from tfstrategy.training.precision import resolve_precision, set_precision
 
@@ -463,9 +469,8 @@ def _refuse_unjoined_fit() -> str | None:
 _STEPS: dict[str, Callable[[], str | None]] = {
     step.__name__.lstrip("_"): step
     for step in (_split_cpu, _record_creation_sites, _slurm_tf_config, _prepare_collectives, _watch_strategies,
-                 _mirrored_devices, _refuse_unjoinable, _checkpoint_files, _apply_patches, _keras2_aliases, _audit,
-                 _refuse_unjoined_fit,
-                 _count_batches, _set_precision)
+                 _mirrored_devices, _refuse_unjoinable, _checkpoint_files, _data_sharding, _apply_patches,
+                 _keras2_aliases, _audit, _refuse_unjoined_fit, _count_batches, _set_precision)
 }
 
 

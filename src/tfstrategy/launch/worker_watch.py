@@ -171,6 +171,13 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
 
         on_train_batch_end = on_test_batch_end = on_predict_batch_end = _end
 
+        # A dataset of unknown length ends inside a begun batch (Keras calls on_*_batch_begin, then
+        # the data runs out and it breaks off): the epoch or loop ending says the step is over.
+        def _over(self, *args: Any, **kwargs: Any) -> None:
+            writer.steps_over()
+
+        on_epoch_end = on_train_end = on_test_end = on_predict_end = _over
+
     class BatchBegins(keras.callbacks.Callback):  # type: ignore[misc]
         """Marks "inside a step" for ``tfstrategy launch``; added by its start-up hook."""
 
@@ -216,7 +223,11 @@ def _with_progress(original: Callable[..., Any], keras: Any, position: int) -> C
                 args = (*args[:position], [first, *(given or []), last], *args[position + 1:])
             else:
                 kwargs["callbacks"] = [first, *(given or []), last]
-        return original(model, *args, **kwargs)
+        try:
+            return original(model, *args, **kwargs)
+        finally:
+            if pair is not None and _PROGRESS:  # however it ended, no step of this call is running now
+                _PROGRESS[0].steps_over()
 
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     wrapper.__doc__ = original.__doc__
