@@ -16,15 +16,37 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Set by conftest.py under pytest-xdist: each pytest worker's launches and helper-picked ports keep to a
 #: range of their own below the kernel's ephemeral range, so no test takes a port another test picked.
 PORT_RANGE_VARIABLE = "TFSTRATEGY_PORT_RANGE"
+#: That range in quarters: the tests' own picks take the first, the nodes of a two-node job the next two.
+_PARTS = 4
+
+
+def _part(index: int) -> tuple[int, int] | None:
+    from tfstrategy.launch.options import parse_port_range
+
+    text = os.environ.get(PORT_RANGE_VARIABLE, "").strip()
+    if not text:
+        return None
+    low, high = parse_port_range(text)
+    size = (high - low + 1) // _PARTS
+    return low + index * size, low + (index + 1) * size - 1
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports free on ``host`` now: from ``$TFSTRATEGY_PORT_RANGE`` if set, else the kernel's pick."""
-    from tfstrategy.launch.options import parse_port_range
+    """``count`` distinct ports free on ``host`` now: from this pytest worker's range if set, else the kernel's pick."""
     from tfstrategy.launch.processes import free_ports as pick
 
-    text = os.environ.get(PORT_RANGE_VARIABLE, "").strip()
-    return pick(count, host, parse_port_range(text) if text else None)
+    return pick(count, host, _part(0))
+
+
+def node_port_range(rank: int) -> list[str]:
+    """``--port-range`` for node ``rank`` (0 or 1) of a two-node job on this machine: a part of the range of its own.
+
+    Two launchers on one machine (127.0.0.2 and 127.0.0.3) that pick from one range can both pick a port
+    the other's worker has not bound yet, and a TF_CONFIG naming one port twice on one machine is refused.
+    Real nodes are separate machines. Empty without the variable (the kernel picks, as for users).
+    """
+    part = _part(1 + rank)
+    return [] if part is None else ["--port-range", "{}-{}".format(*part)]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:

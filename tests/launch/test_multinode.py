@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from test_launch import PLAIN_WORKER, Run, _tagged
 
-from helpers import ROOT, free_ports
+from helpers import ROOT, free_ports, node_port_range
 from tfstrategy.cli import build_parser
 from tfstrategy.cli.launch import node_options_from_args, options_from_args
 from tfstrategy.errors import LaunchError
@@ -37,8 +37,9 @@ def _free_port(host: str = MASTER_HOST) -> int:
 
 
 def _node(rank: int, master: str, *args: str, secret: str = SECRET, address: str | None = None) -> Run:
+    ports = [] if "--port-range" in args else node_port_range(rank)
     return Run("--nnodes", "2", "--node-rank", str(rank), "--master", master,
-               "--node-address", address or f"127.0.0.{rank + 2}", *args, env={ENV_LAUNCH_SECRET: secret})
+               "--node-address", address or f"127.0.0.{rank + 2}", *ports, *args, env={ENV_LAUNCH_SECRET: secret})
 
 
 def _finish_all(*runs: Run, timeout: float) -> list[tuple[int, str, str, float]]:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ROOT, free_ports
+from helpers import ROOT, free_ports, node_port_range
 from tfstrategy.multiworker.coordinated import FAULT_ENV
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.extended]
@@ -308,6 +308,7 @@ def test_every_worker_of_two_loopback_nodes_resumes_from_one_committed_step(refe
     (tmp_path / "out").mkdir()
     env = {"TFSTRATEGY_LAUNCH_SECRET": "tfstrategy-test-secret-" + uuid.uuid4().hex, FAULT_ENV: "agreed@1:16"}
     nodes = [Launch("--nnodes", "2", "--node-rank", str(rank), "--master", master, "--node-address", f"127.0.0.{rank + 2}",
+                    *node_port_range(rank),
                     "-n", "1", "--timeout", "300", "--max-restarts", "1", "--backup-dir", str(tmp_path / "backup"),
                     "--", sys.executable, FIT_WORKER, "--out", str(tmp_path / "out"), env=env) for rank in (0, 1)]
     ends = [node.finish(timeout=600) for node in nodes]
