@@ -49,8 +49,9 @@ def test_files_listed_by_pattern_are_counted_as_tensorflow_counts_them(records):
     assert fewest_files(listed.interleave(tf.data.TFRecordDataset)) == 3
 
 
-def test_datasets_without_files_are_not_counted():
+def test_datasets_without_files_or_sharded_by_the_script_are_not_counted(records):
     assert fewest_files(tf.data.Dataset.range(8).batch(2)) is None  # no files: TensorFlow shards by element itself
+    assert fewest_files(tf.data.TFRecordDataset([records[0]]).shard(2, 1)) is None  # sharding again would drop data
     generated = tf.data.Dataset.from_generator(lambda: iter([1, 2]), output_signature=tf.TensorSpec((), tf.int64))
     assert fewest_files(generated) is None
 

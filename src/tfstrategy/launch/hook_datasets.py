@@ -36,7 +36,8 @@ def fewest_files(dataset: Any) -> int | None:
 
     TensorFlow's file readers (and ``list_files``) mark their list of names with an ``Identity``
     node named ``FileIdentity``, which its sharding by file looks for; the list reaches the
-    dataset's serialized graph as a constant. ``None``: no such list, or one that is not a constant.
+    dataset's serialized graph as a constant. ``None``: no such list, one that is not a constant,
+    or a dataset that shards itself (``Dataset.shard``: sharding it again by element would drop data).
     """
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2
@@ -47,6 +48,8 @@ def fewest_files(dataset: Any) -> int | None:
     except Exception:  # a dataset TensorFlow cannot serialize: let TensorFlow decide, as without this step
         return None
     nodes = {node.name: node for node in graph.node}
+    if any(node.op == "ShardDataset" for node in graph.node):
+        return None
     counts = []
     for node in graph.node:
         if node.op != "Identity" or node.name.split("/")[0] != "FileIdentity" or not node.input:
