@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from helpers import ROOT
 from tfstrategy.launch.reports import read_error, read_progress
 from tfstrategy.launch.worker_hook import hook_environment
@@ -76,62 +78,63 @@ def test_the_heartbeat_beats_and_a_stack_signal_prints_every_threads_stack(tmp_p
     assert 'script.py", line' in err and "in <module>" in err
 
 
-def test_fit_counts_train_and_validation_batches_and_keeps_the_users_callbacks(tmp_path):
-    import keras
-    import numpy as np
-
+@pytest.fixture
+def progress_file(tmp_path):
+    """The hook's progress file, as under launch; the hook's state forgotten afterwards."""
     from tfstrategy.launch import worker_watch
     from tfstrategy.launch.reports import ProgressWriter
 
     worker_watch._PROGRESS.append(ProgressWriter(tmp_path / "progress"))
+    yield tmp_path / "progress"
+    worker_watch.reset()
+
+
+def test_fit_counts_train_and_validation_batches_and_keeps_the_users_callbacks(tmp_path, progress_file):
+    import keras
+    import numpy as np
+
+    from tfstrategy.launch import worker_watch
+
     seen = []
 
     class Users(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             seen.append(read_progress(tmp_path / "progress"))
 
-    try:
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse")
-        x, y = np.zeros((12, 2), "float32"), np.zeros((12, 1), "float32")
-        fit = worker_watch._with_progress(keras.Model.fit, keras, worker_watch._CALLBACKS_POSITION["fit"])
-        fit(model, x, y, batch_size=4, epochs=2, verbose=0, callbacks=[Users()], validation_data=(x, y))
-    finally:
-        worker_watch.reset()
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.zeros((12, 2), "float32"), np.zeros((12, 1), "float32")
+    fit = worker_watch._with_progress(keras.Model.fit, keras, worker_watch._CALLBACKS_POSITION["fit"])
+    fit(model, x, y, batch_size=4, epochs=2, verbose=0, callbacks=[Users()], validation_data=(x, y))
     progress = read_progress(tmp_path / "progress")
     assert progress.steps == 2 * (3 + 3) and not progress.in_step  # 3 train + 3 validation batches per epoch
     # The user's batch-end callback runs after the batch counted as ended: "outside the step".
     assert [(p.steps, p.in_step) for p in seen[:3]] == [(1, False), (2, False), (3, False)]
 
 
-def test_a_dataset_of_unknown_length_leaves_no_step_begun_after_each_epoch_and_evaluate(tmp_path):
+def test_a_dataset_of_unknown_length_leaves_no_step_begun_after_each_epoch_and_evaluate(tmp_path, progress_file):
     """Keras begins one more batch of such a dataset, finds the data over and breaks off: no step runs then."""
     import keras
     import numpy as np
     import tensorflow as tf
 
     from tfstrategy.launch import worker_watch
-    from tfstrategy.launch.reports import ProgressWriter
 
-    worker_watch._PROGRESS.append(ProgressWriter(tmp_path / "progress"))
     at_epoch_end = []
 
     class Users(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             at_epoch_end.append(read_progress(tmp_path / "progress"))
 
-    try:
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse")
-        rows = tf.data.Dataset.from_tensor_slices((np.zeros((12, 2), "float32"), np.zeros((12, 1), "float32")))
-        data = rows.filter(lambda x, y: True).batch(4)  # filter: the length is unknown until the data runs out
-        assert data.cardinality() == tf.data.UNKNOWN_CARDINALITY
-        fit = worker_watch._with_progress(keras.Model.fit, keras, worker_watch._CALLBACKS_POSITION["fit"])
-        fit(model, data, epochs=2, verbose=0, callbacks=[Users()])
-        evaluate = worker_watch._with_progress(keras.Model.evaluate, keras, worker_watch._CALLBACKS_POSITION["evaluate"])
-        evaluate(model, data, verbose=0)
-    finally:
-        worker_watch.reset()
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    rows = tf.data.Dataset.from_tensor_slices((np.zeros((12, 2), "float32"), np.zeros((12, 1), "float32")))
+    data = rows.filter(lambda x, y: True).batch(4)  # filter: the length is unknown until the data runs out
+    assert data.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    fit = worker_watch._with_progress(keras.Model.fit, keras, worker_watch._CALLBACKS_POSITION["fit"])
+    fit(model, data, epochs=2, verbose=0, callbacks=[Users()])
+    evaluate = worker_watch._with_progress(keras.Model.evaluate, keras, worker_watch._CALLBACKS_POSITION["evaluate"])
+    evaluate(model, data, verbose=0)
     assert [(p.steps, p.in_step) for p in at_epoch_end] == [(3, False), (6, False)]
     progress = read_progress(tmp_path / "progress")
     assert (progress.steps, progress.in_step) == (9, False)  # 2 x 3 train batches, 3 evaluated

@@ -172,11 +172,10 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
         on_train_batch_end = on_test_batch_end = on_predict_batch_end = _end
 
         # A dataset of unknown length ends inside a begun batch (Keras calls on_*_batch_begin, then
-        # the data runs out and it breaks off): the epoch or loop ending says the step is over.
-        def _over(self, *args: Any, **kwargs: Any) -> None:
+        # the data runs out and it breaks off): the epoch's end says the step is over (the call's
+        # end says it in _with_progress).
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             writer.steps_over()
-
-        on_epoch_end = on_train_end = on_test_end = on_predict_end = _over
 
     class BatchBegins(keras.callbacks.Callback):  # type: ignore[misc]
         """Marks "inside a step" for ``tfstrategy launch``; added by its start-up hook."""
