@@ -190,6 +190,46 @@ def optimizer_variables(optimizer: Any) -> list[Any]:
     return list(variables() if callable(variables) and not isinstance(variables, list) else variables)
 
 
+def model_state_variables(model: Any) -> list[Any]:
+    """Every variable a training step can change on the model: weights, and Keras 3's seed generator states.
+
+    Keras 3's ``model.weights`` leaves out the seed generators (a ``Dropout``'s);
+    ``model.variables`` has them. tf_keras keeps a layer's random state in the
+    layer's generator, which is in neither list; its variables are the weights.
+    """
+    return list(model.variables)
+
+
+def keras_global_seed_generator() -> Any:
+    """Keras 3's global ``SeedGenerator`` (unseeded ``keras.random`` calls draw from it), if one was made."""
+    if "keras" not in sys.modules:
+        return None
+    try:
+        from keras.src.backend.common import global_state
+        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+    except ImportError:  # tf_keras only, or a Keras that moved them
+        return None
+    return global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+
+
+def tf_global_generator() -> Any:
+    """TensorFlow's global ``tf.random.Generator``, if one was made (never makes one)."""
+    module = sys.modules.get("tensorflow.python.ops.stateful_random_ops")
+    return getattr(module, "global_generator", None)
+
+
+def numpy_if_imported() -> ModuleType | None:
+    """NumPy, if something imported it (so saving its random state costs no import)."""
+    return sys.modules.get("numpy")
+
+
+def dataset_from_variant(variant: Any, element_spec: Any) -> Any:
+    """A ``tf.data.Dataset`` over a dataset variant tensor (from ``DatasetFromGraph``, say)."""
+    from tensorflow.python.data.ops import dataset_ops
+
+    return dataset_ops._VariantDataset(variant, element_spec)
+
+
 def set_steps_per_execution(model: Any, steps: int) -> None:
     """Set K on a compiled model (Keras 3: a plain attribute; tf_keras: a variable behind a private setter)."""
     configure = getattr(model, "_configure_steps_per_execution", None)
@@ -201,13 +241,20 @@ def set_steps_per_execution(model: Any, steps: int) -> None:
 
 
 def symbolic_build(model: Any, batch: Any) -> None:
-    """Build a Keras 3 model's compiled metrics and loss from one batch, as ``fit`` does before its first step.
+    """Build a model's layers, compiled metrics and loss, and its optimizer's slots, from one batch.
 
-    tf_keras builds them inside its first step, so there is nothing to do there.
+    Keras 3's ``fit`` does it before its first step under a strategy (and at its
+    first step's trace without one); tf_keras builds the optimizer at its first
+    step. Built here, a snapshot taken next holds every variable training changes.
     """
-    build = getattr(model, "_maybe_symbolic_build", None)
+    build = getattr(model, "_symbolic_build", None)
     if build is not None and not is_tf_keras_object(model):
-        build(data_batch=batch)
+        with model.distribute_strategy.scope():
+            build(data_batch=batch)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer_built(optimizer) and callable(getattr(optimizer, "build", None)):
+        with model.distribute_strategy.scope():
+            optimizer.build(model.trainable_variables)
 
 
 def keras_variable_types() -> tuple[type, ...]:

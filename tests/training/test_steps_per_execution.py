@@ -127,3 +127,34 @@ def test_build_in_scope_auto_tunes_at_the_first_fit(capsys):
 def test_build_in_scope_refuses_an_unknown_steps_per_execution_string():
     with pytest.raises(tfstrategy.errors.BuildError, match="Received steps_per_execution='fast'; expected a positive"):
         tfstrategy.build_in_scope(mirrored(1), _model, optimizer="sgd", loss="mse", steps_per_execution="fast")
+
+
+def _shuffled(seed: int = 7):
+    return tf.data.Dataset.from_tensor_slices(_data()).shuffle(1024, seed=seed).batch(64)
+
+
+def _dropout_model():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dropout(0.3),
+                             keras.layers.Dense(1)])
+
+
+def _seeded_fit(replicas: int, steps_per_execution: int | str):
+    keras.utils.set_random_seed(1)
+    dataset = _shuffled()
+    model, _ = tfstrategy.build_in_scope(mirrored(replicas), _dropout_model, optimizer="adam", loss="mse",
+                                         steps_per_execution=steps_per_execution)
+    history = model.fit(dataset, epochs=2, verbose=0).history["loss"]
+    return model, history
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_auto_then_fit_equals_the_fit_with_the_chosen_k_fixed(replicas):
+    # Dropout draws from a seed generator and the shuffle reshuffles per iterator: tuning must move neither.
+    tuned, tuned_losses = _seeded_fit(replicas, "auto")
+    chosen = last_choice(tuned).steps
+    fixed, fixed_losses = _seeded_fit(replicas, chosen)
+    np.testing.assert_allclose(tuned_losses, fixed_losses, rtol=0, atol=1e-6)
+    for a, b in zip(tuned.get_weights(), fixed.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert int(tuned.optimizer.iterations.numpy()) == int(fixed.optimizer.iterations.numpy()) == 32

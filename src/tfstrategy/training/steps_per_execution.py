@@ -33,6 +33,7 @@ from typing import Any
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
+from tfstrategy.training.no_trace import dataset_copy, snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -227,8 +228,10 @@ def tune_steps_per_execution(
     """Measure ``model`` training on ``dataset`` and set its ``steps_per_execution`` to the K that pays.
 
     The model must be compiled (``build_in_scope`` does it). Training steps run
-    to measure (tens to hundreds), then the weights, the optimizer state and the
-    metrics are put back, so the next ``fit`` starts where it would have. In a
+    to measure (tens to hundreds) on a copy of the dataset, then the weights,
+    the optimizer state, the metrics and every random state are put back
+    (:mod:`tfstrategy.training.no_trace`), so the next ``fit`` starts from the
+    same state and sees the same data order as without tuning. In a
     multi-worker job every worker must call it (the timings are averaged over
     workers, so all choose the same K).
 
@@ -266,15 +269,17 @@ def tune_steps_per_execution(
         from tfstrategy.patches import keras_steps_per_execution
 
         keras_steps_per_execution.PATCH.apply()
-    if isinstance(dataset, tf().data.Dataset):
-        _compat.symbolic_build(model, next(iter(dataset.take(1))))
-    variables = [*model.weights, *_compat.optimizer_variables(model.optimizer)]
-    saved = [variable.numpy() for variable in variables]
+    copy, no_copy = dataset_copy(dataset)
+    if no_copy is not None:
+        logger.warning("tfstrategy: tuning steps_per_execution on the dataset itself, which moves its shuffle "
+                       "order for the fit that follows: %s.", no_copy)
+    if isinstance(copy, tf().data.Dataset):
+        _compat.symbolic_build(model, next(iter(copy.take(1))))
+    saved = snapshot(model)
     try:
-        choice = choose_steps_per_execution(_Timer(model, dataset, min_seconds, 5), cap=cap, cap_reason=cap_reason)
+        choice = choose_steps_per_execution(_Timer(model, copy, min_seconds, 5), cap=cap, cap_reason=cap_reason)
     finally:
-        for variable, value in zip(variables, saved):
-            variable.assign(value)
+        saved.restore()
         model.reset_metrics()
     return _set(model, choice)
 

@@ -1,0 +1,110 @@
+"""Training steps that leave no trace: measure on a model, then put everything back.
+
+Tuning ``steps_per_execution`` and the performance report's probes run real
+training steps. For the ``fit`` that follows to start exactly where it would
+have without them, two things must be untouched:
+
+- **the model's state**: weights, the optimizer's slots and step count, the
+  metrics, and every random state a step draws from: Keras 3's seed
+  generators (a ``Dropout`` layer's, the global one), TensorFlow's global
+  ``tf.random.Generator``, Python's and NumPy's. :func:`snapshot` saves them
+  and :meth:`Snapshot.restore` puts them back.
+- **the data**: a ``shuffle`` reshuffles each time an iterator is made, from a
+  seed generator shared by every iterator of that dataset, so merely iterating
+  the user's dataset shifts the order of every later epoch. :func:`dataset_copy`
+  rebuilds the pipeline from its graph with shuffles that draw from seed
+  generators of their own, so iterating the copy leaves the original's order
+  as it was.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfstrategy import _compat
+from tfstrategy._tf import tf
+
+#: Shuffles that take a shared seed generator -> the same shuffle with a generator of its own.
+_OWN_SEED_GENERATOR = {"ShuffleDatasetV3": "ShuffleDataset", "ShuffleAndRepeatDatasetV2": "ShuffleAndRepeatDataset"}
+#: Other datasets that draw from a shared seed generator: a copy of one would still move the original.
+_SHARED_SEED_GENERATOR = ("ShuffleDatasetV2", "RandomDatasetV2")
+
+
+@dataclass
+class Snapshot:
+    """The values of every variable and random state a training step can change."""
+
+    variables: list[Any]
+    values: list[Any]
+    python_random: Any
+    numpy_random: Any = None
+    _numpy: Any = field(default=None, repr=False)
+
+    def restore(self) -> None:
+        """Put every saved value back."""
+        for variable, value in zip(self.variables, self.values):
+            variable.assign(value)
+        random.setstate(self.python_random)
+        if self._numpy is not None:
+            self._numpy.random.set_state(self.numpy_random)
+
+
+def _random_state_variables() -> list[Any]:
+    states = []
+    keras_generator = _compat.keras_global_seed_generator()
+    if keras_generator is not None:
+        states.append(keras_generator.state)
+    tf_generator = _compat.tf_global_generator()
+    if tf_generator is not None:
+        states.append(tf_generator.state)
+    return states
+
+
+def snapshot(model: Any) -> Snapshot:
+    """Save the model's variables (weights, seed generators), its optimizer's, and the global random states.
+
+    Metrics are not saved: :meth:`Snapshot.restore` leaves them to ``model.reset_metrics()``, as ``fit`` does.
+    """
+    variables = [*_compat.model_state_variables(model), *_compat.optimizer_variables(model.optimizer),
+                 *_random_state_variables()]
+    unique = list({id(variable): variable for variable in variables}.values())
+    numpy = _compat.numpy_if_imported()
+    return Snapshot(variables=unique, values=[variable.numpy() for variable in unique],
+                    python_random=random.getstate(),
+                    numpy_random=numpy.random.get_state() if numpy is not None else None, _numpy=numpy)
+
+
+def dataset_copy(dataset: Any) -> tuple[Any, str | None]:
+    """A copy of ``dataset`` whose iteration leaves the original's shuffle order alone, or why there is none.
+
+    Returns:
+        ``(copy, None)``, or ``(dataset, reason)`` when no such copy can be made
+        (a distributed dataset, a pipeline TensorFlow cannot serialize, a
+        sampler that shares its seed generator): the caller then iterates the
+        original and says so.
+    """
+    tf_ = tf()
+    if not isinstance(dataset, tf_.data.Dataset):
+        return dataset, f"a {type(dataset).__name__} cannot be copied, only a tf.data.Dataset"
+    try:
+        serialized = dataset._as_serialized_graph(
+            external_state_policy=tf_.data.experimental.ExternalStatePolicy.IGNORE)
+    except Exception as error:  # noqa: BLE001 - TensorFlow raises many kinds here; each means "no copy"
+        return dataset, f"TensorFlow cannot serialize this pipeline ({type(error).__name__})"
+    graph = tf_.compat.v1.GraphDef()
+    graph.ParseFromString(serialized.numpy())
+    shared = sorted({node.op for node in graph.node if node.op in _SHARED_SEED_GENERATOR})
+    if shared:
+        return dataset, f"its {', '.join(shared)} shares a seed generator with the original"
+    generators = set()
+    for node in graph.node:
+        if node.op in _OWN_SEED_GENERATOR:
+            node.op = _OWN_SEED_GENERATOR[node.op]
+            generators.add(node.input.pop().split(":")[0])  # the shared seed generator, the last input
+    kept = [node for node in graph.node if node.name not in generators]
+    del graph.node[:]
+    graph.node.extend(kept)
+    variant = tf_.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString())
+    return _compat.dataset_from_variant(variant, dataset.element_spec), None
