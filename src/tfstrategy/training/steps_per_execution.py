@@ -1,4 +1,4 @@
-"""``steps_per_execution="auto"``: pick K, the steps Keras runs per call, from measured step time.
+"""``steps_per_execution="auto"``: pick K, the steps Keras runs per call, when a larger K measurably pays.
 
 Each call of a Keras train function costs a fixed dispatch (Python, the
 ``tf.function`` call, callbacks, the iterator) on top of K steps of work. On
@@ -7,15 +7,17 @@ it is a rounding error and K = 1 keeps per-step callbacks exact. The choice is
 split as the rest of tfstrategy is:
 
 - :func:`choose_steps_per_execution` decides (pure): given a function that
-  times one execution of K steps, it doubles K until the dispatch, estimated
-  from the timings (t(K) = dispatch + K x step), is a small share of an
-  execution or K reaches its cap, then takes the smallest K that is within
-  5% of the fastest per step.
+  times one execution of K steps, it times K = 1 and the largest K allowed in
+  alternation, so that load on a shared machine hits both alike, and keeps the
+  large K only if it runs a step at least 15% faster than K = 1 (the fastest
+  execution of each counts: other processes only ever add time). Two
+  candidates far apart, and a margin well above timing noise, make the same
+  choice run after run; a K that does not clearly pay is never chosen.
 - :func:`steps_cap` says what K may not exceed (pure): the epoch length and
   callbacks that act on every batch (Keras calls batch hooks once per
   execution, so such a callback would see one call per K steps).
-- :func:`tune_steps_per_execution` measures a compiled model on its dataset
-  (the weights and optimizer state are put back afterwards) and sets K.
+- :func:`tune_steps_per_execution` measures a compiled model on a copy of its
+  dataset, puts back every state the measuring steps changed, and sets K.
 
 ``build_in_scope(..., steps_per_execution="auto")`` compiles with K = 1 and
 tunes at the model's first ``fit``, which knows the dataset and the callbacks.
@@ -37,12 +39,12 @@ from tfstrategy.training.no_trace import dataset_copy, snapshot
 
 logger = logging.getLogger(__name__)
 
-#: The largest K tried: past it the dispatch saved is below timing noise on any model measured.
-MAX_STEPS = 128
-#: Stop growing K once the dispatch is at most this share of one execution.
-TARGET_DISPATCH_SHARE = 0.05
-#: Doubling K must cut the time per step by at least this fraction to be kept.
-MIN_GAIN = 0.05
+#: The large K timed against K = 1: past it the dispatch saved is below timing noise on any model measured.
+MAX_STEPS = 64
+#: The large K must run a step at least this much faster than K = 1 to be chosen.
+MIN_GAIN = 0.15
+#: Alternating rounds (one execution of each K per round) at least, and exactly, across workers.
+ROUNDS = 5
 #: Batch hooks of callbacks from these packages aggregate over an execution (progress bar, history, ...).
 _EXECUTION_AWARE_PACKAGES = ("keras", "tf_keras", "tensorflow")
 _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
@@ -56,12 +58,15 @@ class StepsPerExecutionChoice:
     reason: str
     cap: int
     cap_reason: str
-    #: (K, seconds per step at K: the fastest execution's), in the order measured.
+    #: (K, seconds per step at K: the fastest execution's), K = 1 first.
     seconds_per_step: tuple[tuple[int, float], ...] = ()
+    #: Alternating rounds timed (one execution of each K per round).
+    rounds: int = 0
 
     def line(self) -> str:
         timings = ", ".join(f"K={k}: {seconds * 1000:.3g} ms/step" for k, seconds in self.seconds_per_step)
-        return f"steps_per_execution={self.steps} ({self.reason}; cap {self.cap}: {self.cap_reason}; {timings})"
+        measured = f"; {timings} (fastest of {self.rounds} rounds)" if timings else ""
+        return f"steps_per_execution={self.steps} ({self.reason}; cap {self.cap}: {self.cap_reason}{measured})"
 
 
 def _per_step_callbacks(callbacks: Iterable[Any]) -> list[str]:
@@ -101,13 +106,17 @@ def steps_cap(
     return max_steps, "the largest K tried"
 
 
-def _candidates(cap: int) -> list[int]:
-    ks = [1]
-    while ks[-1] * 2 < cap:
-        ks.append(ks[-1] * 2)
-    if ks[-1] != cap:
-        ks.append(cap)
-    return ks
+def _alternate(time_execution: Callable[[int], float], ks: tuple[int, int], best: dict[int, float], *,
+               rounds: int, min_seconds: float = 0.0, max_rounds: int = 50) -> int:
+    """Time one execution of each K per round, the order swapped every round; keep each K's fastest per step."""
+    spent, done = 0.0, 0
+    while done < rounds or (spent < min_seconds and done < max_rounds):
+        for k in ks if done % 2 == 0 else ks[::-1]:
+            seconds = float(time_execution(k))
+            spent += seconds
+            best[k] = min(best.get(k, float("inf")), seconds / k)
+        done += 1
+    return done
 
 
 def choose_steps_per_execution(
@@ -115,23 +124,33 @@ def choose_steps_per_execution(
     *,
     cap: int = MAX_STEPS,
     cap_reason: str = "the largest K tried",
-    target_share: float = TARGET_DISPATCH_SHARE,
     min_gain: float = MIN_GAIN,
+    rounds: int = ROUNDS,
+    min_seconds: float = 0.0,
+    max_rounds: int = 50,
+    agree: Callable[[float], float] = float,
 ) -> StepsPerExecutionChoice:
-    """Time K = 1, 2, 4, ... up to ``cap`` and pick the smallest K within ``min_gain`` of the fastest per step.
+    """Keep K = ``cap`` only if, timed in alternation with K = 1, it runs a step ``min_gain`` faster.
 
-    Growing stops early once the dispatch, estimated from K=1 and the latest K
-    (t(K) = dispatch + K x step), is at most ``target_share`` of an execution:
-    a larger K could then save little. Taking the smallest K near the fastest,
-    rather than stopping at the first doubling that did not pay, keeps one
-    noisy timing (a shared machine) from ending the search early.
+    First a screen: three alternating rounds of K = 1 and K = 4 estimate the
+    dispatch (t(K) = dispatch + K x step); if even K = ``cap`` could not gain
+    half of ``min_gain``, K stays 1 without timing long executions of a heavy
+    model. Otherwise K = 1 and K = ``cap`` are timed in alternating rounds (the
+    order swapped every round, so drift in a neighbour's load hits both) until
+    there are ``rounds`` of them and they took ``min_seconds``; the fastest
+    execution of each K counts, as other processes only ever add time.
 
     Args:
-        time_execution: seconds one execution of K steps takes (the fastest of several, say).
-        cap: the largest K allowed (see :func:`steps_cap`).
+        time_execution: the seconds one execution of K steps takes.
+        cap: the largest K allowed (see :func:`steps_cap`); the K timed against 1.
         cap_reason: why, for the report.
-        target_share: the dispatch share of an execution that is small enough.
-        min_gain: a larger K must be at least this much faster per step to be preferred.
+        min_gain: the large K must be at least this much faster per step.
+        rounds: alternating rounds of K = 1 and K = ``cap`` at least.
+        min_seconds: keep timing rounds until they took this long (0: exactly ``rounds``, as
+            workers running collectives must).
+        max_rounds: the most rounds timed.
+        agree: turns this process's seconds per step into the job's (a mean over workers), so
+            every worker of a job takes the same decision.
 
     Example:
         >>> choose_steps_per_execution(lambda k: 0.002 + 0.0005 * k).steps
@@ -139,24 +158,30 @@ def choose_steps_per_execution(
     """
     if cap < 1:
         raise TrainingError(f"Received a steps_per_execution cap of {cap}; expected 1 or more.")
-    seconds: dict[int, float] = {}
-    stop = f"K at its cap ({cap})"
-    for k in _candidates(cap):
-        seconds[k] = float(time_execution(k))
-        if k == 1:
-            continue
-        step = max((seconds[k] - seconds[1]) / (k - 1), 0.0)
-        dispatch = max(seconds[1] - step, 0.0)
-        share = dispatch / seconds[k] if seconds[k] > 0 else 0.0
-        if share <= target_share:
-            stop = f"dispatch ~{share:.0%} of an execution at K={k}"
-            break
-    per_step = {k: total / k for k, total in seconds.items()}
-    fastest = min(per_step.values())
-    chosen = min(k for k, value in per_step.items() if value <= fastest * (1 + min_gain))
-    reason = stop if chosen == max(seconds) else f"{stop}; K={chosen} is within {min_gain:.0%} of the fastest per step"
+    if cap == 1:
+        return StepsPerExecutionChoice(steps=1, reason="the cap is 1", cap=1, cap_reason=cap_reason)
+    best: dict[int, float] = {}
+    screen = min(4, cap)
+    done = _alternate(time_execution, (1, screen), best, rounds=3)
+    one, small = agree(best[1]), agree(best[screen])
+    step = max((small * screen - one) / (screen - 1), 0.0)
+    dispatch = max(one - step, 0.0)
+    bound = one / (dispatch / cap + step) if dispatch / cap + step > 0 else 1.0
+    if screen < cap and bound < 1 + min_gain / 2:
+        return StepsPerExecutionChoice(
+            steps=1, cap=cap, cap_reason=cap_reason, rounds=done, seconds_per_step=((1, one), (screen, small)),
+            reason=f"the dispatch is ~{dispatch / one:.0%} of a step: even K={cap} could run a step only "
+                   f"~{bound:.2f}x as fast as K=1 (below the {1 + min_gain:.2f}x that pays)")
+    done += _alternate(time_execution, (1, cap), best, rounds=rounds, min_seconds=min_seconds, max_rounds=max_rounds)
+    per_step = {1: agree(best[1]), cap: agree(best[cap])}
+    gain = per_step[1] / per_step[cap] if per_step[cap] > 0 else 1.0
+    if gain >= 1 + min_gain:
+        chosen, reason = cap, f"K={cap} runs a step {gain:.2f}x as fast as K=1"
+    else:
+        chosen = 1
+        reason = f"K={cap} would run a step only {gain:.2f}x as fast as K=1 (below the {1 + min_gain:.2f}x that pays)"
     return StepsPerExecutionChoice(steps=chosen, reason=reason, cap=cap, cap_reason=cap_reason,
-                                   seconds_per_step=tuple(per_step.items()))
+                                   seconds_per_step=tuple(per_step.items()), rounds=done)
 
 
 # --- measuring a real model ------------------------------------------------------------
@@ -180,10 +205,14 @@ def _agreed(strategy: Any, seconds: float) -> float:
 
 
 class _Timer:
-    """Times executions of the model's own train function on a repeating iterator of ``dataset``."""
+    """Times one execution of the model's own train function at K, on a repeating iterator of ``dataset``.
 
-    def __init__(self, model: Any, dataset: Any, min_seconds: float, min_executions: int) -> None:
-        self.model, self.min_seconds, self.min_executions = model, min_seconds, min_executions
+    Each K's function is traced once, with its first (tracing) call untimed, and
+    kept, so that timings of two Ks can alternate.
+    """
+
+    def __init__(self, model: Any, dataset: Any) -> None:
+        self.model = model
         strategy = model.distribute_strategy
         self.strategy = strategy
         self.multi_worker = _compat.in_multi_worker_mode(strategy)
@@ -195,25 +224,18 @@ class _Timer:
         if isinstance(dataset, tf().data.Dataset):
             dataset = strategy.experimental_distribute_dataset(dataset.repeat())
         self.iterator = iter(dataset)
+        self.functions: dict[int, Any] = {}
 
     def __call__(self, k: int) -> float:
-        _compat.set_steps_per_execution(self.model, k)
-        self.model.make_train_function(force=True)
-        function = self.model.train_function
-        function(self.iterator)  # trace, and the first-call costs
-        times: list[float] = []
-        started = time.perf_counter()
-        # Across workers every execution runs collectives, so all workers must run
-        # the same number: there the count is fixed, not extended by local time.
-        extend = not self.multi_worker
-        while len(times) < self.min_executions or (
-            extend and time.perf_counter() - started < self.min_seconds and len(times) < 50
-        ):
-            start = self.clock()
-            function(self.iterator)
-            times.append(self.clock() - start)
-        # The fastest execution: other processes on a shared machine only ever add time.
-        return _agreed(self.strategy, min(times))
+        function = self.functions.get(k)
+        if function is None:
+            _compat.set_steps_per_execution(self.model, k)
+            self.model.make_train_function(force=True)
+            function = self.functions[k] = self.model.train_function
+            function(self.iterator)  # trace, and the first-call costs
+        start = self.clock()
+        function(self.iterator)
+        return self.clock() - start
 
 
 def tune_steps_per_execution(
@@ -223,7 +245,7 @@ def tune_steps_per_execution(
     callbacks: Iterable[Any] = (),
     steps_per_epoch: int | None = None,
     max_steps: int = MAX_STEPS,
-    min_seconds: float = 0.2,
+    min_seconds: float = 0.4,
 ) -> StepsPerExecutionChoice:
     """Measure ``model`` training on ``dataset`` and set its ``steps_per_execution`` to the K that pays.
 
@@ -240,9 +262,9 @@ def tune_steps_per_execution(
         dataset: the batched ``tf.data.Dataset`` (or distributed dataset) ``fit`` will get.
         callbacks: the callbacks ``fit`` will get (see :func:`steps_cap`).
         steps_per_epoch: steps per epoch; default: the dataset's length, if known.
-        max_steps: the largest K tried.
-        min_seconds: time each K for at least this long (and 5 executions; exactly 5 across workers, which
-            must run the same collectives); the fastest execution counts.
+        max_steps: the large K timed against K = 1 (when the epoch and callbacks allow it).
+        min_seconds: time alternating rounds for at least this long (and 5 rounds; exactly 5 across
+            workers, which must run the same collectives); the fastest execution of each K counts.
 
     Returns:
         The :class:`StepsPerExecutionChoice`; ``model.steps_per_execution`` is set to it.
@@ -250,7 +272,7 @@ def tune_steps_per_execution(
     Example:
         >>> choice = tfstrategy.tune_steps_per_execution(model, dataset)
         >>> print(choice.line())
-        steps_per_execution=64 (dispatch ~4% of an execution; cap 128: the largest K tried; K=1: 1.9 ms/step, ...)
+        steps_per_execution=64 (K=64 runs a step 2.71x as fast as K=1; cap 64: the largest K tried; K=1: 1.9 ms/step, ...)
     """
     if getattr(model, "optimizer", None) is None or getattr(model, "compiled", True) is False:
         raise TrainingError(
@@ -263,7 +285,7 @@ def tune_steps_per_execution(
     cap, cap_reason = steps_cap(steps_per_epoch=steps_per_epoch or _cardinality(dataset), callbacks=callbacks,
                                 max_steps=max_steps)
     if cap == 1:
-        return _set(model, StepsPerExecutionChoice(steps=1, reason="the cap is 1", cap=1, cap_reason=cap_reason))
+        return _set(model, choose_steps_per_execution(float, cap=1, cap_reason=cap_reason))
     if not _compat.is_tf_keras_object(model):
         # K > 1 on 2+ replicas (and on 2+ workers) needs tfstrategy's multi-step loop.
         from tfstrategy.patches import keras_steps_per_execution
@@ -277,7 +299,10 @@ def tune_steps_per_execution(
         _compat.symbolic_build(model, next(iter(copy.take(1))))
     saved = snapshot(model)
     try:
-        choice = choose_steps_per_execution(_Timer(model, copy, min_seconds, 5), cap=cap, cap_reason=cap_reason)
+        timer = _Timer(model, copy)
+        choice = choose_steps_per_execution(timer, cap=cap, cap_reason=cap_reason,
+                                            min_seconds=0.0 if timer.multi_worker else min_seconds,
+                                            agree=functools.partial(_agreed, timer.strategy))
     finally:
         saved.restore()
         model.reset_metrics()
