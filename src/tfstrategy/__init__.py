@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on 
     from tfstrategy.multiworker.worker_protocol import backup_callbacks, signal_joined
     from tfstrategy.patches import apply_patches, patch_status
     from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
+    from tfstrategy.performance.report import performance_report
     from tfstrategy.scope.audit import audit_scope, require_scope, scope_guard
     from tfstrategy.scope.build import build_in_scope
     from tfstrategy.scope.restore import restore_checkpoint
@@ -68,6 +69,7 @@ __all__ = [
     "divergence_sentinel",
     "fix_steps_per_execution",
     "tune_steps_per_execution",
+    "performance_report",
     # Keras workarounds.
     "apply_patches",
     "patch_status",
@@ -111,6 +113,7 @@ _PUBLIC = {
     "apply_patches": "tfstrategy.patches",
     "patch_status": "tfstrategy.patches",
     "fix_steps_per_execution": "tfstrategy.patches.keras_steps_per_execution",
+    "performance_report": "tfstrategy.performance.report",
     "audit_scope": "tfstrategy.scope.audit",
     "require_scope": "tfstrategy.scope.audit",
     "scope_guard": "tfstrategy.scope.audit",

@@ -230,6 +230,15 @@ def dataset_from_variant(variant: Any, element_spec: Any) -> Any:
     return dataset_ops._VariantDataset(variant, element_spec)
 
 
+def steps_per_execution(model: Any) -> int:
+    """A compiled model's K (Keras 3: an attribute; tf_keras: a variable)."""
+    value = getattr(model, "_steps_per_execution", None) if is_tf_keras_object(model) else None
+    if value is None:
+        value = getattr(model, "steps_per_execution", 1)
+    value = value.numpy() if hasattr(value, "numpy") else value
+    return int(value or 1)
+
+
 def set_steps_per_execution(model: Any, steps: int) -> None:
     """Set K on a compiled model (Keras 3: a plain attribute; tf_keras: a variable behind a private setter)."""
     configure = getattr(model, "_configure_steps_per_execution", None)

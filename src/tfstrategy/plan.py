@@ -49,6 +49,8 @@ class PlanInputs:
     audit: str = "warn"
     #: The Keras global dtype policy to set (``select(precision=...)``/``TFSTRATEGY_PRECISION``), or ``None``.
     precision: str | None = None
+    #: The performance report's directory (``--profile``/``TFSTRATEGY_PROFILE``), or ``None``.
+    profile: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +105,10 @@ def _select_steps(inputs: PlanInputs, kind: StrategyKind) -> tuple[Step, ...]:
     steps.append(Step(name="apply_patches", phase="keras", detail="the Keras workarounds the installed release needs",
                       rewrites=True))
     steps.extend(_precision_steps(inputs))
+    if inputs.profile is not None:
+        steps.append(Step(name="performance_report", phase="keras", rewrites=True,
+                          detail="Model.fit reports where each step's time goes (tfstrategy.performance), "
+                                 f"into {inputs.profile}"))
     return tuple(steps)
 
 
@@ -149,6 +155,10 @@ def _hook_steps(inputs: PlanInputs, multi: bool) -> tuple[Step, ...]:
                           detail="Model.fit, evaluate and predict count their batches for the launcher's stall "
                                  "detection (tfstrategy.launch.worker_watch)"))
     steps.extend(_precision_steps(inputs))
+    if inputs.profile is not None:
+        steps.append(Step(name="performance_report", phase="keras", rewrites=True,
+                          detail="Model.fit reports where each step's time goes (tfstrategy.performance), "
+                                 f"into {inputs.profile}"))
     return tuple(steps)
 
 

@@ -38,6 +38,10 @@ ENV_PORT_RANGE = "TFSTRATEGY_PORT_RANGE"
 ENV_PRECISION = "TFSTRATEGY_PRECISION"
 #: The divergence sentinel's interval: epoch, a step count, or off (`tfstrategy launch` defaults to epoch).
 ENV_SENTINEL = "TFSTRATEGY_SENTINEL"
+#: The performance report's directory (`tfstrategy run/launch --profile`); unset or off: no report.
+ENV_PROFILE = "TFSTRATEGY_PROFILE"
+#: Minutes between performance reports on long jobs (`--profile-every`).
+ENV_PROFILE_EVERY = "TFSTRATEGY_PROFILE_EVERY"
 
 # The launch protocol: set by `tfstrategy launch` for each worker it starts.
 ENV_NUM_WORKERS = "TFSTRATEGY_NUM_WORKERS"

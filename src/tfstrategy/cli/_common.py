@@ -84,6 +84,14 @@ def add_program_arguments(parser: argparse.ArgumentParser, *, where: str) -> Non
     parser.add_argument("--precision", metavar="POLICY",
                         help="Keras global dtype policy set before the script builds its model: float32, "
                         "mixed_float16 or mixed_bfloat16 (env TFSTRATEGY_PRECISION)")
+    parser.add_argument("--profile", action="store_true",
+                        help="report where each training step's time goes (input, reduction, dispatch, compute), "
+                        "with recommendations: at the end of each model's first fit and every --profile-every "
+                        "minutes, per worker, on stderr and in --profile-dir (env TFSTRATEGY_PROFILE)")
+    parser.add_argument("--profile-dir", default="tfstrategy-profile", metavar="DIR",
+                        help="where --profile writes worker-<i>.json and .txt (default: ./tfstrategy-profile)")
+    parser.add_argument("--profile-every", type=float, default=10.0, metavar="MIN",
+                        help="minutes between --profile reports on long jobs, at an epoch's end (default: 10)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help=f"the program to run{where}, after '--'")

@@ -275,6 +275,8 @@ def _command_line(args: argparse.Namespace, options: LaunchOptions) -> list[str]
     if args.precision:
         line += ["--precision", args.precision]
     line += ["--sentinel", args.sentinel]
+    if args.profile:
+        line += ["--profile", "--profile-dir", args.profile_dir, "--profile-every", f"{args.profile_every:g}"]
     return [*line, "--", *options.command]
 
 
@@ -282,11 +284,13 @@ def launch_command(args: argparse.Namespace) -> int:
     """Run the job; its exit status."""
     from tfstrategy.launch import backup_dir, network_isolation
     from tfstrategy.launch.supervisor import Launcher
+    from tfstrategy.performance.report import profile_environment
 
     quiet_tensorflow(args.debug)
     options = options_from_args(args)
     precision_environment(args.precision)  # a bad --precision fails here, in one line, before any worker
     sentinel_environment(args.sentinel)
+    profile = profile_environment(args.profile, args.profile_dir, args.profile_every)
     if args.isolate_network:
         if not network_isolation.is_isolated():
             network_isolation.reexec_isolated(_command_line(args, options))
@@ -295,7 +299,7 @@ def launch_command(args: argparse.Namespace) -> int:
               "other hosts cannot reach them", file=sys.stderr)
     nodes = None if options.nodes is None else ["--nnodes", str(args.nnodes), "--node-rank",
                                                 str(options.nodes.node_rank), "--master", args.master]
-    env = {**os.environ, **precision_environment(args.precision), **sentinel_environment(args.sentinel)}
+    env = {**os.environ, **precision_environment(args.precision), **sentinel_environment(args.sentinel), **profile}
     result = backup_dir.run_with_backup(options, lambda opts: Launcher(opts, env=env).run(), env=env,
                                         timeout=args.timeout, nodes=nodes,
                                         say=lambda text: print(f"tfstrategy launch: {text}", file=sys.stderr))

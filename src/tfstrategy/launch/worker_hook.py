@@ -51,6 +51,7 @@ from tfstrategy.settings import (
     ENV_HOOK_PID,
     ENV_HOOK_SUMMARY,
     ENV_JOIN_FILE,
+    ENV_PROFILE,
 )
 
 __all__ = ["AUDIT_MODES", "hook_environment", "validate_audit_mode", "install"]
@@ -247,7 +248,8 @@ def hook_plan(env: Mapping[str, str] | None = None) -> tuple[Any, ...]:
     precision, _ = resolve_precision(None, env)
     return plan_steps(PlanInputs(consumer="hook", cpu_replicas=replicas, devices=env.get(ENV_DEVICES) or None,
                                  cluster_tasks=tasks, cluster_source=source, audit=audit,
-                                 under_launcher=bool(env.get(ENV_JOIN_FILE)), precision=precision))
+                                 under_launcher=bool(env.get(ENV_JOIN_FILE)), precision=precision,
+                                 profile=(env.get(ENV_PROFILE) or "").strip() or None))
 
 
 def _phase(phase: str) -> list[Callable[[], str | None]]:
@@ -459,6 +461,33 @@ def _set_precision() -> str | None:
     return set_precision(precision) if precision else None
 
 
+def _performance_report() -> str | None:
+    from tfstrategy.launch.hook_strategies import _keras_flavours
+    from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+    from tfstrategy.performance.report import tracker_from_environment
+
+    settings = tracker_from_environment()
+    if settings is None:
+        return None
+    for keras in _keras_flavours():
+        factories = {"Model.fit": functools.partial(_reported, settings=settings)}
+        install_rewrite(Rewrite(f"performance_report:{keras.__name__}", lambda k=keras: k, factories))
+    return f"Model.fit reports where each step's time goes, into {settings['directory']}"
+
+
+def _reported(original: Callable[..., Any], settings: dict[str, Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+        from tfstrategy.performance.report import add_report
+
+        if len(args) > 4:  # callbacks passed positionally (fit(x, y, batch_size, epochs, verbose, callbacks))
+            return original(model, *args, **kwargs)
+        add_report(model, args, kwargs, settings)
+        return original(model, *args, **kwargs)
+
+    return wrapper
+
+
 def _refuse_unjoined_fit() -> str | None:
     from tfstrategy.launch.hook_strategies import refuse_unjoined_fit
 
@@ -470,7 +499,8 @@ _STEPS: dict[str, Callable[[], str | None]] = {
     step.__name__.lstrip("_"): step
     for step in (_split_cpu, _record_creation_sites, _slurm_tf_config, _prepare_collectives, _watch_strategies,
                  _mirrored_devices, _refuse_unjoinable, _checkpoint_files, _data_sharding, _apply_patches,
-                 _keras2_aliases, _audit, _refuse_unjoined_fit, _count_batches, _set_precision)
+                 _keras2_aliases, _audit, _refuse_unjoined_fit, _count_batches, _set_precision,
+                 _performance_report)
 }
 
 

@@ -98,8 +98,11 @@ class TrainStep:
         optimizer: Any,
         metrics: Sequence[Any],
         sentinel: Any = None,
+        report: Any = None,
     ) -> None:
         self.model = model
+        #: A :class:`~tfstrategy.performance.report.Tracker` timing each run_epoch's steps, or None.
+        self.report = report
         #: A :class:`~tfstrategy.training.sentinel.Sentinel` checked at each run_epoch's end, or None.
         self.sentinel = sentinel
         self.strategy = strategy
@@ -206,13 +209,16 @@ class TrainStep:
         """Run one pass (or ``steps`` steps) over a distributed dataset; return the last logs as floats."""
         self.reset_metrics()
         logs: dict[str, Any] = {}
-        for index, batch in enumerate(dataset):
+        batches = self.report.steps(dataset) if self.report is not None else dataset
+        for index, batch in enumerate(batches):
             if steps is not None and index >= steps:
                 break
             logs = self(batch)
         result = {name: float(value) for name, value in logs.items()}
         if self.sentinel is not None:
             self.sentinel.check(step=int(self.optimizer.iterations.numpy()), loss=result.get("loss"))
+        if self.report is not None and self.report.due(self.strategy, final=True):
+            self.report.report(self.model, None, global_batch=self.global_batch, steps_per_execution=1)
         return result
 
 
@@ -245,6 +251,7 @@ def make_train_step(
     optimizer: Any | None = None,
     metrics: Sequence[Any] = (),
     sentinel: bool | None = None,
+    report: bool | None = None,
 ) -> TrainStep:
     """Build a custom-loop training step that matches 1-replica training on N replicas.
 
@@ -267,6 +274,11 @@ def make_train_step(
             replicas hold the same finite weights (``TFSTRATEGY_SENTINEL``;
             :class:`~tfstrategy.training.sentinel.Sentinel`). Call
             ``step.sentinel.check(step=...)`` yourself in a loop of your own.
+        report: time each :meth:`TrainStep.run_epoch`'s steps and report where their time goes
+            (input, reduction, compute; :mod:`tfstrategy.performance`) after the first epoch and
+            every 10 minutes; default: on under ``tfstrategy run/launch --profile``
+            (``TFSTRATEGY_PROFILE``). In a loop of your own, iterate ``step.report.steps(batches)``
+            and call ``step.report.report(model, None, global_batch=...)`` when ``step.report.due(...)``.
 
     Raises:
         LossReductionError: the loss averages per replica (``AUTO`` /
@@ -318,4 +330,13 @@ def make_train_step(
             built.append(metric)
     watch = Sentinel(strategy, model.weights) if resolve_sentinel(sentinel) else None
     return TrainStep(model, strategy=strategy, global_batch=global_batch, loss=resolve_loss(loss), optimizer=optimizer,
-                     metrics=built, sentinel=watch)
+                     metrics=built, sentinel=watch, report=_tracker(report))
+
+
+def _tracker(report: bool | None) -> Any:
+    from tfstrategy.performance.report import Tracker, tracker_from_environment
+
+    settings = tracker_from_environment()
+    if report is False or (report is None and settings is None):
+        return None
+    return Tracker(**(settings or {}))

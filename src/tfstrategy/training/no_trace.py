@@ -62,18 +62,35 @@ def _random_state_variables() -> list[Any]:
     return states
 
 
-def snapshot(model: Any) -> Snapshot:
+def snapshot(model: Any, *, metrics: bool = False) -> Snapshot:
     """Save the model's variables (weights, seed generators), its optimizer's, and the global random states.
 
-    Metrics are not saved: :meth:`Snapshot.restore` leaves them to ``model.reset_metrics()``, as ``fit`` does.
+    With ``metrics`` the metrics' variables too (a probe in the middle of a ``fit``); without, the caller
+    resets them (``model.reset_metrics()``), as ``fit`` does at its start.
     """
     variables = [*_compat.model_state_variables(model), *_compat.optimizer_variables(model.optimizer),
-                 *_random_state_variables()]
+                 *_random_state_variables(), *(_compat.model_metric_variables(model) if metrics else [])]
     unique = list({id(variable): variable for variable in variables}.values())
     numpy = _compat.numpy_if_imported()
     return Snapshot(variables=unique, values=[variable.numpy() for variable in unique],
                     python_random=random.getstate(),
                     numpy_random=numpy.random.get_state() if numpy is not None else None, _numpy=numpy)
+
+
+def _graph(dataset: Any) -> Any:
+    tf_ = tf()
+    serialized = dataset._as_serialized_graph(external_state_policy=tf_.data.experimental.ExternalStatePolicy.IGNORE)
+    graph = tf_.compat.v1.GraphDef()
+    graph.ParseFromString(serialized.numpy())
+    return graph
+
+
+def pipeline_ops(dataset: Any) -> tuple[str, ...]:
+    """The operation types of a ``tf.data`` pipeline's graph (``MapDataset``, ``PrefetchDataset``, ...), or ()."""
+    try:
+        return tuple(sorted({node.op for node in _graph(dataset).node if "Dataset" in node.op}))
+    except Exception:  # noqa: BLE001 - no graph, no list: the report then names no operation
+        return ()
 
 
 def dataset_copy(dataset: Any) -> tuple[Any, str | None]:
@@ -89,12 +106,9 @@ def dataset_copy(dataset: Any) -> tuple[Any, str | None]:
     if not isinstance(dataset, tf_.data.Dataset):
         return dataset, f"a {type(dataset).__name__} cannot be copied, only a tf.data.Dataset"
     try:
-        serialized = dataset._as_serialized_graph(
-            external_state_policy=tf_.data.experimental.ExternalStatePolicy.IGNORE)
+        graph = _graph(dataset)
     except Exception as error:  # noqa: BLE001 - TensorFlow raises many kinds here; each means "no copy"
         return dataset, f"TensorFlow cannot serialize this pipeline ({type(error).__name__})"
-    graph = tf_.compat.v1.GraphDef()
-    graph.ParseFromString(serialized.numpy())
     shared = sorted({node.op for node in graph.node if node.op in _SHARED_SEED_GENERATOR})
     if shared:
         return dataset, f"its {', '.join(shared)} shares a seed generator with the original"

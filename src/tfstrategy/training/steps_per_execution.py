@@ -76,7 +76,7 @@ def _per_step_callbacks(callbacks: Iterable[Any]) -> list[str]:
         if base is None:
             base = next((k for k in type(callback).__mro__ if k.__name__ == "Callback"), object)
         package = type(callback).__module__.split(".", 1)[0]
-        if package in _EXECUTION_AWARE_PACKAGES:
+        if package in _EXECUTION_AWARE_PACKAGES or getattr(callback, "_tfstrategy_execution_aware", False):
             continue
         if any(getattr(type(callback), hook, None) is not getattr(base, hook, None) for hook in _BATCH_HOOKS):
             named.append(type(callback).__name__)
@@ -332,7 +332,7 @@ def tune_at_first_fit(model: Any) -> None:
     def fit_tuning_first(*args: Any, **kwargs: Any) -> Any:
         object.__setattr__(model, "fit", fit)  # one shot: later fits run as compiled
         data = args[0] if args else kwargs.get("x")
-        dataset = _as_dataset(data, args[1] if len(args) > 1 else kwargs.get("y"), kwargs.get("batch_size"))
+        dataset = as_dataset(data, args[1] if len(args) > 1 else kwargs.get("y"), kwargs.get("batch_size"))
         if dataset is None:
             choice = _set(model, StepsPerExecutionChoice(
                 steps=1, reason=f"fit received {type(data).__name__}, not a dataset or arrays: nothing to time",
@@ -347,7 +347,8 @@ def tune_at_first_fit(model: Any) -> None:
     object.__setattr__(model, "fit", fit_tuning_first)
 
 
-def _as_dataset(data: Any, labels: Any, batch_size: int | None) -> Any:
+def as_dataset(data: Any, labels: Any, batch_size: int | None) -> Any:
+    """fit's data as a dataset: a dataset as it is, arrays batched as fit batches them, else None."""
     tf_ = tf()
     if isinstance(data, (tf_.data.Dataset, tf_.distribute.DistributedDataset)):
         return data

@@ -1,0 +1,248 @@
+"""Where a step's time goes, what to change, and the report's text and JSON (pure: no TensorFlow).
+
+The measurements (:class:`Measurements`) come from two places
+(:mod:`tfstrategy.performance.report`): the job's own steps, timed while it
+trains, and short probes run on a copy of its data at the report's time:
+
+- ``synthetic``: a step on one cached batch, repeated: the job's step without
+  its input pipeline (the TensorFlow performance guide's "synthetic data" test);
+- ``input_batch``: the input pipeline alone, producing one batch;
+- ``allreduce``: one all-reduce of tensors shaped as the model's gradients,
+  across every replica of the job (workers included);
+- ``larger_k``: a synthetic step at a larger ``steps_per_execution``, when probed.
+
+From these :func:`shares` splits a step into four parts that sum to 1:
+
+- **input**: the step minus the synthetic step: time the step waited for data
+  (at most the pipeline's own time per batch);
+- **dispatch**: the per-call cost a larger K saves (the synthetic step at K minus
+  at the larger K, scaled to the whole dispatch), when probed;
+- **reduction**: the all-reduce of the gradients, waiting for the slowest
+  replica or worker included;
+- **compute**: the rest: the model's own work.
+
+:func:`verdict` names the largest as the bottleneck and gives at most two
+recommendations, each with the gain it expects and why.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: A share at least this large makes a recommendation worth giving.
+WORTH_FIXING = 0.2
+#: Input pipeline operations that run one element at a time, and the fix for each.
+SEQUENTIAL_OPS = {
+    "MapDataset": "map(..., num_parallel_calls=tf.data.AUTOTUNE)",
+    "InterleaveDataset": "interleave(..., num_parallel_calls=tf.data.AUTOTUNE)",
+    "FlatMapDataset": "interleave(..., num_parallel_calls=tf.data.AUTOTUNE) in place of flat_map",
+}
+PREFETCH_OPS = ("PrefetchDataset",)
+PARTS = ("input", "reduction", "dispatch", "compute")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurements:
+    """What one worker measured: its steps, and the probes' seconds per step."""
+
+    #: Seconds per step of each timed execution (its duration / its steps), warm-up excluded.
+    step_seconds: tuple[float, ...]
+    #: Steps timed, and the wall seconds they took (executions and the gaps between them).
+    steps: int
+    seconds: float
+    global_batch: int
+    replicas: int
+    workers: int = 1
+    worker: int = 0
+    steps_per_execution: int = 1
+    #: Seconds per step outside the train function's call (Keras' loop, other callbacks: per-call costs).
+    outside: float = 0.0
+    #: Seconds per step waiting for the next batch, timed directly (a custom loop's ``next()``).
+    waited: float | None = None
+    synthetic: float | None = None
+    input_batch: float | None = None
+    allreduce: float | None = None
+    #: (K, seconds per synthetic step at K: the fastest) of the larger-K probe, and the fastest at this K.
+    larger_k: tuple[int, float] | None = None
+    synthetic_fastest: float | None = None
+    #: Cores this process may use (what a parallel input pipeline could use at most).
+    cores: int = 1
+    #: The input pipeline's operation types (``MapDataset``, ``PrefetchDataset``, ...), if known.
+    pipeline_ops: tuple[str, ...] = ()
+    probe_seconds: float = 0.0
+    #: Why a probe did not run, by probe name.
+    not_probed: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    action: str
+    why: str
+    #: Expected speed-up of examples per second (an upper bound where it says "up to").
+    expected_gain: float | None = None
+
+    def line(self) -> str:
+        gain = f" (expected {self.expected_gain:.2f}x)" if self.expected_gain else ""
+        return f"{self.action}{gain}: {self.why}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    measurements: Measurements
+    median: float
+    p90: float
+    examples_per_second: float
+    shares: dict[str, float]
+    bottleneck: str
+    recommendations: tuple[Recommendation, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        m = self.measurements
+        return {
+            "worker": m.worker, "workers": m.workers, "replicas": m.replicas, "global_batch": m.global_batch,
+            "steps_per_execution": m.steps_per_execution, "steps": m.steps, "seconds": m.seconds,
+            "examples_per_second": self.examples_per_second,
+            "worker_examples_per_second": self.examples_per_second / m.workers,
+            "step_seconds": {"median": self.median, "p90": self.p90},
+            "shares": self.shares, "bottleneck": self.bottleneck,
+            "recommendations": [asdict(r) for r in self.recommendations],
+            "probes": {"synthetic_step": m.synthetic, "input_batch": m.input_batch, "allreduce": m.allreduce,
+                       "larger_k": list(m.larger_k) if m.larger_k else None, "not_probed": m.not_probed,
+                       "pipeline_ops": list(m.pipeline_ops)},
+            "cost": {"probe_seconds": m.probe_seconds,
+                     "share_of_training": m.probe_seconds / m.seconds if m.seconds > 0 else None},
+        }
+
+    def json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2) + "\n"
+
+    def text(self) -> str:
+        m = self.measurements
+        who = f"worker {m.worker} of {m.workers}" if m.workers > 1 else "one worker"
+        lines = [
+            f"tfstrategy performance report ({who}, {m.replicas} replica{'s' if m.replicas != 1 else ''} in sync, "
+            f"steps_per_execution={m.steps_per_execution}): {m.steps} steps in {m.seconds:.1f} s",
+            f"  {self.examples_per_second:,.0f} examples/s"
+            + (f" for the job ({self.examples_per_second / m.workers:,.0f} on this worker)" if m.workers > 1 else "")
+            + f"; step {self.median * 1000:.3g} ms median, {self.p90 * 1000:.3g} ms p90 "
+            f"(global batch {m.global_batch})",
+            "  where a step goes: " + ", ".join(f"{part} {self.shares[part]:.0%}" for part in PARTS)
+            + f" -> {self.bottleneck}-bound",
+        ]
+        lines += [f"  recommendation: {r.line()}" for r in self.recommendations]
+        skipped = "; ".join(f"{name}: {why}" for name, why in m.not_probed.items())
+        cost = f"  report cost: probes {m.probe_seconds:.2f} s"
+        if m.seconds > 0:
+            cost += f" ({m.probe_seconds / m.seconds:.1%} of the {m.seconds:.1f} s trained)"
+        lines.append(cost + (f"; not probed: {skipped}" if skipped else ""))
+        return "\n".join(lines)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation between the nearest ranks."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("Received no values; expected at least one timed step.")
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def shares(step: float, m: Measurements) -> dict[str, float]:
+    """Split a step of ``step`` seconds into input, reduction, dispatch and compute (summing to 1)."""
+    if step <= 0:
+        return {part: (1.0 if part == "compute" else 0.0) for part in PARTS}
+    outside = min(m.outside, step)
+    call = step - outside
+    if m.waited is not None:
+        waited = min(m.waited, call)
+        synthetic = call - waited
+    else:
+        synthetic = min(m.synthetic, call) if m.synthetic is not None else call
+        waited = call - synthetic
+        if m.input_batch is not None:
+            waited = min(waited, m.input_batch)  # a step cannot wait for input longer than input takes
+    dispatch = outside  # Keras' loop and other callbacks between calls: a per-call cost a larger K divides
+    if m.larger_k is not None and m.synthetic_fastest is not None:
+        k, larger = m.larger_k
+        saved = max(m.synthetic_fastest - larger, 0.0)  # d/K - d/k' of the dispatch d per execution
+        ratio = 1 - m.steps_per_execution / k
+        dispatch += min(saved / ratio, synthetic) if ratio > 0 else 0.0
+    reduction = min(m.allreduce or 0.0, max(step - waited - dispatch, 0.0))
+    compute = max(step - waited - dispatch - reduction, 0.0)
+    total = waited + dispatch + reduction + compute
+    return {"input": waited / total, "reduction": reduction / total, "dispatch": dispatch / total,
+            "compute": compute / total}
+
+
+def _input_fix(ops: Sequence[str]) -> str:
+    fixes = [fix for op, fix in SEQUENTIAL_OPS.items() if op in ops]
+    if ops and not any(op in ops for op in PREFETCH_OPS):
+        fixes.append("end the pipeline with .prefetch(tf.data.AUTOTUNE)")
+    if fixes:
+        return "; ".join(fixes)
+    return "cache() the data after its expensive steps if it fits in memory, or give the input more CPU"
+
+
+def recommendations(split: dict[str, float], m: Measurements, step: float) -> tuple[Recommendation, ...]:
+    """At most two, the largest share first, each with its expected gain."""
+    found: list[tuple[float, Recommendation]] = []
+    if split["input"] >= WORTH_FIXING:
+        rest = step * (1 - split["input"])
+        # Input spread over every core and overlapped with the step: the step then takes the longer of the two.
+        floor = max(rest, (m.input_batch or 0.0) / max(m.cores, 1))
+        found.append((split["input"], Recommendation(
+            action=_input_fix(m.pipeline_ops),
+            why=f"each step waits {split['input']:.0%} of its time for input"
+                + (f" (the pipeline alone takes {m.input_batch * 1000:.3g} ms a batch)"
+                   if m.input_batch else "")
+                + f"; run in parallel on the {m.cores} core(s) and overlapped with the step, at best",
+            expected_gain=step / floor if floor > 0 else None)))
+    if split["dispatch"] >= WORTH_FIXING / 2:
+        k = m.larger_k[0] if m.larger_k else 4 * m.steps_per_execution
+        saved = m.outside * (1 - m.steps_per_execution / k)
+        evidence = f"{m.outside * 1000:.3g} ms a step go between calls (Keras' loop and callbacks)"
+        if m.larger_k is not None and m.synthetic_fastest is not None:
+            saved += max(m.synthetic_fastest - m.larger_k[1], 0.0)
+            evidence += (f"; a step on one cached batch took {m.synthetic_fastest * 1000:.3g} ms at "
+                         f"K={m.steps_per_execution} and {m.larger_k[1] * 1000:.3g} ms at K={k}")
+        found.append((split["dispatch"], Recommendation(
+            action=f"compile with steps_per_execution={k} (or \"auto\")",
+            why=f"per-call costs are {split['dispatch']:.0%} of a step at K={m.steps_per_execution}: {evidence}",
+            expected_gain=step / (step - saved) if 0 < saved < step else None)))
+    if split["reduction"] >= WORTH_FIXING and (m.replicas > 1 or m.workers > 1):
+        r, c = split["reduction"] * step, split["compute"] * step
+        if m.workers > 1 and r > (m.workers - 1) * c:
+            found.append((split["reduction"], Recommendation(
+                action=f"train on fewer workers (one worker with the same global batch: {m.workers}x its compute, "
+                       "no cross-worker reduction)",
+                why=f"the model is latency-bound: the all-reduce ({r * 1000:.3g} ms) outweighs {m.workers - 1}x the "
+                    f"compute of a step ({c * 1000:.3g} ms)",
+                expected_gain=(r + c) / (m.workers * c) if c > 0 else None)))
+        found.append((split["reduction"] * 0.99, Recommendation(
+            action="double the per-replica batch (and the global batch with it)",
+            why=f"the all-reduce of the gradients is {split['reduction']:.0%} of a step and costs the same at any "
+                "batch, so twice the examples per step pay it half as often",
+            expected_gain=2 * (r + c) / (r + 2 * c))))
+    if not found and split["compute"] >= 0.5:
+        found.append((split["compute"], Recommendation(
+            action="nothing in the input or the reduction to fix: more replicas or workers at the same "
+                   "per-replica batch, a faster device, or mixed precision on GPUs (--precision mixed_float16)",
+            why=f"compute is {split['compute']:.0%} of a step")))
+    found.sort(key=lambda pair: -pair[0])
+    return tuple(recommendation for _, recommendation in found[:2])
+
+
+def verdict(m: Measurements) -> Report:
+    """The report: step statistics, shares, the bottleneck and the recommendations."""
+    median = statistics.median(m.step_seconds)
+    split = shares(median, m)
+    bottleneck = max(PARTS, key=lambda part: split[part])
+    per_second = m.steps * m.global_batch / m.seconds if m.seconds > 0 else 0.0
+    return Report(measurements=m, median=median, p90=percentile(m.step_seconds, 90), examples_per_second=per_second,
+                  shares=split, bottleneck=bottleneck, recommendations=recommendations(split, m, median))
