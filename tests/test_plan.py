@@ -80,7 +80,7 @@ def test_the_hook_has_a_function_for_every_step_its_plan_can_name():
     variants = [PlanInputs(consumer="hook", cpu_replicas=2, devices="cpu", cluster_tasks=tasks, cluster_source=source,
                            precision="mixed_float16")
                 for tasks, source in ((0, None), (2, "TF_CONFIG"), (2, "Slurm"))]
-    variants.append(PlanInputs(consumer="hook", under_launcher=True))
+    variants.append(PlanInputs(consumer="hook", under_launcher=True, profile="/tmp/reports"))
     named = {step.name for inputs in variants for step in plan_steps(inputs)}
     assert named == set(worker_hook._STEPS)
 
@@ -91,3 +91,9 @@ def test_a_precision_is_a_keras_step_of_both_plans_and_absent_without_one():
         chosen = [step for step in steps if step.name == "set_precision"]
         assert len(chosen) == 1 and chosen[0].phase == "keras" and "mixed_bfloat16" in chosen[0].detail
         assert "set_precision" not in {step.name for step in plan_steps(PlanInputs(consumer=consumer))}
+
+
+def test_a_profile_is_the_hooks_last_keras_step_and_absent_without_one():
+    steps = plan_steps(PlanInputs(consumer="hook", profile="/tmp/reports"))
+    assert steps[-1].name == "performance_report" and steps[-1].phase == "keras" and "/tmp/reports" in steps[-1].detail
+    assert "performance_report" not in {step.name for step in plan_steps(PlanInputs(consumer="hook"))}

@@ -74,8 +74,11 @@ class StepTimes:
         """An epoch's end: the time until the next execution (validation, epoch callbacks) is not a step's."""
         self._begun, self._last_end = None, None
 
-    def begin(self) -> None:
-        self._begun = time.perf_counter()
+    def begin(self, at: float | None = None, *, after_wait: bool = False) -> None:
+        """An execution begins (``at``: when); ``after_wait``: the time since the last one was a timed wait, no gap."""
+        self._begun = time.perf_counter() if at is None else at
+        if after_wait:
+            self._last_end = self._begun
 
     def end(self, steps: int, wait: float | None = None) -> None:
         now = time.perf_counter()
@@ -190,6 +193,10 @@ def probe(model: Any, dataset: Any, *, step: float, steps_per_execution: int, la
             synthetic = iter(strategy.experimental_distribute_dataset(single))
             functions = {steps_per_execution: function}
             if larger_k is not None:
+                if not _compat.is_tf_keras_object(model):  # K > 1 on 2+ replicas needs tfstrategy's loop
+                    from tfstrategy.patches import keras_steps_per_execution
+
+                    keras_steps_per_execution.PATCH.apply()
                 _compat.set_steps_per_execution(model, larger_k)
                 model.make_train_function(force=True)
                 functions[larger_k] = model.train_function
@@ -245,7 +252,8 @@ class Tracker:
 
     def __init__(self, *, every_minutes: float | None = EVERY_MINUTES, directory: str | os.PathLike[str] | None = None,
                  larger_k: bool | None = None) -> None:
-        if every_minutes is not None and (isinstance(every_minutes, bool) or not every_minutes > 0):
+        if every_minutes is not None and (isinstance(every_minutes, bool) or not isinstance(every_minutes, (int, float))
+                                          or not every_minutes > 0):
             raise TrainingError(f"Received every_minutes={every_minutes!r}; expected a number of minutes above 0, "
                                 "or None for a report at the first fit's end only.")
         self.every_minutes = every_minutes
@@ -257,6 +265,8 @@ class Tracker:
         self._last_report = time.monotonic()
         #: The train function timed last (a new one traces at its first execution).
         self.function: Any = None
+        #: A custom loop's last batch (:meth:`steps`), for its step without input.
+        self.last_batch: Any = None
 
     def due(self, strategy: Any, *, final: bool) -> bool:
         """A model's first report at a fit's end, then once ``every_minutes`` passed; agreed by all workers.
@@ -271,8 +281,12 @@ class Tracker:
         return wanted > 0 and timed == 1
 
     def report(self, model: Any, dataset: Any, *, global_batch: int | None = None,
-               steps_per_execution: int | None = None, cap: int | None = None) -> Report:
-        """Probe, build the report from the steps timed since the last one, print it and write its files."""
+               steps_per_execution: int | None = None, cap: int | None = None, step_function: Any = None) -> Report:
+        """Probe, build the report from the steps timed since the last one, print it and write its files.
+
+        ``step_function``: a custom loop's step; called on its last batch, again and again, it is the
+        step without input.
+        """
         tf_ = tf()
         strategy = _compat.model_strategy(model) or tf_.distribute.get_strategy()
         times = self.times
@@ -292,6 +306,14 @@ class Tracker:
         if times.waits:  # a custom loop: the wait for each batch was timed directly
             probes["waited"] = statistics.median(w / s for w, s in zip(times.waits, times.steps))
             probes["not_probed"].pop("synthetic and input", None)
+            if step_function is not None and self.last_batch is not None:
+                started, batch = time.perf_counter(), self.last_batch
+                saved = snapshot(model, metrics=True)
+                try:
+                    probes["synthetic"] = _timed(lambda: step_function(batch), _count(step, 3, 20))
+                finally:
+                    saved.restore()
+                probes["probe_seconds"] += time.perf_counter() - started
         worker, workers = _worker(strategy)
         total = [(c + g + w) / s for c, g, w, s in zip(times.calls, times.gaps, times.waits or [0.0] * len(times.calls),
                                                        times.steps)]
@@ -332,7 +354,8 @@ class Tracker:
                 self.times.pause()
                 return
             got = time.perf_counter()
-            self.times._begun = got
+            self.times.begin(got, after_wait=True)
+            self.last_batch = batch
             yield batch
             self.times.end(1, wait=got - asked)
 
@@ -445,7 +468,7 @@ def profile_environment(profile: bool, directory: str | os.PathLike[str], every_
     """
     if not profile:
         return {}
-    if isinstance(every_minutes, bool) or not every_minutes > 0:
+    if isinstance(every_minutes, bool) or not isinstance(every_minutes, (int, float)) or not every_minutes > 0:
         raise TrainingError(f"Received --profile-every {every_minutes!r}; expected a number of minutes above 0, "
                             "e.g. --profile-every 10.")
     path = Path(directory).expanduser().resolve()

@@ -61,7 +61,8 @@ class Measurements:
     steps_per_execution: int = 1
     #: Seconds per step outside the train function's call (Keras' loop, other callbacks: per-call costs).
     outside: float = 0.0
-    #: Seconds per step waiting for the next batch, timed directly (a custom loop's ``next()``).
+    #: Seconds per step waiting for the next batch, timed directly (a custom loop's ``next()``): the
+    #: input share is at least this, and more when input work slows the step (``synthetic``).
     waited: float | None = None
     synthetic: float | None = None
     input_batch: float | None = None
@@ -159,8 +160,8 @@ def shares(step: float, m: Measurements) -> dict[str, float]:
         return {part: (1.0 if part == "compute" else 0.0) for part in PARTS}
     outside = min(m.outside, step)
     call = step - outside
-    if m.waited is not None:
-        waited = min(m.waited, call)
+    if m.waited is not None:  # a custom loop: its wait timed, and its step on one batch if probed
+        waited = min(max(m.waited, call - (m.synthetic if m.synthetic is not None else call)), call)
         synthetic = call - waited
     else:
         synthetic = min(m.synthetic, call) if m.synthetic is not None else call

@@ -218,7 +218,8 @@ class TrainStep:
         if self.sentinel is not None:
             self.sentinel.check(step=int(self.optimizer.iterations.numpy()), loss=result.get("loss"))
         if self.report is not None and self.report.due(self.strategy, final=True):
-            self.report.report(self.model, None, global_batch=self.global_batch, steps_per_execution=1)
+            self.report.report(self.model, None, global_batch=self.global_batch, steps_per_execution=1,
+                               step_function=self._function)
         return result
 
 
