@@ -206,10 +206,12 @@ def keras_global_seed_generator() -> Any:
         return None
     try:
         from keras.src.backend.common import global_state
-        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+        from keras.src.random import seed_generator
     except ImportError:  # tf_keras only, or a Keras that moved them
         return None
-    return global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+    # The attribute's name: a constant since Keras 3.11, the same string in 3.10.
+    name = getattr(seed_generator, "GLOBAL_SEED_GENERATOR", "global_seed_generator")
+    return global_state.get_global_attribute(name)
 
 
 def tf_global_generator() -> Any:

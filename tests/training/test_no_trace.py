@@ -6,6 +6,7 @@ import random
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from helpers import mirrored
@@ -63,3 +64,46 @@ def test_the_snapshot_restores_weights_seed_generators_and_global_random_states(
     assert random.random() == expected["python"] and np.random.random() == expected["numpy"]
     np.testing.assert_array_equal(keras.random.normal((2,)).numpy(), expected["keras"])
     np.testing.assert_array_equal(model(np.ones((2, 4), "float32"), training=True).numpy(), expected["dropout"])
+
+
+def _flavour_fit(steps_per_execution):
+    """tf.keras, whichever Keras it is (Keras 3, or tf_keras under TF_USE_LEGACY_KERAS=1)."""
+    import tfstrategy
+
+    tf.keras.utils.set_random_seed(1)
+    x = np.random.default_rng(0).normal(size=(512, 4)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).shuffle(512, seed=7).batch(32)
+    layers = tf.keras.layers
+    model, _ = tfstrategy.build_in_scope(
+        mirrored(1), lambda: tf.keras.Sequential([tf.keras.Input((4,)), layers.Dense(8, activation="relu"),
+                                                  layers.Dense(1)]),
+        optimizer="adam", loss="mse", steps_per_execution=steps_per_execution)
+    return model, model.fit(data, epochs=2, verbose=0).history["loss"]
+
+
+@pytest.mark.smoke
+def test_auto_then_fit_equals_the_chosen_k_fixed_on_this_keras():
+    from tfstrategy.training.steps_per_execution import last_choice
+
+    tuned, tuned_losses = _flavour_fit("auto")
+    chosen = last_choice(tuned).steps
+    fixed, fixed_losses = _flavour_fit(chosen)
+    np.testing.assert_allclose(tuned_losses, fixed_losses, rtol=0, atol=1e-6)
+    for a, b in zip(tuned.get_weights(), fixed.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.smoke
+def test_the_performance_report_works_on_this_keras():
+    import tfstrategy
+
+    x = np.random.default_rng(0).normal(size=(256, 4)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(16)
+    with mirrored(1).scope():
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    report = tfstrategy.performance_report(data, larger_k=True)
+    model.fit(data, epochs=2, verbose=0, callbacks=[report])
+    (result,) = report.tracker.reports
+    assert result.measurements.steps == 31 and result.measurements.synthetic is not None
+    assert result.measurements.larger_k[0] == 4 and sum(result.shares.values()) == pytest.approx(1.0)
