@@ -480,9 +480,12 @@ def _reported(original: Callable[..., Any], settings: dict[str, Any]) -> Callabl
     def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
         from tfstrategy.performance.report import add_report
 
-        if len(args) > 4:  # callbacks passed positionally (fit(x, y, batch_size, epochs, verbose, callbacks))
-            return original(model, *args, **kwargs)
-        add_report(model, args, kwargs, settings)
+        if len(args) > 5:  # callbacks passed positionally: fit(x, y, batch_size, epochs, verbose, callbacks, ...)
+            given = {"callbacks": args[5]}
+            add_report(model, args, given, settings)
+            args = (*args[:5], given["callbacks"], *args[6:])
+        else:
+            add_report(model, args, kwargs, settings)
         return original(model, *args, **kwargs)
 
     return wrapper
