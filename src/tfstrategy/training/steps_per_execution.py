@@ -107,16 +107,21 @@ def steps_cap(
 
 
 def _alternate(time_execution: Callable[[int], float], ks: tuple[int, int], best: dict[int, float], *,
-               rounds: int, min_seconds: float = 0.0, max_rounds: int = 50) -> int:
-    """Time one execution of each K per round, the order swapped every round; keep each K's fastest per step."""
-    spent, done = 0.0, 0
-    while done < rounds or (spent < min_seconds and done < max_rounds):
-        for k in ks if done % 2 == 0 else ks[::-1]:
+               rounds: int, min_seconds: float = 0.0, max_rounds: int = 50) -> list[float]:
+    """Time one execution of each K per round, the order swapped every round; keep each K's fastest per step.
+
+    Returns each round's gain: seconds per step at the first K over those at the second.
+    """
+    spent, gains = 0.0, []
+    while len(gains) < rounds or (spent < min_seconds and len(gains) < max_rounds):
+        per_step = {}
+        for k in ks if len(gains) % 2 == 0 else ks[::-1]:
             seconds = float(time_execution(k))
             spent += seconds
-            best[k] = min(best.get(k, float("inf")), seconds / k)
-        done += 1
-    return done
+            per_step[k] = seconds / k
+            best[k] = min(best.get(k, float("inf")), per_step[k])
+        gains.append(per_step[ks[0]] / per_step[ks[1]] if per_step[ks[1]] > 0 else 1.0)
+    return gains
 
 
 def choose_steps_per_execution(
@@ -137,8 +142,10 @@ def choose_steps_per_execution(
     half of ``min_gain``, K stays 1 without timing long executions of a heavy
     model. Otherwise K = 1 and K = ``cap`` are timed in alternating rounds (the
     order swapped every round, so drift in a neighbour's load hits both) until
-    there are ``rounds`` of them and they took ``min_seconds``; the fastest
-    execution of each K counts, as other processes only ever add time.
+    there are ``rounds`` of them and they took ``min_seconds``. Each round gives
+    a gain (K = 1's time per step over the large K's, side by side in time); the
+    large K is kept if the second-smallest round's gain is ``min_gain`` or more,
+    so one round slowed by a neighbour decides nothing.
 
     Args:
         time_execution: the seconds one execution of K steps takes.
@@ -162,7 +169,7 @@ def choose_steps_per_execution(
         return StepsPerExecutionChoice(steps=1, reason="the cap is 1", cap=1, cap_reason=cap_reason)
     best: dict[int, float] = {}
     screen = min(4, cap)
-    done = _alternate(time_execution, (1, screen), best, rounds=3)
+    done = len(_alternate(time_execution, (1, screen), best, rounds=3))
     one, small = agree(best[1]), agree(best[screen])
     step = max((small * screen - one) / (screen - 1), 0.0)
     dispatch = max(one - step, 0.0)
@@ -172,9 +179,12 @@ def choose_steps_per_execution(
             steps=1, cap=cap, cap_reason=cap_reason, rounds=done, seconds_per_step=((1, one), (screen, small)),
             reason=f"the dispatch is ~{dispatch / one:.0%} of a step: even K={cap} could run a step only "
                    f"~{bound:.2f}x as fast as K=1 (below the {1 + min_gain:.2f}x that pays)")
-    done += _alternate(time_execution, (1, cap), best, rounds=rounds, min_seconds=min_seconds, max_rounds=max_rounds)
+    gains = sorted(_alternate(time_execution, (1, cap), best, rounds=rounds, min_seconds=min_seconds,
+                              max_rounds=max_rounds))
+    done += len(gains)
     per_step = {1: agree(best[1]), cap: agree(best[cap])}
-    gain = per_step[1] / per_step[cap] if per_step[cap] > 0 else 1.0
+    # The second-smallest round's gain: one round a neighbour slowed at K=1 cannot make the large K look better.
+    gain = agree(gains[1] if len(gains) > 1 else gains[0])
     if gain >= 1 + min_gain:
         chosen, reason = cap, f"K={cap} runs a step {gain:.2f}x as fast as K=1"
     else:
