@@ -21,8 +21,8 @@ configured before TensorFlow starts) does two things:
 
 It prints one JSON line: the choices and examples/s of each side, wall and per
 CPU-second of the process. The parent runs every worker at each load of
-``Budget.auto_k_loads``: ``load`` competing busy processes (``python -c "while
-True: pass"``) run for the whole of that load's workers, so "load 2" means two
+``Budget.auto_k_loads``: ``load`` competing busy processes (a ``while True:
+pass`` loop, see :data:`BUSY_LOOP`) run for the whole of that load's workers, so "load 2" means two
 processes each wanting a full core of the 2 the machine may have::
 
     python benchmarks/auto_k.py --workload cnn --replicas 1 --tunings 5 --pairs 9 --steps 96
@@ -181,11 +181,17 @@ def _run(command: list[str], timeout: float) -> dict[str, Any]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+#: A competing process: a busy loop, that also ends once its parent is gone (killed before its ``finally`` ran,
+#: e.g. by a test's timeout), checking about every 10 ms.
+BUSY_LOOP = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
+             "    for _ in range(100_000):\n        pass\n")
+
+
 def run_at_load(load: int, budget: Any, timeout: float = 1800.0) -> dict[str, Any]:
     """Every worker, one after another, with ``load`` busy processes competing for the cores throughout."""
     hogs = []
     try:
-        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
+        hogs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(load)]
         start = time.perf_counter()
         runs = {}
@@ -245,7 +251,7 @@ def run_auto_k_suite(budget: Any) -> SuiteResult:
             "`MirroredStrategy` by hand, model and `compile` in its scope, `batch().prefetch()`, K=1 (the partial last "
             "batch kept). MLP: 4-64-64-1, adam, mse + mae, batch 256; CNN: conv16-pool-conv32-pool-dense64-10 on 28x28x1, "
             "adam, sparse categorical cross-entropy (logits) + accuracy, batch 128.",
-            "Load N: N competing busy processes (`python -c \"while True: pass\"`) run throughout that load's workers "
+            "Load N: N competing busy processes (a Python busy loop) run throughout that load's workers "
             "(on a 2-core machine load 2 leaves no core free). Per CPU-second counts the CPU time of the benchmark "
             "process alone; wall time also counts waiting for the cores.",
             "K chosen per tuning: " + "; ".join(chosen_notes) + ".",
