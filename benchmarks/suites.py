@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from auto_k import run_auto_k_suite
 from multi_worker import run_multi_worker_suite
 from process_time import ROOT, clean_env, run_process_suite
 from stats import Comparison, SuiteResult
@@ -42,11 +43,20 @@ class Budget:
     allreduce_repeats: int = 7
     #: Suites 2 and 3: one process per count of logical CPU replicas.
     replica_counts: tuple[int, ...] = (1, 2, 4)
+    #: Suite 5: fresh models tuned by steps_per_execution="auto" per workload and load (the choice's spread).
+    auto_k_tunings: int = 5
+    #: Suite 5: interleaved rounds of auto (K chosen), K=1 and the seed recipe.
+    auto_k_pairs: int = 9
+    #: Suite 5: competing busy processes (0 = none) during each pass over the workloads.
+    auto_k_loads: tuple[int, ...] = (0, 2)
+    #: Suite 5: steps per epoch of the tuned and timed fits (the cap K=1 is timed against is min(this, 64)).
+    auto_k_steps: int = 96
 
     @classmethod
     def quick(cls) -> Budget:
         return cls(process_repeats=1, fit_repeats=2, steps=4, epochs=1, mw_rounds=1, mw_steps=2, mw_windows=1,
-                   allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1, replica_counts=(1, 4))
+                   allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1, replica_counts=(1, 4),
+                   auto_k_tunings=1, auto_k_pairs=1, auto_k_loads=(0, 2), auto_k_steps=8)
 
 
 @dataclass(frozen=True)
@@ -135,4 +145,5 @@ SUITES: list[Suite] = [
     Suite("process", lambda budget: run_process_suite(budget.process_repeats)),
     Suite("fit", run_fit_suites),
     Suite("multi_worker", run_multi_worker_suite),
+    Suite("auto_k", run_auto_k_suite),
 ]

@@ -42,18 +42,19 @@ def test_comparison_summarises_pair_ratios():
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # runs every benchmark workload for real (96 s); make bench runs them too
+@pytest.mark.extended  # runs every benchmark workload for real; make bench runs them too
+@pytest.mark.timeout(1500)  # suite 5 alone starts 6 worker processes, 3 of them at load 2
 def test_quick_run_writes_tables_json_and_plot(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=900, cwd=ROOT,
+        capture_output=True, text=True, timeout=1400, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert results["quick"] is True
     assert [suite["name"] for suite in results["suites"]] == [
-        "process", "fit_overhead", "reference_mlp", "multi_worker_scaling", "multi_worker_allreduce",
+        "process", "fit_overhead", "reference_mlp", "multi_worker_scaling", "multi_worker_allreduce", "auto_k",
     ]
     # The machine is stated beside every table.
     assert result.stdout.count("machine: ") == len(results["suites"])
@@ -61,7 +62,8 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     budget = Budget.quick()
     for suite in results["suites"]:
         expected_pairs = {"process": budget.process_repeats, "fit_overhead": budget.fit_repeats,
-                          "reference_mlp": budget.fit_repeats}.get(suite["name"], budget.mw_rounds)
+                          "reference_mlp": budget.fit_repeats,
+                          "auto_k": budget.auto_k_pairs}.get(suite["name"], budget.mw_rounds)
         for row in suite["rows"]:
             assert row["pairs"] == expected_pairs == len(row["baseline"]) == len(row["candidate"])
             assert row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"]
@@ -79,7 +81,7 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     # The recommended settings tune steps_per_execution (capped by the epoch), which runs on 4 replicas with the fix.
     for replicas, chosen in fit["details"]["steps_per_execution"].items():
         assert chosen["seed"] == chosen["tfstrategy"] == 1 and 1 <= chosen["recommended"] <= budget.steps, replicas
-    scaling, allreduce = results["suites"][3:]
+    scaling, allreduce, auto_k = results["suites"][3:]
     jobs = scaling["details"]["jobs"]
     assert jobs["plain, 2 worker(s)"]["strategy"] == jobs["tfstrategy, 2 worker(s)"]["strategy"] == "CollectiveAllReduceStrategy"
     assert jobs["tfstrategy, 2 worker(s)"]["replicas_in_sync"] == 2 and jobs["plain, 1 worker(s)"]["replicas_in_sync"] == 1
@@ -95,3 +97,16 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     curve = allreduce["details"]["loglog"]
     assert curve["bytes"] == list(budget.allreduce_bytes)
     assert all(len(values) == len(curve["bytes"]) and min(values) > 0 for values in curve["series"].values())
+    # Suite 5: every workload tuned at every load, each tuning choosing K=1 or the cap (the epoch's steps here).
+    runs = auto_k["details"]["runs"]
+    assert list(runs) == ["MLP, 1 replica", "MLP, 4 replicas", "CNN, 1 replica"]
+    assert len(auto_k["rows"]) == 4 * len(runs) * len(budget.auto_k_loads)
+    for label, by_load in runs.items():
+        assert list(by_load) == [str(load) for load in budget.auto_k_loads], label
+        for load, run in by_load.items():
+            cap = min(budget.auto_k_steps, 64)
+            assert run["cap"] == cap and len(run["chosen"]) == len(run["lines"]) == budget.auto_k_tunings, (label, load)
+            assert set(run["chosen"]) <= {1, cap} and run["steps_per_execution"] in run["chosen"], (label, load)
+            assert run["all_equal"] == (len(set(run["chosen"])) == 1)
+            assert run["examples"]["auto"] == run["examples"]["k1"] == budget.auto_k_steps * (128 if "CNN" in label else 256)
+    assert set(auto_k["details"]["phases"]) == {str(load) for load in budget.auto_k_loads}
