@@ -195,7 +195,7 @@ def run_at_load(load: int, budget: Any, timeout: float = 1800.0) -> dict[str, An
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(load)]
         start = time.perf_counter()
         runs = {}
-        for name, replicas in WORKLOADS:
+        for name, replicas in budget.auto_k_workloads:
             runs[workload_label(name, replicas)] = _run(_worker_command(name, replicas, budget), timeout)
         return {"runs": runs, "seconds": round(time.perf_counter() - start, 1),
                 "load_average_1m_end": round(os.getloadavg()[0], 2)}

@@ -51,12 +51,15 @@ class Budget:
     auto_k_loads: tuple[int, ...] = (0, 2)
     #: Suite 5: steps per epoch of the tuned and timed fits (the cap K=1 is timed against is min(this, 64)).
     auto_k_steps: int = 96
+    #: (model, logical replicas) timed by suite 5; quick: the 1-replica MLP only (each is a fresh process).
+    auto_k_workloads: tuple[tuple[str, int], ...] = (("mlp", 1), ("mlp", 4), ("cnn", 1))
 
     @classmethod
     def quick(cls) -> Budget:
         return cls(process_repeats=1, fit_repeats=2, steps=4, epochs=1, mw_rounds=1, mw_steps=2, mw_windows=1,
                    allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1, replica_counts=(1, 4),
-                   auto_k_tunings=1, auto_k_pairs=1, auto_k_loads=(0, 2), auto_k_steps=8)
+                   auto_k_tunings=1, auto_k_pairs=1, auto_k_loads=(0, 2), auto_k_steps=8,
+                   auto_k_workloads=(("mlp", 1),))
 
 
 @dataclass(frozen=True)
