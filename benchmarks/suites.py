@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from auto_k import WORKLOADS as AUTO_K_WORKLOADS
 from auto_k import run_auto_k_suite
 from multi_worker import run_multi_worker_suite
 from process_time import ROOT, clean_env, run_process_suite
@@ -52,7 +53,7 @@ class Budget:
     #: Suite 5: steps per epoch of the tuned and timed fits (the cap K=1 is timed against is min(this, 64)).
     auto_k_steps: int = 96
     #: (model, logical replicas) timed by suite 5; quick: the 1-replica MLP only (each is a fresh process).
-    auto_k_workloads: tuple[tuple[str, int], ...] = (("mlp", 1), ("mlp", 4), ("cnn", 1))
+    auto_k_workloads: tuple[tuple[str, int], ...] = AUTO_K_WORKLOADS
 
     @classmethod
     def quick(cls) -> Budget:
