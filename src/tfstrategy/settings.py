@@ -70,6 +70,9 @@ ENV_JOB_TAG = "TFSTRATEGY_JOB_TAG"
 ENV_HOOK = "TFSTRATEGY_HOOK"
 #: What the hook does when a model's variables are outside its strategy's scope: warn, stop or off.
 ENV_AUDIT = "TFSTRATEGY_AUDIT"
+#: The values of ``--audit`` / ``TFSTRATEGY_AUDIT`` (here, not in the hook's module, so the CLI's parser
+#: offers them without loading the hook).
+AUDIT_MODES = ("warn", "stop", "off")
 #: "1": print one summary line (strategy, replicas, patches, audit) when the process exits.
 ENV_HOOK_SUMMARY = "TFSTRATEGY_HOOK_SUMMARY"
 #: Set by the hook to the pid it installed in: a Python child of the script (which inherits it) stays unhooked.

@@ -84,3 +84,28 @@ def test_seed_script_runs_unchanged():
     result = run_example("strategy-demo.py")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == SEED_LINES
+
+
+# What `tfstrategy check` loads before it runs TensorFlow: the parser of every command and
+# the modules check_command imports. The launcher's start-up hook, the peer wait (multi-worker
+# only) and the fit-only dataset refusals are not on its path.
+_CHECK_PATH_MODULES = """
+import sys
+from tfstrategy.cli import build_parser
+args = build_parser().parse_args(["check"])
+assert args.command.__name__ == "check_command"
+import tfstrategy.diagnostics.check, tfstrategy.errors, tfstrategy.multiworker.cluster, tfstrategy.selection.select
+off_path = ["tfstrategy.launch.worker_hook", "tfstrategy.launch.worker_watch", "tfstrategy.launch.reports",
+            "tfstrategy.multiworker.peers", "tfstrategy.training.sentinel", "tfstrategy.training.datasets",
+            "tfstrategy.training.batching"]
+print(" ".join(name for name in off_path if name in sys.modules))
+"""
+
+
+def test_the_check_path_loads_no_launcher_or_fit_only_module():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CHECK_PATH_MODULES], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == ""

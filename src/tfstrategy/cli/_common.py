@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind
+from tfstrategy.settings import AUDIT_MODES, ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind
 
 __all__ = ["add_program_arguments", "program_from_args", "add_strategy_arguments", "add_output_arguments", "quiet_tensorflow", "import_tensorflow_quietly"]
 
@@ -76,8 +76,6 @@ def import_tensorflow_quietly(debug: bool) -> None:
 
 def add_program_arguments(parser: argparse.ArgumentParser, *, where: str) -> None:
     """Add ``--audit``, ``--debug`` and the program after ``--`` (``run`` and ``launch``)."""
-    from tfstrategy.launch.worker_hook import AUDIT_MODES
-
     parser.add_argument("--audit", default="warn", choices=AUDIT_MODES,
                         help="before fit/evaluate, variables made outside the strategy's scope: warn (default) "
                         "reports them once, stop refuses to train, off skips the audit")

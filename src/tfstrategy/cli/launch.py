@@ -16,8 +16,6 @@ from tfstrategy.errors import LaunchError
 from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT as JOIN_TIMEOUT_STATUS
 from tfstrategy.launch.states import EXIT_STALL
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, ENV_PORT_RANGE
-from tfstrategy.training.precision import precision_environment
-from tfstrategy.training.sentinel import sentinel_environment
 
 if TYPE_CHECKING:  # the launcher's modules load when a job starts, not for `tfstrategy check`
     from tfstrategy.launch.rendezvous import NodeOptions
@@ -285,6 +283,8 @@ def launch_command(args: argparse.Namespace) -> int:
     from tfstrategy.launch import backup_dir, network_isolation
     from tfstrategy.launch.supervisor import Launcher
     from tfstrategy.performance.report import profile_environment
+    from tfstrategy.training.precision import precision_environment
+    from tfstrategy.training.sentinel import sentinel_environment
 
     quiet_tensorflow(args.debug)
     options = options_from_args(args)

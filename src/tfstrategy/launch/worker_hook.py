@@ -44,6 +44,7 @@ from typing import Any
 from tfstrategy.errors import ScopeError, TFStrategyError
 from tfstrategy.launch import worker_watch
 from tfstrategy.settings import (
+    AUDIT_MODES,
     ENV_AUDIT,
     ENV_CPU_REPLICAS,
     ENV_DEVICES,
@@ -56,7 +57,6 @@ from tfstrategy.settings import (
 
 __all__ = ["AUDIT_MODES", "hook_environment", "validate_audit_mode", "install"]
 
-AUDIT_MODES = ("warn", "stop", "off")
 #: The directory whose ``sitecustomize`` installs this hook; first on the workers' PYTHONPATH.
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 

@@ -25,7 +25,6 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import BuildError, ScopeError
 from tfstrategy.scope.creation_sites import site_of
-from tfstrategy.training.datasets import refuse_endless_fit
 from tfstrategy.training.precision import float16_output_message
 
 __all__ = ["VariableRecord", "AuditReport", "strategy_of", "audit_scope", "require_scope", "guard_model", "scope_guard"]
@@ -307,6 +306,9 @@ def guard_model(model: Any, strategy: Any) -> Any:
     Returns:
         The same model, guarded.
     """
+    # Imported here, not at module level: `tfstrategy check` audits but never fits.
+    from tfstrategy.training.datasets import refuse_endless_fit
+
     strategy = strategy_of(strategy)
     passed: dict[str, tuple[int, ...]] = {}
 
