@@ -20,6 +20,7 @@ from pathlib import Path
 
 from multi_worker import run_multi_worker_suite
 from process_time import ROOT, clean_env, run_process_suite
+from profile_report import run_profile_report_suite
 from stats import Comparison, SuiteResult
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads.py"
@@ -42,11 +43,21 @@ class Budget:
     allreduce_repeats: int = 7
     #: Suites 2 and 3: one process per count of logical CPU replicas.
     replica_counts: tuple[int, ...] = (1, 2, 4)
+    #: Suite 5 (profile_report): workloads x settings run through the CLI with --profile; steps per fit (None: each
+    #: workload's default, a few hundred); the cost's interleaved pairs, steps per fit and timed callback-hook calls.
+    profile_workloads: tuple[str, ...] = ("input", "compute", "reduction")
+    profile_settings: tuple[str, ...] = ("1 replica", "4 replicas", "2 workers")
+    profile_steps: int | None = None
+    profile_pairs: int = 9
+    profile_cost_steps: int = 150
+    profile_hook_calls: int = 20000
 
     @classmethod
     def quick(cls) -> Budget:
         return cls(process_repeats=1, fit_repeats=2, steps=4, epochs=1, mw_rounds=1, mw_steps=2, mw_windows=1,
-                   allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1, replica_counts=(1, 4))
+                   allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1, replica_counts=(1, 4),
+                   profile_workloads=("reduction",), profile_settings=("1 replica", "2 workers"), profile_steps=6,
+                   profile_pairs=2, profile_cost_steps=4, profile_hook_calls=200)
 
 
 @dataclass(frozen=True)
@@ -135,4 +146,5 @@ SUITES: list[Suite] = [
     Suite("process", lambda budget: run_process_suite(budget.process_repeats)),
     Suite("fit", run_fit_suites),
     Suite("multi_worker", run_multi_worker_suite),
+    Suite("profile_report", run_profile_report_suite),
 ]

@@ -53,7 +53,7 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert results["quick"] is True
     assert [suite["name"] for suite in results["suites"]] == [
-        "process", "fit_overhead", "reference_mlp", "multi_worker_scaling", "multi_worker_allreduce",
+        "process", "fit_overhead", "reference_mlp", "multi_worker_scaling", "multi_worker_allreduce", "profile_report",
     ]
     # The machine is stated beside every table.
     assert result.stdout.count("machine: ") == len(results["suites"])
@@ -61,8 +61,11 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     budget = Budget.quick()
     for suite in results["suites"]:
         expected_pairs = {"process": budget.process_repeats, "fit_overhead": budget.fit_repeats,
-                          "reference_mlp": budget.fit_repeats}.get(suite["name"], budget.mw_rounds)
+                          "reference_mlp": budget.fit_repeats,
+                          "profile_report": budget.profile_pairs}.get(suite["name"], budget.mw_rounds)
         for row in suite["rows"]:
+            if suite["name"] == "profile_report" and "probes" in row["name"]:
+                continue  # one sample per setting: checked below
             assert row["pairs"] == expected_pairs == len(row["baseline"]) == len(row["candidate"])
             assert row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"]
     fit = results["suites"][1]
@@ -95,3 +98,18 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     curve = allreduce["details"]["loglog"]
     assert curve["bytes"] == list(budget.allreduce_bytes)
     assert all(len(values) == len(curve["bytes"]) and min(values) > 0 for values in curve["series"].values())
+    # The performance report's suite: every workload x setting ran through the CLI, on this tree's tfstrategy,
+    # each worker's verdict recorded; the probes' rows have one sample per setting.
+    profile = next(suite for suite in results["suites"] if suite["name"] == "profile_report")
+    verdicts = profile["details"]["verdicts"]
+    assert list(verdicts) == list(budget.profile_workloads)
+    for settings in verdicts.values():
+        assert list(settings) == list(budget.profile_settings)
+        for setting, entry in settings.items():
+            assert len(entry["bottleneck"]) == (2 if setting == "2 workers" else 1)
+            assert all(abs(sum(shares.values()) - 1) < 1e-6 for shares in entry["shares"])
+            assert min(entry["probe_seconds"]) > 0
+    probe_rows = [row for row in profile["rows"] if "probes" in row["name"]]
+    assert len(probe_rows) == len(budget.profile_workloads)
+    assert all(row["pairs"] == len(budget.profile_settings) for row in probe_rows)
+    assert profile["details"]["cost"]["tfstrategy"] == str(ROOT / "src" / "tfstrategy")
