@@ -44,12 +44,14 @@ class Budget:
     #: Suites 2 and 3: one process per count of logical CPU replicas.
     replica_counts: tuple[int, ...] = (1, 2, 4)
     #: Suite 5 (profile_report): workloads x settings run through the CLI with --profile; steps per fit (None: each
-    #: workload's default, a few hundred); the cost's interleaved pairs, steps per fit and timed callback-hook calls.
+    #: workload's default, a few hundred); the cost's interleaved pairs, workloads, steps per timed epoch and timed
+    #: callback-hook calls.
     profile_workloads: tuple[str, ...] = ("input", "compute", "reduction")
     profile_settings: tuple[str, ...] = ("1 replica", "4 replicas", "2 workers")
     profile_steps: int | None = None
     profile_pairs: int = 9
-    profile_cost_steps: int = 150
+    profile_cost_workloads: tuple[str, ...] = ("reduction", "compute")
+    profile_cost_steps: int = 30
     profile_hook_calls: int = 20000
 
     @classmethod
@@ -57,7 +59,8 @@ class Budget:
         return cls(process_repeats=1, fit_repeats=2, steps=4, epochs=1, mw_rounds=1, mw_steps=2, mw_windows=1,
                    allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1, replica_counts=(1, 4),
                    profile_workloads=("reduction",), profile_settings=("1 replica", "2 workers"), profile_steps=6,
-                   profile_pairs=2, profile_cost_steps=4, profile_hook_calls=200)
+                   profile_pairs=2, profile_cost_workloads=("reduction",), profile_cost_steps=4,
+                   profile_hook_calls=200)
 
 
 @dataclass(frozen=True)
