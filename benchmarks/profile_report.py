@@ -341,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workloads", default="input,compute,reduction", help=argparse.SUPPRESS)
     parser.add_argument("--pairs", type=int, default=9, help=argparse.SUPPRESS)
-    parser.add_argument("--cost-steps", type=int, default=30, help=argparse.SUPPRESS)
-    parser.add_argument("--hook-calls", type=int, default=20000, help=argparse.SUPPRESS)
+    parser.add_argument("--cost-steps", type=int, default=20, help=argparse.SUPPRESS)
+    parser.add_argument("--hook-calls", type=int, default=5000, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cost_worker:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

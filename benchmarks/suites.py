@@ -51,8 +51,8 @@ class Budget:
     profile_steps: int | None = None
     profile_pairs: int = 9
     profile_cost_workloads: tuple[str, ...] = ("reduction", "compute")
-    profile_cost_steps: int = 30
-    profile_hook_calls: int = 20000
+    profile_cost_steps: int = 20
+    profile_hook_calls: int = 5000
 
     @classmethod
     def quick(cls) -> Budget:
