@@ -22,6 +22,7 @@ from auto_k import WORKLOADS as AUTO_K_WORKLOADS
 from auto_k import run_auto_k_suite
 from multi_worker import run_multi_worker_suite
 from process_time import ROOT, clean_env, run_process_suite
+from profile_report import run_profile_report_suite
 from stats import Comparison, SuiteResult
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads.py"
@@ -54,13 +55,26 @@ class Budget:
     auto_k_steps: int = 96
     #: (model, logical replicas) timed by suite 5; quick: the 1-replica MLP only (each is a fresh process).
     auto_k_workloads: tuple[tuple[str, int], ...] = AUTO_K_WORKLOADS
+    #: Suite 5 (profile_report): workloads x settings run through the CLI with --profile; steps per fit (None: each
+    #: workload's default, a few hundred); the cost's interleaved pairs, workloads, steps per timed epoch and timed
+    #: callback-hook calls.
+    profile_workloads: tuple[str, ...] = ("input", "compute", "reduction")
+    profile_settings: tuple[str, ...] = ("1 replica", "4 replicas", "2 workers")
+    profile_steps: int | None = None
+    profile_pairs: int = 9
+    profile_cost_workloads: tuple[str, ...] = ("reduction", "compute")
+    profile_cost_steps: int = 20
+    profile_hook_calls: int = 5000
 
     @classmethod
     def quick(cls) -> Budget:
         return cls(process_repeats=1, fit_repeats=2, steps=4, epochs=1, mw_rounds=1, mw_steps=2, mw_windows=1,
                    allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1, replica_counts=(1, 4),
                    auto_k_tunings=1, auto_k_pairs=1, auto_k_loads=(0, 2), auto_k_steps=8,
-                   auto_k_workloads=(("mlp", 1),))
+                   auto_k_workloads=(("mlp", 1),),
+                   profile_workloads=("reduction",), profile_settings=("1 replica", "2 workers"), profile_steps=6,
+                   profile_pairs=2, profile_cost_workloads=("reduction",), profile_cost_steps=4,
+                   profile_hook_calls=200)
 
 
 @dataclass(frozen=True)
@@ -150,4 +164,5 @@ SUITES: list[Suite] = [
     Suite("fit", run_fit_suites),
     Suite("multi_worker", run_multi_worker_suite),
     Suite("auto_k", run_auto_k_suite),
+    Suite("profile_report", run_profile_report_suite),
 ]

@@ -55,6 +55,7 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     assert results["quick"] is True
     assert [suite["name"] for suite in results["suites"]] == [
         "process", "fit_overhead", "reference_mlp", "multi_worker_scaling", "multi_worker_allreduce", "auto_k",
+        "profile_report",
     ]
     # The machine is stated beside every table.
     assert result.stdout.count("machine: ") == len(results["suites"])
@@ -63,8 +64,11 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     for suite in results["suites"]:
         expected_pairs = {"process": budget.process_repeats, "fit_overhead": budget.fit_repeats,
                           "reference_mlp": budget.fit_repeats,
-                          "auto_k": budget.auto_k_pairs}.get(suite["name"], budget.mw_rounds)
+                          "auto_k": budget.auto_k_pairs,
+                          "profile_report": budget.profile_pairs}.get(suite["name"], budget.mw_rounds)
         for row in suite["rows"]:
+            if suite["name"] == "profile_report" and "probes" in row["name"]:
+                continue  # one sample per setting: checked below
             assert row["pairs"] == expected_pairs == len(row["baseline"]) == len(row["candidate"])
             assert row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"]
     fit = results["suites"][1]
@@ -81,7 +85,7 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     # The recommended settings tune steps_per_execution (capped by the epoch), which runs on 4 replicas with the fix.
     for replicas, chosen in fit["details"]["steps_per_execution"].items():
         assert chosen["seed"] == chosen["tfstrategy"] == 1 and 1 <= chosen["recommended"] <= budget.steps, replicas
-    scaling, allreduce, auto_k = results["suites"][3:]
+    scaling, allreduce, auto_k = results["suites"][3:6]
     jobs = scaling["details"]["jobs"]
     assert jobs["plain, 2 worker(s)"]["strategy"] == jobs["tfstrategy, 2 worker(s)"]["strategy"] == "CollectiveAllReduceStrategy"
     assert jobs["tfstrategy, 2 worker(s)"]["replicas_in_sync"] == 2 and jobs["plain, 1 worker(s)"]["replicas_in_sync"] == 1
@@ -99,7 +103,7 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
     assert all(len(values) == len(curve["bytes"]) and min(values) > 0 for values in curve["series"].values())
     # Suite 5: every workload tuned at every load, each tuning choosing K=1 or the cap (the epoch's steps here).
     runs = auto_k["details"]["runs"]
-    assert list(runs) == ["MLP, 1 replica", "MLP, 4 replicas", "CNN, 1 replica"]
+    assert list(runs) == ["MLP, 1 replica"]  # quick mode: the 1-replica MLP only
     assert len(auto_k["rows"]) == 4 * len(runs) * len(budget.auto_k_loads)
     for label, by_load in runs.items():
         assert list(by_load) == [str(load) for load in budget.auto_k_loads], label
@@ -110,3 +114,18 @@ def test_quick_run_writes_tables_json_and_plot(tmp_path):
             assert run["all_equal"] == (len(set(run["chosen"])) == 1)
             assert run["examples"]["auto"] == run["examples"]["k1"] == budget.auto_k_steps * (128 if "CNN" in label else 256)
     assert set(auto_k["details"]["phases"]) == {str(load) for load in budget.auto_k_loads}
+    # The performance report's suite: every workload x setting ran through the CLI, on this tree's tfstrategy,
+    # each worker's verdict recorded; the probes' rows have one sample per setting.
+    profile = next(suite for suite in results["suites"] if suite["name"] == "profile_report")
+    verdicts = profile["details"]["verdicts"]
+    assert list(verdicts) == list(budget.profile_workloads)
+    for settings in verdicts.values():
+        assert list(settings) == list(budget.profile_settings)
+        for setting, entry in settings.items():
+            assert len(entry["bottleneck"]) == (2 if setting == "2 workers" else 1)
+            assert all(abs(sum(shares.values()) - 1) < 1e-6 for shares in entry["shares"])
+            assert min(entry["probe_seconds"]) > 0
+    probe_rows = [row for row in profile["rows"] if "probes" in row["name"]]
+    assert len(probe_rows) == len(budget.profile_workloads)
+    assert all(row["pairs"] == len(budget.profile_settings) for row in probe_rows)
+    assert profile["details"]["cost"]["tfstrategy"] == str(ROOT / "src" / "tfstrategy")

@@ -22,9 +22,9 @@ def measured(step: float = 0.010, **fields) -> Measurements:
     [
         pytest.param({"synthetic": 0.002, "input_batch": 0.012}, "input",
                      {"input": 0.8, "reduction": 0.0, "dispatch": 0.0, "compute": 0.2}, id="slow-map"),
-        pytest.param({"synthetic": 0.002, "input_batch": 0.003}, "compute",
-                     {"input": 0.3, "reduction": 0.0, "dispatch": 0.0, "compute": 0.7},
-                     id="wait-no-longer-than-the-input-takes"),
+        pytest.param({"synthetic": 0.002, "input_batch": 0.003}, "input",
+                     {"input": 0.6, "reduction": 0.0, "dispatch": 0.0, "compute": 0.4},
+                     id="a-step-longer-than-its-probes-scales-them"),  # 10 ms against 2 + 3: each probe x2
         pytest.param({"synthetic": 0.0099, "input_batch": 0.001, "replicas": 2, "workers": 2, "allreduce": 0.007},
                      "reduction", {"input": 0.01, "reduction": 0.7, "dispatch": 0.0, "compute": 0.29},
                      id="wide-model-on-two-workers"),

@@ -208,6 +208,9 @@ def probe(model: Any, dataset: Any, *, step: float, steps_per_execution: int, la
                 found["synthetic_fastest"] = min(timed[steps_per_execution]) / steps_per_execution
             batches = iter(strategy.experimental_distribute_dataset(copy.repeat()))
             found["input_batch"] = _timed(lambda: next(batches), _count(step, 5, 50))
+            # Released here, so probe_seconds counts it: on 4 logical CPU replicas, releasing a distributed iterator
+            # over a prefetched pipeline took 3-17 s (TensorFlow 2.21), more than the probes themselves.
+            del synthetic, batches
         if replicas > 1:
             found["allreduce"] = _allreduce(strategy, model, _count(step, 3, 20))
     finally:

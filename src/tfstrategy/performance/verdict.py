@@ -14,7 +14,10 @@ trains, and short probes run on a copy of its data at the report's time:
 From these :func:`shares` splits a step into four parts that sum to 1:
 
 - **input**: the step minus the synthetic step: time the step waited for data
-  (at most the pipeline's own time per batch);
+  (at most the pipeline's own time per batch). The probes run after the steps:
+  when a step is shorter than the synthetic step, or longer than the synthetic
+  step plus the input alone, every probe is scaled to the step (their
+  proportions kept), so the difference does not all land on compute;
 - **dispatch**: the per-call cost a larger K saves (the synthetic step at K minus
   at the larger K, scaled to the whole dispatch), when probed;
 - **reduction**: the all-reduce of the gradients, waiting for the slowest
@@ -160,21 +163,28 @@ def shares(step: float, m: Measurements) -> dict[str, float]:
         return {part: (1.0 if part == "compute" else 0.0) for part in PARTS}
     outside = min(m.outside, step)
     call = step - outside
+    scale = 1.0  # probe seconds -> seconds of this step
     if m.waited is not None:  # a custom loop: its wait timed, and its step on one batch if probed
         waited = min(max(m.waited, call - (m.synthetic if m.synthetic is not None else call)), call)
         synthetic = call - waited
+    elif m.synthetic is not None and m.synthetic > 0:
+        # The probes run after the steps, each alone on the cores. A step shorter than the step on one cached batch,
+        # or longer than it plus the input alone, means they ran faster or slower than the steps did (a neighbour's
+        # load, or input and step sharing the cores): then every probe is scaled to the step, so the difference is
+        # shared in the probes' proportions instead of all landing on compute (which the cached step bounds).
+        explained = m.synthetic + (m.input_batch if m.input_batch is not None else float("inf"))
+        scale = call / m.synthetic if call < m.synthetic else call / explained if call > explained else 1.0
+        synthetic = m.synthetic * scale
+        waited = call - synthetic  # at most the input alone (scaled): a step cannot wait longer than input takes
     else:
-        synthetic = min(m.synthetic, call) if m.synthetic is not None else call
-        waited = call - synthetic
-        if m.input_batch is not None:
-            waited = min(waited, m.input_batch)  # a step cannot wait for input longer than input takes
+        synthetic, waited = call, 0.0
     dispatch = outside  # Keras' loop and other callbacks between calls: a per-call cost a larger K divides
     if m.larger_k is not None and m.synthetic_fastest is not None:
         k, larger = m.larger_k
-        saved = max(m.synthetic_fastest - larger, 0.0)  # d/K - d/k' of the dispatch d per execution
+        saved = max(m.synthetic_fastest - larger, 0.0) * scale  # d/K - d/k' of the dispatch d per execution
         ratio = 1 - m.steps_per_execution / k
         dispatch += min(saved / ratio, synthetic) if ratio > 0 else 0.0
-    reduction = min(m.allreduce or 0.0, max(step - waited - dispatch, 0.0))
+    reduction = min((m.allreduce or 0.0) * scale, max(step - waited - dispatch, 0.0))
     compute = max(step - waited - dispatch - reduction, 0.0)
     total = waited + dispatch + reduction + compute
     return {"input": waited / total, "reduction": reduction / total, "dispatch": dispatch / total,

@@ -1,0 +1,36 @@
+"""Shares when the probes and the steps disagree: the probes are scaled to the step, in their proportions.
+
+The figures are a run of benchmarks/profile_report.py (2 cores shared with other jobs): the probes ran
+faster, or slower, than the steps they explain.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tfstrategy.performance.verdict import Measurements, shares, verdict
+
+
+def measured(step: float, **fields) -> Measurements:
+    return Measurements(**{"step_seconds": (step,) * 9, "steps": 900, "seconds": 900 * step, "global_batch": 64,
+                           "replicas": 1, "cores": 2, **fields})
+
+
+def test_a_step_longer_than_cached_step_plus_input_is_shared_in_the_probes_proportions():
+    # Slow sequential map, 1 replica: 33.3 ms a step, 2.86 ms on a cached batch, the input alone 15.1 ms (at a
+    # quieter moment). Capping the wait at 15.1 ms left 18 ms of "compute" to a step whose whole cached run is 2.86 ms.
+    report = verdict(measured(0.03326, synthetic=0.00286, input_batch=0.01511))
+    assert report.bottleneck == "input"
+    assert report.shares["input"] == pytest.approx(0.01511 / (0.00286 + 0.01511))
+
+
+def test_a_step_shorter_than_the_cached_step_keeps_the_probes_split_of_reduction_and_compute():
+    # Wide MLP on 4 logical replicas: 20.3 ms a step, 35.8 ms on a cached batch of which 12.7 ms all-reduce.
+    split = shares(0.02032, measured(0.02032, replicas=4, synthetic=0.03575, input_batch=0.0024, allreduce=0.01268))
+    assert split == pytest.approx({"input": 0.0, "reduction": 0.01268 / 0.03575, "dispatch": 0.0,
+                                   "compute": 1 - 0.01268 / 0.03575})
+
+
+def test_a_step_the_probes_explain_is_split_as_measured():
+    split = shares(0.010, measured(0.010, replicas=2, workers=2, synthetic=0.0099, input_batch=0.001, allreduce=0.007))
+    assert split == pytest.approx({"input": 0.01, "reduction": 0.7, "dispatch": 0.0, "compute": 0.29})
