@@ -5,8 +5,9 @@ Three pieces:
 - :class:`StepTimes` times the job's own steps as it trains: each execution of
   the train function (K steps), the time between executions (Keras' loop,
   callbacks), and in a custom loop the time spent waiting for ``next()``.
-  Two clock readings and an append per execution: nothing that synchronises a
-  step or touches TensorFlow.
+  Two clock readings and an append per execution, nothing that touches
+  TensorFlow (Keras 3 itself converts the logs at every step once any batch-end
+  callback is present; measured free on the CPU: benchmarks/README.md).
 - :func:`probe` runs, at the report's time, short measurements on a copy of
   the job's data (:mod:`tfstrategy.training.no_trace`), and puts back every
   state they changed, so training goes on exactly as it would have: a step on
@@ -380,8 +381,9 @@ def _callback_class(base: type) -> type:
     class PerformanceReport(base):  # type: ignore[misc,valid-type]
         """Keras callback: time each execution and report where a step's time goes (tfstrategy)."""
 
-        # Never asks for the logs as numbers, so it adds no synchronisation to a step; and it
-        # counts the steps of each execution, so K > 1 is no reason to cap steps_per_execution.
+        # Never asks for the logs as numbers (tf_keras honours this; Keras 3.15 converts them anyway
+        # once a batch-end hook exists); it counts the steps of each execution, so K > 1 is no
+        # reason to cap steps_per_execution.
         _supports_tf_logs = True
         _tfstrategy_execution_aware = True
 
