@@ -1,7 +1,6 @@
-"""Shares when the probes and the steps disagree: the probes are scaled to the step, in their proportions.
+"""Shares when a step is longer than the probes explain: the probes are scaled to the step, in their proportions.
 
-The figures are a run of benchmarks/profile_report.py (2 cores shared with other jobs): the probes ran
-faster, or slower, than the steps they explain.
+The figures are runs of benchmarks/profile_report.py (2 cores shared with other jobs).
 """
 
 from __future__ import annotations
@@ -24,11 +23,12 @@ def test_a_step_longer_than_cached_step_plus_input_is_shared_in_the_probes_propo
     assert report.shares["input"] == pytest.approx(0.01511 / (0.00286 + 0.01511))
 
 
-def test_a_step_shorter_than_the_cached_step_keeps_the_probes_split_of_reduction_and_compute():
-    # Wide MLP on 4 logical replicas: 20.3 ms a step, 35.8 ms on a cached batch of which 12.7 ms all-reduce.
+def test_a_step_shorter_than_the_cached_step_is_not_scaled():
+    # Wide MLP on 4 logical replicas: 20.3 ms a step, 35.8 ms on a cached batch of which 12.7 ms all-reduce: the
+    # all-reduce as measured, compute the rest (scaling it down too flipped a 2-worker verdict, 54% -> 49% reduction).
     split = shares(0.02032, measured(0.02032, replicas=4, synthetic=0.03575, input_batch=0.0024, allreduce=0.01268))
-    assert split == pytest.approx({"input": 0.0, "reduction": 0.01268 / 0.03575, "dispatch": 0.0,
-                                   "compute": 1 - 0.01268 / 0.03575})
+    assert split == pytest.approx({"input": 0.0, "reduction": 0.01268 / 0.02032, "dispatch": 0.0,
+                                   "compute": 1 - 0.01268 / 0.02032})
 
 
 def test_a_step_the_probes_explain_is_split_as_measured():

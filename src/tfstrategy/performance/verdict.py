@@ -15,9 +15,9 @@ From these :func:`shares` splits a step into four parts that sum to 1:
 
 - **input**: the step minus the synthetic step: time the step waited for data
   (at most the pipeline's own time per batch). The probes run after the steps:
-  when a step is shorter than the synthetic step, or longer than the synthetic
-  step plus the input alone, every probe is scaled to the step (their
-  proportions kept), so the difference does not all land on compute;
+  when a step is longer than the synthetic step plus the input alone, every
+  probe is scaled to the step (their proportions kept), so the difference does
+  not all land on compute;
 - **dispatch**: the per-call cost a larger K saves (the synthetic step at K minus
   at the larger K, scaled to the whole dispatch), when probed;
 - **reduction**: the all-reduce of the gradients, waiting for the slowest
@@ -168,13 +168,13 @@ def shares(step: float, m: Measurements) -> dict[str, float]:
         waited = min(max(m.waited, call - (m.synthetic if m.synthetic is not None else call)), call)
         synthetic = call - waited
     elif m.synthetic is not None and m.synthetic > 0:
-        # The probes run after the steps, each alone on the cores. A step shorter than the step on one cached batch,
-        # or longer than it plus the input alone, means they ran faster or slower than the steps did (a neighbour's
-        # load, or input and step sharing the cores): then every probe is scaled to the step, so the difference is
-        # shared in the probes' proportions instead of all landing on compute (which the cached step bounds).
+        # The probes run after the steps, each alone on the cores. A step longer than the step on one cached batch
+        # plus the input alone means they ran faster than the steps did (a neighbour's load, or input and step
+        # sharing the cores): then every probe is scaled to the step, so the difference is shared in the probes'
+        # proportions instead of all landing on compute (which the cached step bounds).
         explained = m.synthetic + (m.input_batch if m.input_batch is not None else float("inf"))
-        scale = call / m.synthetic if call < m.synthetic else call / explained if call > explained else 1.0
-        synthetic = m.synthetic * scale
+        scale = call / explained if call > explained else 1.0
+        synthetic = min(m.synthetic * scale, call)
         waited = call - synthetic  # at most the input alone (scaled): a step cannot wait longer than input takes
     else:
         synthetic, waited = call, 0.0
