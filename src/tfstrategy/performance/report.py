@@ -43,6 +43,7 @@ from tfstrategy.errors import TrainingError
 from tfstrategy.performance.verdict import Measurements, Report, verdict
 from tfstrategy.settings import ENV_PROFILE, ENV_PROFILE_EVERY
 from tfstrategy.training.no_trace import dataset_copy, pipeline_ops, snapshot
+from tfstrategy.training.steps_per_execution import job_mean
 
 __all__ = ["StepTimes", "Tracker", "add_report", "performance_report", "probe", "profile_environment",
            "tracker_from_environment"]
@@ -103,17 +104,8 @@ class StepTimes:
         return sum(self.calls) + sum(self.gaps) + sum(self.waits)
 
     def clear(self) -> None:
-        self.calls.clear(), self.gaps.clear(), self.waits.clear(), self.steps.clear()
-
-
-def job_mean(strategy: Any, values: list[float]) -> list[float]:
-    """The mean of each value over the job's workers (the values themselves in one process)."""
-    if not _compat.in_multi_worker_mode(strategy):
-        return values
-    tf_ = tf()
-    local = tf_.constant(values, tf_.float64)
-    per_replica = strategy.experimental_distribute_values_from_function(lambda _: local)
-    return [float(v) for v in strategy.reduce(tf_.distribute.ReduceOp.MEAN, per_replica, axis=None).numpy()]
+        for timings in (self.calls, self.gaps, self.waits, self.steps):
+            timings.clear()
 
 
 def _count(seconds_each: float, low: int, high: int) -> int:
@@ -188,6 +180,7 @@ def probe(model: Any, dataset: Any, *, step: float, steps_per_execution: int, la
             found["not_probed"]["synthetic and input"] = no_copy
         else:
             found["pipeline_ops"] = pipeline_ops(copy)
+            found["global_batch"] = _leading_dimension(next(iter(copy.take(1))))
             options = tf_.data.Options()
             options.experimental_distribute.auto_shard_policy = tf_.data.experimental.AutoShardPolicy.OFF
             single = copy.take(1).cache().repeat().with_options(options)
@@ -242,12 +235,8 @@ def _cores() -> int:
     return len(affinity(0)) if affinity else (os.cpu_count() or 1)
 
 
-def _global_batch(dataset: Any) -> int | None:
-    copy, no_copy = dataset_copy(dataset)
-    if no_copy is not None:
-        return None
-    first = next(iter(copy.take(1)))
-    leading = tf().nest.flatten(first)[0].shape
+def _leading_dimension(batch: Any) -> int | None:
+    leading = tf().nest.flatten(batch)[0].shape
     return int(leading[0]) if leading.rank else None
 
 
@@ -318,12 +307,13 @@ class Tracker:
                 finally:
                     saved.restore()
                 probes["probe_seconds"] += time.perf_counter() - started
+        seen_batch = probes.pop("global_batch", None)  # read from the probes' copy of the data
         worker, workers = _worker(strategy)
         total = [(c + g + w) / s for c, g, w, s in zip(times.calls, times.gaps, times.waits or [0.0] * len(times.calls),
                                                        times.steps)]
         measurements = Measurements(
             step_seconds=tuple(total), steps=times.timed_steps(), seconds=times.seconds(),
-            global_batch=global_batch or (_global_batch(dataset) if dataset is not None else 0) or 0,
+            global_batch=global_batch or seen_batch or 0,
             replicas=int(strategy.num_replicas_in_sync), workers=workers, worker=worker, steps_per_execution=k,
             outside=statistics.median(g / s for g, s in zip(times.gaps, times.steps)), cores=_cores(), **probes)
         result = verdict(measurements)

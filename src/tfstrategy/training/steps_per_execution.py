@@ -205,13 +205,15 @@ def _cardinality(dataset: Any) -> int | None:
     return value if value > 0 else None  # INFINITE (-1) and UNKNOWN (-2)
 
 
-def _agreed(strategy: Any, seconds: float) -> float:
-    """The mean over workers in a multi-worker job, so every worker takes the same decisions."""
+def job_mean(strategy: Any, values: list[float]) -> list[float]:
+    """The mean of each value over the job's workers (the values themselves in one process), so every
+    worker takes the same decisions."""
     if not _compat.in_multi_worker_mode(strategy):
-        return seconds
+        return values
     tf_ = tf()
-    value = strategy.experimental_distribute_values_from_function(lambda _: tf_.constant(seconds, tf_.float64))
-    return float(strategy.reduce(tf_.distribute.ReduceOp.MEAN, value, axis=None))
+    local = tf_.constant(values, tf_.float64)
+    per_replica = strategy.experimental_distribute_values_from_function(lambda _: local)
+    return [float(v) for v in strategy.reduce(tf_.distribute.ReduceOp.MEAN, per_replica, axis=None).numpy()]
 
 
 class _Timer:
@@ -312,7 +314,7 @@ def tune_steps_per_execution(
         timer = _Timer(model, copy)
         choice = choose_steps_per_execution(timer, cap=cap, cap_reason=cap_reason,
                                             min_seconds=0.0 if timer.multi_worker else min_seconds,
-                                            agree=functools.partial(_agreed, timer.strategy))
+                                            agree=lambda seconds: job_mean(timer.strategy, [seconds])[0])
     finally:
         saved.restore()
         model.reset_metrics()
