@@ -109,3 +109,22 @@ def test_the_check_path_loads_no_launcher_or_fit_only_module():
     done = subprocess.run([sys.executable, "-c", _CHECK_PATH_MODULES], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == ""
+
+
+def test_the_check_leaves_the_collector_as_it_found_it():
+    import gc
+
+    from tfstrategy.cli.check import _collector_skips_objects_so_far
+
+    assert gc.get_freeze_count() == 0
+    with _collector_skips_objects_so_far():
+        assert gc.get_freeze_count() > 0  # the objects so far are out of the collector's sight
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # a process that froze objects itself keeps them frozen
+    try:
+        frozen = gc.get_freeze_count()
+        with _collector_skips_objects_so_far():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
