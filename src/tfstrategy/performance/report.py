@@ -11,7 +11,8 @@ Three pieces:
 - :func:`probe` runs, at the report's time, short measurements on a copy of
   the job's data (:mod:`tfstrategy.training.no_trace`), and puts back every
   state they changed, so training goes on exactly as it would have: a step on
-  one cached batch (the step without its input), the input pipeline alone, an
+  one cached batch (the step without its input), then the same step on the
+  data, the input pipeline alone, the gradients alone (no all-reduce), an
   all-reduce of gradient-shaped tensors, and, on long jobs, a step at a larger
   ``steps_per_execution``. Across workers every worker runs the same probes,
   the same number of times (counts are agreed first).
@@ -125,18 +126,61 @@ def _timed(call: Any, count: int) -> float:
     return statistics.median(times)
 
 
-def _alternating(functions: dict[int, Any], iterator: Any, rounds: int) -> dict[int, list[float]]:
-    """Seconds of each function's executions on ``iterator``, one of each per round, the order swapped each round."""
-    for function in functions.values():
-        function(iterator)  # a new function traces at its first call
-    order = list(functions)
-    timed: dict[int, list[float]] = {k: [] for k in order}
+def _throughput(call: Any, count: int) -> float:
+    """Mean seconds of ``count`` calls (after one untimed call): a rate, so what a prefetch buffer held when the
+    timing began is spread over all of them instead of making the median. A count, not a duration: on several
+    workers a distributed iterator's ``next`` can be a collective, which every worker must call as often."""
+    call()
+    start = time.perf_counter()
+    for _ in range(count):
+        call()
+    return (time.perf_counter() - start) / count
+
+
+def _alternating(calls: dict[str, Any], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each call's ``rounds`` calls, one of each per round, the order swapped each round."""
+    for call in calls.values():
+        call()  # a new function, or a new input signature, traces at its first call
+    order = list(calls)
+    timed: dict[str, list[float]] = {name: [] for name in order}
     for round_ in range(rounds):
-        for k in order if round_ % 2 == 0 else order[::-1]:
+        for name in order if round_ % 2 == 0 else order[::-1]:
             start = time.perf_counter()
-            functions[k](iterator)
-            timed[k].append(time.perf_counter() - start)
+            calls[name]()
+            timed[name].append(time.perf_counter() - start)
     return timed
+
+
+def _own_train_step(model: Any) -> bool:
+    """Whether the model's class overrides Keras' ``train_step`` (then its gradients are its own business)."""
+    for klass in type(model).__mro__:
+        if "train_step" in vars(klass):
+            return klass.__module__.split(".", 1)[0] not in ("keras", "tf_keras")
+    return False
+
+
+def _unpack(batch: Any) -> tuple[Any, Any, Any]:
+    """``(x, y, sample_weight)`` of a ``fit`` batch, as Keras reads it."""
+    if isinstance(batch, (tuple, list)):
+        return (tuple(batch) + (None, None))[:3]
+    return batch, None, None
+
+
+def _gradients_alone(strategy: Any, model: Any, batch: Any, count: int) -> float:
+    """Seconds of a step's forward and backward pass on ``batch``, each replica on its own: no all-reduce, no
+    update. The synthetic step minus this is what a step spends reducing (and waiting for its peers)."""
+    tf_ = tf()
+
+    def replica(data: Any) -> Any:
+        x, y, sample_weight = _unpack(data)
+        with tf_.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        return tf_.add_n([tf_.reduce_sum(tf_.cast(g, tf_.float32)) for g in gradients if g is not None])
+
+    local = tf_.function(lambda data: strategy.run(replica, args=(data,)))
+    return _timed(lambda: local(batch), count)
 
 
 def _allreduce(strategy: Any, model: Any, count: int) -> float:
@@ -185,7 +229,7 @@ def probe(model: Any, dataset: Any, *, step: float, steps_per_execution: int, la
             options.experimental_distribute.auto_shard_policy = tf_.data.experimental.AutoShardPolicy.OFF
             single = copy.take(1).cache().repeat().with_options(options)
             synthetic = iter(strategy.experimental_distribute_dataset(single))
-            functions = {steps_per_execution: function}
+            calls = {"cached": lambda: function(synthetic)}
             if larger_k is not None:
                 if not _compat.is_tf_keras_object(model):  # K > 1 on 2+ replicas needs tfstrategy's loop
                     from tfstrategy.patches import keras_steps_per_execution
@@ -193,15 +237,27 @@ def probe(model: Any, dataset: Any, *, step: float, steps_per_execution: int, la
                     keras_steps_per_execution.PATCH.apply()
                 _compat.set_steps_per_execution(model, larger_k)
                 model.make_train_function(force=True)
-                functions[larger_k] = model.train_function
-            timed = _alternating(functions, synthetic, executions)
-            found["synthetic"] = statistics.median(timed[steps_per_execution]) / steps_per_execution
+                larger = model.train_function
+                calls["larger"] = lambda: larger(synthetic)
+            timed = _alternating(calls, executions)
+            found["synthetic"] = statistics.median(timed["cached"]) / steps_per_execution
             if larger_k is not None:
                 # The fastest of each K for the dispatch: a neighbour's load only ever adds time.
-                found["larger_k"] = (larger_k, min(timed[larger_k]) / larger_k)
-                found["synthetic_fastest"] = min(timed[steps_per_execution]) / steps_per_execution
+                found["larger_k"] = (larger_k, min(timed["larger"]) / larger_k)
+                found["synthetic_fastest"] = min(timed["cached"]) / steps_per_execution
+            # Then the same step on the data, right after (the pipeline had not started, so the cached step ran
+            # alone): the two see about the same load, and their difference is the time a step waits for input,
+            # its pipeline competing with the step for the cores included.
             batches = iter(strategy.experimental_distribute_dataset(copy.repeat()))
-            found["input_batch"] = _timed(lambda: next(batches), _count(step, 5, 50))
+            on_data = _alternating({"data": lambda: function(batches)}, executions)["data"]
+            found["data_step"] = statistics.median(on_data) / steps_per_execution
+            found["input_batch"] = _throughput(lambda: next(batches), _count(step, 10, 50))
+            if replicas > 1:
+                if _own_train_step(model):
+                    found["not_probed"]["gradients alone"] = "the model's own train_step"
+                else:
+                    found["gradients_alone"] = _gradients_alone(strategy, model, next(synthetic),
+                                                                _count(step, 3, 20))
             # Released here, so probe_seconds counts it: on 4 logical CPU replicas, releasing a distributed iterator
             # over a prefetched pipeline took 3-17 s (TensorFlow 2.21), more than the probes themselves.
             del synthetic, batches

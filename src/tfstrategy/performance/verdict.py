@@ -6,22 +6,27 @@ trains, and short probes run on a copy of its data at the report's time:
 
 - ``synthetic``: a step on one cached batch, repeated: the job's step without
   its input pipeline (the TensorFlow performance guide's "synthetic data" test);
+- ``data_step``: the same step on a copy of the job's data, timed in the same
+  rounds as ``synthetic`` (alternating), so both see whatever load the machine has;
 - ``input_batch``: the input pipeline alone, producing one batch;
-- ``allreduce``: one all-reduce of tensors shaped as the model's gradients,
+- ``gradients_alone``: the forward and backward pass on the cached batch, each
+  replica on its own (no all-reduce, no update);
+- ``allreduce``: one all-reduce of zeros shaped as the model's gradients,
   across every replica of the job (workers included);
 - ``larger_k``: a synthetic step at a larger ``steps_per_execution``, when probed.
 
 From these :func:`shares` splits a step into four parts that sum to 1:
 
-- **input**: the step minus the synthetic step: time the step waited for data
-  (at most the pipeline's own time per batch). The probes run after the steps:
-  when a step is longer than the synthetic step plus the input alone, every
-  probe is scaled to the step (their proportions kept), so the difference does
-  not all land on compute;
+- **input**: the step minus the synthetic step: the time a step waits for data,
+  its pipeline competing for the cores included. The probes are scaled to the
+  job's step by the ratio of the step to ``data_step`` (the probes run after the
+  steps, under another load); without ``data_step`` (older callers), they are
+  scaled only when a step is longer than the synthetic step plus the input alone;
 - **dispatch**: the per-call cost a larger K saves (the synthetic step at K minus
   at the larger K, scaled to the whole dispatch), when probed;
-- **reduction**: the all-reduce of the gradients, waiting for the slowest
-  replica or worker included;
+- **reduction**: the synthetic step minus the gradients alone: the all-reduce,
+  the wait for the slowest replica or worker, and the update of the mirrored
+  variables; at least the all-reduce of zeros (which knows no waiting);
 - **compute**: the rest: the model's own work.
 
 :func:`verdict` names the largest as the bottleneck and gives at most two
@@ -68,7 +73,11 @@ class Measurements:
     #: input share is at least this, and more when input work slows the step (``synthetic``).
     waited: float | None = None
     synthetic: float | None = None
+    #: Seconds per step on a copy of the data, timed in the same rounds as ``synthetic``.
+    data_step: float | None = None
     input_batch: float | None = None
+    #: Seconds of the forward and backward pass alone, each replica on its own (no all-reduce, no update).
+    gradients_alone: float | None = None
     allreduce: float | None = None
     #: (K, seconds per synthetic step at K: the fastest) of the larger-K probe, and the fastest at this K.
     larger_k: tuple[int, float] | None = None
@@ -114,7 +123,8 @@ class Report:
             "step_seconds": {"median": self.median, "p90": self.p90},
             "shares": self.shares, "bottleneck": self.bottleneck,
             "recommendations": [asdict(r) for r in self.recommendations],
-            "probes": {"synthetic_step": m.synthetic, "input_batch": m.input_batch, "allreduce": m.allreduce,
+            "probes": {"synthetic_step": m.synthetic, "data_step": m.data_step, "input_batch": m.input_batch,
+                       "gradients_alone": m.gradients_alone, "allreduce": m.allreduce,
                        "larger_k": list(m.larger_k) if m.larger_k else None, "not_probed": m.not_probed,
                        "pipeline_ops": list(m.pipeline_ops)},
             "cost": {"probe_seconds": m.probe_seconds,
@@ -168,14 +178,19 @@ def shares(step: float, m: Measurements) -> dict[str, float]:
         waited = min(max(m.waited, call - (m.synthetic if m.synthetic is not None else call)), call)
         synthetic = call - waited
     elif m.synthetic is not None and m.synthetic > 0:
-        # The probes run after the steps, each alone on the cores. A step longer than the step on one cached batch
-        # plus the input alone means they ran faster than the steps did (a neighbour's load, or input and step
-        # sharing the cores): then every probe is scaled to the step, so the difference is shared in the probes'
-        # proportions instead of all landing on compute (which the cached step bounds).
-        explained = m.synthetic + (m.input_batch if m.input_batch is not None else float("inf"))
-        scale = call / explained if call > explained else 1.0
+        if m.data_step is not None and m.data_step > 0:
+            # The step on the data and on one cached batch, side by side under one load: the probes scale to
+            # this step by the ratio of the step to its probed twin.
+            scale = call / m.data_step
+        else:
+            # Without the twin, a step longer than the cached step plus the input alone means the probes ran
+            # faster than the steps did (a neighbour's load, or input and step sharing the cores): every probe is
+            # scaled to the step, so the difference is shared in the probes' proportions instead of all landing
+            # on compute (which the cached step bounds).
+            explained = m.synthetic + (m.input_batch if m.input_batch is not None else float("inf"))
+            scale = call / explained if call > explained else 1.0
         synthetic = min(m.synthetic * scale, call)
-        waited = call - synthetic  # at most the input alone (scaled): a step cannot wait longer than input takes
+        waited = call - synthetic  # what the step on the data took beyond the step on one cached batch
     else:
         synthetic, waited = call, 0.0
     dispatch = outside  # Keras' loop and other callbacks between calls: a per-call cost a larger K divides
@@ -184,7 +199,10 @@ def shares(step: float, m: Measurements) -> dict[str, float]:
         saved = max(m.synthetic_fastest - larger, 0.0) * scale  # d/K - d/k' of the dispatch d per execution
         ratio = 1 - m.steps_per_execution / k
         dispatch += min(saved / ratio, synthetic) if ratio > 0 else 0.0
-    reduction = min((m.allreduce or 0.0) * scale, max(step - waited - dispatch, 0.0))
+    reduced = m.allreduce or 0.0
+    if m.gradients_alone is not None and m.synthetic is not None:
+        reduced = max(reduced, m.synthetic - m.gradients_alone)  # the reduction with its waits and the update
+    reduction = min(reduced * scale, max(step - waited - dispatch, 0.0))
     compute = max(step - waited - dispatch - reduction, 0.0)
     total = waited + dispatch + reduction + compute
     return {"input": waited / total, "reduction": reduction / total, "dispatch": dispatch / total,
