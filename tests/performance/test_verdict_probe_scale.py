@@ -1,4 +1,4 @@
-"""Shares when the probes and the steps disagree: probes scaled to the step, and the reduction with its waits.
+"""Shares when the probes and the steps disagree: the probes are scaled to the step.
 
 The figures are runs of benchmarks/profile_report.py (2 cores shared with other jobs).
 """
@@ -45,20 +45,3 @@ def test_the_step_on_the_data_beside_the_cached_step_names_input_the_pipeline_al
     assert with_twin.bottleneck == "input"
     assert with_twin.shares["input"] == pytest.approx(1 - 0.008 * 0.030 / 0.027 / 0.030)
     assert verdict(measured(0.030, **fields)).bottleneck == "compute"
-
-
-def test_the_cached_step_minus_the_gradients_alone_is_the_reduction_with_its_waits():
-    # Wide MLP on 2 workers: the gradients alone take 4 ms, the cached step 38 ms; an all-reduce of zeros, no
-    # worker waiting for the other, 17 ms. The difference (34 ms) is what the step spends reducing.
-    fields = {"replicas": 2, "workers": 2, "synthetic": 0.038, "data_step": 0.040, "input_batch": 0.001,
-              "allreduce": 0.017}
-    report = verdict(measured(0.040, gradients_alone=0.004, **fields))
-    assert report.bottleneck == "reduction"
-    assert report.shares == pytest.approx({"input": 0.05, "reduction": 0.85, "dispatch": 0.0, "compute": 0.10})
-    assert verdict(measured(0.040, **fields)).bottleneck == "compute"
-
-
-def test_gradients_alone_slower_than_the_step_leave_the_all_reduce_as_the_floor():
-    split = shares(0.010, measured(0.010, replicas=2, workers=2, synthetic=0.010, data_step=0.010,
-                                   gradients_alone=0.011, allreduce=0.002))
-    assert split == pytest.approx({"input": 0.0, "reduction": 0.2, "dispatch": 0.0, "compute": 0.8})

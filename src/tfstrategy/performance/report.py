@@ -12,8 +12,7 @@ Three pieces:
   the job's data (:mod:`tfstrategy.training.no_trace`), and puts back every
   state they changed, so training goes on exactly as it would have: a step on
   one cached batch (the step without its input), then the same step on the
-  data, the input pipeline alone, the gradients alone (no all-reduce), an
-  all-reduce of gradient-shaped tensors, and, on long jobs, a step at a larger
+  data, the input pipeline alone, an all-reduce of gradient-shaped tensors, and, on long jobs, a step at a larger
   ``steps_per_execution``. Across workers every worker runs the same probes,
   the same number of times (counts are agreed first).
 - :class:`Tracker` decides when a report is due (a model's first ``fit``, then
@@ -151,57 +150,25 @@ def _alternating(calls: dict[str, Any], rounds: int) -> dict[str, list[float]]:
     return timed
 
 
-def _own_train_step(model: Any) -> bool:
-    """Whether the model's class overrides Keras' ``train_step`` (then its gradients are its own business)."""
-    for klass in type(model).__mro__:
-        if "train_step" in vars(klass):
-            return klass.__module__.split(".", 1)[0] not in ("keras", "tf_keras")
-    return False
-
-
-def _unpack(batch: Any) -> tuple[Any, Any, Any]:
-    """``(x, y, sample_weight)`` of a ``fit`` batch, as Keras reads it."""
-    if isinstance(batch, (tuple, list)):
-        return (tuple(batch) + (None, None))[:3]
-    return batch, None, None
-
-
-def _gradients_alone(strategy: Any, model: Any, batch: Any, count: int) -> float:
-    """Seconds of a step's forward and backward pass on ``batch``, each replica on its own: no all-reduce, no
-    update. The synthetic step minus this is what a step spends reducing (and waiting for its peers)."""
-    tf_ = tf()
-
-    def replica(data: Any) -> Any:
-        x, y, sample_weight = _unpack(data)
-        with tf_.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        return tf_.add_n([tf_.reduce_sum(tf_.cast(g, tf_.float32)) for g in gradients if g is not None])
-
-    local = tf_.function(lambda data: strategy.run(replica, args=(data,)))
-    return _timed(lambda: local(batch), count)
-
-
 def _allreduce(strategy: Any, model: Any, count: int) -> float:
-    """Seconds of one all-reduce of tensors shaped as the model's gradients: (4 chained - 1) / 3, so no
-    call overhead counts."""
+    """Seconds an all-reduce of tensors shaped as the model's gradients adds to a call: one call with it minus one
+    without. The first collective of a call absorbs the workers' skew in reaching it (measured: 20 ms against
+    6 ms for the next one on a loaded machine), and a step pays it as well."""
     tf_ = tf()
     shapes = [(tuple(variable.shape), tf_.as_dtype(_compat.tf_variable(variable).dtype))
               for variable in model.trainable_variables]
 
-    def chained(rounds: int) -> Any:
+    def call(reduce: bool) -> Any:
         def replica() -> Any:
-            context = tf_.distribute.get_replica_context()
             values = [tf_.zeros(shape, dtype) for shape, dtype in shapes]
-            for _ in range(rounds):
-                values = context.all_reduce(tf_.distribute.ReduceOp.SUM, values)
+            if reduce:
+                values = tf_.distribute.get_replica_context().all_reduce(tf_.distribute.ReduceOp.SUM, values)
             return tf_.add_n([tf_.reduce_sum(tf_.cast(value, tf_.float32)) for value in values])
 
         return tf_.function(lambda: strategy.run(replica))
 
-    one, four = chained(1), chained(4)
-    return max(_timed(four, count) - _timed(one, count), 0.0) / 3
+    timed = _alternating({"reduce": call(True), "alone": call(False)}, count)
+    return max(statistics.median(timed["reduce"]) - statistics.median(timed["alone"]), 0.0)
 
 
 def probe(model: Any, dataset: Any, *, step: float, steps_per_execution: int, larger_k: int | None) -> dict[str, Any]:
@@ -248,16 +215,12 @@ def probe(model: Any, dataset: Any, *, step: float, steps_per_execution: int, la
             # Then the same step on the data, right after (the pipeline had not started, so the cached step ran
             # alone): the two see about the same load, and their difference is the time a step waits for input,
             # its pipeline competing with the step for the cores included.
-            batches = iter(strategy.experimental_distribute_dataset(copy.repeat()))
+            # With the cached copy's options, the data copy has its type: the train function traced for one runs
+            # the other (a new trace on one worker only would shift the collectives' keys between workers).
+            batches = iter(strategy.experimental_distribute_dataset(copy.repeat().with_options(options)))
             on_data = _alternating({"data": lambda: function(batches)}, executions)["data"]
             found["data_step"] = statistics.median(on_data) / steps_per_execution
             found["input_batch"] = _throughput(lambda: next(batches), _count(step, 10, 50))
-            if replicas > 1:
-                if _own_train_step(model):
-                    found["not_probed"]["gradients alone"] = "the model's own train_step"
-                else:
-                    found["gradients_alone"] = _gradients_alone(strategy, model, next(synthetic),
-                                                                _count(step, 3, 20))
             # Released here, so probe_seconds counts it: on 4 logical CPU replicas, releasing a distributed iterator
             # over a prefetched pipeline took 3-17 s (TensorFlow 2.21), more than the probes themselves.
             del synthetic, batches

@@ -9,10 +9,8 @@ trains, and short probes run on a copy of its data at the report's time:
 - ``data_step``: the same step on a copy of the job's data, timed in the same
   rounds as ``synthetic`` (alternating), so both see whatever load the machine has;
 - ``input_batch``: the input pipeline alone, producing one batch;
-- ``gradients_alone``: the forward and backward pass on the cached batch, each
-  replica on its own (no all-reduce, no update);
-- ``allreduce``: one all-reduce of zeros shaped as the model's gradients,
-  across every replica of the job (workers included);
+- ``allreduce``: what one all-reduce of tensors shaped as the model's gradients,
+  across every replica of the job (workers included), adds to a call;
 - ``larger_k``: a synthetic step at a larger ``steps_per_execution``, when probed.
 
 From these :func:`shares` splits a step into four parts that sum to 1:
@@ -24,9 +22,8 @@ From these :func:`shares` splits a step into four parts that sum to 1:
   scaled only when a step is longer than the synthetic step plus the input alone;
 - **dispatch**: the per-call cost a larger K saves (the synthetic step at K minus
   at the larger K, scaled to the whole dispatch), when probed;
-- **reduction**: the synthetic step minus the gradients alone: the all-reduce,
-  the wait for the slowest replica or worker, and the update of the mirrored
-  variables; at least the all-reduce of zeros (which knows no waiting);
+- **reduction**: the all-reduce of the gradients, the workers' skew in reaching
+  it included;
 - **compute**: the rest: the model's own work.
 
 :func:`verdict` names the largest as the bottleneck and gives at most two
@@ -76,8 +73,6 @@ class Measurements:
     #: Seconds per step on a copy of the data, timed in the same rounds as ``synthetic``.
     data_step: float | None = None
     input_batch: float | None = None
-    #: Seconds of the forward and backward pass alone, each replica on its own (no all-reduce, no update).
-    gradients_alone: float | None = None
     allreduce: float | None = None
     #: (K, seconds per synthetic step at K: the fastest) of the larger-K probe, and the fastest at this K.
     larger_k: tuple[int, float] | None = None
@@ -124,7 +119,7 @@ class Report:
             "shares": self.shares, "bottleneck": self.bottleneck,
             "recommendations": [asdict(r) for r in self.recommendations],
             "probes": {"synthetic_step": m.synthetic, "data_step": m.data_step, "input_batch": m.input_batch,
-                       "gradients_alone": m.gradients_alone, "allreduce": m.allreduce,
+                       "allreduce": m.allreduce,
                        "larger_k": list(m.larger_k) if m.larger_k else None, "not_probed": m.not_probed,
                        "pipeline_ops": list(m.pipeline_ops)},
             "cost": {"probe_seconds": m.probe_seconds,
@@ -199,10 +194,7 @@ def shares(step: float, m: Measurements) -> dict[str, float]:
         saved = max(m.synthetic_fastest - larger, 0.0) * scale  # d/K - d/k' of the dispatch d per execution
         ratio = 1 - m.steps_per_execution / k
         dispatch += min(saved / ratio, synthetic) if ratio > 0 else 0.0
-    reduced = m.allreduce or 0.0
-    if m.gradients_alone is not None and m.synthetic is not None:
-        reduced = max(reduced, m.synthetic - m.gradients_alone)  # the reduction with its waits and the update
-    reduction = min(reduced * scale, max(step - waited - dispatch, 0.0))
+    reduction = min((m.allreduce or 0.0) * scale, max(step - waited - dispatch, 0.0))
     compute = max(step - waited - dispatch - reduction, 0.0)
     total = waited + dispatch + reduction + compute
     return {"input": waited / total, "reduction": reduction / total, "dispatch": dispatch / total,
