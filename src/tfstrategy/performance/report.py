@@ -12,8 +12,8 @@ Three pieces:
   the job's data (:mod:`tfstrategy.training.no_trace`), and puts back every
   state they changed, so training goes on exactly as it would have: a step on
   one cached batch (the step without its input), then the same step on the
-  data, the input pipeline alone, an all-reduce of gradient-shaped tensors, and, on long jobs, a step at a larger
-  ``steps_per_execution``. Across workers every worker runs the same probes,
+  data, the input pipeline alone, an all-reduce of gradient-shaped tensors,
+  and, on long jobs, a step at a larger ``steps_per_execution``. Across workers every worker runs the same probes,
   the same number of times (counts are agreed first).
 - :class:`Tracker` decides when a report is due (a model's first ``fit``, then
   every ``every_minutes``; agreed across workers), builds it

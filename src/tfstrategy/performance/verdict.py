@@ -6,8 +6,8 @@ trains, and short probes run on a copy of its data at the report's time:
 
 - ``synthetic``: a step on one cached batch, repeated: the job's step without
   its input pipeline (the TensorFlow performance guide's "synthetic data" test);
-- ``data_step``: the same step on a copy of the job's data, timed in the same
-  rounds as ``synthetic`` (alternating), so both see whatever load the machine has;
+- ``data_step``: the same step on a copy of the job's data, timed right after
+  ``synthetic``, so both see about the same load on the machine;
 - ``input_batch``: the input pipeline alone, producing one batch;
 - ``allreduce``: what one all-reduce of tensors shaped as the model's gradients,
   across every replica of the job (workers included), adds to a call;
@@ -18,7 +18,7 @@ From these :func:`shares` splits a step into four parts that sum to 1:
 - **input**: the step minus the synthetic step: the time a step waits for data,
   its pipeline competing for the cores included. The probes are scaled to the
   job's step by the ratio of the step to ``data_step`` (the probes run after the
-  steps, under another load); without ``data_step`` (older callers), they are
+  steps, under another load); when ``data_step`` was not probed, they are
   scaled only when a step is longer than the synthetic step plus the input alone;
 - **dispatch**: the per-call cost a larger K saves (the synthetic step at K minus
   at the larger K, scaled to the whole dispatch), when probed;
@@ -70,7 +70,7 @@ class Measurements:
     #: input share is at least this, and more when input work slows the step (``synthetic``).
     waited: float | None = None
     synthetic: float | None = None
-    #: Seconds per step on a copy of the data, timed in the same rounds as ``synthetic``.
+    #: Seconds per step on a copy of the data, timed right after ``synthetic``.
     data_step: float | None = None
     input_batch: float | None = None
     allreduce: float | None = None
@@ -174,8 +174,8 @@ def shares(step: float, m: Measurements) -> dict[str, float]:
         synthetic = call - waited
     elif m.synthetic is not None and m.synthetic > 0:
         if m.data_step is not None and m.data_step > 0:
-            # The step on the data and on one cached batch, side by side under one load: the probes scale to
-            # this step by the ratio of the step to its probed twin.
+            # The step on the data and on one cached batch, one right after the other under about one load: the
+            # probes scale to this step by the ratio of the step to its probed twin.
             scale = call / m.data_step
         else:
             # Without the twin, a step longer than the cached step plus the input alone means the probes ran
