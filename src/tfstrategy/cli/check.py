@@ -122,7 +122,7 @@ def _without_plotting() -> Iterator[None]:
     Keras 3 imports ``matplotlib.pyplot`` at start-up for its image-gallery plots
     (``keras.src.visualization``, inside ``try: ... except ImportError``): 1.1 s
     on this 2-core host (``python -X importtime -c "import keras"``, TF 2.21, Keras
-    3.15, matplotlib 3.10), for plots the check never draws. A ``None`` in
+    3.15, matplotlib 3.11), for plots the check never draws. A ``None`` in
     ``sys.modules`` makes that import fail at once; the entry is removed after,
     so a later ``import matplotlib`` works as usual. A process that imported it
     already keeps it.
