@@ -41,6 +41,8 @@ def main() -> None:
 
     import tensorflow as tf
 
+    # The test suite's set-up, split by hand (tfstrategy's configure_cpu_replicas would import tfstrategy);
+    # the strategy uses only the first of the 4.
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
     import keras
