@@ -77,8 +77,10 @@ def test_launch_refuses_what_cannot_be_one_job_in_one_line(case, line):
     result = _launch(case)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     # The launcher's headline: the worker that raised, and what (the first line after its start notice).
+    # Seen while the worker is exiting ("raised"), or after it exited; a worker refused before joining says so.
     headline = next(text for text in result.stderr.splitlines() if text.startswith("tfstrategy launch: worker "))
-    assert re.search(r" (raised|exited with status 1:) tfstrategy\.errors\.StrategyError: ", headline), headline
+    assert re.search(r" (raised|exited with status 1( before joining)?:) tfstrategy\.errors\.StrategyError: ",
+                     headline), headline
     assert f"StrategyError: {line}" in headline, headline
     assert "final loss" not in result.stdout
     assert "under a multi-worker TF_CONFIG (2 workers" in headline
