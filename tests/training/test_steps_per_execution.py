@@ -209,3 +209,34 @@ def test_one_round_that_flatters_the_large_k_decides_nothing():
 
     choice = choose_steps_per_execution(time_execution, cap=64)
     assert choice.steps == 1, choice.line()  # the fastest of each K alone would say 1.40x and keep K=64
+
+
+class _NoBatchHere:
+    """An epoch iterator that fails if Keras takes a batch from it."""
+
+    def __iter__(self):
+        raise AssertionError("Keras took a batch to build a model that was built")
+
+
+def test_after_tuning_fit_takes_no_batch_to_build_a_built_model():
+    # Keras' build peek is the iterator drop that segfaults after the tuner (benchmarks/README.md).
+    model, _ = tfstrategy.build_in_scope(mirrored(1), _model, optimizer="sgd", loss="mse")
+    with pytest.raises(AssertionError, match="took a batch"):  # Keras' own code peeks even when built
+        model._maybe_symbolic_build(iterator=_NoBatchHere())
+    tfstrategy.tune_steps_per_execution(model, tf.data.Dataset.from_tensor_slices(_data()).batch(128))
+    model._maybe_symbolic_build(iterator=_NoBatchHere())
+    history = model.fit(*_data(), batch_size=128, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2 and int(model.optimizer.iterations.numpy()) == 16
+
+
+def test_a_model_with_something_left_to_build_still_takes_its_batch():
+    from tfstrategy.training.no_trace import skip_build_peek
+
+    with mirrored(1).scope():
+        model = keras.Sequential([keras.layers.Dense(1)])  # no Input: unbuilt until it sees a batch
+        model.compile(optimizer="sgd", loss="mse")
+    skip_build_peek(model)
+    with pytest.raises(AssertionError, match="took a batch"):
+        model._maybe_symbolic_build(iterator=_NoBatchHere())
+    model.fit(*_data(), batch_size=128, epochs=1, verbose=0)
+    assert model.built and model.layers[0].kernel.shape == (4, 1)

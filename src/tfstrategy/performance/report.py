@@ -42,7 +42,7 @@ from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
 from tfstrategy.performance.verdict import Measurements, Report, verdict
 from tfstrategy.settings import ENV_PROFILE, ENV_PROFILE_EVERY
-from tfstrategy.training.no_trace import dataset_copy, pipeline_ops, snapshot
+from tfstrategy.training.no_trace import dataset_copy, pipeline_ops, skip_build_peek, snapshot
 from tfstrategy.training.steps_per_execution import job_mean
 
 __all__ = ["StepTimes", "Tracker", "add_report", "performance_report", "probe", "profile_environment",
@@ -232,6 +232,7 @@ def probe(model: Any, dataset: Any, *, step: float, steps_per_execution: int, la
         if function is not None:
             model.train_function = function
         saved.restore()
+        skip_build_peek(model)
     if larger_k is None and no_copy is None:
         found["not_probed"]["larger K"] = (f"the job has trained under {LARGER_K_AFTER_SECONDS:.0f} s, or K is at its "
                                            "cap (a new train function would cost more than it tells)")

@@ -122,3 +122,36 @@ def dataset_copy(dataset: Any) -> tuple[Any, str | None]:
     graph.node.extend(kept)
     variant = tf_.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString())
     return _compat.dataset_from_variant(variant, dataset.element_spec), None
+
+
+def skip_build_peek(model: Any) -> None:
+    """Make the model's later ``fit`` calls skip Keras' peek at one batch once nothing is left to build.
+
+    Under a strategy, Keras 3 starts every ``fit`` by making a distributed
+    iterator, taking one batch to build the model symbolically, and dropping
+    the iterator, even when every layer, loss and metric is built and the
+    batch builds nothing. On TensorFlow 2.21 / Keras 3.15 that drop
+    sometimes segfaults once a distributed iterator that a ``tf.function``
+    consumed was dropped mid-stream, as the tuner's and the report's probes
+    do (``benchmarks/upstream_iterator_crash.py``; measured in
+    ``benchmarks/README.md``). Skipping the peek removes both the crash site
+    and one iterator's start and release per ``fit``. A model with something
+    left to build (and tf_keras, which has no such step) runs Keras' own code.
+    """
+    trainer = type(model)
+    if not hasattr(trainer, "_maybe_symbolic_build") or "_maybe_symbolic_build" in vars(model):
+        return
+
+    def _maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> Any:
+        # Looked up at each call: another patch may wrap the class's method later.
+        return trainer._maybe_symbolic_build(model, iterator=None if _built(model) else iterator,
+                                             data_batch=data_batch)
+
+    object.__setattr__(model, "_maybe_symbolic_build", _maybe_symbolic_build)  # untracked by Keras
+
+
+def _built(model: Any) -> bool:
+    """What Keras' ``_symbolic_build`` needs a batch for is built: every layer, the compiled loss and metrics."""
+    compiled = (getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None))
+    return (all(layer.built for layer in model._flatten_layers())
+            and all(part is None or part.built for part in compiled))

@@ -35,7 +35,7 @@ from typing import Any
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
-from tfstrategy.training.no_trace import dataset_copy, snapshot
+from tfstrategy.training.no_trace import dataset_copy, skip_build_peek, snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -318,6 +318,7 @@ def tune_steps_per_execution(
     finally:
         saved.restore()
         model.reset_metrics()
+        skip_build_peek(model)
     return _set(model, choice)
 
 
