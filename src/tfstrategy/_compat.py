@@ -268,6 +268,22 @@ def symbolic_build(model: Any, batch: Any) -> None:
             optimizer.build(model.trainable_variables)
 
 
+def keras3_nothing_left_to_build(model: Any) -> bool:
+    """Whether everything Keras 3's ``_symbolic_build`` needs a batch for is built: each layer, the compiled
+    loss and metrics."""
+    compiled = (getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None))
+    return (all(layer.built for layer in model._flatten_layers())
+            and all(part is None or part.built for part in compiled))
+
+
+def epoch_iterator_source(epoch_iterator: Any) -> Any:
+    """The ``tf.data.Dataset`` a Keras 3 ``TFEpochIterator`` distributes, or ``None`` (data from a function,
+    or another iterator)."""
+    distributed = getattr(epoch_iterator, "_distributed_dataset", None)
+    source = getattr(distributed, "_original_dataset", None)
+    return source if isinstance(source, tf().data.Dataset) else None
+
+
 def keras_variable_types() -> tuple[type, ...]:
     """Keras 3's own ``keras.Variable`` class, if ``tf.keras`` is Keras 3 (tf_keras uses ``tf.Variable``)."""
     variable = getattr(tf().keras, "Variable", None)

@@ -212,7 +212,10 @@ def test_one_round_that_flatters_the_large_k_decides_nothing():
 
 
 class _NoBatchHere:
-    """An epoch iterator that fails if Keras takes a batch from it."""
+    """A Keras epoch iterator over a real distributed dataset that fails if Keras takes a batch from it."""
+
+    def __init__(self, strategy):
+        self._distributed_dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.range(8).batch(4))
 
     def __iter__(self):
         raise AssertionError("Keras took a batch to build a model that was built")
@@ -220,23 +223,49 @@ class _NoBatchHere:
 
 def test_after_tuning_fit_takes_no_batch_to_build_a_built_model():
     # Keras' build peek is the iterator drop that segfaults after the tuner (benchmarks/README.md).
-    model, _ = tfstrategy.build_in_scope(mirrored(1), _model, optimizer="sgd", loss="mse")
+    strategy = mirrored(1)
+    model, _ = tfstrategy.build_in_scope(strategy, _model, optimizer="sgd", loss="mse")
     with pytest.raises(AssertionError, match="took a batch"):  # Keras' own code peeks even when built
-        model._maybe_symbolic_build(iterator=_NoBatchHere())
+        model._maybe_symbolic_build(iterator=_NoBatchHere(strategy))
     tfstrategy.tune_steps_per_execution(model, tf.data.Dataset.from_tensor_slices(_data()).batch(128))
-    model._maybe_symbolic_build(iterator=_NoBatchHere())
+    model._maybe_symbolic_build(iterator=_NoBatchHere(strategy))
     history = model.fit(*_data(), batch_size=128, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2 and int(model.optimizer.iterations.numpy()) == 16
+
+
+def test_the_skipped_peek_draws_the_shuffle_seeds_the_peek_would():
+    # The peek's iterator moves a reshuffling shuffle's order for the epochs after it; its stand-in must too.
+    from tfstrategy._compat import symbolic_build
+    from tfstrategy.training.no_trace import skip_build_peek
+
+    def trained_weights(peek):
+        tf.keras.utils.set_random_seed(3)
+        model, _ = tfstrategy.build_in_scope(mirrored(1), _model, optimizer="sgd", loss="mse")
+        x, y = _data()
+        symbolic_build(model, (tf.constant(x[:8]), tf.constant(y[:8])))  # as the tuner does: nothing left to build
+        if peek == "skipped":
+            skip_build_peek(model)
+        elif peek == "none":  # what a skip that drew nothing would do
+            object.__setattr__(model, "_maybe_symbolic_build",
+                               lambda iterator=None, data_batch=None: type(model)._maybe_symbolic_build(model))
+        data = tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).shuffle(64, seed=5).batch(8)
+        model.fit(data, epochs=2, verbose=0)
+        return np.concatenate([w.ravel() for w in model.get_weights()])
+
+    keras_own = trained_weights("keras")
+    np.testing.assert_array_equal(trained_weights("skipped"), keras_own)
+    assert not np.array_equal(trained_weights("none"), keras_own)  # the order did depend on the peek's draw
 
 
 def test_a_model_with_something_left_to_build_still_takes_its_batch():
     from tfstrategy.training.no_trace import skip_build_peek
 
-    with mirrored(1).scope():
+    strategy = mirrored(1)
+    with strategy.scope():
         model = keras.Sequential([keras.layers.Dense(1)])  # no Input: unbuilt until it sees a batch
         model.compile(optimizer="sgd", loss="mse")
     skip_build_peek(model)
     with pytest.raises(AssertionError, match="took a batch"):
-        model._maybe_symbolic_build(iterator=_NoBatchHere())
+        model._maybe_symbolic_build(iterator=_NoBatchHere(strategy))
     model.fit(*_data(), batch_size=128, epochs=1, verbose=0)
     assert model.built and model.layers[0].kernel.shape == (4, 1)

@@ -134,24 +134,26 @@ def skip_build_peek(model: Any) -> None:
     sometimes segfaults once a distributed iterator that a ``tf.function``
     consumed was dropped mid-stream, as the tuner's and the report's probes
     do (``benchmarks/upstream_iterator_crash.py``; measured in
-    ``benchmarks/README.md``). Skipping the peek removes both the crash site
-    and one iterator's start and release per ``fit``. A model with something
-    left to build (and tf_keras, which has no such step) runs Keras' own code.
+    ``benchmarks/README.md``). Skipping the peek removes the crash site.
+
+    The peek is not free of effects on the data: making its iterator draws
+    the next seeds of every reshuffling ``shuffle``, so the epochs after it
+    see the order they see. In its place the skip makes (and drops, unread)
+    a plain iterator over the same dataset, which draws the same seeds: a
+    ``fit`` after tuning sees the order it would have seen without it. A
+    model with something left to build, data Keras cannot trace back to one
+    ``tf.data.Dataset``, and tf_keras (which has no such step) run Keras' own code.
     """
     trainer = type(model)
     if not hasattr(trainer, "_maybe_symbolic_build") or "_maybe_symbolic_build" in vars(model):
         return
 
     def _maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> Any:
+        source = None if iterator is None else _compat.epoch_iterator_source(iterator)
+        if source is not None and _compat.keras3_nothing_left_to_build(model):
+            iter(source)  # the shuffle seeds the peek's iterator would have drawn; no element is read
+            iterator = None
         # Looked up at each call: another patch may wrap the class's method later.
-        return trainer._maybe_symbolic_build(model, iterator=None if _built(model) else iterator,
-                                             data_batch=data_batch)
+        return trainer._maybe_symbolic_build(model, iterator=iterator, data_batch=data_batch)
 
     object.__setattr__(model, "_maybe_symbolic_build", _maybe_symbolic_build)  # untracked by Keras
-
-
-def _built(model: Any) -> bool:
-    """What Keras' ``_symbolic_build`` needs a batch for is built: every layer, the compiled loss and metrics."""
-    compiled = (getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None))
-    return (all(layer.built for layer in model._flatten_layers())
-            and all(part is None or part.built for part in compiled))
