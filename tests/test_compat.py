@@ -240,3 +240,21 @@ def test_resolved_tf_keras_and_a_creator_installed_for_a_thread_life():
     finally:
         sys.unraisablehook = previous
     assert seen == ["after_install", "inside_a_later_scope"] and unraisable == []
+
+
+@pytest.mark.skipif(LEGACY, reason="tf_keras has no build peek: skip_build_peek leaves its models alone")
+def test_keras3_build_state_and_the_dataset_behind_an_epoch_iterator():
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+    strategy = mirrored(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    assert not _compat.keras3_nothing_left_to_build(model)  # the compiled loss and metric wait for a batch
+    batch = (tf.ones((4, 3)), tf.ones((4, 2)))
+    _compat.symbolic_build(model, batch)
+    assert _compat.keras3_nothing_left_to_build(model)
+    dataset = tf.data.Dataset.from_tensors(batch)
+    epoch_iterator = TFEpochIterator(distribute_strategy=strategy, x=dataset)
+    assert _compat.epoch_iterator_source(epoch_iterator) is dataset
+    assert _compat.epoch_iterator_source(object()) is None
