@@ -17,21 +17,15 @@ It exits 0 if every round passed. A crash kills it with SIGSEGV (shell status 13
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
-
-import numpy as np
+from upstream_iterator_crash import checked_rounds, regression_data, rounds_argument, run_rounds, small_model
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=600, help="rounds to run (default 600)")
+    parser = rounds_argument(__doc__.splitlines()[0], default=600)
     parser.add_argument("--without-workaround", action="store_true",
                         help="leave Keras' build peek in place after tuning (the landed code before the workaround)")
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error(f"--rounds must be 1 or more; received {args.rounds}")
-    faulthandler.enable()
+    rounds = checked_rounds(parser, args)
 
     from tfstrategy.selection.cpu_split import configure_cpu_replicas
 
@@ -44,20 +38,14 @@ def main() -> None:
 
     if args.without_workaround:
         steps_per_execution.skip_build_peek = lambda model: None
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(1024, 4)).astype("float32")
-    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32")).astype("float32")
+    x, y = regression_data()
 
-    def build():
-        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-
-    for round_ in range(args.rounds):
-        model, _ = tfstrategy.build_in_scope(tf.distribute.MirroredStrategy(["/cpu:0"]), build, optimizer="sgd",
-                                             loss="mse", steps_per_execution="auto")
+    def one_round() -> None:
+        model, _ = tfstrategy.build_in_scope(tf.distribute.MirroredStrategy(["/cpu:0"]), lambda: small_model(keras),
+                                             optimizer="sgd", loss="mse", steps_per_execution="auto")
         model.fit(x, y, batch_size=128, epochs=1, verbose=0)
-        if round_ % 10 == 0:
-            print(f"round {round_}", flush=True)
-    print(f"all {args.rounds} rounds passed")
+
+    run_rounds(rounds, one_round)
 
 
 if __name__ == "__main__":

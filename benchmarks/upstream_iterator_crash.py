@@ -27,17 +27,49 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=1000, help="rounds to run (default 1000)")
-    args = parser.parse_args()
+def rounds_argument(description: str, default: int) -> argparse.ArgumentParser:
+    """A parser with ``--rounds`` (1 or more), shared with ``auto_k_crash_loop.py``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=default, help=f"rounds to run (default {default})")
+    return parser
+
+
+def checked_rounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.rounds < 1:
         parser.error(f"--rounds must be 1 or more; received {args.rounds}")
     faulthandler.enable()
+    return args.rounds
+
+
+def regression_data() -> tuple[np.ndarray, np.ndarray]:
+    """The test's data: 1024 rows of 4 features and a linear target (8 steps at batch 128)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1024, 4)).astype("float32")
+    return x, (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32")).astype("float32")
+
+
+def small_model(keras: Any) -> Any:
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+
+
+def run_rounds(rounds: int, one_round: Callable[[], None]) -> None:
+    """Run ``one_round`` ``rounds`` times, saying how far it got every 10 rounds (a crash ends the process)."""
+    for round_ in range(rounds):
+        one_round()
+        if round_ % 10 == 0:
+            print(f"round {round_}", flush=True)
+    print(f"all {rounds} rounds passed")
+
+
+def main() -> None:
+    parser = rounds_argument(__doc__.splitlines()[0], default=1000)
+    rounds = checked_rounds(parser, parser.parse_args())
 
     import tensorflow as tf
 
@@ -48,13 +80,11 @@ def main() -> None:
     import keras
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(1024, 4)).astype("float32")
-    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32")).astype("float32")
-    for round_ in range(args.rounds):
+    x, y = regression_data()
+
+    def one_round() -> None:
         with strategy.scope():
-            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"),
-                                      keras.layers.Dense(1)])
+            model = small_model(keras)
             model.compile(optimizer="sgd", loss="mse")
         iterator = iter(strategy.experimental_distribute_dataset(
             tf.data.Dataset.from_tensor_slices((x, y)).batch(128).repeat()))
@@ -67,10 +97,8 @@ def main() -> None:
         model.steps_per_execution = 8
         model.train_function = None
         model.fit(x, y, batch_size=128, epochs=1, verbose=0)
-        if round_ % 10 == 0:
-            print(f"round {round_}", flush=True)
-    print(f"all {args.rounds} rounds passed")
 
+    run_rounds(rounds, one_round)
 
 if __name__ == "__main__":
     main()
