@@ -21,7 +21,17 @@ if TYPE_CHECKING:  # the launcher's modules load when a job starts, not for `tfs
     from tfstrategy.launch.rendezvous import NodeOptions
     from tfstrategy.launch.supervisor import LaunchOptions
 
-__all__ = ["DESCRIPTION", "EPILOG", "launch_parser"]
+__all__ = ["DESCRIPTION", "EPILOG", "FAMILIAR_FLAGS", "launch_parser"]
+
+#: Flags of torchrun, Accelerate and mpirun, and the flag of ours a user who types them means.
+FAMILIAR_FLAGS = {
+    **dict.fromkeys(("--nproc-per-node", "--nproc", "--nprocs", "--np", "-np", "--num-processes", "--num-proc",
+                     "--workers", "--world-size"), "--num-workers"),
+    **dict.fromkeys(("--master-addr", "--master-port", "--rdzv-endpoint", "--main-process-ip",
+                     "--main-process-port"), "--master"),
+    "--num-machines": "--nnodes",
+    "--machine-rank": "--node-rank",
+}
 
 DESCRIPTION = textwrap.dedent(
     f"""\
@@ -107,6 +117,7 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     """Register ``tfstrategy launch``."""
     parser = subparsers.add_parser(
         "launch",
+        familiar=FAMILIAR_FLAGS,
         help="run a script as N local multi-worker processes, supervised",
         description=DESCRIPTION,
         epilog=EPILOG,
