@@ -44,12 +44,14 @@ def _parser() -> MarkdownIt:
     return MarkdownIt("commonmark").enable("table")
 
 
-def _published_outside_docs() -> tuple[str, ...]:
+@cache
+def _published_outside_docs() -> dict[str, str]:
+    """Site path -> repository path of the files the site publishes from outside docs/."""
     spec = importlib.util.spec_from_file_location("docs_site_hook_for_links", DOCS / "hooks" / "site.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return tuple(module.ROOT_FILES)
+    return {**{path: path for path in module.ROOT_FILES}, module.README_PAGE: "README.md"}
 
 
 def fence_problems(text: str) -> list[str]:
@@ -132,7 +134,7 @@ def link_problems(page: Path) -> list[str]:
             # The site publishes some files from outside docs/ at the same path below the site root.
             inside = destination.relative_to(DOCS) if destination.is_relative_to(DOCS) else None
             if inside is not None and inside.as_posix() in published:
-                destination = ROOT / inside
+                destination = ROOT / published[inside.as_posix()]
         if not destination.exists():
             problems.append(f"line {line}: {target} -> no file {relative}")
             continue
