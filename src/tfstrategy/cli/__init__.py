@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tfstrategy import __version__
 
     parser.add_argument("--version", action="version", version=f"tfstrategy {__version__}")
-    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    # Every subcommand's parser is a Parser too (argparse makes them of the root's class).
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(  # type: ignore[assignment]
+        title="commands", metavar="COMMAND", required=True)
     for register in SUBCOMMANDS:
         register(subparsers)
     return parser
