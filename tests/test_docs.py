@@ -271,3 +271,28 @@ def test_readme_links_resolve() -> None:
     targets = [target.split("#")[0] for target in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in target]
     missing = [target for target in targets if not (ROOT / target).exists()]
     assert targets and not missing, f"README.md links to missing files: {missing}"
+
+
+def test_docs_home_links_every_guide_and_the_set_up() -> None:
+    # Issue 35: the "I want to..." table had no "why is my job slow", no Ray, no link to the set-up.
+    page = (DOCS / "index.md").read_text()
+    table = "\n".join(line for line in page.splitlines() if line.startswith("| "))
+    linked = {target.split("#")[0] for target in re.findall(r"\]\(([^)\s]+)\)", table)}
+    guides = {f"guides/{path.name}" for path in (DOCS / "guides").glob("*.md")}
+    assert guides <= linked, f"docs/index.md's task table does not link {sorted(guides - linked)}"
+    assert "start.md" in linked, "docs/index.md's task table does not link the set-up (start.md, the README)"
+
+
+def test_docs_build_publishes_no_hook_code() -> None:
+    # mkdocs copies every non-Markdown file of docs/ into the site unless exclude_docs names it.
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
+    excluded = [line.strip().strip("/") for line in str(config.get("exclude_docs", "")).splitlines() if line.strip()]
+    code = [path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.py")]
+    published = [path for path in code if not any(path.startswith(f"{prefix}/") for prefix in excluded)]
+    assert code and not published, f"the docs build would copy {published} into the site; add them to exclude_docs"

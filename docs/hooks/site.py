@@ -4,6 +4,8 @@
   and of every subcommand, rendered from :func:`tfstrategy.cli.build_parser`.
 - ARCHITECTURE.md, CONTRIBUTING.md and benchmarks/README.md (with its plot)
   live beside the code they describe; they are added to the site as they are.
+- README.md (set-up and quick start) is the site's ``start.md``, its ``docs/...``
+  links made relative to the site.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import contextlib
 import io
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- cli-reference -->"
 #: Files outside docs/ that the site publishes under the same relative path.
 ROOT_FILES = ("ARCHITECTURE.md", "CONTRIBUTING.md", "benchmarks/README.md", "benchmarks/latest/results.png")
+#: The site's page for the README (set-up and quick start).
+README_PAGE = "start.md"
 
 
 def _help(parser: argparse.ArgumentParser, argv: list[str]) -> str:
@@ -65,10 +70,13 @@ def on_files(files, config):
 
     for relative in ROOT_FILES:
         files.append(File.generated(config, relative, abs_src_path=str(ROOT / relative)))
+    files.append(File.generated(config, README_PAGE, abs_src_path=str(ROOT / "README.md")))
     return files
 
 
 def on_page_markdown(markdown, page, config, files):
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, render_cli_reference())
+    if page.file.src_uri == README_PAGE:
+        markdown = re.sub(r"\]\(docs/", "](", markdown)  # the README links docs/guides/x.md; the site has guides/x.md
     return markdown

@@ -13,9 +13,10 @@ protocol* that ``tfstrategy launch`` sets for each worker (:data:`ENV_NUM_WORKER
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -111,9 +112,11 @@ class StrategyKind(str, Enum):
         for kind in cls:
             if kind.value == text:
                 return kind
-        names = ", ".join(kind.value for kind in cls)
+        names = [kind.value for kind in cls]
+        hint = did_you_mean(text, names) if text else ""
         raise StrategyError(
-            f"Received {name}={shorten(value)}; expected one of: {names}. Pass strategy='auto' to let tfstrategy choose."
+            f"Received {name}={shorten(value)}; expected one of: {', '.join(names)}.{hint} "
+            "Pass strategy='auto' to let tfstrategy choose."
         )
 
 
@@ -123,6 +126,18 @@ class Setting:
 
     value: Any
     source: str
+
+
+def closest(received: str, options: Iterable[str]) -> str | None:
+    """The option a mistyped ``received`` most likely meant (``mirored`` -> ``mirrored``), or None."""
+    matches = difflib.get_close_matches(received.lower(), list(options), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def did_you_mean(received: str, options: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the closest option, or ``''``: the hint every error message appends."""
+    match = closest(received, options)
+    return f" Did you mean {match!r}?" if match else ""
 
 
 def shorten(value: Any, limit: int = 80) -> str:

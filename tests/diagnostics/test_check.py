@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from helpers import run_cli, run_example
 from tfstrategy import run_check, select
+
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference"
+SCHEMA = json.loads((REFERENCE / "check.schema.json").read_text())
 
 SEED_LINES = ["strategy MirroredStrategy", "replicas 1", "model_strategy True", "train_on_batch True"]
 
@@ -20,7 +26,29 @@ def test_check_passes_in_process(replicas):
     assert values["replicas"] == replicas
     assert values["all_reduce_sum"] == replicas * (replicas + 1) / 2
     assert values["per_replica_batch"] * replicas == values["global_batch"]
-    assert values["replica_batches"] == ",".join([str(values["per_replica_batch"])] * replicas)
+    assert values["replica_batches"] == [values["per_replica_batch"]] * replicas
+    assert values["devices"] == [f"/cpu:{i}" for i in range(replicas)]
+    # Typed, as documented: what --json prints validates against docs/reference/check.schema.json.
+    jsonschema.validate(json.loads(json.dumps(values)), SCHEMA)
+    assert f"replica_batches {','.join([str(values['per_replica_batch'])] * replicas)}" in report.lines()
+
+
+def test_the_schema_rejects_numbers_as_strings() -> None:
+    report = run_check(select(devices="cpu:0", env={}))
+    values = report.as_dict()
+    values["replica_batches"] = ",".join(str(size) for size in values["replica_batches"])  # main's shape
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(values, SCHEMA)
+
+
+def test_the_json_reference_page_lists_every_key_of_the_schema() -> None:
+    page = (REFERENCE / "check-json.md").read_text()
+    listed = set(re.findall(r"^\| `(\w+)`", page, re.M)) | set(re.findall(r"`(equivalence_\w+)`", page))
+    keys = set(SCHEMA["properties"])
+    assert keys <= listed, f"docs/reference/check-json.md does not describe {keys - listed}"
+    pattern = next(iter(SCHEMA["patternProperties"]))
+    documented = {key for key in listed - keys}
+    assert documented and all(re.match(pattern, key) for key in documented), documented
 
 
 def test_check_reports_a_failure_when_variables_escape_the_scope(monkeypatch):
@@ -49,7 +77,9 @@ def test_cli_four_cpu_replicas_as_json():
     assert result.returncode == 0, result.stderr
     values = json.loads(result.stdout)
     assert values["replicas"] == 4
-    assert values["devices"] == "/cpu:0,/cpu:1,/cpu:2,/cpu:3"
+    assert values["devices"] == ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"]
+    assert values["replica_batches"] == [2, 2, 2, 2]
+    jsonschema.validate(values, SCHEMA)
     assert values["passed"] is True and values["failed"] == []
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from helpers import mirrored
 from tfstrategy.cli import main
 from tfstrategy.diagnostics.equivalence import EquivalenceResult, initial_weights, max_difference, train_weights
 
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference"
 SEED_LINES = ["strategy MirroredStrategy", "replicas 4", "model_strategy True", "train_on_batch True"]
 
 
@@ -60,7 +63,10 @@ def test_cli_equivalence_json_exits_1_when_a_method_diverges(capsys, monkeypatch
     values = json.loads(captured.out)
     assert status == 1
     assert values["failed"] == ["equivalence_loop"]
-    assert values["equivalence_loop"] == "DIFFERENT max_weight_difference=3.0e-01 (expected equal)"
+    assert values["equivalence_loop"] == {"equal": False, "expected_equal": True, "max_weight_difference": 0.3,
+                                          "passed": False}
+    assert values["equivalence"]["replicas"] == 4 and values["equivalence"]["steps"] == 8
+    jsonschema.validate(values, json.loads((REFERENCE / "check.schema.json").read_text()))
     assert "failed: equivalence_loop" in captured.err
 
 

@@ -436,6 +436,22 @@ def test_log_dir_keeps_each_workers_streams_and_the_report_says_where(tmp_path):
     assert "line 29" in (worker_1 / "stdout.log").read_text()
     assert f"each worker's output goes to {tmp_path}/attempt-0/worker-<i>/stdout.log and stderr.log" in err
     assert f"full output of worker 1: {worker_1}/stdout.log, {worker_1}/stderr.log" in err
+    assert re.fullmatch(rf"tfstrategy launch: the job failed after [0-9.]+ s; exit status 1; output in {tmp_path}",
+                        err.splitlines()[-1]), err.splitlines()[-1]
+
+
+@pytest.mark.multiprocess
+def test_log_dir_with_console_workers_shows_those_plain_logs_and_a_final_status_line(tmp_path):
+    # Issue 35: --console-workers was ignored without --tee, colour codes landed in the files, and a
+    # successful run with --log-dir ended without a word.
+    code, out, err, _ = _launch("-n", "2", "--log-dir", str(tmp_path), "--console-workers", "0", "--",
+                                sys.executable, "-c", "import os; print('\\x1b[32mgreen\\x1b[0m', "
+                                "os.environ['TFSTRATEGY_WORKER_INDEX'])", timeout=60)
+    assert code == 0, err
+    assert out.splitlines() == ["[worker 0] \x1b[32mgreen\x1b[0m 0"]
+    assert (tmp_path / "attempt-0" / "worker-1" / "stdout.log").read_text() == "green 1\n"
+    assert re.fullmatch(rf"tfstrategy launch: 2 workers exited 0 in [0-9.]+ s; output in {tmp_path}",
+                        err.splitlines()[-1]), err
 
 
 @pytest.mark.multiprocess

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,51 @@ def test_progress_file_round_trip(tmp_path):
     assert (progress.heartbeat, progress.steps, progress.in_step) == (1, 0, True)
     writer.step_ends()
     assert read_progress(path).steps == 1 and not read_progress(path).in_step
+
+
+COLOURED = "\x1b[1mEpoch 1/2\x1b[0m\n32/32 \x1b[32m━━━━\x1b[0m\x1b[37m\x1b[0m \x1b[1m1s\x1b[0m\n\x1b]0;title\x07end\n"
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 4096], ids=lambda size: f"chunks-of-{size}")
+def test_ansi_codes_are_stripped_even_when_a_chunk_ends_inside_one(size: int) -> None:
+    from tfstrategy.launch.output import AnsiStripper
+
+    data = COLOURED.encode()
+    stripper = AnsiStripper()
+    plain = b"".join(stripper.feed(data[i:i + size]) for i in range(0, len(data), size)) + stripper.flush()
+    assert plain.decode() == "Epoch 1/2\n32/32 ━━━━ 1s\nend\n"
+
+
+def test_log_files_get_no_colour_codes_and_the_console_keeps_them(tmp_path):
+    log = open(tmp_path / "stdout.log", "wb")  # noqa: SIM115 (the pump closes it)
+    _, tail, stream = _pump(COLOURED.encode() + b"a lone \x1b at the end", log=log)
+    assert (tmp_path / "stdout.log").read_text() == "Epoch 1/2\n32/32 ━━━━ 1s\nend\na lone \x1b at the end"
+    assert "[worker 1] \x1b[1mEpoch 1/2\x1b[0m" in stream.getvalue().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("options", "line"),
+    [
+        pytest.param(dict(reason="succeeded", returncode=0, workers=2, seconds=30.4), "2 workers exited 0 in 30 s",
+                     id="success"),
+        pytest.param(dict(reason="succeeded", returncode=0, workers=1, seconds=2.25, restarts=1),
+                     "1 worker exited 0 in 2.2 s, after 1 restart", id="one-worker-restarted"),
+        pytest.param(dict(reason="succeeded", returncode=0, workers=2, seconds=200, nodes=2, log_dir=Path("logs")),
+                     "this node's 2 workers exited 0 in 3 min 20 s; output in logs", id="node-with-log-dir"),
+        pytest.param(dict(reason="failed", returncode=1, workers=2, seconds=12, restarts=2),
+                     "the job failed after 12 s; exit status 1, after 2 restarts", id="failed"),
+        pytest.param(dict(reason="interrupted", returncode=130, workers=2, seconds=5),
+                     "the job was interrupted after 5.0 s; exit status 130", id="ctrl-c"),
+    ],
+)
+def test_status_line(options, line):
+    from tfstrategy.launch.output import status_line
+
+    assert status_line(**options) == line
+
+
+def test_every_end_reason_has_words():
+    from tfstrategy.launch.output import _ENDINGS
+    from tfstrategy.launch.states import EndReason
+
+    assert {reason.value for reason in EndReason} - {"succeeded"} <= set(_ENDINGS)

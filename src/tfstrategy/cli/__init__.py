@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from tfstrategy.cli._parser import Parser
 from tfstrategy.cli.check import check_parser
 from tfstrategy.cli.env import env_parser
 from tfstrategy.cli.launch import launch_parser
@@ -17,7 +18,7 @@ SUBCOMMANDS = (check_parser, env_parser, run_parser, launch_parser)
 
 def build_parser() -> argparse.ArgumentParser:
     """The root parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tfstrategy",
         description="TensorFlow distribution strategies, correct, checked and fast.",
         epilog="Run 'tfstrategy COMMAND --help' for a command's options and examples.",
@@ -25,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tfstrategy import __version__
 
     parser.add_argument("--version", action="version", version=f"tfstrategy {__version__}")
-    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    # Every subcommand's parser is a Parser too (argparse makes them of the root's class).
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(  # type: ignore[assignment]
+        title="commands", metavar="COMMAND", required=True)
     for register in SUBCOMMANDS:
         register(subparsers)
     return parser
@@ -37,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     name = f"tfstrategy {args.command.__name__.removesuffix('_command')}"
     try:
-        return args.command(args)
+        return int(args.command(args))
     except TFStrategyError as error:
         if args.debug:
             raise

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 
 from tfstrategy.settings import AUDIT_MODES, ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind
 
-__all__ = ["add_program_arguments", "program_from_args", "add_strategy_arguments", "add_output_arguments", "quiet_tensorflow", "import_tensorflow_quietly"]
+__all__ = ["add_program_arguments", "program_from_args", "add_strategy_arguments", "add_output_arguments", "quiet_tensorflow", "import_tensorflow_quietly",
+           "tensorflow_log_environment"]
 
 STRATEGY_CHOICES = [kind.value for kind in StrategyKind]
 
@@ -40,10 +42,25 @@ def add_output_arguments(parser: argparse.ArgumentParser, *, json_help: str) -> 
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
 
 
+def tensorflow_log_environment(debug: bool, env: Mapping[str, str]) -> dict[str, str]:
+    """The ``TF_CPP_MIN_LOG_LEVEL`` a command's TensorFlow gets: its C++ start-up lines only under ``--debug``.
+
+    By default level 2 (errors only: no ``I0000 ...`` info lines, no absl warnings) unless the user set
+    the variable; ``--debug`` shows everything, over the variable too (a flag beats the environment).
+    """
+    if debug:
+        return {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    if env.get("TF_CPP_MIN_LOG_LEVEL", "").strip():
+        return {}
+    return {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
 def quiet_tensorflow(debug: bool) -> None:
-    """Hide TensorFlow's C++ info lines unless debugging (only effective before TF loads)."""
-    if not debug:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    """Set this process's TensorFlow logging (and its children's) by :func:`tensorflow_log_environment`.
+
+    Only effective before TensorFlow loads.
+    """
+    os.environ.update(tensorflow_log_environment(debug, os.environ))
 
 
 def import_tensorflow_quietly(debug: bool) -> None:

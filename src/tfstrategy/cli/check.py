@@ -52,7 +52,7 @@ examples:
 """
 
 
-def check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def check_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``check``."""
     parser = subparsers.add_parser(
         "check",

@@ -29,7 +29,7 @@ examples:
 """
 
 
-def env_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def env_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``env``."""
     parser = subparsers.add_parser(
         "env",

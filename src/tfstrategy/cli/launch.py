@@ -7,6 +7,7 @@ import dataclasses
 import os
 import sys
 import textwrap
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +22,17 @@ if TYPE_CHECKING:  # the launcher's modules load when a job starts, not for `tfs
     from tfstrategy.launch.rendezvous import NodeOptions
     from tfstrategy.launch.supervisor import LaunchOptions
 
-__all__ = ["DESCRIPTION", "EPILOG", "launch_parser"]
+__all__ = ["DESCRIPTION", "EPILOG", "FAMILIAR_FLAGS", "launch_parser"]
+
+#: Flags of torchrun, Accelerate and mpirun, and the flag of ours a user who types them means.
+FAMILIAR_FLAGS = {
+    **dict.fromkeys(("--nproc-per-node", "--nproc", "--nprocs", "--np", "-np", "--num-processes", "--num-proc",
+                     "--workers", "--world-size"), "--num-workers"),
+    **dict.fromkeys(("--master-addr", "--master-port", "--rdzv-endpoint", "--main-process-ip",
+                     "--main-process-port"), "--master"),
+    "--num-machines": "--nnodes",
+    "--machine-rank": "--node-rank",
+}
 
 DESCRIPTION = textwrap.dedent(
     f"""\
@@ -103,10 +114,11 @@ EPILOG = textwrap.dedent(
 )
 
 
-def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``tfstrategy launch``."""
     parser = subparsers.add_parser(
         "launch",
+        familiar=FAMILIAR_FLAGS,
         help="run a script as N local multi-worker processes, supervised",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -141,7 +153,8 @@ def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
                         "instead of the console")
     output.add_argument("--tee", action="store_true", help="with --log-dir: also copy the output to the console")
     output.add_argument("--console-workers", metavar="LIST",
-                        help="only these workers' lines on the console, e.g. 0 or 0,2 (default: every worker's)")
+                        help="only these workers' lines on the console, e.g. 0 or 0,2 (default: every worker's; with "
+                        "--log-dir and no --tee: none)")
     parser.add_argument("--port-range", metavar="LOW-HIGH",
                         help="the workers' ports on each machine come from LOW..HIGH, e.g. 29500-29599, so a firewall "
                         f"can allow just those (default: ${ENV_PORT_RANGE}, else the kernel's ephemeral range)")
@@ -286,6 +299,7 @@ def launch_command(args: argparse.Namespace) -> int:
     from tfstrategy.training.precision import precision_environment
     from tfstrategy.training.sentinel import sentinel_environment
 
+    started = time.monotonic()
     quiet_tensorflow(args.debug)
     options = options_from_args(args)
     precision_environment(args.precision)  # a bad --precision fails here, in one line, before any worker
@@ -308,5 +322,12 @@ def launch_command(args: argparse.Namespace) -> int:
         rejoined = ", ".join(f"{seconds:.1f} s" for seconds in result.rejoin_seconds) or "never"
         print(f"tfstrategy launch: {result.restarts} restart(s); failure to relaunch {timings}; "
               f"failure to all workers joined again {rejoined}", file=sys.stderr)
+    from tfstrategy.launch.output import status_line
+
+    # One plain last line in every output mode (with --log-dir and no --tee it is the only one).
+    print("tfstrategy launch: " + status_line(
+        reason=result.reason.value, returncode=result.returncode, workers=options.num_workers,
+        seconds=time.monotonic() - started, restarts=result.restarts, nodes=args.nnodes, log_dir=options.log_dir,
+    ), file=sys.stderr)
     return result.returncode
 

@@ -7,7 +7,7 @@ import os
 import sys
 import textwrap
 
-from tfstrategy.cli._common import add_program_arguments, program_from_args
+from tfstrategy.cli._common import add_program_arguments, program_from_args, tensorflow_log_environment
 from tfstrategy.errors import LaunchError
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
 from tfstrategy.selection.devices import parse_devices
@@ -45,7 +45,7 @@ EPILOG = textwrap.dedent(
 )
 
 
-def run_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``tfstrategy run``."""
     parser = subparsers.add_parser(
         "run",
@@ -85,8 +85,7 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     from tfstrategy.performance.report import profile_environment
 
     env.update(profile_environment(args.profile, args.profile_dir, args.profile_every))
-    if not args.debug:
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(tensorflow_log_environment(args.debug, env))
     return program, env
 
 

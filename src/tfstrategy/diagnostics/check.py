@@ -22,13 +22,22 @@ SEED_BATCH = 8
 
 @dataclass(frozen=True)
 class CheckItem:
-    """One ``key value`` line; ``ok`` is ``None`` for lines that only inform."""
+    """One ``key value`` line; ``ok`` is ``None`` for lines that only inform.
+
+    ``value`` is what ``--json`` prints, typed (numbers, booleans, lists, objects); ``text`` is the
+    line's value for people when it is not ``value`` itself (a list prints comma-separated).
+    """
 
     key: str
     value: Any
     ok: bool | None = None
+    text: str | None = None
 
     def line(self) -> str:
+        if self.text is not None:
+            return f"{self.key} {self.text}"
+        if isinstance(self.value, list):
+            return f"{self.key} {','.join(str(part) for part in self.value)}"
         return f"{self.key} {self.value}"
 
 
@@ -38,8 +47,8 @@ class CheckReport:
 
     items: list[CheckItem] = field(default_factory=list)
 
-    def add(self, key: str, value: Any, ok: bool | None = None) -> None:
-        self.items.append(CheckItem(key, value, ok))
+    def add(self, key: str, value: Any, ok: bool | None = None, *, text: str | None = None) -> None:
+        self.items.append(CheckItem(key, value, ok, text))
 
     @property
     def passed(self) -> bool:
@@ -53,7 +62,10 @@ class CheckReport:
         return [item.line() for item in self.items]
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: each key's value, then ``passed`` and ``failed``."""
+        """A JSON-ready dict, typed: each key's value, then ``passed`` and ``failed``.
+
+        docs/reference/check-json.md and its schema, docs/reference/check.schema.json, list the keys.
+        """
         result: dict[str, Any] = {item.key: item.value for item in self.items}
         result["passed"] = self.passed
         result["failed"] = self.failures
@@ -136,7 +148,7 @@ def run_check(selection: Selection | None = None, **select_args: Any) -> CheckRe
     report.add("model_strategy", model_strategy, model_strategy)
     trained = loss >= 0 and math.isfinite(loss)
     report.add("train_on_batch", trained, trained)
-    report.add("devices", ",".join(_short(d) for d in strategy.extended.worker_devices))
+    report.add("devices", [_short(d) for d in strategy.extended.worker_devices])
     in_scope, count = _variables_in_scope(strategy, model)
     report.add("variables_in_scope", in_scope, in_scope)
     report.add("variables", count)
@@ -147,6 +159,6 @@ def run_check(selection: Selection | None = None, **select_args: Any) -> CheckRe
     report.add("per_replica_batch", global_batch // replicas)
     split_ok, sizes = _batch_split(strategy, global_batch)
     report.add("batch_split", split_ok, split_ok)
-    report.add("replica_batches", ",".join(str(size) for size in sizes))
+    report.add("replica_batches", sizes)
     report.add("chosen", selection.explain())
     return report

@@ -75,7 +75,7 @@ def reference_model() -> Any:
 def initial_weights(seed: int = 0) -> list[np.ndarray]:
     """The starting weights every run shares, from a seeded build."""
     tf().keras.utils.set_random_seed(seed)
-    return reference_model().get_weights()
+    return list(reference_model().get_weights())
 
 
 def _optimizer() -> Any:
@@ -95,9 +95,10 @@ def _planted_per_replica_mean_step(model: Any, strategy: Any, optimizer: Any) ->
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
 
-    @tf_.function
-    def step(batch: Any) -> None:
+    def run_step(batch: Any) -> None:
         strategy.run(replica_step, args=batch)
+
+    step: Any = tf_.function(run_step)
 
     return step
 
@@ -140,7 +141,7 @@ def train_weights(
     if method == "fit":
         fix_steps_per_execution(model)
         model.fit(dataset, epochs=1, shuffle=False, verbose=0)
-        return model.get_weights()
+        return list(model.get_weights())
     distributed = strategy.experimental_distribute_dataset(dataset)
     if method == "loop":
         # "none" means per-example losses in Keras 3 and tf_keras alike (tf_keras refuses None).
@@ -150,7 +151,7 @@ def train_weights(
         step = _planted_per_replica_mean_step(model, strategy, optimizer)
         for batch in distributed:
             step(batch)
-    return model.get_weights()
+    return list(model.get_weights())
 
 
 def max_difference(first: list[np.ndarray], second: list[np.ndarray]) -> float:
@@ -300,9 +301,14 @@ def replica_equivalence(
 def add_equivalence(report: Any, selection: Any, **options: Any) -> EquivalenceReport:
     """Run :func:`replica_equivalence` and append its lines to a check report."""
     equivalence = replica_equivalence(selection, **options)
-    report.add("equivalence", equivalence.lines()[0].removeprefix("equivalence "))
+    header = {"replicas": equivalence.replicas, "reference_device": equivalence.reference_device,
+              "steps": equivalence.steps, "global_batch": equivalence.global_batch, "policy": equivalence.policy,
+              "tolerance": equivalence.tolerance}
+    report.add("equivalence", header, text=equivalence.lines()[0].removeprefix("equivalence "))
     for result in equivalence.results:
-        report.add(result.key, result.line().removeprefix(f"{result.key} "), result.passed)
+        verdict = {"equal": result.equal, "expected_equal": result.expect_equal,
+                   "max_weight_difference": result.max_difference, "passed": result.passed}
+        report.add(result.key, verdict, result.passed, text=result.line().removeprefix(f"{result.key} "))
     if equivalence.replicas == 1:
         report.add("equivalence_note", "1 replica compares with itself; pass --cpu-replicas 4 to rehearse 4")
     return equivalence

@@ -5,17 +5,21 @@ one line, bytes the launcher's terminal cannot encode. The pump reads fixed-size
 coalesces ``\\r`` updates (only the last state of a line is kept), splits a line longer than
 :data:`MAX_LINE` bytes, replaces what the console cannot encode, and keeps the last
 :data:`TAIL_LINES` lines of at most :data:`TAIL_LINE_CHARS` characters each for the failure
-report. With ``--log-dir`` the raw bytes also go to the worker's own file, unchanged.
+report. With ``--log-dir`` the bytes also go to the worker's own file, without terminal colour and
+cursor codes (ANSI escape sequences), which the console keeps. :func:`status_line` is the launcher's
+last line, in every output mode.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import re
 import threading
+from pathlib import Path
 from typing import BinaryIO, TextIO
 
-__all__ = ["Console", "Tail", "Pump", "MAX_LINE", "TAIL_LINES", "TAIL_LINE_CHARS"]
+__all__ = ["Console", "Tail", "Pump", "AnsiStripper", "status_line", "MAX_LINE", "TAIL_LINES", "TAIL_LINE_CHARS"]
 
 #: Bytes of one line beyond which it is split (what a chunk of a newline-less stream becomes).
 MAX_LINE = 16 * 1024
@@ -23,6 +27,77 @@ MAX_LINE = 16 * 1024
 TAIL_LINES = 15
 TAIL_LINE_CHARS = 400
 _CHUNK = 64 * 1024
+#: An ANSI escape sequence: CSI (colours, cursor moves: ESC [ ... final), OSC (ESC ] ... BEL or ESC \\),
+#: or a two-byte escape.
+_ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\^_])")
+#: Bytes of an escape sequence held back at a chunk's end until it completes; longer is not one.
+_MAX_ESCAPE = 256
+
+
+class AnsiStripper:
+    """Removes ANSI escape sequences from a byte stream fed in chunks (a sequence may span two)."""
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = _ANSI.sub(b"", self._held + chunk)
+        cut = data.rfind(b"\x1b")
+        if cut != -1 and len(data) - cut <= _MAX_ESCAPE:
+            data, self._held = data[:cut], data[cut:]  # perhaps the start of a sequence the next chunk ends
+        else:
+            self._held = b""
+        return data
+
+    def flush(self) -> bytes:
+        """What is held back, at the stream's end."""
+        held, self._held = self._held, b""
+        return held
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+
+
+#: How the status line words each way a job ends (states.EndReason values).
+_ENDINGS = {
+    "failed": "failed",
+    "join-timeout": "did not start: not every worker joined within --timeout",
+    "stalled": "stalled",
+    "interrupted": "was interrupted",
+    "preempted": "was preempted (every worker saved; requeue it)",
+    "lost": "lost its connection to node 0",
+}
+
+
+def status_line(*, reason: str, returncode: int, workers: int, seconds: float, restarts: int = 0,
+                nodes: int = 1, log_dir: Path | None = None) -> str:
+    """The launcher's last line: ``2 workers exited 0 in 31 s``, or how the job ended and its status.
+
+    Args:
+        reason: how the run ended (a :class:`~tfstrategy.launch.states.EndReason` value).
+        returncode: the launcher's exit status.
+        workers: this machine's workers.
+        seconds: from the launch to now.
+        restarts: group restarts on the way.
+        nodes: machines in the job (more than one: the line speaks of this node's workers).
+        log_dir: where the workers' output went, if not only to the console.
+    """
+    whose = f"this node's {workers}" if nodes > 1 else str(workers)
+    noun = "worker" if workers == 1 else "workers"
+    if reason == "succeeded":
+        text = f"{whose} {noun} exited 0 in {_duration(seconds)}"
+    else:
+        text = f"the job {_ENDINGS.get(reason, reason)} after {_duration(seconds)}; exit status {returncode}"
+    if restarts:
+        text += f", after {restarts} restart{'s' if restarts > 1 else ''}"
+    if log_dir is not None:
+        text += f"; output in {log_dir}"
+    return text
 
 
 class Console:
@@ -84,6 +159,7 @@ class Pump:
 
     def __init__(self, fd: int, *, prefix: str, console: Console | None, log: BinaryIO | None, tail: Tail) -> None:
         self.fd, self.prefix, self.console, self.log, self.tail = fd, prefix, console, log, tail
+        self._plain = AnsiStripper()
         #: The largest the pending buffer ever was (bytes), for the memory bound's tests.
         self.peak_buffer = 0
         self._thread = threading.Thread(target=self._run, name=f"tfstrategy-pump-{prefix.strip()}", daemon=True)
@@ -112,15 +188,17 @@ class Pump:
             except OSError:
                 pass
             if self.log is not None:
+                self._log(b"", end=True)
+            if self.log is not None:
                 try:
                     self.log.close()
                 except OSError:
                     pass
 
-    def _log(self, chunk: bytes) -> None:
+    def _log(self, chunk: bytes, *, end: bool = False) -> None:
         assert self.log is not None
         try:
-            self.log.write(chunk)
+            self.log.write(self._plain.feed(chunk) + (self._plain.flush() if end else b""))
             self.log.flush()
         except (OSError, ValueError):
             self.log = None  # a full disk: the console copy and the tail go on

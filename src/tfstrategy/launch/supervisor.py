@@ -219,7 +219,8 @@ class Launcher:
                 env[ENV_BACKUP_DIR] = str(backup_dir)
             worker_logs = None if log_dir is None else (log_dir / f"worker-{index}" / "stdout.log",
                                                         log_dir / f"worker-{index}" / "stderr.log")
-            console = (log_dir is None or self.options.tee) and (shown is None or index in shown)
+            # --console-workers names workers for the console, with --log-dir too (no --tee needed).
+            console = (log_dir is None or self.options.tee or shown is not None) and (shown is None or index in shown)
             spec = WorkerSpec(index=index, command=self.options.command, env=env, port=port,
                               join_file=files["joined"], error_file=files["error"], progress_file=files["progress"],
                               logs=worker_logs, console=console)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from tfstrategy.errors import DeviceError
 from tfstrategy.selection.host import HostInfo
-from tfstrategy.settings import shorten
+from tfstrategy.settings import did_you_mean, shorten
 
 __all__ = ["Device", "DeviceRequest", "parse_devices", "resolve_devices"]
 
@@ -86,7 +86,7 @@ def _parse_item(item: object, spec: object, name: str = "devices") -> Device:
     match = _DEVICE_RE.match(text)
     if match is None:
         glued = _GLUED_RE.match(text)
-        hint = f" Did you mean '{glued.group(1).lower()}:{glued.group(2)}'?" if glued else ""
+        hint = did_you_mean(text, [f"{glued.group(1).lower()}:{glued.group(2)}"]) if glued else ""
         raise DeviceError(f"{_received(spec, name)}; {shorten(item)} is not a device. Expected {ACCEPTED_FORMS}.{hint}")
     job = match.group("job")
     if job and not _LOCAL_JOB_RE.match(job):

@@ -1,0 +1,106 @@
+"""Errors that teach (issue 35): a mistyped flag or choice prints one line naming it and the likely fix,
+then the subcommand's own one-line usage, and exits 2. The parser fails before any TensorFlow loads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tfstrategy.cli import main
+from tfstrategy.errors import PrecisionError, StrategyError
+from tfstrategy.settings import StrategyKind
+from tfstrategy.training.precision import parse_precision
+
+
+def _fail(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
+    with pytest.raises(SystemExit) as raised:
+        main(list(argv))
+    assert raised.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    return err.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("argv", "first_line"),
+    [
+        pytest.param(("launch", "--max-restrats", "1", "--", "python", "t.py"),
+                     "tfstrategy launch: error: unknown option --max-restrats; did you mean --max-restarts?",
+                     id="typo-while-n-is-missing"),
+        pytest.param(("launch", "-n", "2", "--max-restrats", "1", "--", "python", "t.py"),
+                     "tfstrategy launch: error: unknown option --max-restrats; did you mean --max-restarts?",
+                     id="typo-with-n"),
+        pytest.param(("launch", "--nproc", "2", "--", "python", "t.py"),
+                     "tfstrategy launch: error: unknown option --nproc; did you mean -n/--num-workers?",
+                     id="nproc"),
+        pytest.param(("launch", "--nproc_per_node=2", "--", "python", "t.py"),
+                     "tfstrategy launch: error: unknown option --nproc_per_node; did you mean -n/--num-workers?",
+                     id="torchrun-nproc-per-node"),
+        pytest.param(("launch", "-n", "2", "--log_dir", "logs", "--", "python", "t.py"),
+                     "tfstrategy launch: error: unknown option --log_dir; did you mean --log-dir?",
+                     id="underscore-for-hyphen"),
+        pytest.param(("check", "--jsn"), "tfstrategy check: error: unknown option --jsn; did you mean --json?",
+                     id="check-flag"),
+        pytest.param(("run", "--cpu-replcas", "2", "--", "python", "t.py"),
+                     "tfstrategy run: error: unknown option --cpu-replcas; did you mean --cpu-replicas?", id="run-flag"),
+        pytest.param(("launch", "-n", "2", "--audit", "wran", "--", "python", "t.py"),
+                     "tfstrategy launch: error: argument --audit: invalid choice 'wran'; expected one of warn, stop, "
+                     "off. Did you mean 'warn'?", id="choice"),
+        pytest.param(("lanch", "-n", "2"),
+                     "tfstrategy: error: unknown command 'lanch'; expected one of check, env, run, launch. "
+                     "Did you mean 'launch'?", id="command"),
+        pytest.param(("launch", "--frobnicate", "--", "python", "t.py"),
+                     "tfstrategy launch: error: unknown option --frobnicate", id="no-close-flag"),
+    ],
+)
+def test_a_mistake_prints_one_line_then_the_commands_usage(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], first_line: str
+) -> None:
+    lines = _fail(capsys, *argv)
+    assert lines[0] == first_line
+    command = first_line.split(":")[0]
+    assert len(lines) == 2, lines
+    assert lines[1].startswith(f"usage: {command} ")
+    assert "unrecognized arguments" not in "\n".join(lines)
+
+
+def test_launch_usage_line_names_the_required_flag_and_the_program(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = _fail(capsys, "launch")
+    assert lines == [
+        "tfstrategy launch: error: the following arguments are required: -n/--num-workers",
+        "usage: tfstrategy launch -n N [options] -- COMMAND ...  ('tfstrategy launch --help' lists every option)",
+    ]
+
+
+def test_the_programs_own_flags_are_not_ours(capsys: pytest.CaptureFixture[str]) -> None:
+    # Flags after the program (or after '--') belong to it, even when they look like typos of ours.
+    lines = _fail(capsys, "launch", "python", "t.py", "--nproc", "3")
+    assert lines[0] == "tfstrategy launch: error: the following arguments are required: -n/--num-workers"
+
+
+def test_a_valid_abbreviation_is_not_a_mistake() -> None:
+    from tfstrategy.cli import build_parser
+
+    args = build_parser().parse_args(["launch", "-n", "2", "--max-rest", "1", "--", "python", "t.py"])
+    assert args.max_restarts == 1 and args.program == ["--", "python", "t.py"]
+
+
+@pytest.mark.parametrize(
+    ("parse", "value", "hint"),
+    [
+        pytest.param(StrategyKind.parse, "mirored", "Did you mean 'mirrored'?", id="strategy"),
+        pytest.param(StrategyKind.parse, "multiworker", "Did you mean 'multi_worker'?", id="strategy-no-underscore"),
+        pytest.param(parse_precision, "mixed_foat16", "Did you mean 'mixed_float16'?", id="precision"),
+    ],
+)
+def test_library_choices_suggest_the_closest(parse: Callable[[str], object], value: str, hint: str) -> None:
+    with pytest.raises((StrategyError, PrecisionError)) as raised:
+        parse(value)
+    assert hint in str(raised.value)
+
+
+def test_no_suggestion_for_a_far_value() -> None:
+    with pytest.raises(StrategyError) as raised:
+        StrategyKind.parse("banana")
+    assert "Did you mean" not in str(raised.value)
