@@ -6,17 +6,21 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from tfstrategy._compat.registry import accessor
 from tfstrategy._compat.runtime import runtime_started
 from tfstrategy._tf import tf
 
 
+@accessor("tensorflow.python.distribute.collective_all_reduce_strategy:CollectiveAllReduceExtended")
 def collective_strategy_module() -> ModuleType:
     """TensorFlow's ``MultiWorkerMirroredStrategy`` module (``CollectiveAllReduceExtended``)."""
     from tensorflow.python.distribute import collective_all_reduce_strategy
 
-    return collective_all_reduce_strategy
+    module: ModuleType = collective_all_reduce_strategy
+    return module
 
 
+@accessor("tensorflow.python.eager.context:Context._context_handle", "tensorflow.python.eager.context:Context.coordination_service")
 def coordination_store() -> Any:
     """The eager context when this process's coordination service is configured (its key-value store), else ``None``.
 
@@ -35,14 +39,17 @@ def coordination_store() -> Any:
 
 def deadline_exceeded_error() -> type[BaseException]:
     """What a timed-out ``get_config_key_value`` raises."""
-    return tf().errors.DeadlineExceededError
+    error: type[BaseException] = tf().errors.DeadlineExceededError
+    return error
 
 
 def unavailable_error() -> type[BaseException]:
     """What ``get_config_key_value`` raises once the task hosting the coordination service has exited."""
-    return tf().errors.UnavailableError
+    error: type[BaseException] = tf().errors.UnavailableError
+    return error
 
 
+@accessor("tensorflow.python.eager.context:Context._context_handle", "tensorflow.python.eager.context:Context._collective_ops_server_def")
 def serves_already(ctx: Any, server_def: Any) -> bool:
     """Whether the running eager context ``ctx`` already serves this cluster as this task.
 
@@ -57,6 +64,7 @@ def serves_already(ctx: Any, server_def: Any) -> bool:
                for field in ("cluster", "job_name", "task_index", "protocol"))
 
 
+@accessor("tensorflow.python.distribute.multi_worker_util:normalize_cluster_spec", "tensorflow.python.distribute.multi_worker_util:collective_leader", "tensorflow.python.distribute.multi_worker_util:coordination_leader", "tensorflow.python.distribute.collective_all_reduce_strategy:coordination_config_pb2", "tensorflow.python.distribute.collective_all_reduce_strategy:rewriter_config_pb2", "tensorflow.python.distribute.collective_all_reduce_strategy:tensorflow_server_pb2", "tensorflow.python.eager.context:Context.configure_collective_ops", "tensorflow.python.eager.context:Context.configure_coordination_service", "tensorflow.python.eager.context:Context.enable_collective_ops")
 def prepare_collective_runtime(cluster: dict[str, list[str]], task_type: str, task_index: int,
                                rpc_layer: str | None = None) -> bool:
     """Configure this process's eager context for collectives as ``MultiWorkerMirroredStrategy`` would.
@@ -106,3 +114,32 @@ def prepare_collective_runtime(cluster: dict[str, list[str]], task_type: str, ta
         task_index=task_index, protocol=rpc_layer or "grpc", port=0,
     ))
     return True
+
+
+@accessor("tensorflow.python.distribute.collective_all_reduce_strategy:CollectiveAllReduceExtended._initialize_multi_worker")
+def initialize_multi_worker_target() -> str:
+    """``CollectiveAllReduceExtended._initialize_multi_worker`` (sets up a multi-worker strategy), as a path in
+    :func:`collective_strategy_module`."""
+    return "CollectiveAllReduceExtended._initialize_multi_worker"
+
+
+@accessor("tensorflow.python.distribute.collective_all_reduce_strategy:CollectiveAllReduceExtended._experimental_distribute_dataset")
+def distribute_dataset_target() -> str:
+    """``CollectiveAllReduceExtended._experimental_distribute_dataset`` (shards a dataset across workers), as a
+    path in :func:`collective_strategy_module`."""
+    return "CollectiveAllReduceExtended._experimental_distribute_dataset"
+
+
+@accessor("tensorflow.python.distribute.collective_all_reduce_strategy:CollectiveAllReduceExtended._num_workers")
+def collective_worker_count(extended: Any) -> int:
+    """The number of workers a ``CollectiveAllReduceExtended`` spans (``_num_workers``; 1 if it has none)."""
+    return int(getattr(extended, "_num_workers", 1))
+
+
+@accessor("tensorflow.python.distribute.collective_all_reduce_strategy:CollectiveAllReduceExtended._collective_key_base")
+def offset_collective_key_base(extended: Any, offset: int) -> None:
+    """Move a ``CollectiveAllReduceExtended``'s collective keys (``_collective_key_base``) up by ``offset``.
+
+    Called before its ``_initialize_multi_worker``, which derives the strategy's keys from it.
+    """
+    extended._collective_key_base += offset

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfstrategy._compat.registry import accessor
 from tfstrategy._tf import tf
 
 
+@accessor("tensorflow.python.data.ops.dataset_ops:_VariantDataset")
 def dataset_from_variant(variant: Any, element_spec: Any) -> Any:
     """A ``tf.data.Dataset`` over a dataset variant tensor (from ``DatasetFromGraph``, say)."""
     from tensorflow.python.data.ops import dataset_ops
@@ -14,6 +16,7 @@ def dataset_from_variant(variant: Any, element_spec: Any) -> Any:
     return dataset_ops._VariantDataset(variant, element_spec)
 
 
+@accessor("tensorflow.python.data.ops.dataset_ops:DatasetV2._inputs")
 def dataset_inputs(dataset: Any) -> list[Any]:
     """The datasets ``dataset`` reads from (tf.data's own ``_inputs()``); ``[]`` for a source."""
     try:
@@ -22,6 +25,7 @@ def dataset_inputs(dataset: Any) -> list[Any]:
         return []
 
 
+@accessor("tensorflow.python.data.ops.structured_function:StructuredFunctionWrapper.function")
 def dataset_function_outputs(dataset: Any) -> list[Any]:
     """The variant (dataset) outputs of the functions a transformation holds.
 
@@ -31,7 +35,7 @@ def dataset_function_outputs(dataset: Any) -> list[Any]:
     are where their elements come from, yet ``_inputs()`` does not list them.
     """
     variant = tf().variant
-    outputs = []
+    outputs: list[Any] = []
     for value in vars(dataset).values():
         graph = getattr(getattr(value, "function", None), "graph", None)
         if graph is not None:
@@ -39,6 +43,7 @@ def dataset_function_outputs(dataset: Any) -> list[Any]:
     return outputs
 
 
+@accessor("tensorflow.python.data.ops.structured_function:StructuredFunctionWrapper._func")
 def dataset_function_captures(dataset: Any) -> list[Any]:
     """The ``tf.data.Dataset`` objects the Python functions of a transformation capture.
 
@@ -50,9 +55,9 @@ def dataset_function_captures(dataset: Any) -> list[Any]:
     """
     dataset_type = tf().data.Dataset
     variant = tf().variant
-    found = []
+    found: list[Any] = []
     for value in vars(dataset).values():
-        func = getattr(value, "_func", None)
+        func: Any = getattr(value, "_func", None)  # the user's Python function
         code = getattr(func, "__code__", None)
         graph = getattr(getattr(value, "function", None), "graph", None)
         if code is None or graph is None:
@@ -70,7 +75,7 @@ def _is_captured(tensor: Any) -> bool:
     op = tensor.op
     while op.type == "Identity" and op.inputs:
         op = op.inputs[0].op
-    return op.type == "Placeholder"
+    return bool(op.type == "Placeholder")
 
 
 def _cell_filled(cell: Any) -> bool:
@@ -81,10 +86,11 @@ def _cell_filled(cell: Any) -> bool:
     return True
 
 
+@accessor("tensorflow.python.framework.ops:Graph._get_function")
 def op_function_outputs(op: Any) -> list[Any]:
     """The variant outputs of the functions a dataset op inside a function graph calls (nested interleave)."""
     variant = tf().variant
-    outputs = []
+    outputs: list[Any] = []
     for attr in op.node_def.attr.values():
         name = attr.func.name if attr.HasField("func") else None
         function = op.graph._get_function(name) if name else None
@@ -92,3 +98,16 @@ def op_function_outputs(op: Any) -> list[Any]:
         if graph is not None:
             outputs.extend(tensor for tensor in graph.outputs if tensor.dtype == variant)
     return outputs
+
+
+@accessor("tensorflow.python.data.ops.dataset_ops:DatasetV2._as_serialized_graph")
+def dataset_graph_def(dataset: Any) -> Any:
+    """A ``tf.data`` pipeline's graph as a ``GraphDef`` (``Dataset._as_serialized_graph``, stateful ops kept).
+
+    Raises whatever TensorFlow raises for a pipeline it cannot serialize.
+    """
+    tf_ = tf()
+    serialized = dataset._as_serialized_graph(external_state_policy=tf_.data.experimental.ExternalStatePolicy.IGNORE)
+    graph = tf_.compat.v1.GraphDef()
+    graph.ParseFromString(serialized.numpy())
+    return graph

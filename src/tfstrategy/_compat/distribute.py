@@ -6,9 +6,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from tfstrategy._compat.registry import accessor
 from tfstrategy._tf import tf
 
 
+@accessor("tensorflow.python.distribute.collective_all_reduce_strategy:CollectiveAllReduceExtended._in_multi_worker_mode")
 def in_multi_worker_mode(strategy: Any) -> bool:
     """Whether a MultiWorkerMirroredStrategy spans more than one worker (Keras' own test)."""
     return isinstance(strategy, tf().distribute.MultiWorkerMirroredStrategy) and bool(
@@ -16,11 +18,15 @@ def in_multi_worker_mode(strategy: Any) -> bool:
     )
 
 
+@accessor("tensorflow.python.distribute.distribute_lib:_DefaultDistributionStrategy",
+          "tensorflow.python.distribute.distribute_lib:_DefaultDistributionStrategyV1")
 def is_default_strategy(strategy: Any) -> bool:
-    """Whether ``strategy`` is TensorFlow's default (no-distribution) strategy."""
-    return type(strategy).__name__ == "_DefaultDistributionStrategy"
+    """Whether ``strategy`` is TensorFlow's default (no-distribution) strategy (``_DefaultDistributionStrategy``,
+    or its ``tf.compat.v1`` twin)."""
+    return type(strategy).__name__ in ("_DefaultDistributionStrategy", "_DefaultDistributionStrategyV1")
 
 
+@accessor("tensorflow.python.distribute.mirrored_strategy:MirroredStrategy._collective_key_base")
 @contextlib.contextmanager
 def mirrored_collective_key_base(base: int) -> Iterator[None]:
     """Create MirroredStrategies in this block with collective keys starting at ``base``.
@@ -39,6 +45,7 @@ def mirrored_collective_key_base(base: int) -> Iterator[None]:
         cls._collective_key_base = default
 
 
+@accessor("tensorflow.python.distribute.values:PerReplica")
 def per_replica(values: tuple[Any, ...]) -> Any:
     """A ``PerReplica`` value (what a distributed iterator yields) from per-replica parts."""
     from tensorflow.python.distribute.values import PerReplica
@@ -46,16 +53,19 @@ def per_replica(values: tuple[Any, ...]) -> Any:
     return PerReplica(values)
 
 
+@accessor("tensorflow.python.data.ops.optional_ops:_OptionalImpl._type_spec")
 def optional_type_spec(optional: Any) -> Any:
     """The ``TypeSpec`` of a ``tf.experimental.Optional`` (a ``while_loop`` shape invariant needs it)."""
     return optional._type_spec
 
 
+@accessor("tensorflow.python.framework.func_graph:FuncGraph.capture_call_time_value")
 def capture_call_time_value(function: Any, spec: Any) -> Any:
     """A deferred capture in the graph being traced, as the collective ops' instance keys use."""
     return tf().compat.v1.get_default_graph().capture_call_time_value(function, spec)
 
 
+@accessor("tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver:expand_hostlist", "tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver:expand_tasks_per_node")
 def slurm_hostlist_helpers() -> tuple[Any, Any]:
     """TensorFlow's Slurm parsers: ``(expand_hostlist, expand_tasks_per_node)``."""
     from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (
@@ -64,3 +74,23 @@ def slurm_hostlist_helpers() -> tuple[Any, Any]:
     )
 
     return expand_hostlist, expand_tasks_per_node
+
+
+@accessor("tensorflow.python.distribute.collective_all_reduce_strategy:CollectiveAllReduceExtended._in_multi_worker_mode")
+def multi_worker_extended_stand_in(worker_device: str, **attributes: Any) -> Any:
+    """A stand-in for the ``extended`` of a multi-worker ``MultiWorkerMirroredStrategy``, for probes.
+
+    Its ``_in_multi_worker_mode()`` is true (what Keras asks), ``worker_devices`` is
+    ``(worker_device,)``, and it has the given ``attributes``.
+    """
+
+    class _Extended:
+        worker_devices = (worker_device,)
+
+        def _in_multi_worker_mode(self) -> bool:
+            return True
+
+    extended = _Extended()
+    for name, value in attributes.items():
+        setattr(extended, name, value)
+    return extended

@@ -6,6 +6,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from tfstrategy._compat.registry import accessor
+
 
 def is_tf_keras_object(obj: Any) -> bool:
     """Whether ``obj`` (a model, optimizer, metric, ...) comes from tf_keras rather than Keras 3."""
@@ -19,12 +21,15 @@ def keras_for(obj: Any = None) -> ModuleType:
     if is_tf_keras_object(obj) if obj is not None else keras_package() == "tf_keras":
         import tf_keras
 
-        return tf_keras
+        legacy: ModuleType = tf_keras
+        return legacy
     import keras
 
-    return keras
+    keras3: ModuleType = keras
+    return keras3
 
 
+@accessor("tensorflow.python.util.lazy_loader:KerasLazyLoader._tfll_initialized", "tensorflow.python.util.lazy_loader:KerasLazyLoader._tfll_keras_version")
 def resolved_tf_keras() -> str | None:
     """What ``tf.keras`` already resolved to in this process: ``"keras"``, ``"tf_keras"``, or ``None``.
 
@@ -45,7 +50,7 @@ def resolved_tf_keras() -> str | None:
     if "_tfll_initialized" in state:  # still TensorFlow's KerasLazyLoader
         if not state.get("_tfll_initialized"):
             return None
-        version = state.get("_tfll_keras_version")
+        version = str(state.get("_tfll_keras_version"))
         return {"tf_keras": "tf_keras", "keras_3": "keras"}.get(version)
     root = str(state.get("__name__", "")).split(".", 1)[0]
     return root if root in ("keras", "tf_keras") else None

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tfstrategy._compat.keras_flavour import is_tf_keras_object
 from tfstrategy._compat.keras_optimizers import optimizer_built
+from tfstrategy._compat.registry import accessor
 from tfstrategy._tf import tf
 
 
+@accessor("keras.src.trainers.trainer:Trainer._distribute_strategy | tf_keras.src.engine.training:Model._distribution_strategy")
 def model_strategy(model: Any) -> Any:
     """The strategy a model was created under (``None`` if Keras recorded none)."""
     # Keras 3 keeps it in `_distribute_strategy`, tf_keras in `_distribution_strategy`.
@@ -19,6 +22,7 @@ def model_strategy(model: Any) -> Any:
     return None
 
 
+@accessor("keras.src.backend.tensorflow.core:Variable._value")
 def tf_variable(variable: Any) -> Any:
     """The ``tf.Variable`` behind a Keras 3 variable (which wraps it in ``_value``); tf_keras' are already one."""
     return getattr(variable, "_value", variable)
@@ -42,6 +46,7 @@ def model_state_variables(model: Any) -> list[Any]:
     return list(model.variables)
 
 
+@accessor("keras.src.trainers.trainer:Trainer._symbolic_build")
 def symbolic_build(model: Any, batch: Any) -> None:
     """Build a model's layers, compiled metrics and loss, and its optimizer's slots, from one batch.
 
@@ -59,6 +64,7 @@ def symbolic_build(model: Any, batch: Any) -> None:
             optimizer.build(model.trainable_variables)
 
 
+@accessor("keras.src.trainers.trainer:Trainer._compile_loss", "keras.src.trainers.trainer:Trainer._compile_metrics", "keras.src.layers.layer:Layer._flatten_layers")
 def keras3_nothing_left_to_build(model: Any) -> bool:
     """Whether everything Keras 3's ``_symbolic_build`` needs a batch for is built: each layer, the compiled
     loss and metrics."""
@@ -78,6 +84,7 @@ def variable_path(variable: Any) -> str:
     return str(getattr(variable, "path", None) or variable.name)
 
 
+@accessor("keras.src.trainers.compile_utils:CompileMetrics._user_metrics | tf_keras.src.engine.compile_utils:MetricsContainer._user_metrics", "keras.src.trainers.compile_utils:CompileMetrics._user_weighted_metrics | tf_keras.src.engine.compile_utils:MetricsContainer._user_weighted_metrics")
 def compiled_metric_objects(model: Any) -> list[Any]:
     """Metric objects passed to ``compile`` that Keras has not built yet (before the first step).
 
@@ -94,3 +101,33 @@ def compiled_metric_objects(model: Any) -> list[Any]:
             if structure is not None:
                 found.extend(item for item in tf().nest.flatten(structure) if hasattr(item, "variables"))
     return found
+
+
+@accessor("keras.src.ops.node:Node._keras_history | tf_keras.src.engine.node:Node._keras_history")
+def keras_tensor_layer(tensor: Any) -> Any:
+    """The layer that made a symbolic Keras tensor (a functional model's output), or ``None``.
+
+    Read from ``tensor._keras_history``: its ``operation`` in Keras 3, its ``layer`` (or first item) in tf_keras.
+    """
+    history = getattr(tensor, "_keras_history", None)
+    layer = getattr(history, "operation", None) or getattr(history, "layer", None)
+    if layer is None and history is not None and len(history):
+        layer = history[0]
+    return layer
+
+
+@accessor("keras.src.trainers.trainer:Trainer._distribute_strategy", "keras.src.trainers.trainer:Trainer._symbolic_build")
+def stand_in_build_model(strategy: Any, symbolic_build: Callable[..., None]) -> Any:
+    """A stand-in for a Keras 3 model as ``TensorFlowTrainer._maybe_symbolic_build`` reads it, for probes.
+
+    Its strategy (``_distribute_strategy``, ``distribute_strategy``) is ``strategy``; its
+    ``_symbolic_build(iterator=None, data_batch=None)`` calls ``symbolic_build`` with the same arguments.
+    """
+
+    class _Model:
+        _distribute_strategy = distribute_strategy = strategy
+
+        def _symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
+            symbolic_build(iterator=iterator, data_batch=data_batch)
+
+    return _Model()

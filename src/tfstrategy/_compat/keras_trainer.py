@@ -5,7 +5,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from tfstrategy._compat.registry import accessor
 
+
+@accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer")
 def keras3_tensorflow_trainer() -> ModuleType | None:
     """``keras.src.backend.tensorflow.trainer`` when Keras 3 runs on TensorFlow; else ``None``.
 
@@ -20,9 +23,11 @@ def keras3_tensorflow_trainer() -> ModuleType | None:
         from keras.src.backend.tensorflow import trainer
     except ImportError:  # internals moved or Keras 3 missing: nothing of ours applies
         return None
-    return trainer
+    module: ModuleType = trainer
+    return module
 
 
+@accessor("keras.src.saving.saving_lib:save_model", "keras.src.callbacks.backup_and_restore:BackupAndRestore", "keras.src.callbacks.csv_logger:CSVLogger", "keras.src.callbacks.tensorboard:TensorBoard", "keras.src.legacy.saving.legacy_h5_format:save_model_to_hdf5", "keras.src.utils.file_utils:makedirs", "keras.src.export.saved_model_export_archive:SavedModelExportArchive | keras.src.export.saved_model:ExportArchive")
 def keras3_file_writers() -> ModuleType | None:
     """``keras.src`` with the modules whose functions write files imported, when Keras 3 runs on TensorFlow.
 
@@ -44,29 +49,35 @@ def keras3_file_writers() -> ModuleType | None:
         from keras.src.export import saved_model_export_archive  # noqa: F401
     except ImportError:
         pass
-    return keras.src
+    package: ModuleType = keras.src
+    return package
 
 
+@accessor("keras.src.callbacks.backup_and_restore:BackupAndRestore._weights_path", "keras.src.callbacks.backup_and_restore:BackupAndRestore._training_metadata_path", "keras.src.callbacks.backup_and_restore:BackupAndRestore._prev_weights_path", "keras.src.callbacks.backup_and_restore:BackupAndRestore._prev_training_metadata_path")
 def backup_file_attributes() -> tuple[str, ...]:
     """The attributes of Keras 3's ``BackupAndRestore`` naming its files under ``backup_dir``."""
     return ("_weights_path", "_training_metadata_path", "_prev_weights_path", "_prev_training_metadata_path")
 
 
+@accessor("keras.src.callbacks.tensorboard:TensorBoard._log_write_dir")
 def tensorboard_write_dir(callback: Any) -> Any:
     """The directory Keras 3's ``TensorBoard`` callback writes its event files under."""
     return callback._log_write_dir
 
 
+@accessor("keras.src.trainers.trainer:Trainer._distribute_strategy")
 def set_model_strategy(model: Any, strategy: Any) -> None:
     """Record ``strategy`` as the one a Keras 3 model was created under (a probe's stand-in model)."""
     model._distribute_strategy = strategy
 
 
+@accessor("keras.src.tree:flatten")
 def keras3_tree() -> ModuleType:
     """Keras 3's nest utilities (``keras.src.tree``), which handle its ``None`` leaves as Keras does."""
     from keras.src import tree
 
-    return tree
+    module: ModuleType = tree
+    return module
 
 
 def get_path(root: Any, path: str) -> Any:
@@ -81,3 +92,30 @@ def set_path(root: Any, path: str, value: Any) -> None:
     """Set ``root.a.b = value`` for ``path="a.b"``."""
     owner_path, _, name = path.rpartition(".")
     setattr(get_path(root, owner_path) if owner_path else root, name, value)
+
+
+@accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function")
+def trainer_make_function_target() -> str:
+    """Keras 3's ``TensorFlowTrainer._make_function`` (builds the step loop ``fit`` calls), as a path in the trainer module."""
+    return "TensorFlowTrainer._make_function"
+
+
+@accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build")
+def trainer_build_peek_target() -> str:
+    """Keras 3's ``TensorFlowTrainer._maybe_symbolic_build`` (builds from one batch before the first step), as a path."""
+    return "TensorFlowTrainer._maybe_symbolic_build"
+
+
+@accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer._autoconvert_optionals?")
+def copy_autoconvert_optionals(trainer_module: ModuleType, stand_in: type) -> None:
+    """Give a stand-in trainer class Keras 3.12+'s ``TensorFlowTrainer._autoconvert_optionals`` (``_make_function``
+    wraps the step with it); nothing on older Keras."""
+    convert = getattr(trainer_module.TensorFlowTrainer, "_autoconvert_optionals", None)
+    if convert is not None:
+        stand_in._autoconvert_optionals = convert  # type: ignore[attr-defined]
+
+
+@accessor("keras.src.callbacks.backup_and_restore:BackupAndRestore._save_model")
+def backup_save_target() -> str:
+    """Keras 3's ``BackupAndRestore._save_model`` (writes the backup), as a path in :func:`keras3_file_writers`."""
+    return "callbacks.backup_and_restore.BackupAndRestore._save_model"

@@ -6,7 +6,10 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from tfstrategy._compat.registry import accessor
 
+
+@accessor("keras.src.backend.common.global_state:get_global_attribute", "keras.src.random.seed_generator:SeedGenerator")
 def keras_global_seed_generator() -> Any:
     """Keras 3's global ``SeedGenerator`` (unseeded ``keras.random`` calls draw from it), if one was made."""
     if "keras" not in sys.modules:
@@ -21,6 +24,7 @@ def keras_global_seed_generator() -> Any:
     return global_state.get_global_attribute(name)
 
 
+@accessor("tensorflow.python.ops.stateful_random_ops:global_generator")
 def tf_global_generator() -> Any:
     """TensorFlow's global ``tf.random.Generator``, if one was made (never makes one)."""
     module = sys.modules.get("tensorflow.python.ops.stateful_random_ops")

@@ -6,9 +6,11 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from tfstrategy._compat.registry import accessor
 from tfstrategy._tf import tf
 
 
+@accessor("tensorflow.python.util.tf_stack:_source_mapper_stacks", "tensorflow.python.util.tf_stack:_get_thread_key")
 def autograph_source_map() -> dict[tuple[str, int], tuple[str, int, str]]:
     """Autograph's map from its generated code to the user's, for the function being converted now.
 
@@ -25,6 +27,7 @@ def autograph_source_map() -> dict[tuple[str, int], tuple[str, int, str]]:
         return {}
 
 
+@accessor("tensorflow.python.eager.context:Context._context_handle")
 def runtime_started() -> bool:
     """Whether this process's TensorFlow runtime (eager context) has started; ``False`` if TF is not imported."""
     if "tensorflow" not in sys.modules:
@@ -36,12 +39,14 @@ def runtime_started() -> bool:
     return context.context()._context_handle is not None
 
 
+@accessor("tensorflow.python.framework.ops:Graph._variable_creator_stack")
 def variable_creator_scope_open() -> bool:
     """Whether some ``tf.variable_creator_scope`` is open in this thread."""
     graph = tf().compat.v1.get_default_graph()
     return bool(getattr(graph, "_variable_creator_stack", None))
 
 
+@accessor("tensorflow.python.framework.ops:Graph._variable_creator_stack")
 def install_variable_creator(creator: Any) -> None:
     """Add ``creator`` to this thread's variable creator stack for the rest of the thread's life.
 
@@ -60,8 +65,10 @@ def install_variable_creator(creator: Any) -> None:
     graph._variable_creator_stack = stack
 
 
+@accessor("tensorflow.python.eager.context:Context")
 def eager_context_module() -> ModuleType:
     """TensorFlow's eager context module (``Context`` and its collective configuration)."""
     from tensorflow.python.eager import context
 
-    return context
+    module: ModuleType = context
+    return module
