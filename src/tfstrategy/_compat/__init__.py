@@ -109,6 +109,7 @@ from tfstrategy._compat.random_state import (
 from tfstrategy._compat.registry import (
     AccessorStatus,
     accessor_status,
+    accessor_summary,
     registered_accessors,
 )
 from tfstrategy._compat.runtime import (
@@ -122,6 +123,7 @@ from tfstrategy._compat.runtime import (
 __all__ = [
     "AccessorStatus",
     "accessor_status",
+    "accessor_summary",
     "autograph_source_map",
     "backup_file_attributes",
     "backup_save_target",

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["AccessorStatus", "accessor", "accessor_status", "registered_accessors"]
+__all__ = ["AccessorStatus", "accessor", "accessor_status", "accessor_summary", "registered_accessors"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,10 +56,14 @@ class AccessorStatus:
     resolved: bool | None
     detail: str = ""
 
-    def line(self) -> str:
-        """``name: resolved`` / ``MISSING (...)`` / ``not checked (...)``."""
+    def state(self) -> str:
+        """``resolved``, ``MISSING (what)`` or ``not checked (why)``."""
         state = "not checked" if self.resolved is None else "resolved" if self.resolved else "MISSING"
-        return f"{self.name}: {state}" + (f" ({self.detail})" if self.detail else "")
+        return state + (f" ({self.detail})" if self.detail else "")
+
+    def line(self) -> str:
+        """``name: state``."""
+        return f"{self.name}: {self.state()}"
 
 
 def accessor_status(*, import_modules: bool = False) -> list[AccessorStatus]:
@@ -82,6 +86,19 @@ def accessor_status(*, import_modules: bool = False) -> list[AccessorStatus]:
         else:
             statuses.append(AccessorStatus(name=name, upstream=specs, resolved=True, detail="; ".join(notes)))
     return statuses
+
+
+def accessor_summary(statuses: list[AccessorStatus]) -> str:
+    """One line: how many accessors resolve, which are missing, how many were not checked."""
+    resolved = sum(1 for status in statuses if status.resolved)
+    missing = [status.name for status in statuses if status.resolved is False]
+    unchecked = sum(1 for status in statuses if status.resolved is None)
+    text = f"{resolved} of {len(statuses)} accessors resolve"
+    if missing:
+        text += f"; MISSING: {', '.join(missing)}"
+    if unchecked:
+        text += f"; {unchecked} not checked (their modules are not imported; tfstrategy env --compat checks them)"
+    return text
 
 
 def _check_spec(spec: str, import_modules: bool) -> tuple[bool | None, str]:
