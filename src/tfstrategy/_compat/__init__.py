@@ -7,6 +7,10 @@ package, one module per upstream area, so a new release breaks this package only
 and ``tests/test_compat.py`` says which function broke. Nothing else in tfstrategy
 names a private TF/Keras attribute. Callers use the names re-exported here.
 
+Each accessor is registered (``@accessor`` in :mod:`.registry`) with the upstream
+names it needs; :func:`accessor_status` checks them without calling upstream code,
+and ``tfstrategy env --compat`` prints the result.
+
 Keras flavours: a model is either Keras 3 (``keras``) or tf_keras (legacy
 Keras 2, ``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``); functions taking a
 model handle both.
