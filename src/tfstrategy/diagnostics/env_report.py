@@ -31,7 +31,7 @@ from tfstrategy._versions import LEGACY_KERAS_TRUE
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.launch.exposure import describe_tf_config_exposure, network_interfaces
 from tfstrategy.multiworker.cluster import read_tf_config, validate_tf_config
-from tfstrategy.multiworker.slurm import cluster_from_slurm_step, read_slurm_step
+from tfstrategy.environments.slurm import cluster_from_slurm_step, read_slurm_step
 from tfstrategy.selection.choose import choose
 from tfstrategy.selection.host import HostInfo
 from tfstrategy.selection.select import resolve_request

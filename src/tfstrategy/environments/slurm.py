@@ -1,13 +1,14 @@
-"""The multi-worker cluster of a Slurm job step, read from the step's own ``SLURM_*`` variables.
+"""Slurm: the cluster of a job step, read from the step's own ``SLURM_*`` variables.
 
 Under ``srun python train.py`` every task of the step runs the same script, and
 :func:`tfstrategy.select` turns the step into a ``TF_CONFIG`` by itself
-(:func:`cluster_from_slurm_step`); users write no Slurm code.
+(:class:`Slurm`, :func:`cluster_from_slurm_step`); users write no Slurm code.
 
 * **Which processes form the cluster**: the tasks of one job step. A batch
   script run without ``srun`` has no step variables and is one worker, even in
-  an ``sbatch -n 4`` allocation. ``TF_CONFIG``, when set, wins;
-  ``TFSTRATEGY_SLURM=off`` keeps the tasks independent (e.g. a seed sweep).
+  an ``sbatch -n 4`` allocation (still a Slurm job: its id and restart count
+  count). ``TF_CONFIG``, when set, wins; ``TFSTRATEGY_SLURM=off`` keeps the
+  tasks independent (e.g. a seed sweep).
 * **Worker order**: node by node in ``SLURM_STEP_NODELIST``, and on each node by
   ``SLURM_LOCALID``. Every task computes the same list from the same variables,
   under any distribution (block, cyclic, plane); under the default block
@@ -25,13 +26,20 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from tfstrategy import _compat
-from tfstrategy.errors import ClusterConfigError
+from tfstrategy.environments.base import ClusterEnvironment, read_count
+from tfstrategy.errors import ClusterConfigError, TFStrategyError
 from tfstrategy.multiworker.cluster import ClusterConfig, check_port, validate_tf_config
-from tfstrategy.settings import ENV_SLURM, ENV_SLURM_PORT, resolve_setting
+from tfstrategy.settings import resolve_setting
 
-__all__ = ["read_slurm_step", "tf_config_from_slurm", "SlurmStepCluster", "cluster_from_slurm_step"]
+__all__ = ["Slurm", "read_slurm_step", "tf_config_from_slurm", "SlurmStepCluster", "cluster_from_slurm_step"]
+
+#: ``off`` stops select() from building the cluster from a Slurm job step (independent tasks).
+ENV_SLURM = "TFSTRATEGY_SLURM"
+#: Base port of the workers of a Slurm step: the k-th task on a node listens on base + k.
+ENV_SLURM_PORT = "TFSTRATEGY_SLURM_PORT"
 
 #: TensorFlow's own default port for Slurm jobs (SlurmClusterResolver's port_base).
 DEFAULT_SLURM_PORT = 8888
@@ -157,7 +165,8 @@ def step_ports(step: SlurmStep, port: int | None = None, env: Mapping[str, str] 
             )
         return reserved[:per_node], f"SLURM_STEP_RESV_PORTS={step.resv_ports}"
     if step.job_id and step.job_id.isdigit() and per_node <= DERIVED_TASKS_PER_NODE:
-        step_slot = int(step.step_id) % DERIVED_STEP_SLOTS if (step.step_id or "").isdigit() else 0
+        step_id = step.step_id or ""
+        step_slot = int(step_id) % DERIVED_STEP_SLOTS if step_id.isdigit() else 0
         base = DERIVED_PORT_BASE + DERIVED_TASKS_PER_NODE * (
             (int(step.job_id) % DERIVED_JOB_SLOTS) * DERIVED_STEP_SLOTS + step_slot
         )
@@ -296,3 +305,137 @@ def cluster_from_slurm_step(env: Mapping[str, str] | None = None) -> SlurmStepCl
         return None
     config, source = _build(step, None, env)
     return SlurmStepCluster(config=config, step=step, port_source=source)
+
+
+#: Slurm variables shown in the text report; ``--json`` carries every ``SLURM_*``.
+SLURM_SHOWN = (
+    "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE",
+    "SLURM_STEP_ID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_STEP_RESV_PORTS", "SLURM_DISTRIBUTION", "SLURM_RESTART_COUNT", "SLURM_PROCID", "SLURM_LOCALID",
+    "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS",
+)
+
+
+class Slurm(ClusterEnvironment):
+    """A process of a Slurm job: a task of a job step (``srun``), or a batch script (one worker).
+
+    Construction reads the job's identity only (``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``),
+    so the launcher and the backups can ask for it without TensorFlow; the step is parsed
+    (with TensorFlow's hostlist parser) and validated the first time the cluster is needed.
+
+    Raises:
+        ClusterConfigError: ``SLURM_RESTART_COUNT`` is not a number; later, from the cluster's
+            accessors, a step whose layout tfstrategy cannot serve.
+    """
+
+    name: ClassVar[str] = "Slurm"
+    sets_tf_config: ClassVar[bool] = True
+    job_id_variable: ClassVar[str | None] = "SLURM_JOB_ID"
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        super().__init__(environ)
+        self._restart = read_count(self.environ, "SLURM_RESTART_COUNT", "Slurm (after a requeue)")
+        self._off = self.environ.get(ENV_SLURM, "").strip().lower() in _OFF
+        self._read: tuple[SlurmStep | None, SlurmStepCluster | None] | None = None
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str]) -> bool:
+        return bool(environ.get("SLURM_JOB_ID", "").strip()) or all(environ.get(name) for name in _REQUIRED)
+
+    def _step(self) -> tuple[SlurmStep | None, SlurmStepCluster | None]:
+        if self._read is None:
+            step = None if self._off else read_slurm_step(self.environ)
+            cluster = None
+            if step is not None and step.num_tasks >= 2:
+                config, source = _build(step, None, self.environ)
+                cluster = SlurmStepCluster(config=config, step=step, port_source=source)
+            self._read = (step, cluster)
+        return self._read
+
+    @property
+    def step_cluster(self) -> SlurmStepCluster | None:
+        """The cluster of a job step of 2+ tasks (what select() writes to ``TF_CONFIG``), else ``None``."""
+        return self._step()[1]
+
+    def cluster_config(self) -> ClusterConfig:
+        cluster = self.step_cluster
+        if cluster is None:
+            raise ClusterConfigError(
+                f"Received a Slurm job ({self.describe()}); it has no cluster, this process is one worker. "
+                "Run the script with srun (e.g. srun --ntasks=2 python train.py) to train on the tasks of a step."
+            )
+        return cluster.config
+
+    @property
+    def num_workers(self) -> int:
+        cluster = self.step_cluster
+        return cluster.config.num_workers if cluster else 1
+
+    @property
+    def task_index(self) -> int:
+        cluster = self.step_cluster
+        return cluster.config.task_index if cluster else 0
+
+    def job_id(self) -> str | None:
+        """``slurm-<SLURM_JOB_ID>``: kept by a requeue, shared by every task of the job."""
+        value = self.environ.get("SLURM_JOB_ID", "").strip()
+        return f"slurm-{value}" if value else None
+
+    def restart_count(self) -> int:
+        """``SLURM_RESTART_COUNT``: how many times the job was requeued."""
+        return self._restart
+
+    def describe(self) -> str:
+        step, cluster = self._step()
+        if cluster is not None:
+            return cluster.describe()
+        job = f"Slurm job {self.environ.get('SLURM_JOB_ID') or '?'}"
+        if self._off:
+            return f"{job}; {ENV_SLURM}=off, so every task is its own job"
+        if step is None:
+            return f"{job}, not in a job step (a batch script without srun is one worker)"
+        return f"Slurm {step.describe()}; one task, so one worker"
+
+    @classmethod
+    def report_lines(cls, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        """The ``SLURM_*`` variables that matter, and the job step this process is a task of."""
+        values = {key: environ[key] for key in sorted(environ) if key.startswith("SLURM_")}
+        shown = [key for key in values if key in SLURM_SHOWN]
+        if not values:
+            return (("Slurm", "not under Slurm (no SLURM_* variables)"),)
+        text = ", ".join(f"{key}={_cut(values[key])}" for key in shown)
+        hidden = len(values) - len(shown)
+        text += f" (+{hidden} more with --json)" if hidden else ""
+        return (("Slurm", text), ("Slurm job step", describe_slurm_step(environ)))
+
+    @classmethod
+    def report_values(cls, environ: Mapping[str, str]) -> dict[str, Any]:
+        """Every ``SLURM_*`` variable, and the job step in one line."""
+        values = {key: environ[key] for key in sorted(environ) if key.startswith("SLURM_")}
+        return {"slurm": values, "slurm_step": describe_slurm_step(environ)}
+
+
+def _cut(value: str) -> str:
+    # A 10 KB value is shown cut: the report is for pasting (--json keeps it whole).
+    return value if len(value) <= 200 else value[:200] + "..."
+
+
+def describe_slurm_step(environ: Mapping[str, str]) -> str:
+    """The job step this process is a task of, and what select() does with it, in one line; never raises."""
+    try:
+        step = read_slurm_step(environ)
+        if step is None:
+            return "not in a job step (a batch script without srun is one worker)" if environ.get("SLURM_JOB_ID") else "none"
+        text = step.describe()
+        if environ.get("TF_CONFIG", "").strip():
+            return f"{text}; TF_CONFIG is set, so select() uses it instead"
+        if step.num_tasks < 2:
+            return f"{text}; one task, so one worker"
+        cluster = cluster_from_slurm_step(environ)
+        if cluster is None:
+            return f"{text}; {ENV_SLURM}=off, so every task is its own job"
+        config = cluster.config
+        return (f"{text}; select() sets TF_CONFIG: worker {config.task_index} of {config.num_workers} at "
+                f"{config.address}, workers {','.join(config.cluster['worker'])} (ports {cluster.port_source})")
+    except TFStrategyError as error:
+        return f"{type(error).__name__}: {error}"
