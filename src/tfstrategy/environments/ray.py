@@ -30,6 +30,7 @@ class Ray(ClusterEnvironment):
     """
 
     name: ClassVar[str] = "Ray"
+    tasks_phrase: ClassVar[str] = "TF_CONFIG describes"
     job_id_variable: ClassVar[str | None] = "RAY_JOB_ID"
 
     def __init__(self, environ: Mapping[str, str]) -> None:
