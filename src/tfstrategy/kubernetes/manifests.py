@@ -98,6 +98,7 @@ class K8sOptions:
     backup_pvc: str | None = None
     backup_dir: str = "/backups"
     max_restarts: int = 3
+    grace: int = 30
     env: Mapping[str, str] = field(default_factory=dict)
     network_policy: bool = True
     hook: bool = True
@@ -141,6 +142,9 @@ def validate_k8s_options(options: K8sOptions) -> K8sOptions:
         raise LaunchError(f"Received --gpus {options.gpus}; expected the number of GPUs per pod, 0 or more.")
     if options.max_restarts < 0:
         raise LaunchError(f"Received --max-restarts {options.max_restarts}; expected 0 or more restarts of each pod.")
+    if options.grace < 1:
+        raise LaunchError(f"Received --grace {options.grace}; expected the seconds a pod gets after SIGTERM to agree "
+                          "on a step, save and exit, 1 or more (Kubernetes' default is 30).")
     if options.backup_pvc is not None and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", options.backup_pvc):
         raise LaunchError(f"Received --backup-pvc {options.backup_pvc!r}; expected the name of a "
                           "PersistentVolumeClaim in the Job's namespace, e.g. --backup-pvc train-backups.")
@@ -152,7 +156,7 @@ def validate_k8s_options(options: K8sOptions) -> K8sOptions:
             raise LaunchError(f"Received --env {key!r}; expected NAME=VALUE with a variable name such as "
                               "DATA_DIR=/data.")
         if key in _RESERVED:
-            raise LaunchError(f"Received --env {key}=...; tfstrategy k8s sets {key} itself from the other flags. "
+            raise LaunchError(f"Received --env {key}=...; tfstrategy sets {key} in each pod from the other flags. "
                               "Drop it (the port is --port, the backups --backup-pvc and --backup-dir).")
     return options
 
@@ -223,7 +227,9 @@ def job_manifest(options: K8sOptions) -> dict[str, Any]:
     resources = _resources(options)
     if resources:
         container["resources"] = resources
-    pod: dict[str, Any] = {"subdomain": options.name, "restartPolicy": "Never", "containers": [container]}
+    pod: dict[str, Any] = {"subdomain": options.name, "restartPolicy": "Never",
+                           # SIGTERM then SIGKILL after this: the time tfstrategy's preemption has to save.
+                           "terminationGracePeriodSeconds": options.grace, "containers": [container]}
     if options.backup_pvc is not None:
         container["volumeMounts"] = [{"name": "backups", "mountPath": options.backup_dir, "subPath": options.name}]
         pod["volumes"] = [{"name": "backups", "persistentVolumeClaim": {"claimName": options.backup_pvc}}]
