@@ -226,7 +226,7 @@ def hook_plan(env: Mapping[str, str] | None = None) -> tuple[Any, ...]:
         TFStrategyError: an invalid ``TFSTRATEGY_CPU_REPLICAS`` or ``TFSTRATEGY_AUDIT``.
     """
     from tfstrategy.multiworker.cluster import load_cluster_config
-    from tfstrategy.multiworker.slurm import cluster_from_slurm_step
+    from tfstrategy.environments.slurm import cluster_from_slurm_step
     from tfstrategy.plan import PlanInputs, plan_steps
     from tfstrategy.selection.cpu_split import validate_cpu_replicas
     from tfstrategy.training.precision import resolve_precision
@@ -293,7 +293,7 @@ def _record_creation_sites() -> str | None:
 
 
 def _slurm_tf_config() -> str | None:
-    from tfstrategy.multiworker.slurm import cluster_from_slurm_step
+    from tfstrategy.environments.slurm import cluster_from_slurm_step
 
     cluster = cluster_from_slurm_step()
     if cluster is None:

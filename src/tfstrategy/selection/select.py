@@ -29,7 +29,7 @@ from typing import Any
 
 from tfstrategy import _versions
 from tfstrategy.multiworker.cluster import load_cluster_config
-from tfstrategy.multiworker.slurm import SlurmStepCluster, cluster_from_slurm_step
+from tfstrategy.environments.slurm import SlurmStepCluster, cluster_from_slurm_step
 from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
 from tfstrategy.patches import apply_patches
 from tfstrategy.patches.mechanism import PatchStatus
