@@ -48,9 +48,9 @@ EPILOG = textwrap.dedent(
 )
 
 
-def k8s_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``tfstrategy k8s``."""
-    parser = subparsers.add_parser("k8s", help="write Kubernetes manifests (Indexed Job) that run a script as N workers",
+    parser: argparse.ArgumentParser = subparsers.add_parser("k8s", help="write Kubernetes manifests (Indexed Job) that run a script as N workers",
                                    description=DESCRIPTION, epilog=EPILOG,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", "--num-workers", type=int, required=True, metavar="N",

@@ -11,6 +11,8 @@ Kubernetes sets ``JOB_COMPLETION_INDEX``; the generated Job sets the rest
   ``backoffLimitPerIndex``) plus ``...-ignored-failure-count`` (restarts the
   ``podFailurePolicy`` ignored: preemption, exit 75 or 42), passed in by the Downward API;
   absent annotations mean 0, as Kubernetes documents;
+* **preemption**: the kubelet sends SIGTERM (the base class's default), then SIGKILL after
+  ``terminationGracePeriodSeconds`` (``tfstrategy k8s --grace``);
 * **job id**: the Job's name (label ``batch.kubernetes.io/job-name``), so a Job applied again
   under its name resumes from its backups.
 
@@ -21,11 +23,11 @@ is not detected: its pods are independent workers unless ``TF_CONFIG`` says othe
 from __future__ import annotations
 
 import re
-import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
-from tfstrategy.environments.base import ClusterEnvironment
+from tfstrategy.environments.base import ClusterEnvironment, read_count
 from tfstrategy.errors import ClusterConfigError
 from tfstrategy.kubernetes.manifests import (
     COMPLETION_INDEX,
@@ -69,12 +71,9 @@ def _problem(name: str, value: str | None, expected: str) -> ClusterConfigError:
                               f"{POD_VARIABLES[name]}: regenerate the manifests with tfstrategy k8s.")
 
 
-def _integer(environ: Mapping[str, str], name: str, low: int, high: int | None, expected: str, *,
-             default: int | None = None) -> int:
+def _integer(environ: Mapping[str, str], name: str, low: int, high: int | None, expected: str) -> int:
     raw = environ.get(name)
     text = (raw or "").strip()
-    if not text and default is not None:
-        return default
     if raw is None:
         raise _problem(name, None, expected)
     if not (text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS):
@@ -108,8 +107,8 @@ def read_pod(environ: Mapping[str, str]) -> KubernetesPod:
     if len(f"{job}-{workers - 1}") > 63:
         raise _problem(ENV_K8S_JOB, job, f"a name short enough that the hostname {job}-{workers - 1} has at most "
                        "63 characters")
-    failures = _integer(environ, ENV_K8S_FAILURES, 0, None, "a count of 0 or more, or empty", default=0)
-    ignored = _integer(environ, ENV_K8S_IGNORED_FAILURES, 0, None, "a count of 0 or more, or empty", default=0)
+    failures = read_count(environ, ENV_K8S_FAILURES, POD_VARIABLES[ENV_K8S_FAILURES])
+    ignored = read_count(environ, ENV_K8S_IGNORED_FAILURES, POD_VARIABLES[ENV_K8S_IGNORED_FAILURES])
     return KubernetesPod(job=job, service=service, num_workers=workers, port=port, index=index, failures=failures,
                          ignored_failures=ignored)
 
@@ -117,8 +116,9 @@ def read_pod(environ: Mapping[str, str]) -> KubernetesPod:
 class KubernetesEnvironment(ClusterEnvironment):
     """A pod of an Indexed Job from ``tfstrategy k8s``: ``TF_CONFIG`` from the stable pod hostnames."""
 
-    name = "kubernetes"
-    sets_tf_config = True
+    name: ClassVar[str] = "Kubernetes"
+    sets_tf_config: ClassVar[bool] = True
+    job_id_variable: ClassVar[str | None] = ENV_K8S_JOB
 
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
@@ -129,10 +129,12 @@ class KubernetesEnvironment(ClusterEnvironment):
             return False
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        self._pod = read_pod(environ)
+        super().__init__(environ)
+        self._pod = read_pod(self.environ)
 
     @property
     def pod(self) -> KubernetesPod:
+        """This pod's place in its job."""
         return self._pod
 
     def cluster_config(self) -> ClusterConfig:
@@ -142,10 +144,12 @@ class KubernetesEnvironment(ClusterEnvironment):
 
     @property
     def num_workers(self) -> int:
+        """Pods in the Indexed Job (``spec.completions``)."""
         return self._pod.num_workers
 
     @property
     def task_index(self) -> int:
+        """``JOB_COMPLETION_INDEX``."""
         return self._pod.index
 
     def job_id(self) -> str | None:
@@ -155,10 +159,6 @@ class KubernetesEnvironment(ClusterEnvironment):
     def restart_count(self) -> int:
         """This pod's retries of its index: counted failures plus the ones the podFailurePolicy ignored."""
         return self._pod.failures + self._pod.ignored_failures
-
-    def preemption_signal(self) -> int:
-        """The kubelet sends SIGTERM on eviction and preemption, SIGKILL after terminationGracePeriodSeconds."""
-        return int(signal.SIGTERM)
 
     def describe(self) -> str:
         """``Kubernetes Indexed Job train, 4 pods``."""
