@@ -26,10 +26,14 @@ def names(inputs: PlanInputs) -> list[str]:
                      ["record_creation_sites", "apply_patches"], id="select-default-kind-no-split"),
         pytest.param(PlanInputs(consumer="select", cpu_replicas=2, cluster_tasks=2, cluster_source="TF_CONFIG"),
                      ["record_creation_sites", "apply_patches"], id="select-auto-multi-worker-no-split"),
-        pytest.param(PlanInputs(consumer="select", cluster_tasks=2, cluster_source="Slurm", under_launcher=True),
-                     ["slurm_tf_config", "record_creation_sites", "signal_launcher", "apply_patches"], id="select-slurm"),
-        pytest.param(PlanInputs(consumer="select", kind=StrategyKind.MIRRORED, cluster_tasks=2, cluster_source="Slurm"),
+        pytest.param(PlanInputs(consumer="select", cluster_tasks=2, cluster_source="Slurm", sets_tf_config=True,
+                                under_launcher=True),
+                     ["set_tf_config", "record_creation_sites", "signal_launcher", "apply_patches"], id="select-slurm"),
+        pytest.param(PlanInputs(consumer="select", kind=StrategyKind.MIRRORED, cluster_tasks=2, cluster_source="Slurm",
+                                sets_tf_config=True),
                      ["record_creation_sites", "apply_patches"], id="select-mirrored-ignores-slurm"),
+        pytest.param(PlanInputs(consumer="select", cluster_tasks=1, cluster_source="Slurm", sets_tf_config=True),
+                     ["record_creation_sites", "apply_patches"], id="select-one-task-writes-no-tf-config"),
         pytest.param(PlanInputs(consumer="hook", cpu_replicas=2),
                      ["split_cpu", "record_creation_sites", "watch_strategies", "mirrored_devices", "apply_patches",
                       "keras2_aliases", "audit"], id="hook-run"),
@@ -78,7 +82,7 @@ def test_the_hook_has_a_function_for_every_step_its_plan_can_name():
     from tfstrategy.launch import worker_hook
 
     variants = [PlanInputs(consumer="hook", cpu_replicas=2, devices="cpu", cluster_tasks=tasks, cluster_source=source,
-                           precision="mixed_float16")
+                           sets_tf_config=source == "Slurm", precision="mixed_float16")
                 for tasks, source in ((0, None), (2, "TF_CONFIG"), (2, "Slurm"))]
     variants.append(PlanInputs(consumer="hook", under_launcher=True, profile="/tmp/reports"))
     named = {step.name for inputs in variants for step in plan_steps(inputs)}

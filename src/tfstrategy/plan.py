@@ -1,7 +1,7 @@
 """The one plan of process-wide steps that ``select()``, the start-up hook and ``tfstrategy env`` read.
 
-What tfstrategy does to a process (split the CPU, set ``TF_CONFIG`` from a
-Slurm step, record creation sites, prepare the multi-worker runtime, rewrite
+What tfstrategy does to a process (split the CPU, set ``TF_CONFIG`` from the
+cluster environment, record creation sites, prepare the multi-worker runtime, rewrite
 ``MirroredStrategy``, refuse what cannot join, patch Keras, audit ``fit``) is
 decided here, once, by :func:`plan_steps` from plain values: no TensorFlow, no
 environment. :func:`tfstrategy.select` and :mod:`tfstrategy.launch.worker_hook`
@@ -39,10 +39,12 @@ class PlanInputs:
     cpu_replicas: int | None = None
     #: The ``devices`` setting as text (``TFSTRATEGY_DEVICES`` / ``--devices``), or ``None``.
     devices: str | None = None
-    #: Training tasks of the cluster (``TF_CONFIG`` or the Slurm step), 0 for none.
+    #: Training tasks of the cluster (tfstrategy.environments), 0 for none.
     cluster_tasks: int = 0
-    #: ``"TF_CONFIG"``, ``"Slurm"`` or ``None``.
+    #: The cluster environment's name (``"TF_CONFIG"``, ``"Slurm"``, ...) or ``None``.
     cluster_source: str | None = None
+    #: The environment's cluster is derived by tfstrategy, which writes it to ``TF_CONFIG`` (``sets_tf_config``).
+    sets_tf_config: bool = False
     #: ``tfstrategy launch`` started this process (it has a join file to write).
     under_launcher: bool = False
     #: The hook's ``--audit`` mode.
@@ -95,8 +97,8 @@ def _select_steps(inputs: PlanInputs, kind: StrategyKind) -> tuple[Step, ...]:
     if inputs.cpu_replicas is not None and kind in _SPLITTING_KINDS:
         steps.append(Step(name="split_cpu", phase="tensorflow",
                           detail=f"split the CPU into {inputs.cpu_replicas} logical devices"))
-    if inputs.cluster_source == "Slurm" and kind is StrategyKind.MULTI_WORKER:
-        steps.append(Step(name="slurm_tf_config", phase="tensorflow", detail="set TF_CONFIG from the Slurm job step"))
+    if inputs.sets_tf_config and inputs.cluster_tasks > 1 and kind is StrategyKind.MULTI_WORKER:
+        steps.append(_tf_config_step(inputs))
     steps.append(Step(name="record_creation_sites", phase="tensorflow",
                       detail="record where variables are created, for the scope audit"))
     if inputs.under_launcher:
@@ -119,8 +121,8 @@ def _hook_steps(inputs: PlanInputs, multi: bool) -> tuple[Step, ...]:
                           detail=f"split the CPU into {inputs.cpu_replicas} logical devices"))
     steps.append(Step(name="record_creation_sites", phase="tensorflow",
                       detail="record where variables are created, for the scope audit"))
-    if inputs.cluster_source == "Slurm":
-        steps.append(Step(name="slurm_tf_config", phase="tensorflow", detail="set TF_CONFIG from the Slurm job step"))
+    if inputs.sets_tf_config and multi:
+        steps.append(_tf_config_step(inputs))
     if multi:
         steps.append(Step(name="prepare_collectives", phase="tensorflow",
                           detail=f"configure the multi-worker runtime of {inputs.cluster_tasks} workers before the "
@@ -160,6 +162,11 @@ def _hook_steps(inputs: PlanInputs, multi: bool) -> tuple[Step, ...]:
                           detail="Model.fit reports where each step's time goes (tfstrategy.performance), "
                                  f"into {inputs.profile}"))
     return tuple(steps)
+
+
+def _tf_config_step(inputs: PlanInputs) -> Step:
+    return Step(name="set_tf_config", phase="tensorflow",
+                detail=f"set TF_CONFIG from the {inputs.cluster_source or 'environment'}'s cluster")
 
 
 def _precision_steps(inputs: PlanInputs) -> list[Step]:

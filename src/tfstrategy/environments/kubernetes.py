@@ -25,9 +25,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from tfstrategy.environments.base import ClusterEnvironment, read_count
+from tfstrategy.environments.base import ClusterEnvironment, read_count, variables_line
 from tfstrategy.errors import ClusterConfigError
 from tfstrategy.kubernetes.manifests import (
     COMPLETION_INDEX,
@@ -119,6 +119,7 @@ class KubernetesEnvironment(ClusterEnvironment):
     name: ClassVar[str] = "Kubernetes"
     sets_tf_config: ClassVar[bool] = True
     job_id_variable: ClassVar[str | None] = ENV_K8S_JOB
+    tasks_phrase: ClassVar[str] = "the Kubernetes Indexed Job has"
 
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
@@ -163,3 +164,31 @@ class KubernetesEnvironment(ClusterEnvironment):
     def describe(self) -> str:
         """``Kubernetes Indexed Job train, 4 pods``."""
         return f"Kubernetes Indexed Job {self._pod.job}, {self._pod.num_workers} pods"
+
+    @classmethod
+    def report_lines(cls, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        """The pod's variables and, when they are ours, what they make of it; never raises."""
+        values = _variables(environ)
+        if not cls.detect(environ):
+            return ()
+        return (("Kubernetes", variables_line(values, None, "")), ("Kubernetes pod", _describe_pod(environ)))
+
+    @classmethod
+    def report_values(cls, environ: Mapping[str, str]) -> dict[str, Any]:
+        """The pod's variables and what they make of it, for ``--json``; never raises."""
+        if not cls.detect(environ):
+            return {}
+        return {"kubernetes": _variables(environ), "kubernetes_pod": _describe_pod(environ)}
+
+
+def _variables(environ: Mapping[str, str]) -> dict[str, str]:
+    return {name: environ[name] for name in POD_VARIABLES if name in environ}
+
+
+def _describe_pod(environ: Mapping[str, str]) -> str:
+    try:
+        pod = read_pod(environ)
+    except ClusterConfigError as error:
+        return f"invalid: {error}"
+    return (f"Kubernetes Indexed Job {pod.job}, {pod.num_workers} pods: this pod is worker {pod.index} at "
+            f"{pod.addresses()[pod.index]}, retry {pod.failures + pod.ignored_failures}")

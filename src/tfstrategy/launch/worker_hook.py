@@ -225,8 +225,7 @@ def hook_plan(env: Mapping[str, str] | None = None) -> tuple[Any, ...]:
     Raises:
         TFStrategyError: an invalid ``TFSTRATEGY_CPU_REPLICAS`` or ``TFSTRATEGY_AUDIT``.
     """
-    from tfstrategy.multiworker.cluster import load_cluster_config
-    from tfstrategy.environments.slurm import cluster_from_slurm_step
+    from tfstrategy.environments import detect_environment
     from tfstrategy.plan import PlanInputs, plan_steps
     from tfstrategy.selection.cpu_split import validate_cpu_replicas
     from tfstrategy.training.precision import resolve_precision
@@ -234,20 +233,16 @@ def hook_plan(env: Mapping[str, str] | None = None) -> tuple[Any, ...]:
     env = os.environ if env is None else env
     replicas = validate_cpu_replicas(env.get(ENV_CPU_REPLICAS) or None, name=ENV_CPU_REPLICAS)
     audit = validate_audit_mode(env.get(ENV_AUDIT) or "warn", name=ENV_AUDIT)
-    tasks, source = 0, None
+    tasks, source, sets_tf_config = 0, None, False
     try:
-        config = load_cluster_config(env)
-        slurm = None if config is not None else cluster_from_slurm_step(env)
+        environment = detect_environment(env)
+        if environment is not None:
+            tasks, source, sets_tf_config = environment.num_workers, environment.name, environment.sets_tf_config
     except TFStrategyError as error:  # TensorFlow reports a bad TF_CONFIG its own way; the hook adds nothing
         STATE.errors.append(f"plan: {type(error).__name__}: {error}")
-        config = slurm = None
-    if config is not None:
-        tasks, source = config.num_workers, "TF_CONFIG"
-    elif slurm is not None:
-        tasks, source = slurm.config.num_workers, "Slurm"
     precision, _ = resolve_precision(None, env)
     return plan_steps(PlanInputs(consumer="hook", cpu_replicas=replicas, devices=env.get(ENV_DEVICES) or None,
-                                 cluster_tasks=tasks, cluster_source=source, audit=audit,
+                                 cluster_tasks=tasks, cluster_source=source, sets_tf_config=sets_tf_config, audit=audit,
                                  under_launcher=bool(env.get(ENV_JOIN_FILE)), precision=precision,
                                  profile=(env.get(ENV_PROFILE) or "").strip() or None))
 
@@ -292,14 +287,14 @@ def _record_creation_sites() -> str | None:
     return "on in the main thread" if start_recording() else None
 
 
-def _slurm_tf_config() -> str | None:
-    from tfstrategy.environments.slurm import cluster_from_slurm_step
+def _set_tf_config() -> str | None:
+    from tfstrategy.environments import detect_environment
 
-    cluster = cluster_from_slurm_step()
-    if cluster is None:
+    environment = detect_environment()
+    if environment is None or not environment.sets_tf_config or environment.num_workers < 2:
         return None
-    os.environ["TF_CONFIG"] = cluster.config.to_json()
-    return f"set TF_CONFIG from {cluster.describe()}"
+    os.environ["TF_CONFIG"] = environment.cluster_config().to_json()
+    return f"set TF_CONFIG from {environment.describe()}"
 
 
 def chosen_devices() -> list[str] | None:
@@ -500,7 +495,7 @@ def _refuse_unjoined_fit() -> str | None:
 #: The function of each step name of the hook's plan (tfstrategy.plan).
 _STEPS: dict[str, Callable[[], str | None]] = {
     step.__name__.lstrip("_"): step
-    for step in (_split_cpu, _record_creation_sites, _slurm_tf_config, _prepare_collectives, _watch_strategies,
+    for step in (_split_cpu, _record_creation_sites, _set_tf_config, _prepare_collectives, _watch_strategies,
                  _mirrored_devices, _refuse_unjoinable, _checkpoint_files, _data_sharding, _apply_patches,
                  _keras2_aliases, _audit, _refuse_unjoined_fit, _count_batches, _set_precision,
                  _performance_report)

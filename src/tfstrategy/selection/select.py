@@ -9,9 +9,9 @@ env`` prints), each recorded on the :class:`Selection`:
 1. ``split_cpu``: split the CPU into logical devices (``cpu_replicas``);
 2. ``record_creation_sites``: remember where variables are created, so the
    scope audit can name a stray one's file:line;
-3. ``slurm_tf_config``: inside a Slurm job step of 2+ tasks without
-   ``TF_CONFIG``, set ``TF_CONFIG`` from the step
-   (:mod:`tfstrategy.multiworker.slurm`). The environment variable, not a
+3. ``set_tf_config``: in a cluster environment whose cluster tfstrategy derives
+   (a Slurm job step of 2+ tasks without ``TF_CONFIG``: :mod:`tfstrategy.environments`),
+   set ``TF_CONFIG`` from it. The environment variable, not a
    cluster resolver passed to the strategy, because Keras, ``save_model``,
    ``backup_callbacks`` and user code read the task and the chief from it;
 4. ``signal_launcher``: under ``tfstrategy launch``, say "creating the strategy"
@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy import _versions
-from tfstrategy.multiworker.cluster import load_cluster_config
-from tfstrategy.environments.slurm import SlurmStepCluster, cluster_from_slurm_step
+from tfstrategy.environments import ClusterEnvironment, environment_type
 from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
 from tfstrategy.patches import apply_patches
 from tfstrategy.patches.mechanism import PatchStatus
@@ -100,10 +99,10 @@ class Request:
     cluster_tasks: int
     collective_timeout: float | None
     sources: Mapping[str, str]
-    #: Where the cluster comes from: ``"TF_CONFIG"``, ``"Slurm"``, or None for one process.
+    #: The cluster environment's name (``"TF_CONFIG"``, ``"Slurm"``, ...), or None outside one.
     cluster_source: str | None = None
-    #: The cluster built from the Slurm job step, when ``cluster_source == "Slurm"``.
-    slurm: SlurmStepCluster | None = None
+    #: The cluster environment this process runs in (tfstrategy.environments), or None.
+    environment: ClusterEnvironment | None = None
     #: The Keras global dtype policy to set, or ``None`` to leave Keras' alone.
     precision: str | None = None
 
@@ -141,12 +140,11 @@ def resolve_request(
         replicas_setting.value, name=setting_name("cpu_replicas", replicas_setting, ENV_CPU_REPLICAS)
     )
     timeout, timeout_source = resolve_collective_timeout(collective_timeout, env)
-    cluster = load_cluster_config(env)
-    # Only a multi-worker request reads the Slurm step: a refused layout must not break strategy='mirrored'.
+    # A cluster tfstrategy derives (a Slurm step) serves only a multi-worker request: a layout it refuses must
+    # not break strategy='mirrored'. A TF_CONFIG someone wrote is checked whatever the strategy.
     multi = kind in (StrategyKind.AUTO, StrategyKind.MULTI_WORKER)
-    slurm = cluster_from_slurm_step(env) if multi and cluster is None else None
-    if slurm is not None:
-        cluster = slurm.config
+    found = environment_type(env)
+    environment = found(os.environ if env is None else env) if found and (multi or not found.sets_tf_config) else None
     sources = {"strategy": kind_setting.source}
     if devices_setting.value is not None:
         sources["devices"] = devices_setting.source
@@ -162,11 +160,11 @@ def resolve_request(
         kind=kind,
         devices=request,
         cpu_replicas=replicas,
-        cluster_tasks=cluster.num_workers if cluster else 0,
+        cluster_tasks=environment.num_workers if environment else 0,
         collective_timeout=timeout,
         sources=sources,
-        cluster_source=("Slurm" if slurm else "TF_CONFIG") if cluster else None,
-        slurm=slurm,
+        cluster_source=environment.name if environment else None,
+        environment=environment,
     )
 
 
@@ -177,6 +175,7 @@ def select_plan(request: Request, env: Mapping[str, str] | None = None) -> tuple
         consumer="select", kind=request.kind, cpu_replicas=request.cpu_replicas,
         devices=request.devices.text if request.devices is not None else None,
         cluster_tasks=request.cluster_tasks, cluster_source=request.cluster_source,
+        sets_tf_config=bool(request.environment and request.environment.sets_tf_config),
         under_launcher=bool(env.get(ENV_JOIN_FILE)), precision=request.precision,
     ))
 
@@ -231,7 +230,7 @@ def select(
                               precision=precision, env=env)
     planned = {step.name for step in select_plan(request)}
     steps: list[tuple[str, str]] = []
-    if "split_cpu" in planned:
+    if "split_cpu" in planned and request.cpu_replicas is not None:
         count = configure_cpu_replicas(request.cpu_replicas)
         steps.append(("split_cpu", f"{count} logical CPU devices"))
     choice = choose(
@@ -242,9 +241,9 @@ def select(
         cluster_tasks=request.cluster_tasks,
         cluster_source=request.cluster_source or "TF_CONFIG",
     )
-    if "slurm_tf_config" in planned and request.slurm is not None:
-        os.environ["TF_CONFIG"] = request.slurm.config.to_json()
-        steps.append(("slurm_tf_config", f"set TF_CONFIG from {request.slurm.describe()}"))
+    if "set_tf_config" in planned and request.environment is not None:
+        os.environ["TF_CONFIG"] = request.environment.cluster_config().to_json()
+        steps.append(("set_tf_config", f"set TF_CONFIG from {request.environment.describe()}"))
     if start_recording():
         steps.append(("record_creation_sites", "on in this thread, for the scope audit"))
     starting = signal_starting()
@@ -255,6 +254,6 @@ def select(
     installed = [status.name for status in patches if status.installed]
     if installed:
         steps.append(("apply_patches", ", ".join(installed)))
-    if "set_precision" in planned:
+    if "set_precision" in planned and request.precision is not None:
         steps.append(("set_precision", set_precision(request.precision)))
     return Selection(strategy=strategy, choice=choice, sources=request.sources, steps=tuple(steps), patches=patches)
