@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 from k8s_pods import pod_environment
 
@@ -90,3 +95,18 @@ def test_detect_never_raises():
             raise RuntimeError("odd")
 
     assert KubernetesEnvironment.detect(Odd()) is False
+
+
+def test_tfstrategy_env_in_a_pod_names_the_job_and_select_would_form_one_multi_worker_job():
+    env = {**pod_environment(job("-n", "4", "--name", "train"), 1, failures=1), "PATH": os.environ["PATH"],
+           "PYTHONPATH": os.pathsep.join(sys.path), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "tfstrategy", "env", "--json"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["environment"] == "Kubernetes Indexed Job train, 4 pods"
+    assert report["kubernetes_pod"] == ("Kubernetes Indexed Job train, 4 pods: this pod is worker 1 at "
+                                        "train-1.train:2222, retry 1")
+    assert report["selection"]["strategy"] == "MultiWorkerMirroredStrategy"
+    assert "auto: the Kubernetes Indexed Job has 4 tasks, so MultiWorkerMirroredStrategy" in report["selection"]["reasons"]
+    assert report["select_steps"][0] == "set_tf_config"

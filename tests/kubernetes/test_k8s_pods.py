@@ -26,7 +26,6 @@ from k8s_pods import pod_environment, policy_action
 
 from helpers import ROOT
 from tfstrategy.cli import main
-from tfstrategy.environments.kubernetes import KubernetesEnvironment
 
 yaml = pytest.importorskip("yaml")
 
@@ -91,10 +90,8 @@ class Pod:
         command = [part for word in container["command"]
                    for part in ([sys.executable, "-m", "tfstrategy"] if word == "tfstrategy" else
                                 [sys.executable] if word == "python" else [word])]
+        # No TF_CONFIG: tfstrategy run's hook derives it from the detected KubernetesEnvironment.
         env = pod_environment(job, index, failures=failures, ignored=ignored)
-        # What the runtime does for an environment with sets_tf_config (the hook's Slurm step today,
-        # detect_environment() once the runtime consults the detect list): TF_CONFIG from the pod.
-        env["TF_CONFIG"] = KubernetesEnvironment(env).cluster_config().to_json()
         env.update(PATH=os.environ["PATH"], HOME=os.environ.get("HOME", "/root"), TF_CPP_MIN_LOG_LEVEL="2",
                    PYTHONPATH=str(ROOT / "src"))
         self.log = logs / f"pod-{index}-attempt-{failures + ignored}.log"
