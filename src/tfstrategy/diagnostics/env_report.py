@@ -19,7 +19,7 @@ import dataclasses
 import importlib.metadata
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from tfstrategy.diagnostics.env_devices import describe_build as describe_build
 from tfstrategy.diagnostics.env_devices import describe_gpus as describe_gpus
 from tfstrategy.diagnostics.env_devices import describe_nvidia_smi, read_device_facts
 from tfstrategy.diagnostics.env_devices import parse_nvidia_smi as parse_nvidia_smi
-from tfstrategy.environments import ENVIRONMENTS, detect_environment
+from tfstrategy.environments import ENVIRONMENTS, detect_environment, environment_type
 from tfstrategy.environments.base import variables_line
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.launch.exposure import describe_tf_config_exposure, network_interfaces
@@ -250,6 +250,7 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
     host = dataclasses.replace(HostInfo.detect(), cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
     tf_config = read_tf_config_info(env)
     selection = preview_selection(env, host, can_split_cpu=not devices.runtime_started)
+    environment_lines = [line for kind in ENVIRONMENTS for line in kind.report_lines(env)]
     if tf_config.error:
         problems.append(f"select() would raise ClusterConfigError: {tf_config.error}")
     elif selection.error:
@@ -267,8 +268,8 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
         devices=devices,
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
         settings_env={key: shown_value(key, env[key]) for key in sorted(env) if key.startswith("TFSTRATEGY_")},
-        environment=describe_environment(env),
-        environment_lines=tuple(line for kind in ENVIRONMENTS for line in kind.report_lines(env)),
+        environment=describe_environment(env, [("Problem", problem) for problem in problems] + environment_lines),
+        environment_lines=tuple(environment_lines),
         environment_values={key: value for kind in ENVIRONMENTS for key, value in kind.report_values(env).items()},
         tf_config=tf_config,
         selection=selection,
@@ -305,13 +306,21 @@ def preview_steps(env: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
     return result
 
 
-def describe_environment(env: Mapping[str, str]) -> str:
-    """The cluster environment this process runs in, in one line; a bad variable becomes the error text."""
+def describe_environment(env: Mapping[str, str], lines: Sequence[tuple[str, str]] = ()) -> str:
+    """The cluster environment this process runs in, in one line; a bad variable becomes the error text.
+
+    An error already on one of the report's ``lines`` (a Problem line, the Slurm job step) is only referred to.
+    """
     try:
         environment = detect_environment(env)
         return "none (no cluster variables: one process)" if environment is None else environment.describe()
     except TFStrategyError as error:
-        return f"{type(error).__name__}: {error}"
+        kind = environment_type(env)
+        name = kind.name if kind is not None else "?"
+        shown = next((key for key, value in lines if value.endswith(str(error))), None)
+        if shown is not None:
+            return f"{name}: invalid (see the {shown} line)"
+        return f"{name}: {type(error).__name__}: {error}"
 
 
 def preview_patches(env: Mapping[str, str]) -> tuple[str, ...]:
