@@ -188,7 +188,7 @@ def _variables(environ: Mapping[str, str]) -> dict[str, str]:
 def _describe_pod(environ: Mapping[str, str]) -> str:
     try:
         pod = read_pod(environ)
-    except ClusterConfigError as error:
-        return f"invalid: {error}"
+    except ClusterConfigError:
+        return "invalid (see the Problem line)"  # the report shows select()'s error once, there
     return (f"Kubernetes Indexed Job {pod.job}, {pod.num_workers} pods: this pod is worker {pod.index} at "
             f"{pod.addresses()[pod.index]}, retry {pod.failures + pod.ignored_failures}")
