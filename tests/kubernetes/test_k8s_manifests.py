@@ -108,6 +108,9 @@ def test_the_pod_command_runs_the_program_under_tfstrategy_run_unless_no_hook():
     job = generate(["-n", "2", "--image", "x"], ["python", "train.py", "--lr", "0.1"])[-1]
     assert job["spec"]["template"]["spec"]["containers"][0]["command"] == [
         "tfstrategy", "run", "--", "python", "train.py", "--lr", "0.1"]
+    job = generate(["-n", "2", "--image", "x", "--audit", "stop", "--precision", "mixed_float16"], ["python", "t.py"])[-1]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == [
+        "tfstrategy", "run", "--audit", "stop", "--precision", "mixed_float16", "--", "python", "t.py"]
     job = generate(["-n", "2", "--image", "x", "--no-hook"], ["python", "train.py"])[-1]
     assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["python", "train.py"]
 
@@ -156,6 +159,9 @@ BAD = [
     pytest.param(["-n", "2", "--image", "x", "--env", "TF_CONFIG={}", "--", "python", "t.py"], "TF_CONFIG",
                  id="env-reserved"),
     pytest.param(["-n", "2", "--image", "x", "--"], "no command", id="no-command"),
+    pytest.param(["-n", "2", "--image", "x", "--precision", "fp8", "--", "python", "t.py"], "--precision", id="precision"),
+    pytest.param(["-n", "2", "--image", "x", "--audit", "stop", "--no-hook", "--", "python", "t.py"], "--no-hook",
+                 id="run-option-without-hook"),
     pytest.param(["-n", "2", "--image", "x", "-o", "/nonexistent/dir/x.yaml", "--", "python", "t.py"], "-o ",
                  id="unwritable-output"),
 ]

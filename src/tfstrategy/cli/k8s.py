@@ -11,6 +11,7 @@ from pathlib import Path
 from tfstrategy.cli._common import program_from_args
 from tfstrategy.errors import LaunchError
 from tfstrategy.kubernetes.manifests import DEFAULT_PORT, K8sOptions, name_from_command, validate_k8s_options
+from tfstrategy.settings import AUDIT_MODES
 
 __all__ = ["k8s_parser", "k8s_command", "options_from_args"]
 
@@ -80,6 +81,10 @@ def k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="an environment variable for every pod (repeatable)")
     parser.add_argument("--no-network-policy", action="store_true",
                         help="leave the NetworkPolicy out (e.g. the cluster's network plugin does not enforce them)")
+    parser.add_argument("--audit", choices=AUDIT_MODES, metavar="MODE",
+                        help="passed to 'tfstrategy run' in the pods: warn (its default), stop or off")
+    parser.add_argument("--precision", metavar="POLICY",
+                        help="passed to 'tfstrategy run' in the pods: float32, mixed_float16 or mixed_bfloat16")
     parser.add_argument("--no-hook", action="store_true",
                         help="run COMMAND itself instead of 'tfstrategy run -- COMMAND' (the script then calls "
                         "tfstrategy.select() to form the job)")
@@ -108,7 +113,12 @@ def options_from_args(args: argparse.Namespace) -> K8sOptions:
     Raises:
         LaunchError: an invalid value, naming its flag.
     """
+    from tfstrategy.training.precision import precision_environment
+
     command = tuple(program_from_args(args))
+    precision_environment(args.precision, {})  # a bad --precision fails here, in one line
+    run_options = (*(("--audit", args.audit) if args.audit else ()),
+                   *(("--precision", args.precision) if args.precision else ()))
     if args.backup_pvc is None and args.backup_dir is not None:
         raise LaunchError(f"Received --backup-dir {args.backup_dir} without --backup-pvc; a directory in a pod "
                           "disappears with the pod. Name the PersistentVolumeClaim to keep the backups on, "
@@ -118,7 +128,7 @@ def options_from_args(args: argparse.Namespace) -> K8sOptions:
         name=args.name if args.name is not None else name_from_command(command), namespace=args.namespace,
         port=args.port, cpu=args.cpu, memory=args.memory, gpus=args.gpus, backup_pvc=args.backup_pvc,
         backup_dir=args.backup_dir or "/backups", max_restarts=args.max_restarts, grace=args.grace, env=_env_pairs(args.env),
-        network_policy=not args.no_network_policy, hook=not args.no_hook,
+        network_policy=not args.no_network_policy, hook=not args.no_hook, run_options=run_options,
     ))
 
 

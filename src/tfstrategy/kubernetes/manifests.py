@@ -102,6 +102,8 @@ class K8sOptions:
     env: Mapping[str, str] = field(default_factory=dict)
     network_policy: bool = True
     hook: bool = True
+    #: Options of ``tfstrategy run`` in the pods, e.g. ``("--audit", "stop")``.
+    run_options: tuple[str, ...] = ()
 
 
 def name_from_command(command: Sequence[str]) -> str:
@@ -151,6 +153,9 @@ def validate_k8s_options(options: K8sOptions) -> K8sOptions:
     if not options.backup_dir.startswith("/") or options.backup_dir.rstrip("/") == "":
         raise LaunchError(f"Received --backup-dir {options.backup_dir!r}; expected an absolute path inside the pod "
                           "other than '/', e.g. --backup-dir /backups.")
+    if options.run_options and not options.hook:
+        raise LaunchError(f"Received {' '.join(options.run_options)} with --no-hook; these are options of "
+                          "'tfstrategy run', which --no-hook leaves out. Drop one or the other.")
     for key in options.env:
         if not _ENV_NAME.match(key):
             raise LaunchError(f"Received --env {key!r}; expected NAME=VALUE with a variable name such as "
@@ -216,7 +221,7 @@ def _resources(options: K8sOptions) -> dict[str, Any]:
 
 def job_manifest(options: K8sOptions) -> dict[str, Any]:
     """The Indexed Job: one pod per worker, each running the command under ``tfstrategy run``."""
-    command = ["tfstrategy", "run", "--", *options.command] if options.hook else list(options.command)
+    command = ["tfstrategy", "run", *options.run_options, "--", *options.command] if options.hook else list(options.command)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": options.image,
