@@ -38,7 +38,7 @@ BATCH = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}
 
 
 def test_the_detect_list_has_one_entry_per_environment_in_precedence_order():
-    assert [kind.name for kind in ENVIRONMENTS] == ["tfstrategy launch", "Ray", "TF_CONFIG", "Slurm"]
+    assert [kind.name for kind in ENVIRONMENTS] == ["tfstrategy launch", "Ray", "TF_CONFIG", "Kubernetes", "Slurm"]
     assert len(set(ENVIRONMENTS)) == len(ENVIRONMENTS)
 
 

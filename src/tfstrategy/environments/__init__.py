@@ -10,7 +10,9 @@ process (:func:`detect_environment`). The order is the precedence:
 2. Ray Train (Ray writes ``TF_CONFIG`` in its workers);
 3. ``TF_CONFIG`` written by anyone else: an explicit cluster always wins over a
    derived one;
-4. Slurm (tfstrategy derives ``TF_CONFIG`` from the job step).
+4. a pod of an Indexed Job from ``tfstrategy k8s`` (tfstrategy derives ``TF_CONFIG``
+   from ``JOB_COMPLETION_INDEX`` and the variables the generated Job sets);
+5. Slurm (tfstrategy derives ``TF_CONFIG`` from the job step).
 
 The job id and the restart count are read here and nowhere else
 (:func:`job_id`, :func:`restart_count`): ``TFSTRATEGY_JOB_ID`` if the user set
@@ -25,6 +27,7 @@ import signal
 from collections.abc import Iterator, Mapping
 
 from tfstrategy.environments.base import ClusterEnvironment
+from tfstrategy.environments.kubernetes import KubernetesEnvironment
 from tfstrategy.environments.launcher import Launcher
 from tfstrategy.environments.ray import Ray
 from tfstrategy.environments.slurm import Slurm
@@ -44,7 +47,7 @@ __all__ = [
 ]
 
 #: The detect list, in precedence order: one entry per environment.
-ENVIRONMENTS: list[type[ClusterEnvironment]] = [Launcher, Ray, TFConfig, Slurm]
+ENVIRONMENTS: list[type[ClusterEnvironment]] = [Launcher, Ray, TFConfig, KubernetesEnvironment, Slurm]
 
 
 def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
