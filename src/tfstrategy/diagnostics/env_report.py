@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfstrategy import _versions
+from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
 from tfstrategy._versions import LEGACY_KERAS_TRUE
 from tfstrategy.diagnostics.env_devices import DeviceFacts as DeviceFacts  # re-exported: they moved there
