@@ -45,6 +45,20 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
+def _described(pids: list[int]) -> list[str]:
+    """``pid: command line`` of each live (not zombie) process of ``pids``."""
+    found = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            found.append(f"{pid}: {command.strip()}")
+    return found
+
+
 class Run:
     """One `tfstrategy launch` process, tagged so its descendants can be found."""
 
@@ -58,12 +72,16 @@ class Run:
         )
 
     def finish(self, timeout: float) -> tuple[int, str, str, float]:
+        """Wait for the launcher (``timeout`` only guards against a hang); what it left alive is in ``survivors``."""
         try:
             out, err = self.process.communicate(timeout=timeout)
         finally:
             if self.process.poll() is None:  # a hung launcher must not outlive the test
                 self.process.kill()
                 self.process.communicate()
+            #: Every process of the job still alive when its launcher had returned (its workers, their
+            #: children, the launcher's reaper): none should be.
+            self.survivors = _described(_tagged(self.tag))
             for pid in _tagged(self.tag):
                 os.kill(pid, signal.SIGKILL)
         return self.process.returncode, out, err, time.monotonic() - self.started
@@ -72,7 +90,7 @@ class Run:
 def _launch(*args: str, timeout: float) -> tuple[int, str, str, float]:
     run = Run(*args)
     result = run.finish(timeout)
-    assert _tagged(run.tag) == []
+    assert run.survivors == [], result[2]
     return result
 
 
@@ -192,6 +210,15 @@ def test_ctrl_c_stops_every_worker_and_their_children():
     assert "received SIGINT: passed it on; every worker stopped" in err
     assert time.monotonic() - interrupted < 10
     assert _tagged(run.tag) == []
+
+
+@pytest.mark.multiprocess
+def test_a_worker_leaving_before_joining_ends_the_job_at_once_naming_it():
+    """Issue 38: worker 0 joined and waits, worker 1 exits 0 without joining: a verdict, not a 60 s hang."""
+    code, _, err, _ = _launch("-n", "2", "--timeout", "20", "--", sys.executable, str(PLAIN_WORKER), "leave",
+                              timeout=120)
+    assert code == 1, err  # neither the join timeout (124) nor a stall (125): the exit itself ended the job
+    assert "worker 1 exited with status 0 before joining, while worker(s) 0 wait for it" in err
 
 
 @pytest.mark.multiprocess

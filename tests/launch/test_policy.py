@@ -139,6 +139,63 @@ def test_exit_0_before_joining_while_a_peer_waits_fails_at_once_not_at_the_timeo
     assert clock.now < 1.5
 
 
+@pytest.mark.parametrize("code", [pytest.param(0, id="exit-0"), pytest.param(1, id="exit-1")])
+def test_exit_before_joining_while_a_peer_joined_and_waits_ends_the_job_at_once(code):
+    """Issue 38: worker 0 joined (its strategy exists) and waits; worker 1 ends before ever joining."""
+    def scenario(fleet, now, launcher):
+        fleet.at(0, 0).join()
+        fleet.at(0, 0).train(steps=0, in_step=True)
+        if now > 1:
+            fleet.at(0, 1).exit(code)
+
+    result, err, fleet, clock = _run(scenario, join_timeout=20, stall_report=5, stall_timeout=None)
+    assert (result.returncode, result.reason) == (1, EndReason.FAILED), err
+    assert _headline(err).startswith(f"tfstrategy launch: worker 1 exited with status {code} before joining")
+    assert fleet.at(0, 0).returncode == -signal.SIGKILL
+    assert clock.now < 1.5  # the tick after the exit: neither --timeout nor a stall decided it
+
+
+def test_exit_0_before_joining_while_a_peer_is_still_starting_fails_once_the_peer_joins():
+    def scenario(fleet, now, launcher):
+        if now > 1:
+            fleet.at(0, 1).exit(0)
+        if now > 4:  # worker 0 was slow to import; it now creates its strategy and waits for worker 1
+            fleet.at(0, 0).starting = True
+
+    result, err, _, clock = _run(scenario, join_timeout=300)
+    assert _headline(err).startswith("tfstrategy launch: worker 1 exited with status 0 before joining, while worker(s) 0 ")
+    assert 4 < clock.now < 4.5
+
+
+def test_exit_before_joining_restarts_the_group_within_max_restarts():
+    def scenario(fleet, now, launcher):
+        attempt = len(fleet.attempts) - 1
+        fleet.at(attempt, 0).join()
+        if attempt == 0 and now > 1:
+            fleet.at(0, 1).exit(0)
+        if attempt == 1:
+            _joined_and_training(fleet, 1)
+            if now > 4:
+                for worker in fleet.attempts[1]:
+                    worker.exit(0)
+
+    result, err, fleet, _ = _run(scenario, max_restarts=1)
+    assert (result.returncode, result.restarts, len(fleet.attempts)) == (0, 1, 2), err
+    assert "worker 1 exited with status 0 before joining" in err
+
+
+def test_every_worker_exiting_0_without_ever_joining_is_a_success():
+    """A script that creates no strategy at all (a data-prep step) ends the job normally."""
+    def scenario(fleet, now, launcher):
+        if now > 1:
+            fleet.at(0, 1).exit(0)
+        if now > 2:
+            fleet.at(0, 0).exit(0)
+
+    result, err, _, _ = _run(scenario)
+    assert (result.returncode, result.reason) == (0, EndReason.SUCCEEDED), err
+
+
 def test_exit_0_mid_training_while_a_peer_is_inside_a_step_fails_at_once():
     def scenario(fleet, now, launcher):
         _joined_and_training(fleet, steps=7)

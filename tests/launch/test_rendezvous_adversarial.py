@@ -745,6 +745,7 @@ def test_two_launchers_behind_a_man_in_the_middle_stop_naming_node_1(tmp_path, a
     finally:
         relay.close()
     assert (code0, code1) == (1, 1), err0 + err1
+    assert (node0.survivors, node1.survivors) == ([], []), err0 + err1  # no worker, child or reaper outlives its launcher
     assert re.search(r"node 1's launcher broke the rendezvous protocol \(127\.0\.0\.4:\d+\)", err0), err0
     assert "received SIGTERM" not in err0 + err1  # a forged stop stops nothing
     assert f"{ATTACKER}:6666" not in out1  # no worker ever got the attacker's address in its TF_CONFIG

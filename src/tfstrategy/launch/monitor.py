@@ -227,7 +227,8 @@ class GroupMonitor:
                 continue
             # Inside a step the exited worker also ran (fewer batches done than it) is a peer finishing
             # that step, not one waiting: the exited worker took part in each of its collectives.
-            waiting = [w for w in alive if (w.state is WorkerState.JOINING and not worker.joined)
+            # Before joining, every peer creating its strategy or past it waits: the job can never form.
+            waiting = [w for w in alive if (not worker.joined and (w.joined or w.state is WorkerState.JOINING))
                        or (w.in_step and worker.joined and w.steps >= worker.steps)]
             # A peer that failed after it with an error that only echoes a lost peer was waiting for it too.
             waiting += [w for w in self.workers.values() if w.state is WorkerState.FAILED
