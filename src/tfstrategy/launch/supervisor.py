@@ -42,7 +42,13 @@ from tfstrategy.errors import LaunchError
 from tfstrategy.launch.coordinator import Coordinator, Event, EventType, LocalCoordinator
 from tfstrategy.launch.monitor import Decision, GroupMonitor, Policy, Verdict
 from tfstrategy.launch.nodes import RendezvousCoordinator, secret_free_environment
-from tfstrategy.launch.options import LaunchOptions, cluster_tf_config, validate_launch_options, worker_tf_config
+from tfstrategy.launch.options import (
+    LaunchOptions,
+    cluster_tf_config,
+    validate_launch_options,
+    worker_settings,
+    worker_tf_config,
+)
 from tfstrategy.launch.output import Console
 from tfstrategy.launch.processes import (
     Lifeline,
@@ -64,19 +70,7 @@ from tfstrategy.launch.states import (
     signal_status,
 )
 from tfstrategy.launch.worker_hook import hook_environment
-from tfstrategy.settings import (
-    ENV_BACKUP_DIR,
-    ENV_ERROR_FILE,
-    ENV_JOB_TAG,
-    ENV_JOIN_FILE,
-    ENV_LAUNCHER_PID,
-    ENV_LIFELINE_FD,
-    ENV_NODE_RANK,
-    ENV_NUM_WORKERS,
-    ENV_PROGRESS_FILE,
-    ENV_RESTART,
-    ENV_WORKER_INDEX,
-)
+from tfstrategy.worker_contract import WorkerContract, WorkerSettings
 
 __all__ = [
     "JOIN_TIMEOUT_STATUS", "LaunchOptions", "validate_launch_options", "LaunchResult", "RunResult", "Launcher",
@@ -117,6 +111,7 @@ class Launcher:
                  wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
         self.options = validate_launch_options(options)
         self.env = dict(os.environ if env is None else env)
+        self.settings()  # a setting the environment contradicts fails here, before anything starts
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self._lock = threading.Lock()
         self._console = Console(self.out, self._lock)
@@ -128,6 +123,11 @@ class Launcher:
         self._subreaper = False
         self._lifeline: Lifeline | None = None
         self.tag = uuid.uuid4().hex
+
+    def settings(self, backup_dir: Path | None = None) -> WorkerSettings:
+        """What every worker is told besides its place (:func:`~tfstrategy.launch.options.worker_settings`)."""
+        options = self.options if backup_dir is None else dataclasses.replace(self.options, backup_dir=backup_dir)
+        return worker_settings(options, self.env)
 
     def _say(self, message: str) -> None:
         with self._lock:
@@ -165,7 +165,7 @@ class Launcher:
                     coordinator = RendezvousCoordinator(self.options, say=self._say,
                                                         interrupted=lambda: self._signal is not None)
             self._coordinator = coordinator
-            return self._supervise(coordinator, run_dir, backup_dir)
+            return self._supervise(coordinator, run_dir, self.settings(backup_dir))
         finally:
             self._stop(grace=0.0)
             if coordinator is not None:
@@ -178,7 +178,7 @@ class Launcher:
 
     # --- one attempt ------------------------------------------------------------------------------
 
-    def _start(self, coordinator: Coordinator, run_dir: Path, backup_dir: Path | None,
+    def _start(self, coordinator: Coordinator, run_dir: Path, settings: WorkerSettings,
                attempt: int) -> GroupMonitor | Event:
         """Start this machine's workers for ``attempt`` once the coordinator formed its cluster."""
         count = self.options.num_workers
@@ -201,22 +201,19 @@ class Launcher:
         shown = self.options.console_workers
         for index, port in ports.items():
             files = {kind: attempt_dir / f"worker-{index}.{kind}" for kind in ("joined", "error", "progress")}
+            contract = WorkerContract(
+                index=index, num_workers=len(addresses), restart=attempt, join_file=files["joined"],
+                error_file=files["error"], progress_file=files["progress"], launcher_pid=os.getpid(),
+                lifeline_fd=None if self._lifeline is None else self._lifeline.read_fd, job_tag=self.tag,
+                node_rank=coordinator.rank, settings=settings)
             env = {
                 **hook_environment(audit=self.options.audit, summary=True, env=secret_free_environment(self.env)),
+                **contract.to_environ(),
                 "TF_CONFIG": cluster_tf_config(addresses, index),
-                ENV_NUM_WORKERS: str(len(addresses)), ENV_WORKER_INDEX: str(index), ENV_RESTART: str(attempt),
-                ENV_JOIN_FILE: str(files["joined"]), ENV_ERROR_FILE: str(files["error"]),
-                ENV_PROGRESS_FILE: str(files["progress"]), ENV_LAUNCHER_PID: str(os.getpid()), ENV_JOB_TAG: self.tag,
                 # Line-by-line output, so prefixes and failure tails are current; UTF-8 whatever the
                 # terminal's encoding, as the launcher reads it (and re-encodes for the terminal).
                 "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8",
             }
-            if self._lifeline is not None:
-                env[ENV_LIFELINE_FD] = str(self._lifeline.read_fd)
-            if coordinator.rank is not None:
-                env[ENV_NODE_RANK] = str(coordinator.rank)
-            if backup_dir is not None:
-                env[ENV_BACKUP_DIR] = str(backup_dir)
             worker_logs = None if log_dir is None else (log_dir / f"worker-{index}" / "stdout.log",
                                                         log_dir / f"worker-{index}" / "stderr.log")
             console = (log_dir is None or self.options.tee) and (shown is None or index in shown)
@@ -265,14 +262,14 @@ class Launcher:
 
     # --- the job ----------------------------------------------------------------------------------
 
-    def _supervise(self, coordinator: Coordinator, run_dir: Path, backup_dir: Path | None) -> RunResult:
+    def _supervise(self, coordinator: Coordinator, run_dir: Path, settings: WorkerSettings) -> RunResult:
         result = RunResult(returncode=0)
         ended = coordinator.connect()
         if ended is not None or self._signal is not None:
             return self._ended(ended, result)
         attempt, failed_at = coordinator.round, None
         while True:
-            started = self._start(coordinator, run_dir, backup_dir, attempt)
+            started = self._start(coordinator, run_dir, settings, attempt)
             if isinstance(started, Event) or self._signal is not None:
                 return self._ended(started if isinstance(started, Event) else None, result)
             if failed_at is not None:
@@ -393,6 +390,10 @@ def launch(
     grace: float = 10.0,
     nodes: NodeOptions | None = None,
     log_dir: str | os.PathLike[str] | None = None,
+    precision: str | None = None,
+    sentinel: str = "epoch",
+    profile_dir: str | os.PathLike[str] | None = None,
+    profile_every: float = 10.0,
     env: Mapping[str, str] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
@@ -414,6 +415,11 @@ def launch(
         nodes: this machine's place in a job of several machines (``num_workers`` on each);
             ``None``: every worker on this machine.
         log_dir: each worker's stdout and stderr to files under this directory.
+        precision: the Keras global dtype policy every worker sets before building its model
+            (``float32``, ``mixed_float16``, ``mixed_bfloat16``; default: ``TFSTRATEGY_PRECISION``).
+        sentinel: the divergence sentinel's interval: ``epoch``, a step count, or ``off``.
+        profile_dir: write performance reports there (as ``--profile --profile-dir``), every
+            ``profile_every`` minutes on long jobs.
         env: the workers' base environment (``os.environ`` when omitted).
         out: where ``[worker i]`` lines go (stdout); err: launcher messages (stderr).
 
@@ -432,6 +438,8 @@ def launch(
         command=tuple(command), num_workers=num_workers, max_restarts=max_restarts,
         backup_dir=checked_backup_dir(None if backup_dir is None else Path(backup_dir)), join_timeout=join_timeout,
         audit=audit, grace=grace, nodes=nodes, log_dir=None if log_dir is None else Path(log_dir),
+        precision=precision, sentinel=sentinel, profile_dir=None if profile_dir is None else Path(profile_dir),
+        profile_every=profile_every,
     )
     # A backup directory that outlives this call unless the job succeeds, locked while it runs.
     return run_with_backup(options, lambda opts: Launcher(opts, env=env, out=out, err=err).run(), env=env,
