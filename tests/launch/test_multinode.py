@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,9 @@ from helpers import ROOT, free_ports, node_port_range
 from tfstrategy.cli import build_parser
 from tfstrategy.cli.launch import node_options_from_args, options_from_args
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch.rendezvous import NodeOptions, RendezvousClient, RendezvousServer
+from tfstrategy.launch.nodes import failure_from_event
+from tfstrategy.launch.rendezvous import EventKind, NodeOptions, RendezvousClient, RendezvousServer, ServerLimits
+from tfstrategy.launch.rendezvous.wire import Failed
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 
 SECRET = "tfstrategy-test-secret-0123456789"
@@ -121,6 +124,66 @@ def test_handshake_refuses_a_stranger_and_a_taken_rank():
         assert any("refused a launcher" in line and "the job goes on" in line for line in said)
         first.close()
     finally:
+        server.close()
+
+
+def _running_job(limits: ServerLimits, max_restarts: int = 0) -> tuple[RendezvousServer, list[RendezvousClient]]:
+    """Node 0's server and both nodes' clients, in this process, with round 0 formed."""
+    port = _free_port()
+    node = NodeOptions(nnodes=2, node_rank=0, master_host=MASTER_HOST, master_port=port, secret=SECRET.encode())
+    server = RendezvousServer(node, workers_per_node=1, max_restarts=max_restarts, timeout=60, say=lambda _: None,
+                              limits=limits)
+    clients = [RendezvousClient(NodeOptions(nnodes=2, node_rank=rank, master_host=MASTER_HOST, master_port=port,
+                                            secret=SECRET.encode(), node_address=f"127.0.0.{rank + 2}"),
+                                workers_per_node=1, max_restarts=max_restarts, interrupted=lambda: False)
+               for rank in (0, 1)]
+    for client in clients:
+        assert client.connect(timeout=30) is None
+    with ThreadPoolExecutor(2) as pool:
+        formed = list(pool.map(lambda pair: pair[0].form(0, [41000 + pair[1]]), zip(clients, (0, 1))))
+    assert all(event is not None and event.kind.value == "cluster" for event in formed), formed
+    return server, clients
+
+
+def _failed(worker: int, when: float, *, consequential: bool, reason: str) -> Failed:
+    return Failed.bounded(round=0, worker=worker, reason=reason, status=1, time=when, consequential=consequential,
+                          outcome="failed", lines=[f"line of worker {worker}"], logs=[f"/logs/worker-{worker}.log"])
+
+
+@pytest.mark.parametrize("consequential", [pytest.param(True, id="first-to-arrive-is-an-echo"),
+                                           pytest.param(False, id="first-to-arrive-is-later")])
+def test_node_0_relays_the_earliest_root_cause_whole_not_the_first_to_arrive(consequential):
+    """Node 1's report (at 1005 s) reaches node 0 before node 0's own (at 1000 s); both nodes hear node 0's, whole."""
+    server, (c0, c1) = _running_job(ServerLimits(settle_seconds=600))  # decided when both reported, not by a timer
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            second = pool.submit(c1.report_failure, _failed(1, 1005.0, consequential=consequential,
+                                                            reason="UnavailableError: Socket closed"))
+            while not server._failures:  # node 1's report arrived first
+                time.sleep(0.01)
+            first = pool.submit(c0.report_failure, _failed(0, 1000.0, consequential=False, reason="ValueError: bad"))
+            verdicts = [first.result(30), second.result(30)]
+        for event in verdicts:
+            assert event is not None and event.kind.value == "failed"
+            failure = failure_from_event(event)
+            assert (failure.node, failure.index, failure.reason, failure.time) == (0, 0, "ValueError: bad", 1000.0)
+            assert (failure.consequential, failure.last_lines, failure.logs) == (False, ("line of worker 0",),
+                                                                                 ("/logs/worker-0.log",))
+    finally:
+        for client in (c0, c1):
+            client.close()
+        server.close()
+
+
+def test_a_node_whose_workers_run_on_does_not_hold_the_decision_past_the_settle_time():
+    server, (c0, c1) = _running_job(ServerLimits(settle_seconds=0.2), max_restarts=1)
+    try:
+        event = c1.report_failure(_failed(1, 1005.0, consequential=False, reason="exited with status 3"))
+        assert event is not None and event.data["restart"] is True and event.data["node"] == 1
+        assert c0._wait((EventKind.FAILED,), timeout=30).data["reason"] == "exited with status 3"
+    finally:
+        for client in (c0, c1):
+            client.close()
         server.close()
 
 

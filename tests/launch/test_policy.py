@@ -14,7 +14,7 @@ import sys
 import pytest
 from fakes import Clock, FakeWorker, Fleet
 
-from tfstrategy.launch.coordinator import Event, EventType, LocalCoordinator
+from tfstrategy.launch.coordinator import Event, LocalCoordinator
 from tfstrategy.launch.reports import ErrorRecord
 from tfstrategy.launch.states import EndReason, Failure, RunResult
 from tfstrategy.launch.supervisor import Launcher, LaunchOptions
@@ -384,7 +384,7 @@ class NodeLost(LocalCoordinator):
         if self.clock.now > 4:
             failure = Failure(index=None, node=1, reason="disconnected (it was stopped, or its machine is unreachable)",
                               status=1, time=1004.0)
-            return Event(type=EventType.FAILED, failure=failure, restart=False)
+            return Event.failed(failure, restart=False)
         return None
 
 
@@ -426,8 +426,7 @@ def test_a_program_without_the_hook_joins_when_every_port_accepts_connections():
     monitor = GroupMonitor([0, 1], Policy(join_timeout=30), started=0.0)
     assert not monitor.update(1.0, 1.0, {0: Observation(listening=True), 1: Observation()}).all_joined
     decision = monitor.update(2.0, 2.0, {0: Observation(listening=True), 1: replace(Observation(), listening=True)})
-    assert decision.all_joined and monitor.update(400.0, 400.0, {0: Observation(), 1: Observation()}).verdict.value \
-        == "continue"
+    assert decision.all_joined and monitor.update(400.0, 400.0, {0: Observation(), 1: Observation()}).outcome is None
 
 
 def test_a_stall_past_the_stall_timeout_restarts_the_group_with_max_restarts():
@@ -472,18 +471,25 @@ def test_exit_0_is_the_root_cause_when_the_peer_already_failed_with_an_echo():
     assert "then, as a consequence: worker 0 exited with status 1: tensorflow" in err
 
 
-@pytest.mark.parametrize(("data", "exit_status", "consequential"), [
-    pytest.param({"worker": 3, "reason": "stalled: it is stopped", "status": 125}, 125, False, id="stall"),
-    pytest.param({"worker": 1, "reason": "did not join within --timeout 30 s", "status": 124}, 124, False, id="join"),
-    pytest.param({"worker": 2, "reason": "exited with status 1: tensorflow.python.framework.errors_impl."
-                  "UnavailableError: Socket closed", "status": 1}, 1, True, id="echo"),
-    pytest.param({"worker": 2, "reason": "exited with status 3", "status": 3}, 1, False, id="plain"),
+@pytest.mark.parametrize(("outcome", "exit_status", "consequential"), [
+    pytest.param("stalled", 125, False, id="stall"),
+    pytest.param("join-timeout", 124, False, id="join"),
+    pytest.param("failed", 1, True, id="echo"),
+    pytest.param("failed", 1, False, id="plain"),
 ])
-def test_a_relayed_failure_keeps_its_exit_status_and_whether_it_is_an_echo(data, exit_status, consequential):
-    from tfstrategy.launch.nodes import failure_from_event
+def test_a_relayed_failure_crosses_the_wire_whole(outcome, exit_status, consequential):
+    """Node 1's failure as node 0 relays it: the fields it sent, none re-derived from its text."""
+    from tfstrategy.launch.nodes import failure_from_event, failure_to_message
     from tfstrategy.launch.rendezvous import EventKind, JobEvent
+    from tfstrategy.launch.rendezvous.wire import RoundFailed
+    from tfstrategy.launch.states import Outcome
 
-    failure = failure_from_event(JobEvent(EventKind.FAILED, {**data, "node": 1, "lines": []}))
+    sent = Failure(index=3, reason="exited with status 1: ValueError: x", status=1, time=1_700_000_123.25,
+                   consequential=consequential, last_lines=("a", "b"), logs=("/logs/w3/stdout.log",),
+                   outcome=Outcome(outcome))
+    message = RoundFailed.of(1, failure_to_message(0, sent), restart=False)
+    failure = failure_from_event(JobEvent(EventKind.FAILED, {}, message))
+    assert failure == Failure(**{**sent.__dict__, "node": 1})
     assert (failure.exit_status, failure.consequential, failure.node) == (exit_status, consequential, 1)
 
 

@@ -103,7 +103,7 @@ EPILOG = textwrap.dedent(
 )
 
 
-def launch_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``tfstrategy launch``."""
     parser = subparsers.add_parser(
         "launch",

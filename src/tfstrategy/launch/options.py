@@ -134,6 +134,8 @@ def worker_settings(options: LaunchOptions, environ: Mapping[str, str]) -> Worke
     precision = None if options.precision is None else parse_precision(options.precision, name="--precision")
     precision, _ = resolve_precision(precision, environ)
     sentinel = parse_sentinel(options.sentinel, name="--sentinel")
+    profile_dir: Path | None
+    profile_every: float | None
     if options.profile_dir is not None:
         profile = profile_environment(True, options.profile_dir, options.profile_every)
         profile_dir, profile_every = Path(profile[ENV_PROFILE]), options.profile_every

@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import TextIO
 
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch.coordinator import Coordinator, Event, EventType, LocalCoordinator
-from tfstrategy.launch.monitor import Decision, GroupMonitor, Policy, Verdict
+from tfstrategy.launch.coordinator import Coordinator, Event, LocalCoordinator
+from tfstrategy.launch.monitor import Decision, GroupMonitor, Policy
 from tfstrategy.launch.nodes import RendezvousCoordinator, secret_free_environment
 from tfstrategy.launch.options import (
     LaunchOptions,
@@ -60,15 +60,7 @@ from tfstrategy.launch.processes import (
     stop_workers,
 )
 from tfstrategy.launch.rendezvous import NodeOptions
-from tfstrategy.launch.states import (
-    EXIT_JOIN_TIMEOUT,
-    EXIT_PREEMPTED,
-    EXIT_STALL,
-    EndReason,
-    Failure,
-    RunResult,
-    signal_status,
-)
+from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT, EXIT_PREEMPTED, Failure, Outcome, RunResult
 from tfstrategy.launch.worker_hook import hook_environment
 from tfstrategy.worker_contract import WorkerContract, WorkerSettings
 
@@ -255,7 +247,7 @@ class Launcher:
             if decision.all_joined and failed_at is not None:
                 result.rejoin_seconds.append(now - failed_at)
                 self._say(f"all workers joined again {now - failed_at:.1f} s after the failure")
-            if decision.verdict is not Verdict.CONTINUE:
+            if decision.outcome is not None:
                 result.stall_seconds.extend(monitor.stall_seconds)
                 return decision
             self._sleep(_POLL_SECONDS)
@@ -263,7 +255,7 @@ class Launcher:
     # --- the job ----------------------------------------------------------------------------------
 
     def _supervise(self, coordinator: Coordinator, run_dir: Path, settings: WorkerSettings) -> RunResult:
-        result = RunResult(returncode=0)
+        result = RunResult()
         ended = coordinator.connect()
         if ended is not None or self._signal is not None:
             return self._ended(ended, result)
@@ -274,40 +266,40 @@ class Launcher:
                 return self._ended(started if isinstance(started, Event) else None, result)
             if failed_at is not None:
                 result.restart_seconds.append(self._clock() - failed_at)
-            outcome = self._watch(coordinator, started, failed_at, result)
-            if isinstance(outcome, Decision) and outcome.verdict is Verdict.SUCCEEDED:
-                outcome = coordinator.finish(attempt)  # every node's workers (at once on one machine)
-                if outcome.type is EventType.FINISHED:
-                    result.reason = EndReason.SUCCEEDED
-                    return result
-            if outcome is None or self._signal is not None:
+            decision = self._watch(coordinator, started, failed_at, result)
+            if decision is None or self._signal is not None:
                 return self._ended(None, result)
             failed_at = self._clock()
-            # No grace: the survivors are blocked in collectives with a dead peer and are
-            # discarded anyway (measured: an MWMS worker outlived SIGTERM by a 5 s grace).
             consequences: tuple[Failure, ...] = ()
-            if isinstance(outcome, Decision):
-                if outcome.failure is None:  # every verdict but SUCCEEDED carries one
-                    raise RuntimeError(f"the monitor ended an attempt ({outcome.verdict}) without a failure")
-                local = self._with_output(outcome.failure)
+            if isinstance(decision, Event):
+                event = decision
+            elif decision.outcome is Outcome.SUCCEEDED:
+                event = coordinator.finish(attempt)  # every node's workers (at once on one machine)
+                if event.outcome is Outcome.SUCCEEDED:
+                    return result.end(Outcome.SUCCEEDED)
+            else:
+                if decision.failure is None:  # every outcome but SUCCEEDED carries one
+                    raise RuntimeError(f"the monitor ended an attempt ({decision.outcome}) without a failure")
+                local = self._with_output(decision.failure)
+                # No grace: the survivors are blocked in collectives with a dead peer and are
+                # discarded anyway (measured: an MWMS worker outlived SIGTERM by a 5 s grace).
                 self._stop(grace=0.0)
-                consequences = outcome.consequences
-                outcome = coordinator.decide(attempt, local)
-                if outcome.failure != local and outcome.failure is not None:
+                consequences = decision.consequences
+                event = coordinator.decide(attempt, local)
+                if event.failure != local and event.failure is not None:
                     consequences = (local, *consequences)  # node 0 chose another node's failure
-            if outcome.type is not EventType.FAILED or outcome.failure is None:
-                return self._ended(outcome, result)
+            if self._signal is not None or event.failure is None:
+                return self._ended(event, result)
             self._stop(grace=0.0)
-            failure = outcome.failure
+            failure = event.failure
             result.failures.append(failure)
             whose = "every worker" if coordinator.rank is None else "this node's workers"
             self._say(f"{failure.report(consequences)}\nstopped {whose} {self._clock() - failed_at:.1f} s after the "
                       "failure")
-            if not outcome.restart:
-                result.returncode, result.reason = failure.exit_status, _reason_of(failure)
+            if not event.restart:
                 if self.options.max_restarts:
                     self._say(f"giving up after {attempt} restart(s)")
-                return result
+                return result.end(failure.outcome)
             attempt += 1
             result.restarts = attempt
 
@@ -324,31 +316,27 @@ class Launcher:
         coordinator = self._coordinator
         if signum is not None and coordinator is not None:
             coordinator.stop(signum)
-        elif signum is None and event is not None and event.type is EventType.STOP and event.signum is not None:
+        elif signum is None and event is not None and event.outcome is Outcome.INTERRUPTED and event.signum is not None:
             signum = event.signum
             self._say(f"node {event.node} received {signal.Signals(signum).name}: stopping this node's workers")
         if signum is None:
-            result.returncode = event.status if event is not None else 1
-            result.reason = event.reason if event is not None else EndReason.FAILED
             if event is not None and event.failure is not None:  # e.g. a node broke the protocol while forming
                 result.failures.append(event.failure)
-                result.returncode = event.failure.exit_status
                 self._say(event.failure.report())
-            else:
-                self._say(event.message if event is not None and event.message else
-                          "the job ended before this node's workers started")
-            return result
+                return result.end(event.failure.outcome)
+            self._say(event.message if event is not None and event.message else
+                      "the job ended before this node's workers started")
+            return result.end(Outcome.FAILED if event is None or event.outcome is Outcome.SUCCEEDED else event.outcome)
         stopping = self._clock()
         # Pass the signal on (a preempted worker saves and exits), then SIGKILL after the grace.
         codes = self._stop(signum=signum)
         self._say(f"received {signal.Signals(signum).name}: passed it on; every worker stopped "
                   f"{self._clock() - stopping:.1f} s later")
-        result.returncode, result.reason = signal_status(signum), EndReason.INTERRUPTED
         if codes and all(code == EXIT_PREEMPTED for code in codes):
             # Every worker saved and asked to be requeued; pass that on to the scheduler.
-            result.returncode, result.reason = EXIT_PREEMPTED, EndReason.PREEMPTED
             self._say(f"every worker exited with status {EXIT_PREEMPTED} (preempted, saved); so does the launcher")
-        return result
+            return result.end(Outcome.PREEMPTED)
+        return result.end(Outcome.INTERRUPTED, signum)
 
     def _report_lost_output(self) -> None:
         lost = next((worker.output_lost() for worker in self._workers if worker.output_lost() is not None), None)
@@ -372,11 +360,6 @@ class Launcher:
         for worker in workers:
             worker.close()
         return codes
-
-
-def _reason_of(failure: Failure) -> EndReason:
-    return {EXIT_JOIN_TIMEOUT: EndReason.JOIN_TIMEOUT, EXIT_STALL: EndReason.STALLED,
-            EXIT_PREEMPTED: EndReason.PREEMPTED}.get(failure.exit_status, EndReason.FAILED)
 
 
 def launch(
