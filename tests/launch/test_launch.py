@@ -221,6 +221,36 @@ def test_a_worker_leaving_before_joining_ends_the_job_at_once_naming_it():
     assert "worker 1 exited with status 0 before joining, while worker(s) 0 wait for it" in err
 
 
+CHILDREN_AFTER_LAUNCH = """
+import json, os, sys
+from pathlib import Path
+from tfstrategy.launch.supervisor import launch
+
+result = launch([sys.executable, sys.argv[1], "leave"], 2, join_timeout=20, max_restarts=1)
+children = []
+for entry in Path("/proc").iterdir():
+    try:
+        fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        continue
+    if int(fields[1]) == os.getpid():
+        children.append(f"{entry.name} {fields[0]}: " + (entry / "cmdline").read_bytes().replace(b"\\0", b" ").decode())
+print(json.dumps({"returncode": result.returncode, "restarts": result.restarts, "children": children}))
+"""
+
+
+@pytest.mark.multiprocess
+def test_every_helper_of_the_launcher_is_gone_when_launch_returns():
+    """``launch()`` in a process of its own, which lists its children once it returned: no reaper, worker or orphan."""
+    done = subprocess.run([sys.executable, "-c", CHILDREN_AFTER_LAUNCH, str(PLAIN_WORKER)], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (report["returncode"], report["restarts"]) == (1, 1), done.stderr  # left early twice: restarted, gave up
+    assert report["children"] == [], done.stderr
+    assert done.stderr.count("worker 1 exited with status 0 before joining") == 2, done.stderr
+
+
 @pytest.mark.multiprocess
 def test_worker_that_never_joins_is_named_within_the_timeout():
     code, _, err, seconds = _launch("-n", "2", "--timeout", "3", "--", sys.executable, str(PLAIN_WORKER), "joined", timeout=60)

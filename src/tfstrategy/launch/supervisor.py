@@ -114,6 +114,7 @@ class Launcher:
         self._said_output_lost = False
         self._subreaper = False
         self._lifeline: Lifeline | None = None
+        self._started = False
         self.tag = uuid.uuid4().hex
 
     def settings(self, backup_dir: Path | None = None) -> WorkerSettings:
@@ -159,14 +160,24 @@ class Launcher:
             self._coordinator = coordinator
             return self._supervise(coordinator, run_dir, self.settings(backup_dir))
         finally:
-            self._stop(grace=0.0)
-            if coordinator is not None:
-                coordinator.close(grace=self.options.grace)
-            if self._lifeline is not None:
-                self._lifeline.close()
+            self._release(coordinator)
             for signum, handler in installed.items():
                 signal.signal(signum, handler)
             shutil.rmtree(run_dir, ignore_errors=True)
+
+    def _release(self, coordinator: Coordinator | None) -> None:
+        """Leave nothing behind, whatever fails on the way: workers, the coordinator, the reaper, orphans."""
+        try:
+            self._stop(grace=0.0)
+        finally:
+            try:
+                if coordinator is not None:
+                    coordinator.close(grace=self.options.grace)
+            finally:
+                if self._lifeline is not None:
+                    self._lifeline.close()  # the reaper exits (or is killed) and is reaped here
+                if self._subreaper and self._started:
+                    stop_orphans(set())  # what the workers' children left after their groups were stopped
 
     # --- one attempt ------------------------------------------------------------------------------
 
@@ -215,6 +226,7 @@ class Launcher:
             spawn = self._spawn
             if spawn is None:
                 raise RuntimeError("Launcher._start() runs only inside run()")
+            self._started = True
             try:
                 self._workers.append(spawn(spec))
             except OSError as error:
