@@ -13,13 +13,14 @@ transitions (ARCHITECTURE.md has the table):
   step time)``; stalled -> running when it advances again. Before any batch is done, every worker
   inside its first batch (or not yet begun it) for 3 thresholds is said once, with stacks, and never
   failed (tracing, and a slow start on a loaded machine, may take that long);
-- any -> succeeded / failed on exit. A worker that exits 0 while a peer waits for it (before
-  joining, or while a peer is inside a step past the ones it ran) is a failure at once: "left the
-  job early". A peer inside the last step the worker ran is finishing it, not waiting.
+- any -> succeeded / failed on exit. A worker that exits 0 while a peer waits for it is a failure
+  at once: "left the job early". Before it joined, every peer creating its strategy or past it
+  waits (the job can never form); after, a peer inside a step past the ones it ran. A peer
+  inside the last step the worker ran is finishing it, not waiting.
 
-The group ends: succeeded when every worker did; failed on the first root cause (a failure
-that only echoes a peer's waits up to ``settle`` seconds for the real one); join timeout;
-stalled past ``stall_timeout``.
+The attempt ends with an :class:`~tfstrategy.launch.states.Outcome`: succeeded when every
+worker did; else the root cause's (failed, preempted; a failure that only echoes a peer's waits
+up to ``settle`` seconds for the real one); join timeout; stalled past ``stall_timeout``.
 """
 
 from __future__ import annotations
