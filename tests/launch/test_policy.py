@@ -509,3 +509,34 @@ def test_a_peer_failing_while_a_worker_is_stalled_is_an_echo_of_the_stall():
     assert _headline(err).startswith("tfstrategy launch: worker 1 stalled: it is stopped")
     assert "then, as a consequence: worker 0 exited with status 1: tensorflow" in err
     assert clock.now < 12 + 3.5
+
+
+def test_every_worker_state_is_entered_and_every_outcome_has_its_exit_status():
+    """One vocabulary: no state that is never entered, and the exit status follows from the outcome alone."""
+    from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
+    from tfstrategy.launch.reports import Progress
+    from tfstrategy.launch.states import Outcome, WorkerState
+
+    monitor = GroupMonitor([0, 1], Policy(stall_report=5, stall_timeout=None, heartbeat_timeout=2), started=0.0)
+    seen: set[WorkerState] = set()
+
+    def tick(now: float, **workers: Observation) -> None:
+        monitor.update(now, 1000 + now, {int(key[1:]): value for key, value in workers.items()})
+        seen.update(worker.state for worker in monitor.workers.values())
+
+    tick(0.0, w0=Observation(), w1=Observation())
+    tick(1.0, w0=Observation(starting=True), w1=Observation(starting=True))
+    tick(2.0, w0=Observation(joined=True, progress=Progress(1, 1, True)),
+         w1=Observation(joined=True, progress=Progress(1, 1, True)))
+    tick(3.0, w0=Observation(joined=True, progress=Progress(2, 1, True)),
+         w1=Observation(joined=True, progress=Progress(1, 1, True), stopped=True))
+    tick(5.0, w0=Observation(joined=True, progress=Progress(3, 1, True)),
+         w1=Observation(joined=True, progress=Progress(1, 1, True), stopped=True))
+    tick(6.0, w0=Observation(joined=True, progress=Progress(4, 2, False)),
+         w1=Observation(joined=True, progress=Progress(2, 2, False)))
+    tick(7.0, w0=Observation(returncode=0), w1=Observation(returncode=3))
+    assert seen == set(WorkerState)
+    assert {outcome: outcome.exit_status() for outcome in Outcome if outcome is not Outcome.INTERRUPTED} == {
+        Outcome.SUCCEEDED: 0, Outcome.FAILED: 1, Outcome.JOIN_TIMEOUT: 124, Outcome.STALLED: 125,
+        Outcome.PREEMPTED: 75, Outcome.LOST: 1}
+    assert (Outcome.INTERRUPTED.exit_status(signal.SIGINT), Outcome.INTERRUPTED.exit_status(signal.SIGTERM)) == (130, 143)
