@@ -32,11 +32,13 @@ from enum import Enum
 
 __all__ = [
     "WorkerState", "Outcome", "EndReason", "RunResult", "Failure",
-    "EXIT_SUCCESS", "EXIT_FAILURE", "EXIT_PREEMPTED", "EXIT_JOIN_TIMEOUT", "EXIT_STALL", "signal_status",
+    "EXIT_SUCCESS", "EXIT_FAILURE", "EXIT_INVALID", "EXIT_PREEMPTED", "EXIT_JOIN_TIMEOUT", "EXIT_STALL", "signal_status",
 ]
 
 EXIT_SUCCESS = 0
 EXIT_FAILURE = 1
+#: A user error: a bad option, or a refusal before the first step (the CLI's one line). Kubernetes fails the Job on it.
+EXIT_INVALID = 2
 #: What a preempted worker exits with (EX_TEMPFAIL), and the launcher when every worker did.
 EXIT_PREEMPTED = 75
 #: As coreutils' ``timeout``.
