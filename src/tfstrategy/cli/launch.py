@@ -282,7 +282,7 @@ def launch_command(args: argparse.Namespace) -> int:
     """Run the job; its exit status."""
     from tfstrategy.launch import backup_dir, network_isolation
     from tfstrategy.launch.supervisor import Launcher
-    from tfstrategy.performance.report import profile_environment
+    from tfstrategy.performance.environment import profile_environment
     from tfstrategy.training.precision import precision_environment
     from tfstrategy.training.sentinel import sentinel_environment
 

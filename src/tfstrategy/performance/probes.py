@@ -1,4 +1,18 @@
-"""The report's probes: short measurements on a copy of the job's data that leave training as it was."""
+"""The report's probes: short measurements at the report's time that leave training as it was.
+
+:func:`probe` runs, on a copy of the job's data, a step on one cached batch
+(the step without its input), then the same step on the data, the input
+pipeline alone, an all-reduce of gradient-shaped tensors, and, on long jobs, a
+step at a larger ``steps_per_execution``. Across workers every worker runs the
+same probes, the same number of times (counts are agreed first).
+
+The probes run real training steps, so they use
+:mod:`tfstrategy.training.no_trace`: a snapshot of every state a step changes
+(put back after), a copy of the dataset whose iteration leaves the original's
+shuffle order alone, and, on the probed model, the skipped build peek (the
+upstream crash after a dropped probe iterator: ``docs/reference/upstream-bugs.md``).
+The report is opt-in (``--profile`` or the callback), and so is this.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +22,7 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
-from tfstrategy.performance.timing import _alternating, _count, _throughput
+from tfstrategy.performance.timing import alternating, mean_seconds, probe_count
 from tfstrategy.training.no_trace import dataset_copy, pipeline_ops, skip_build_peek, snapshot
 from tfstrategy.training.steps_per_execution import job_mean
 
@@ -33,7 +47,7 @@ def _allreduce(strategy: Any, model: Any, count: int) -> float:
 
         return tf_.function(lambda: strategy.run(replica))
 
-    timed = _alternating({"reduce": call(True), "alone": call(False)}, count)
+    timed = alternating({"reduce": call(True), "alone": call(False)}, count)
     return max(statistics.median(timed["reduce"]) - statistics.median(timed["alone"]), 0.0)
 
 
@@ -43,13 +57,16 @@ def probe(model: Any, dataset: Any, *, step: float, steps_per_execution: int, la
     strategy = _compat.model_strategy(model) or tf_.distribute.get_strategy()
     started = time.perf_counter()
     found: dict[str, Any] = {"not_probed": {}}
-    copy, no_copy = dataset_copy(dataset) if dataset is not None else (None, "no dataset given to the report")
+    copy: Any = None
+    no_copy: str | None = "no dataset given to the report"
+    if dataset is not None:
+        copy, no_copy = dataset_copy(dataset)
     replicas = int(strategy.num_replicas_in_sync)
     # Every worker runs the same number of each probe's collectives: counts from the job's mean step.
     (step,) = job_mean(strategy, [step])
-    executions = _count(step * steps_per_execution, 3, 20)
+    executions = probe_count(step * steps_per_execution, 3, 20)
     saved = snapshot(model, metrics=True)
-    function = getattr(model, "train_function", None)
+    function: Any = getattr(model, "train_function", None)
     if function is None and no_copy is None:
         no_copy = "a custom loop: its input wait is timed directly"
     try:
@@ -72,7 +89,7 @@ def probe(model: Any, dataset: Any, *, step: float, steps_per_execution: int, la
                 model.make_train_function(force=True)
                 larger = model.train_function
                 calls["larger"] = lambda: larger(synthetic)
-            timed = _alternating(calls, executions)
+            timed = alternating(calls, executions)
             found["synthetic"] = statistics.median(timed["cached"]) / steps_per_execution
             if larger_k is not None:
                 # The fastest of each K for the dispatch: a neighbour's load only ever adds time.
@@ -84,14 +101,14 @@ def probe(model: Any, dataset: Any, *, step: float, steps_per_execution: int, la
             # With the cached copy's options, the data copy has its type: the train function traced for one runs
             # the other (a new trace on one worker only would shift the collectives' keys between workers).
             batches = iter(strategy.experimental_distribute_dataset(copy.repeat().with_options(options)))
-            on_data = _alternating({"data": lambda: function(batches)}, executions)["data"]
+            on_data = alternating({"data": lambda: function(batches)}, executions)["data"]
             found["data_step"] = statistics.median(on_data) / steps_per_execution
-            found["input_batch"] = _throughput(lambda: next(batches), _count(step, 10, 50))
+            found["input_batch"] = mean_seconds(lambda: next(batches), probe_count(step, 10, 50))
             # Released here, so probe_seconds counts it: on 4 logical CPU replicas, releasing a distributed iterator
             # over a prefetched pipeline took 3-17 s (TensorFlow 2.21), more than the probes themselves.
             del synthetic, batches
         if replicas > 1:
-            found["allreduce"] = _allreduce(strategy, model, _count(step, 3, 20))
+            found["allreduce"] = _allreduce(strategy, model, probe_count(step, 3, 20))
     finally:
         if larger_k is not None:
             _compat.set_steps_per_execution(model, steps_per_execution)

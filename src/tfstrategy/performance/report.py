@@ -1,27 +1,22 @@
-"""The performance report of a running job: time its steps, probe at the report's time, print and write it.
+"""The performance report of a running job: when it is due, making it, printing and writing it.
 
-Three pieces:
+It rests on three modules:
 
-- :class:`StepTimes` times the job's own steps as it trains: each execution of
-  the train function (K steps), the time between executions (Keras' loop,
-  callbacks), and in a custom loop the time spent waiting for ``next()``.
-  Two clock readings and an append per execution, nothing that touches
-  TensorFlow (Keras 3 itself converts the logs at every step once any batch-end
-  callback is present; measured free on the CPU: benchmarks/README.md).
-- :func:`probe` runs, at the report's time, short measurements on a copy of
-  the job's data (:mod:`tfstrategy.training.no_trace`), and puts back every
-  state they changed, so training goes on exactly as it would have: a step on
-  one cached batch (the step without its input), then the same step on the
-  data, the input pipeline alone, an all-reduce of gradient-shaped tensors,
-  and, on long jobs, a step at a larger ``steps_per_execution``. Across workers every worker runs the same probes,
-  the same number of times (counts are agreed first).
-- :class:`Tracker` decides when a report is due (a model's first ``fit``, then
-  every ``every_minutes``; agreed across workers), builds it
-  (:func:`tfstrategy.performance.verdict.verdict`), prints it and writes
-  ``worker-<i>.json`` and ``worker-<i>.txt`` into its directory.
+- :mod:`~tfstrategy.performance.timing`: :class:`StepTimes` times the job's
+  own steps as it trains, and the helpers that time the probes' calls.
+- :mod:`~tfstrategy.performance.probes`: :func:`probe` runs, at the report's
+  time, short measurements on a copy of the job's data and puts back every
+  state they changed.
+- :mod:`~tfstrategy.performance.verdict`: the shares, the bottleneck and the
+  recommendations (pure).
 
+:class:`Tracker` decides when a report is due (a model's first ``fit``, then
+every ``every_minutes``; agreed across workers), builds it, prints it and
+writes ``worker-<i>.json`` and ``worker-<i>.txt`` into its directory.
 :func:`performance_report` is the Keras callback; ``make_train_step(...,
-report=...)`` and :meth:`Tracker.steps` serve custom loops.
+report=...)`` and :meth:`Tracker.steps` serve custom loops. The ``--profile``
+variables are read and made in :mod:`~tfstrategy.performance.environment`,
+which imports none of the rest, so a process without ``--profile`` loads none of this.
 """
 
 from __future__ import annotations
@@ -33,14 +28,14 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
 from tfstrategy.performance.environment import EVERY_MINUTES, profile_environment, tracker_from_environment
 from tfstrategy.performance.probes import LARGER_K_AFTER_SECONDS, probe
-from tfstrategy.performance.timing import StepTimes, _count, _timed
+from tfstrategy.performance.timing import StepTimes, median_seconds, probe_count
 from tfstrategy.performance.verdict import Measurements, Report, verdict
 from tfstrategy.training.no_trace import snapshot
 from tfstrategy.training.steps_per_execution import job_mean
@@ -125,7 +120,7 @@ class Tracker:
                 started, batch = time.perf_counter(), self.last_batch
                 saved = snapshot(model, metrics=True)
                 try:
-                    probes["synthetic"] = _timed(lambda: step_function(batch), _count(step, 3, 20))
+                    probes["synthetic"] = median_seconds(lambda: step_function(batch), probe_count(step, 3, 20))
                 finally:
                     saved.restore()
                 probes["probe_seconds"] += time.perf_counter() - started
@@ -179,6 +174,14 @@ class Tracker:
 _ATTRIBUTE = "_tfstrategy_performance"
 
 
+class _Settings(TypedDict):
+    """A :class:`Tracker`'s keyword arguments, as a report callback keeps them."""
+
+    every_minutes: float | None
+    directory: str | os.PathLike[str] | None
+    larger_k: bool | None
+
+
 def tracker_for(model: Any, **settings: Any) -> Tracker:
     """The model's :class:`Tracker`, made at its first report callback (so one report covers several fits)."""
     found = getattr(model, _ATTRIBUTE, None)
@@ -190,7 +193,7 @@ def tracker_for(model: Any, **settings: Any) -> Tracker:
 
 @functools.lru_cache(maxsize=2)
 def _callback_class(base: type) -> type:
-    class PerformanceReport(base):  # type: ignore[misc,valid-type]
+    class PerformanceReport(base):  # type: ignore[misc]
         """Keras callback: time each execution and report where a step's time goes (tfstrategy)."""
 
         # Never asks for the logs as numbers (tf_keras honours this; Keras 3.15 converts them anyway
@@ -204,9 +207,9 @@ def _callback_class(base: type) -> type:
                      global_batch: int | None = None) -> None:
             super().__init__()
             self.dataset, self.global_batch = dataset, global_batch
-            self.settings = {"every_minutes": every_minutes, "directory": directory, "larger_k": larger_k}
-            Tracker(**self.settings)  # validates now, where the user passed them
-            self.tracker: Tracker | None = None
+            self.settings = _Settings(every_minutes=every_minutes, directory=directory, larger_k=larger_k)
+            # Made now to validate the settings where the user passed them; the model's own replaces it.
+            self.tracker = Tracker(**self.settings)
             self._first_batch = 0
 
         def set_model(self, model: Any) -> None:

@@ -1,12 +1,20 @@
-"""Timing a job's own steps (:class:`StepTimes`) and the probes' calls (counts, medians, alternation)."""
+"""Timing a job's own steps, and the probes' calls.
+
+:class:`StepTimes` times each execution of the train function (K steps), the
+time between executions (Keras' loop, callbacks), and in a custom loop the time
+spent waiting for ``next()``: two clock readings and an append per execution,
+nothing that touches TensorFlow (Keras 3 itself converts the logs at every step
+once any batch-end callback is present; measured free on the CPU:
+benchmarks/README.md). The other functions time a probe's calls.
+"""
 
 from __future__ import annotations
 
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 #: Each probe aims at this many seconds (within its counts' bounds).
 PROBE_SECONDS = 0.25
@@ -64,13 +72,14 @@ class StepTimes:
             timings.clear()
 
 
-def _count(seconds_each: float, low: int, high: int) -> int:
+def probe_count(seconds_each: float, low: int, high: int) -> int:
+    """How many calls of ``seconds_each`` make a probe of :data:`PROBE_SECONDS`, within ``low`` and ``high``."""
     if seconds_each <= 0:
         return high
     return max(low, min(high, math.ceil(PROBE_SECONDS / seconds_each)))
 
 
-def _timed(call: Any, count: int) -> float:
+def median_seconds(call: Callable[[], object], count: int) -> float:
     """The median seconds of ``count`` calls (after one untimed call)."""
     call()
     times = []
@@ -81,7 +90,7 @@ def _timed(call: Any, count: int) -> float:
     return statistics.median(times)
 
 
-def _throughput(call: Any, count: int) -> float:
+def mean_seconds(call: Callable[[], object], count: int) -> float:
     """Mean seconds of ``count`` calls (after one untimed call): a rate, so what a prefetch buffer held when the
     timing began is spread over all of them instead of making the median. A count, not a duration: on several
     workers a distributed iterator's ``next`` can be a collective, which every worker must call as often."""
@@ -92,7 +101,7 @@ def _throughput(call: Any, count: int) -> float:
     return (time.perf_counter() - start) / count
 
 
-def _alternating(calls: dict[str, Any], rounds: int) -> dict[str, list[float]]:
+def alternating(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
     """Seconds of each call's ``rounds`` calls, one of each per round, the order swapped each round."""
     for call in calls.values():
         call()  # a new function, or a new input signature, traces at its first call

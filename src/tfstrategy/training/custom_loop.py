@@ -335,9 +335,11 @@ def make_train_step(
 
 
 def _tracker(report: bool | None) -> Any:
-    from tfstrategy.performance.report import Tracker, tracker_from_environment
+    from tfstrategy.performance.environment import tracker_from_environment
 
     settings = tracker_from_environment()
     if report is False or (report is None and settings is None):
         return None
+    from tfstrategy.performance.report import Tracker  # the report's probes load only when it is wanted
+
     return Tracker(**(settings or {}))
