@@ -126,7 +126,7 @@ def worker_settings(options: LaunchOptions, environ: Mapping[str, str]) -> Worke
         SettingsConflictError: ``precision`` and ``TFSTRATEGY_PRECISION`` differ.
         LaunchError: another ``TFSTRATEGY_*`` setting in ``environ`` is not valid.
     """
-    from tfstrategy.performance.report import profile_environment, tracker_from_environment
+    from tfstrategy.performance.environment import profile_environment, tracker_from_environment
     from tfstrategy.training.precision import parse_precision, resolve_precision
     from tfstrategy.training.sentinel import parse_sentinel
 
