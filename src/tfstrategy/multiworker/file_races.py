@@ -62,7 +62,7 @@ def _path_from_frames(error: BaseException) -> str | None:
             if isinstance(value, (str, os.PathLike)) and os.fspath(value):
                 return os.fspath(value)
             if isinstance(getattr(value, "filename", None), str):  # a ZipFile, an open file
-                return value.filename
+                return str(value.filename)
     return None
 
 

@@ -188,7 +188,7 @@ def _checkpoint_prefix(path: str) -> str:
                 f"Received checkpoint={path!r}, a directory with no tf.train.Checkpoint in it (no 'checkpoint' "
                 f"file naming a prefix with its .index). {EXPECTED}."
             )
-        return prefix
+        return str(prefix)
     path = re.sub(r"\.(index|data-\d+-of-\d+)$", "", path)  # accept a file of the checkpoint too
     if not os.path.isfile(path + ".index"):
         raise CheckpointError(
@@ -256,7 +256,7 @@ def _restore_tf_checkpoint(model: Any, path: str) -> RestoreReport:
     )
 
 
-def restore_checkpoint(model: Any, checkpoint: str | os.PathLike) -> RestoreReport:
+def restore_checkpoint(model: Any, checkpoint: str | os.PathLike[str]) -> RestoreReport:
     """Restore ``checkpoint`` into a compiled model with a built optimizer, all or nothing.
 
     Raises:
