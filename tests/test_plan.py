@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tfstrategy.launch.worker_hook import hook_plan
-from tfstrategy.plan import PlanInputs, plan_steps
+from tfstrategy.runtime.worker_hook import hook_plan
+from tfstrategy.runtime.plan import PlanInputs, plan_steps
 from tfstrategy.selection.select import resolve_request, select_plan
 from tfstrategy.settings import StrategyKind
 
@@ -75,7 +75,7 @@ def test_unknown_consumer_is_refused():
 
 
 def test_the_hook_has_a_function_for_every_step_its_plan_can_name():
-    from tfstrategy.launch import worker_hook
+    from tfstrategy.runtime import worker_hook
 
     variants = [PlanInputs(consumer="hook", cpu_replicas=2, devices="cpu", cluster_tasks=tasks, cluster_source=source,
                            precision="mixed_float16")

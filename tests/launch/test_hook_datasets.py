@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from tfstrategy.launch import hook_datasets
-from tfstrategy.launch.hook_datasets import fewest_files
+from tfstrategy.runtime import hook_datasets
+from tfstrategy.runtime.hook_datasets import fewest_files
 
 AUTO, DATA = tf.data.experimental.AutoShardPolicy.AUTO, tf.data.experimental.AutoShardPolicy.DATA
 

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import ROOT
 from tfstrategy.launch.reports import read_error, read_progress
-from tfstrategy.launch.worker_hook import hook_environment
+from tfstrategy.runtime.worker_hook import hook_environment
 
 SCRIPT = """
 import os, sys, time, subprocess
@@ -36,7 +36,7 @@ def _worker(tmp_path, mode: str, **popen):
         **hook_environment(env=dict(os.environ)),
         "TFSTRATEGY_ERROR_FILE": str(tmp_path / "error.json"),
         "TFSTRATEGY_PROGRESS_FILE": str(tmp_path / "progress"),
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src" / "tfstrategy" / "launch" / "startup"), str(ROOT / "src")]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src" / "tfstrategy" / "runtime" / "startup"), str(ROOT / "src")]),
     }
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
@@ -81,7 +81,7 @@ def test_the_heartbeat_beats_and_a_stack_signal_prints_every_threads_stack(tmp_p
 @pytest.fixture
 def progress_file(tmp_path):
     """The hook's progress file, as under launch; the hook's state forgotten afterwards."""
-    from tfstrategy.launch import worker_watch
+    from tfstrategy.runtime import worker_watch
     from tfstrategy.launch.reports import ProgressWriter
 
     worker_watch._PROGRESS.append(ProgressWriter(tmp_path / "progress"))
@@ -93,7 +93,7 @@ def test_fit_counts_train_and_validation_batches_and_keeps_the_users_callbacks(t
     import keras
     import numpy as np
 
-    from tfstrategy.launch import worker_watch
+    from tfstrategy.runtime import worker_watch
 
     seen = []
 
@@ -118,7 +118,7 @@ def test_a_dataset_of_unknown_length_leaves_no_step_begun_after_each_epoch_and_e
     import numpy as np
     import tensorflow as tf
 
-    from tfstrategy.launch import worker_watch
+    from tfstrategy.runtime import worker_watch
 
     at_epoch_end = []
 
@@ -141,7 +141,7 @@ def test_a_dataset_of_unknown_length_leaves_no_step_begun_after_each_epoch_and_e
 
 
 def test_reset_forgets_the_hooks_state_in_place():
-    from tfstrategy.launch import worker_hook, worker_watch
+    from tfstrategy.runtime import worker_hook, worker_watch
 
     state = worker_hook.STATE
     saved = (list(state.steps), set(worker_hook._TAKEN), dict(worker_watch.INSTALLED))

@@ -178,8 +178,8 @@ def test_the_chief_publishes_each_write_even_a_failed_one(tmp_path, monkeypatch)
 
 @pytest.fixture
 def checkpoint_rewrite():
-    from tfstrategy.launch.hook_checkpoints import checkpoint_files
-    from tfstrategy.launch.rewrites import remove_rewrites
+    from tfstrategy.runtime.hook_checkpoints import checkpoint_files
+    from tfstrategy.runtime.rewrites import remove_rewrites
 
     checkpoint_files()
     yield

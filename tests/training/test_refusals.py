@@ -9,7 +9,7 @@ import tensorflow as tf
 import tfstrategy
 from helpers import mirrored
 from tfstrategy.errors import BatchError, BuildError
-from tfstrategy.launch import worker_hook
+from tfstrategy.runtime import worker_hook
 from tfstrategy.training.datasets import batched_by, refuse_endless_fit
 
 BATCHED = tf.data.Dataset.range(10).batch(2)

@@ -163,7 +163,7 @@ class EnvReport:
     #: What select() would do about each Keras workaround (see preview_patches).
     patches: tuple[str, ...] = field(default_factory=tuple)
     problems: tuple[str, ...] = field(default_factory=tuple)
-    #: The process-wide steps of select() and of the run/launch hook here, from the one plan (tfstrategy.plan).
+    #: The process-wide steps of select() and of the run/launch hook here, from the one plan (tfstrategy.runtime.plan).
     select_steps: tuple[str, ...] = field(default_factory=tuple)
     hook_steps: tuple[str, ...] = field(default_factory=tuple)
     #: Where this task's TensorFlow server will listen, and who can reach it.
@@ -407,7 +407,7 @@ def shown_value(key: str, value: str) -> str:
 
 def preview_steps(env: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
     """The steps select() and the start-up hook would take here: the plan both of them follow."""
-    from tfstrategy.launch.worker_hook import hook_plan
+    from tfstrategy.runtime.worker_hook import hook_plan
     from tfstrategy.selection.select import select_plan
 
     result: dict[str, tuple[str, ...]] = {}

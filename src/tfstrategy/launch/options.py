@@ -14,7 +14,7 @@ from pathlib import Path
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.diagnosis import LOOPBACK
 from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
-from tfstrategy.launch.worker_hook import validate_audit_mode
+from tfstrategy.runtime.worker_hook import validate_audit_mode
 
 __all__ = ["LaunchOptions", "validate_launch_options", "parse_port_range", "worker_tf_config", "cluster_tf_config"]
 

@@ -63,7 +63,7 @@ from tfstrategy.launch.states import (
     RunResult,
     signal_status,
 )
-from tfstrategy.launch.worker_hook import hook_environment
+from tfstrategy.runtime.worker_hook import hook_environment
 from tfstrategy.settings import (
     ENV_BACKUP_DIR,
     ENV_ERROR_FILE,

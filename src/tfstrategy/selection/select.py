@@ -3,7 +3,7 @@
 :func:`select` reads the settings (argument > ``TFSTRATEGY_*`` > default,
 :func:`resolve_request`), chooses purely (:func:`~tfstrategy.choose`), builds
 the strategy (:func:`~tfstrategy.build`), and around those takes the named
-steps of its plan (:func:`tfstrategy.plan.plan_steps`, the plan ``tfstrategy
+steps of its plan (:func:`tfstrategy.runtime.plan.plan_steps`, the plan ``tfstrategy
 env`` prints), each recorded on the :class:`Selection`:
 
 1. ``split_cpu``: split the CPU into logical devices (``cpu_replicas``);
@@ -33,7 +33,7 @@ from tfstrategy.multiworker.slurm import SlurmStepCluster, cluster_from_slurm_st
 from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
 from tfstrategy.patches import apply_patches
 from tfstrategy.patches.mechanism import PatchStatus
-from tfstrategy.plan import PlanInputs, Step, plan_steps
+from tfstrategy.runtime.plan import PlanInputs, Step, plan_steps
 from tfstrategy.scope.creation_sites import start_recording
 from tfstrategy.selection.choose import Choice, choose
 from tfstrategy.selection.cpu_split import configure_cpu_replicas, validate_cpu_replicas

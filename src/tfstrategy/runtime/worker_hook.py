@@ -2,7 +2,7 @@
 
 Users arrive with scripts that create their own strategy (``tf.distribute.
 MultiWorkerMirroredStrategy()``, ``MirroredStrategy()``) and never call
-``tfstrategy.select()``. The launcher puts :mod:`tfstrategy.launch.startup`
+``tfstrategy.select()``. The launcher puts :mod:`tfstrategy.runtime.startup`
 first on ``PYTHONPATH`` and sets ``TFSTRATEGY_HOOK=1``; that directory's
 ``sitecustomize`` calls :func:`install` at interpreter start-up (for ``python
 script.py``, ``python -m pkg`` and console scripts alike), then runs the
@@ -11,14 +11,14 @@ tfstrategy is imported.
 
 :func:`install` only registers an import watcher. The moment TensorFlow has
 been imported, before the script can run a single op, :func:`on_tensorflow_imported`
-takes the steps of the hook's plan (:func:`tfstrategy.plan.plan_steps`, the
+takes the steps of the hook's plan (:func:`tfstrategy.runtime.plan.plan_steps`, the
 same plan ``tfstrategy env`` prints) whose phase is ``tensorflow``, and once
 Keras is importable those of phase ``keras``; each is recorded in :data:`STATE`.
 Under a multi-worker ``TF_CONFIG`` they prepare the multi-worker runtime before
 the first op and make every strategy the script creates part of the one job, or
-stop it with one line (:mod:`tfstrategy.launch.one_job`). Every replacement of
-TensorFlow's or Keras' code is a :class:`~tfstrategy.launch.rewrites.Rewrite`,
-undone by :func:`~tfstrategy.launch.rewrites.remove_rewrites`.
+stop it with one line (:mod:`tfstrategy.runtime.one_job`). Every replacement of
+TensorFlow's or Keras' code is a :class:`~tfstrategy.runtime.rewrites.Rewrite`,
+undone by :func:`~tfstrategy.runtime.rewrites.remove_rewrites`.
 
 The hook acts only in the process it was installed for: it records its pid in
 ``TFSTRATEGY_HOOK_PID``, and a Python child of the script (a data loader, a
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tfstrategy.errors import ScopeError, TFStrategyError
-from tfstrategy.launch import worker_watch
+from tfstrategy.runtime import worker_watch
 from tfstrategy.settings import (
     AUDIT_MODES,
     ENV_AUDIT,
@@ -220,14 +220,14 @@ _PLAN: list[Any] = []
 
 
 def hook_plan(env: Mapping[str, str] | None = None) -> tuple[Any, ...]:
-    """The hook's steps for this environment (:func:`tfstrategy.plan.plan_steps`; ``tfstrategy env`` prints it).
+    """The hook's steps for this environment (:func:`tfstrategy.runtime.plan.plan_steps`; ``tfstrategy env`` prints it).
 
     Raises:
         TFStrategyError: an invalid ``TFSTRATEGY_CPU_REPLICAS`` or ``TFSTRATEGY_AUDIT``.
     """
     from tfstrategy.multiworker.cluster import load_cluster_config
     from tfstrategy.multiworker.slurm import cluster_from_slurm_step
-    from tfstrategy.plan import PlanInputs, plan_steps
+    from tfstrategy.runtime.plan import PlanInputs, plan_steps
     from tfstrategy.selection.cpu_split import validate_cpu_replicas
     from tfstrategy.training.precision import resolve_precision
 
@@ -328,7 +328,7 @@ def _apply_patches() -> str | None:
 
 def _keras2_aliases() -> str | None:
     from tfstrategy import _compat
-    from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+    from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
     keras = _compat.keras_for()
     metric = keras.metrics.Metric
@@ -350,8 +350,8 @@ def _audit() -> str | None:
     mode = validate_audit_mode(os.environ.get(ENV_AUDIT) or "warn", name=ENV_AUDIT)
     if mode == "off":
         return None
-    from tfstrategy.launch.hook_strategies import _keras_flavours
-    from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+    from tfstrategy.runtime.hook_strategies import _keras_flavours
+    from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
     for keras in _keras_flavours():
         factories = {f"Model.{method}": functools.partial(_audited, method=method, mode=mode)
@@ -403,7 +403,7 @@ def _audit_model(model: Any, method: str, mode: str) -> None:
 
 
 def _count_batches() -> str | None:
-    from tfstrategy.launch.hook_strategies import _keras_flavours
+    from tfstrategy.runtime.hook_strategies import _keras_flavours
 
     return worker_watch.count_batches(_keras_flavours())
 
@@ -419,37 +419,37 @@ def reset() -> None:
 
 
 def _prepare_collectives() -> str | None:
-    from tfstrategy.launch.hook_strategies import prepare_collectives
+    from tfstrategy.runtime.hook_strategies import prepare_collectives
 
     return prepare_collectives()
 
 
 def _watch_strategies() -> str | None:
-    from tfstrategy.launch.hook_strategies import watch_strategies
+    from tfstrategy.runtime.hook_strategies import watch_strategies
 
     return watch_strategies()
 
 
 def _mirrored_devices() -> str | None:
-    from tfstrategy.launch.hook_strategies import mirrored_devices
+    from tfstrategy.runtime.hook_strategies import mirrored_devices
 
     return mirrored_devices()
 
 
 def _refuse_unjoinable() -> str | None:
-    from tfstrategy.launch.hook_strategies import refuse_unjoinable
+    from tfstrategy.runtime.hook_strategies import refuse_unjoinable
 
     return refuse_unjoinable()
 
 
 def _checkpoint_files() -> str | None:
-    from tfstrategy.launch.hook_checkpoints import checkpoint_files
+    from tfstrategy.runtime.hook_checkpoints import checkpoint_files
 
     return checkpoint_files()
 
 
 def _data_sharding() -> str | None:
-    from tfstrategy.launch.hook_datasets import data_sharding
+    from tfstrategy.runtime.hook_datasets import data_sharding
 
     return data_sharding()
 
@@ -462,8 +462,8 @@ def _set_precision() -> str | None:
 
 
 def _performance_report() -> str | None:
-    from tfstrategy.launch.hook_strategies import _keras_flavours
-    from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+    from tfstrategy.runtime.hook_strategies import _keras_flavours
+    from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
     from tfstrategy.performance.report import tracker_from_environment
 
     settings = tracker_from_environment()
@@ -492,12 +492,12 @@ def _reported(original: Callable[..., Any], settings: dict[str, Any]) -> Callabl
 
 
 def _refuse_unjoined_fit() -> str | None:
-    from tfstrategy.launch.hook_strategies import refuse_unjoined_fit
+    from tfstrategy.runtime.hook_strategies import refuse_unjoined_fit
 
     return refuse_unjoined_fit()
 
 
-#: The function of each step name of the hook's plan (tfstrategy.plan).
+#: The function of each step name of the hook's plan (tfstrategy.runtime.plan).
 _STEPS: dict[str, Callable[[], str | None]] = {
     step.__name__.lstrip("_"): step
     for step in (_split_cpu, _record_creation_sites, _slurm_tf_config, _prepare_collectives, _watch_strategies,

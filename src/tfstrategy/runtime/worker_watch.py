@@ -193,11 +193,11 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
 def count_batches(flavours: list[Any]) -> str | None:
     """Make ``Model.fit``/``evaluate``/``predict`` of each Keras in ``flavours`` report batches to the launcher.
 
-    Installed as undoable rewrites (:mod:`tfstrategy.launch.rewrites`); ``None`` outside ``tfstrategy launch``.
+    Installed as undoable rewrites (:mod:`tfstrategy.runtime.rewrites`); ``None`` outside ``tfstrategy launch``.
     """
     if not _PROGRESS:
         return None
-    from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+    from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
     for keras in flavours:
         factories = {f"Model.{method}": functools.partial(_with_progress, keras=keras,

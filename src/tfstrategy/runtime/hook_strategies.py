@@ -1,9 +1,9 @@
 """The hook's strategy steps: prepare the multi-worker runtime, join or refuse each strategy, name every one.
 
-Each function here is one step of the hook's plan (:mod:`tfstrategy.plan`) and
-installs its changes as :class:`~tfstrategy.launch.rewrites.Rewrite` objects, so
+Each function here is one step of the hook's plan (:mod:`tfstrategy.runtime.plan`) and
+installs its changes as :class:`~tfstrategy.runtime.rewrites.Rewrite` objects, so
 they can be undone. What joins and what is refused is decided purely in
-:mod:`tfstrategy.launch.one_job`.
+:mod:`tfstrategy.runtime.one_job`.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from collections.abc import Callable
 from typing import Any
 
 from tfstrategy.errors import DeviceError, StrategyError, TFStrategyError
-from tfstrategy.launch import one_job
-from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+from tfstrategy.runtime import one_job
+from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES, resolve_collective_timeout
 
 __all__ = ["prepare_collectives", "watch_strategies", "mirrored_devices", "refuse_unjoinable", "refuse_unjoined_fit"]
 
 
 def _state() -> Any:
-    from tfstrategy.launch.worker_hook import STATE
+    from tfstrategy.runtime.worker_hook import STATE
 
     return STATE
 
@@ -209,7 +209,7 @@ def mirrored_devices() -> str:
         return f"MirroredStrategy() is a MultiWorkerMirroredStrategy over {config.num_workers} workers; other device " \
                "lists are refused"
 
-    from tfstrategy.launch.worker_hook import chosen_devices
+    from tfstrategy.runtime.worker_hook import chosen_devices
 
     chosen = chosen_devices()
 

@@ -4,7 +4,7 @@ What tfstrategy does to a process (split the CPU, set ``TF_CONFIG`` from a
 Slurm step, record creation sites, prepare the multi-worker runtime, rewrite
 ``MirroredStrategy``, refuse what cannot join, patch Keras, audit ``fit``) is
 decided here, once, by :func:`plan_steps` from plain values: no TensorFlow, no
-environment. :func:`tfstrategy.select` and :mod:`tfstrategy.launch.worker_hook`
+environment. :func:`tfstrategy.select` and :mod:`tfstrategy.runtime.worker_hook`
 take exactly the steps of their plan, in its order, and ``tfstrategy env``
 prints both plans, so the preview cannot disagree with what happens.
 
@@ -60,7 +60,7 @@ class Step:
     name: str
     phase: str
     detail: str
-    #: It replaces something of TensorFlow's or Keras' (undoable: see tfstrategy.launch.rewrites).
+    #: It replaces something of TensorFlow's or Keras' (undoable: see tfstrategy.runtime.rewrites).
     rewrites: bool = False
 
     def line(self) -> str:
@@ -153,7 +153,7 @@ def _hook_steps(inputs: PlanInputs, multi: bool) -> tuple[Step, ...]:
     if inputs.under_launcher:
         steps.append(Step(name="count_batches", phase="keras", rewrites=True,
                           detail="Model.fit, evaluate and predict count their batches for the launcher's stall "
-                                 "detection (tfstrategy.launch.worker_watch)"))
+                                 "detection (tfstrategy.runtime.worker_watch)"))
     steps.extend(_precision_steps(inputs))
     if inputs.profile is not None:
         steps.append(Step(name="performance_report", phase="keras", rewrites=True,
