@@ -166,6 +166,10 @@ class EnvReport:
     #: The process-wide steps of select() and of the run/launch hook here, from the one plan (tfstrategy.runtime.plan).
     select_steps: tuple[str, ...] = field(default_factory=tuple)
     hook_steps: tuple[str, ...] = field(default_factory=tuple)
+    #: The cluster environment detected here (tfstrategy.environments), as the plans see it.
+    cluster_environment: str = "none (one process)"
+    #: Every replacement of TensorFlow's or Keras' code installed in this process (tfstrategy.runtime).
+    replacements: tuple[str, ...] = field(default_factory=tuple)
     #: Where this task's TensorFlow server will listen, and who can reach it.
     tensorflow_server: str = "none (no TF_CONFIG task)"
 
@@ -405,18 +409,23 @@ def shown_value(key: str, value: str) -> str:
     return value
 
 
-def preview_steps(env: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
-    """The steps select() and the start-up hook would take here: the plan both of them follow."""
-    from tfstrategy.runtime.worker_hook import hook_plan
-    from tfstrategy.selection.select import select_plan
+def preview_steps(env: Mapping[str, str]) -> dict[str, Any]:
+    """The steps select() and the start-up hook would take here (the same step objects they take), the cluster
+    environment they plan from, and the replacements installed in this process."""
+    from tfstrategy.runtime.inputs import HOOK, SELECT, derive_inputs
+    from tfstrategy.runtime.plan import plan_steps
+    from tfstrategy.runtime.process import RUNTIME
 
-    result: dict[str, tuple[str, ...]] = {}
-    for key, make in (("select_steps", lambda: select_plan(resolve_request(env=env), env)),
-                      ("hook_steps", lambda: hook_plan(env))):
+    result: dict[str, Any] = {"replacements": RUNTIME.lines()}
+    for key, consumer in (("select_steps", SELECT), ("hook_steps", HOOK)):
         try:
-            result[key] = tuple(step.name for step in make())
+            inputs = derive_inputs(consumer, env=env)
+            result[key] = tuple(step.name for step in plan_steps(inputs))
         except TFStrategyError as error:
             result[key] = (f"none: {type(error).__name__}: {error}",)
+            continue
+        if consumer == HOOK and inputs.environment is not None:
+            result["cluster_environment"] = f"{inputs.cluster_source}: {inputs.environment.describe()}"
     return result
 
 
@@ -544,6 +553,8 @@ def env_report_lines(report: EnvReport) -> list[tuple[str, str]]:
         ("Keras patches", "; ".join(report.patches) or "none"),
         ("select() steps", ", ".join(report.select_steps) or "none"),
         ("run/launch hook steps", ", ".join(report.hook_steps) or "none"),
+        ("Cluster environment", report.cluster_environment),
+        ("Replaced in this process", "; ".join(report.replacements) or "nothing"),
     ]
     lines += [("Problem", problem) for problem in report.problems]
     return lines

@@ -180,6 +180,10 @@ class Patch:
                     replacement = self.replacement(target, original)
                     setattr(replacement, _ORIGINAL, original)
                     _compat.set_path(module, target, replacement)
+            if self._originals:
+                from tfstrategy.runtime.process import RUNTIME
+
+                RUNTIME.register(self)
             return self.status()
 
     def remove(self) -> PatchStatus:
@@ -190,7 +194,17 @@ class Patch:
                 if module is not None:
                     _compat.set_path(module, target, original)
                 del self._originals[target]
+            from tfstrategy.runtime.process import RUNTIME
+
+            RUNTIME.unregister(self)
             return self.status()
+
+    def forget(self) -> None:
+        """Forget the probe's answer and warnings (a new job probes again); remove first."""
+        with self._lock:
+            self._probed = None
+            self._probe_error = None
+            self._warned = False
 
     def status(self) -> PatchStatus:
         """What this patch found and installed, without probing anew."""

@@ -1,6 +1,6 @@
 """The worker's side of supervision, installed by the start-up hook in every launched Python worker.
 
-Each part is one small named step, recorded in :data:`INSTALLED`:
+Each part is one small named step, recorded in ``RUNTIME.supervision`` (:mod:`tfstrategy.runtime.process`):
 
 - ``die_with_launcher``: the worker ends when its launcher does, however it ends (SIGKILL
   included): ``PR_SET_PDEATHSIG`` (Linux) kills it when the launcher's thread that started it
@@ -32,17 +32,14 @@ from types import TracebackType
 from typing import Any
 
 from tfstrategy.launch.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
+from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.settings import ENV_ERROR_FILE, ENV_LAUNCHER_PID, ENV_LIFELINE_FD, ENV_PROGRESS_FILE
 
-__all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches", "reset"]
+__all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches"]
 
 #: The signal on which a launched Python worker prints every thread's stack to its stderr.
 STACK_SIGNAL = signal.SIGUSR2
 _PR_SET_PDEATHSIG = 1
-
-#: The steps taken in this process, with what each did.
-INSTALLED: dict[str, str] = {}
-_PROGRESS: list[ProgressWriter] = []
 
 
 def install(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -53,7 +50,7 @@ def install(env: Mapping[str, str] | None = None) -> dict[str, str]:
         ("dump_stacks", _dump_stacks), ("heartbeat", _heartbeat),
     )
     for name, step in steps:
-        if name in INSTALLED:
+        if name in RUNTIME.supervision:
             continue
         try:
             done = step(env)
@@ -61,19 +58,13 @@ def install(env: Mapping[str, str] | None = None) -> dict[str, str]:
             print(f"tfstrategy: hook step {name}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             continue
         if done:
-            INSTALLED[name] = done
+            RUNTIME.supervision[name] = done
     if env is os.environ:
         # This process is the worker: a Python process it starts (a helper, `python other.py`)
         # must not write its error file, reset its progress or die for its lifeline.
         for name in (ENV_ERROR_FILE, ENV_PROGRESS_FILE, ENV_LAUNCHER_PID, ENV_LIFELINE_FD):
             os.environ.pop(name, None)
-    return dict(INSTALLED)
-
-
-def reset() -> None:
-    """Forget what was installed (tests; a second job in one process installs again)."""
-    INSTALLED.clear()
-    _PROGRESS.clear()
+    return dict(RUNTIME.supervision)
 
 
 def _die_with_launcher(env: Mapping[str, str]) -> str | None:
@@ -120,7 +111,8 @@ def _record_errors(env: Mapping[str, str]) -> str | None:
             pass
         previous(kind, error, tb)
 
-    sys.excepthook = excepthook
+    RUNTIME.override_attribute(sys, "excepthook", excepthook, name="record_errors",
+                               note="the first uncaught exception goes to the launcher's error file")
     return f"the first uncaught exception goes to {path}"
 
 
@@ -137,7 +129,7 @@ def _heartbeat(env: Mapping[str, str]) -> str | None:
     if not path:
         return None
     writer = ProgressWriter(path)
-    _PROGRESS.append(writer)
+    RUNTIME.progress.append(writer)
 
     def beat() -> None:
         while True:
@@ -156,9 +148,9 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
     "outside the step", where the launcher looks for a worker its peers wait for.
     ``None`` outside ``tfstrategy launch``.
     """
-    if not _PROGRESS:
+    if not RUNTIME.progress:
         return None
-    writer = _PROGRESS[0]
+    writer = RUNTIME.progress[0]
 
     class BatchEnded(keras.callbacks.Callback):  # type: ignore[misc]
         """Counts finished batches for ``tfstrategy launch`` (stall detection); added by its start-up hook."""
@@ -195,7 +187,7 @@ def count_batches(flavours: list[Any]) -> str | None:
 
     Installed as undoable rewrites (:mod:`tfstrategy.runtime.rewrites`); ``None`` outside ``tfstrategy launch``.
     """
-    if not _PROGRESS:
+    if not RUNTIME.progress:
         return None
     from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
@@ -225,8 +217,8 @@ def _with_progress(original: Callable[..., Any], keras: Any, position: int) -> C
         try:
             return original(model, *args, **kwargs)
         finally:
-            if pair is not None and _PROGRESS:  # however it ended, no step of this call is running now
-                _PROGRESS[0].steps_over()
+            if pair is not None and RUNTIME.progress:  # however it ended, no step of this call is running now
+                RUNTIME.progress[0].steps_over()
 
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     wrapper.__doc__ = original.__doc__

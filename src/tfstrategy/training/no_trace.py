@@ -156,4 +156,7 @@ def skip_build_peek(model: Any) -> None:
         # Looked up at each call: another patch may wrap the class's method later.
         return trainer._maybe_symbolic_build(model, iterator=iterator, data_batch=data_batch)
 
-    object.__setattr__(model, "_maybe_symbolic_build", _maybe_symbolic_build)  # untracked by Keras
+    from tfstrategy.runtime.process import RUNTIME
+
+    RUNTIME.override_attribute(model, "_maybe_symbolic_build", _maybe_symbolic_build,
+                               name=f"skip_build_peek:{id(model)}", note="fit skips Keras' peek at one batch")

@@ -339,11 +339,13 @@ def last_choice(model: Any) -> StepsPerExecutionChoice | None:
 
 def tune_at_first_fit(model: Any) -> None:
     """Make the model's next ``fit`` tune K on its own data and callbacks first (``steps_per_execution="auto"``)."""
+    from tfstrategy.runtime.process import RUNTIME
+
     fit = model.fit
 
     @functools.wraps(fit)
     def fit_tuning_first(*args: Any, **kwargs: Any) -> Any:
-        object.__setattr__(model, "fit", fit)  # one shot: later fits run as compiled
+        override.remove()  # one shot: later fits run as compiled
         data = args[0] if args else kwargs.get("x")
         dataset = as_dataset(data, args[1] if len(args) > 1 else kwargs.get("y"), kwargs.get("batch_size"))
         if dataset is None:
@@ -357,7 +359,8 @@ def tune_at_first_fit(model: Any) -> None:
             print(f"tfstrategy: {choice.line()}", flush=True)
         return fit(*args, **kwargs)
 
-    object.__setattr__(model, "fit", fit_tuning_first)
+    override = RUNTIME.override_attribute(model, "fit", fit_tuning_first, name=f"steps_per_execution_auto:{id(model)}",
+                                          note="the model's next fit tunes steps_per_execution first")
 
 
 def as_dataset(data: Any, labels: Any, batch_size: int | None) -> Any:
