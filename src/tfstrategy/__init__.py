@@ -18,13 +18,13 @@ if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on 
     from tfstrategy.diagnostics.check import run_check
     from tfstrategy.diagnostics.env_report import collect_env_report
     from tfstrategy.diagnostics.equivalence import replica_equivalence
+    from tfstrategy.environments.slurm import tf_config_from_slurm
     from tfstrategy.errors import TFStrategyError
     from tfstrategy.launch.supervisor import launch
     from tfstrategy.multiworker.chief_files import is_chief
     from tfstrategy.multiworker.cluster import tf_config_from_hosts
     from tfstrategy.multiworker.preemption import preemption_callbacks
     from tfstrategy.multiworker.saving import save_model
-    from tfstrategy.multiworker.slurm import tf_config_from_slurm
     from tfstrategy.multiworker.worker_protocol import backup_callbacks, signal_joined
     from tfstrategy.patches import apply_patches, patch_status
     from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
@@ -103,13 +103,13 @@ _PUBLIC = {
     "run_check": "tfstrategy.diagnostics.check",
     "collect_env_report": "tfstrategy.diagnostics.env_report",
     "replica_equivalence": "tfstrategy.diagnostics.equivalence",
+    "tf_config_from_slurm": "tfstrategy.environments.slurm",
     "TFStrategyError": "tfstrategy.errors",
     "launch": "tfstrategy.launch.supervisor",
     "is_chief": "tfstrategy.multiworker.chief_files",
     "tf_config_from_hosts": "tfstrategy.multiworker.cluster",
     "preemption_callbacks": "tfstrategy.multiworker.preemption",
     "save_model": "tfstrategy.multiworker.saving",
-    "tf_config_from_slurm": "tfstrategy.multiworker.slurm",
     "backup_callbacks": "tfstrategy.multiworker.worker_protocol",
     "signal_joined": "tfstrategy.multiworker.worker_protocol",
     "apply_patches": "tfstrategy.patches",

@@ -7,8 +7,9 @@ conflict is an error that says which one to remove.
 
 Two kinds of variables live here. *Settings* a user may set
 (:data:`ENV_STRATEGY`, :data:`ENV_DEVICES`, :data:`ENV_CPU_REPLICAS`,
-:data:`ENV_COLLECTIVE_TIMEOUT`, :data:`ENV_SLURM`, :data:`ENV_SLURM_PORT`, :data:`ENV_PORT_RANGE`) and the *launch
-protocol* that ``tfstrategy launch`` sets for each worker (:data:`ENV_NUM_WORKERS` ... :data:`ENV_ISOLATED`).
+:data:`ENV_COLLECTIVE_TIMEOUT`, :data:`ENV_PORT_RANGE`, ...) and the *launch protocol* that ``tfstrategy
+launch`` sets for each worker (:data:`ENV_NUM_WORKERS` ... :data:`ENV_ISOLATED`). A cluster environment's own
+variables (``TFSTRATEGY_SLURM``, ``TFSTRATEGY_SLURM_PORT``) live in its module under :mod:`tfstrategy.environments`.
 """
 
 from __future__ import annotations
@@ -28,10 +29,6 @@ ENV_DEVICES = "TFSTRATEGY_DEVICES"
 ENV_CPU_REPLICAS = "TFSTRATEGY_CPU_REPLICAS"
 #: Seconds a multi-worker collective waits for a peer before raising.
 ENV_COLLECTIVE_TIMEOUT = "TFSTRATEGY_COLLECTIVE_TIMEOUT"
-#: ``off`` stops select() from building the cluster from a Slurm job step (independent tasks).
-ENV_SLURM = "TFSTRATEGY_SLURM"
-#: Base port of the workers of a Slurm step: the k-th task on a node listens on base + k.
-ENV_SLURM_PORT = "TFSTRATEGY_SLURM_PORT"
 #: The ports ``tfstrategy launch`` gives its workers, LOW-HIGH, when ``--port-range`` is not given.
 ENV_PORT_RANGE = "TFSTRATEGY_PORT_RANGE"
 #: The Keras global dtype policy set before the model is built: float32, mixed_float16 or mixed_bfloat16.
@@ -49,7 +46,8 @@ ENV_WORKER_INDEX = "TFSTRATEGY_WORKER_INDEX"
 ENV_RESTART = "TFSTRATEGY_RESTART"
 ENV_JOIN_FILE = "TFSTRATEGY_JOIN_FILE"
 ENV_BACKUP_DIR = "TFSTRATEGY_BACKUP_DIR"
-#: The job's identity in its backups, set by the user (passed on by ``launch``); else ``SLURM_JOB_ID``, else the directory's.
+#: The job's identity in its backups, set by the user (passed on by ``launch``); else the cluster environment's
+#: (tfstrategy.environments.job_id), else the directory's.
 ENV_JOB_ID = "TFSTRATEGY_JOB_ID"
 #: This machine's rank in a multi-node job (`tfstrategy launch --nnodes N`), when --node-rank is not given.
 ENV_NODE_RANK = "TFSTRATEGY_NODE_RANK"

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from tfstrategy.errors import ClusterConfigError, SettingsConflictError
-from tfstrategy.multiworker.slurm import (
+from tfstrategy.environments.slurm import (
     cluster_from_slurm_step,
     parse_port_list,
     read_slurm_step,
     tf_config_from_slurm,
 )
+from tfstrategy.errors import ClusterConfigError, SettingsConflictError
 from tfstrategy.selection.select import resolve_request
 
 STEP = {

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from tfstrategy.environments import ClusterEnvironment, detect_environment
 from tfstrategy.multiworker.cluster import ClusterConfig
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
 from tfstrategy.selection.devices import DeviceRequest, DeviceSpec, parse_devices
@@ -52,7 +52,7 @@ class PlanInputs:
     #: The name of the cluster environment the cluster comes from (``"TF_CONFIG"``, ``"Slurm"``, ...), or ``None``.
     cluster_source: str | None = None
     #: That environment (``tfstrategy.environments``), and the cluster it describes.
-    environment: Any = field(default=None, compare=False, repr=False)
+    environment: ClusterEnvironment | None = field(default=None, compare=False, repr=False)
     cluster: ClusterConfig | None = field(default=None, compare=False, repr=False)
     collective_timeout: float | None = None
     #: Where each setting came from: ``argument``, ``env TFSTRATEGY_...`` or ``default``.
@@ -73,7 +73,7 @@ class PlanInputs:
     @property
     def sets_tf_config(self) -> bool:
         """The environment derives the cluster, so a step writes ``TF_CONFIG`` from it."""
-        return bool(getattr(self.environment, "sets_tf_config", False)) and self.cluster is not None
+        return self.environment is not None and self.environment.sets_tf_config and self.cluster is not None
 
 
 def resolved_kind(kind: StrategyKind, cluster_tasks: int) -> StrategyKind:
@@ -133,28 +133,24 @@ def derive_inputs(
         sources["collective_timeout"] = timeout_source
     if chosen_precision is not None:
         sources["precision"] = precision_source
-    if cluster is not None:
-        sources["cluster"] = str(environment.name)
+    if environment is not None:
+        sources["cluster"] = environment.name
     profile = (env.get(ENV_PROFILE) or "").strip()
     return PlanInputs(
         consumer=consumer, kind=kind if consumer == SELECT else None, devices=request, cpu_replicas=replicas,
         cluster_tasks=cluster.num_workers if cluster is not None else 0,
-        cluster_source=str(environment.name) if cluster is not None else None,
-        environment=environment if cluster is not None else None, cluster=cluster,
+        cluster_source=environment.name if environment is not None else None, environment=environment,
+        cluster=cluster,
         collective_timeout=timeout, sources=sources, under_launcher=bool(env.get(ENV_JOIN_FILE)), audit=audit,
         precision=chosen_precision, profile=profile if profile and profile.lower() != "off" else None,
     )
 
 
-def _cluster(env: Mapping[str, str], may_derive: bool) -> tuple[Any, ClusterConfig | None]:
+def _cluster(env: Mapping[str, str], may_derive: bool) -> tuple[ClusterEnvironment | None, ClusterConfig | None]:
     """The detected cluster environment and its cluster (``None, None`` for one process)."""
-    try:
-        from tfstrategy.environments import detect_environment
-    except ImportError:  # until tfstrategy.environments lands
-        from tfstrategy.runtime._interim_environments import detect_environment
-
     environment = detect_environment(env)
     if environment is None or (environment.sets_tf_config and not may_derive):
         return None, None
-    config: ClusterConfig | None = environment.cluster_config()
-    return environment, config
+    if environment.sets_tf_config and environment.num_workers < 2:
+        return None, None  # e.g. a Slurm batch script without srun: one worker, nothing to derive
+    return environment, environment.cluster_config()

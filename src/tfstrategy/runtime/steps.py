@@ -70,7 +70,7 @@ class ClusterTFConfig(Step):
         return f"set TF_CONFIG from the {self.inputs.cluster_source} environment"
 
     def _take(self) -> str | None:
-        if self.inputs.cluster is None:
+        if self.inputs.cluster is None or self.inputs.environment is None:
             return None
         self._previous = os.environ.get("TF_CONFIG")
         os.environ["TF_CONFIG"] = self.inputs.cluster.to_json()
