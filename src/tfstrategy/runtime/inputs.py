@@ -49,7 +49,8 @@ class PlanInputs:
     cpu_replicas: int | None = None
     #: Training tasks of the cluster, 0 for none.
     cluster_tasks: int = 0
-    #: The name of the cluster environment the cluster comes from (``"TF_CONFIG"``, ``"Slurm"``, ...), or ``None``.
+    #: The name of the cluster environment detected (``"TF_CONFIG"``, ``"Slurm"``, ...; see
+    #: :data:`tfstrategy.environments.ENVIRONMENTS`), or ``None``.
     cluster_source: str | None = None
     #: That environment (``tfstrategy.environments``), and the cluster it describes.
     environment: ClusterEnvironment | None = field(default=None, compare=False, repr=False)
@@ -134,7 +135,7 @@ def derive_inputs(
     if chosen_precision is not None:
         sources["precision"] = precision_source
     if environment is not None:
-        sources["cluster"] = environment.name
+        sources["cluster" if cluster is not None else "environment"] = environment.name
     profile = (env.get(ENV_PROFILE) or "").strip()
     return PlanInputs(
         consumer=consumer, kind=kind if consumer == SELECT else None, devices=request, cpu_replicas=replicas,
@@ -152,5 +153,5 @@ def _cluster(env: Mapping[str, str], may_derive: bool) -> tuple[ClusterEnvironme
     if environment is None or (environment.sets_tf_config and not may_derive):
         return None, None
     if environment.sets_tf_config and environment.num_workers < 2:
-        return None, None  # e.g. a Slurm batch script without srun: one worker, nothing to derive
+        return environment, None  # e.g. a Slurm batch script without srun: one worker, no cluster to derive
     return environment, environment.cluster_config()

@@ -255,12 +255,16 @@ class ProcessRuntime:
     # -- the one reset ------------------------------------------------------------------------
 
     def reset(self) -> tuple[PatchStatus, ...]:
-        """Undo every replacement (newest first) and clear every job state; return what was removed.
+        """Undo every plan's steps and every replacement (newest first), clear every job state; return what was removed.
 
         Logical CPU devices and collective keys stay: TensorFlow's runtime cannot forget them.
         """
         with self._lock:
-            removed = tuple(item.remove() for item in reversed(self.replacements()))
+            removed = tuple(item.status() for item in reversed(self.replacements()))
+            for plan in reversed(list(self.plans.values())):
+                plan.undo()  # what a step changed outside any replacement (TF_CONFIG, the dtype policy)
+            for item in reversed(self.replacements()):
+                item.remove()
             self._replacements.clear()
             self._step_of.clear()
             for clear in self._states.values():
