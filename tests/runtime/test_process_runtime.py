@@ -5,14 +5,16 @@ The proof is two different jobs in one process: after reset() nothing of the fir
 
 from __future__ import annotations
 
+import os
 import sys
 
 import keras
 import pytest
 
 import tfstrategy
+from tfstrategy.diagnostics.env_report import preview_steps
 from tfstrategy.patches import PATCHES, patch_status
-from tfstrategy.runtime import RUNTIME, reset
+from tfstrategy.runtime import RUNTIME, reset, worker_hook
 from tfstrategy.runtime.hook_keras import keras2_aliases
 from tfstrategy.runtime.rewrites import rewrites
 from tfstrategy.training.precision import global_policy
@@ -38,7 +40,7 @@ def clean_runtime():
     tfstrategy.apply_patches()  # as any select() leaves the process for the tests after this one
 
 
-def test_two_different_jobs_in_one_process(clean_runtime):
+def test_two_different_jobs_in_one_process(clean_runtime, capsys):
     # Job A: 2 CPU replicas in mixed precision, a hook rewrite, an instance override of one model's fit.
     a = tfstrategy.select(cpu_replicas=2, precision="mixed_float16")
     assert [name for name, _ in a.steps] == ["split_cpu", "record_creation_sites", "apply_patches", "set_precision"]
@@ -51,6 +53,12 @@ def test_two_different_jobs_in_one_process(clean_runtime):
     assert {"keras2_aliases", f"steps_per_execution_auto:{id(model)}"} <= installed
     assert installed & set(PATCHES), "select() installed the Keras workarounds"
     assert global_policy() == "mixed_float16" and RUNTIME.plans["select"].inputs.cpu_replicas == 2
+    # tfstrategy env and the hook's exit summary list them too.
+    listed = preview_steps(os.environ)["replacements"]
+    assert "keras2_aliases: installed (metrics.Metric.reset_states); keras" in "\n".join(listed)
+    assert f"steps_per_execution_auto:{id(model)}: installed (Sequential.fit); instance override" in "\n".join(listed)
+    worker_hook._print_summary()
+    assert f"; replaced: keras2_aliases, steps_per_execution_auto:{id(model)}" in capsys.readouterr().err
 
     removed = RUNTIME.reset()
 
