@@ -225,7 +225,7 @@ def preview_selection(env: Mapping[str, str], host: HostInfo, *, can_split_cpu: 
         if request.cpu_replicas is not None and can_split_cpu:
             host = dataclasses.replace(host, cpus=max(host.cpus, request.cpu_replicas))
         choice = choose(
-            kind=request.kind,
+            kind=request.kind or StrategyKind.AUTO,
             devices=request.devices,
             cpu_replicas=request.cpu_replicas,
             host=host,

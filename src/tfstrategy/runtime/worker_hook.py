@@ -115,10 +115,11 @@ def install() -> None:
     os.environ[ENV_HOOK_PID] = str(os.getpid())
     if os.environ.get(ENV_HOOK_SUMMARY) == "1":
         atexit.register(_print_summary)
-    worker_watch.install()  # supervision: die with the launcher, error file, stacks, heartbeat
     from tfstrategy.multiworker.file_races import install_excepthook
 
-    install_excepthook()  # one line naming a path two workers wrote, after the traceback
+    with RUNTIME.taking("supervision"):  # listed by patch_status() and env; the summary names the steps
+        worker_watch.install()  # die with the launcher, error file, stacks, heartbeat
+        install_excepthook()  # one line naming a path two workers wrote, after the traceback
     if "tensorflow" in sys.modules:
         on_tensorflow_imported()
     else:
