@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tfstrategy.multiworker.cluster import ClusterConfig
 from tfstrategy.runtime.inputs import PlanInputs
-from tfstrategy.runtime.plan import Step
+from tfstrategy.runtime.step import Step
 from tfstrategy.runtime.steps import ApplyPatches, ClusterTFConfig, RecordCreationSites, SetPrecision, SplitCpu
 
 __all__ = ["HOOK_STEPS"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from tfstrategy.runtime.inputs import SELECT, PlanInputs, resolved_kind
-from tfstrategy.runtime.plan import Step
+from tfstrategy.runtime.step import Step
 from tfstrategy.settings import StrategyKind
 
 __all__ = ["SELECT_STEPS"]

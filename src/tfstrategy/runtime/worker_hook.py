@@ -42,7 +42,7 @@ from typing import Any
 
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime import worker_watch
-from tfstrategy.runtime.inputs import HOOK, derive_inputs
+from tfstrategy.runtime.inputs import HOOK, derive_inputs, validate_audit_mode
 from tfstrategy.runtime.plan import Plan, Step, plan_steps
 from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.settings import (
@@ -87,21 +87,6 @@ def hook_environment(
     if summary:
         env[ENV_HOOK_SUMMARY] = "1"
     return env
-
-
-def validate_audit_mode(mode: object, *, name: str = "--audit") -> str:
-    """``warn``, ``stop`` or ``off``.
-
-    Raises:
-        TFStrategyError: anything else.
-    """
-    text = str(mode).strip().lower()
-    if text not in AUDIT_MODES:
-        raise TFStrategyError(
-            f"Received {name} {mode!r}; expected one of {', '.join(AUDIT_MODES)}: warn reports variables made outside "
-            "the strategy's scope and trains on, stop refuses to train, off skips the audit."
-        )
-    return text
 
 
 def install() -> None:
