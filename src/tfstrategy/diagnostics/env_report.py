@@ -328,7 +328,9 @@ def preview_steps(env: Mapping[str, str]) -> dict[str, Any]:
             result[key] = (f"none: {type(error).__name__}: {error}",)
             continue
         if consumer == HOOK and inputs.environment is not None:
-            result["cluster_environment"] = f"{inputs.cluster_source}: {inputs.environment.describe()}"
+            described = inputs.environment.describe()
+            name = inputs.environment.name
+            result["cluster_environment"] = described if described.startswith(name) else f"{name}: {described}"
     return result
 
 
