@@ -225,3 +225,18 @@ def resolve_collective_timeout(
     )
     name = ENV_COLLECTIVE_TIMEOUT if setting.source.startswith("env") else "collective_timeout"
     return parse_collective_timeout(setting.value, name=name), setting.source
+
+
+def validate_audit_mode(mode: object, *, name: str = "--audit") -> str:
+    """``warn``, ``stop`` or ``off``.
+
+    Raises:
+        StrategyError: anything else.
+    """
+    text = str(mode).strip().lower()
+    if text not in AUDIT_MODES:
+        raise StrategyError(
+            f"Received {name} {mode!r}; expected one of {', '.join(AUDIT_MODES)}: warn reports variables made outside "
+            "the strategy's scope and trains on, stop refuses to train, off skips the audit."
+        )
+    return text

@@ -15,12 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tfstrategy.environments import ClusterEnvironment, detect_environment
-from tfstrategy.errors import TFStrategyError
 from tfstrategy.multiworker.cluster import ClusterConfig
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
 from tfstrategy.selection.devices import DeviceRequest, DeviceSpec, parse_devices
 from tfstrategy.settings import (
-    AUDIT_MODES,
     ENV_AUDIT,
     ENV_CPU_REPLICAS,
     ENV_DEVICES,
@@ -31,6 +29,7 @@ from tfstrategy.settings import (
     resolve_collective_timeout,
     resolve_setting,
     setting_name,
+    validate_audit_mode,
 )
 
 __all__ = ["PlanInputs", "derive_inputs", "resolved_kind", "validate_audit_mode", "SELECT", "HOOK"]
@@ -146,21 +145,6 @@ def derive_inputs(
         collective_timeout=timeout, sources=sources, under_launcher=bool(env.get(ENV_JOIN_FILE)), audit=audit,
         precision=chosen_precision, profile=profile if profile and profile.lower() != "off" else None,
     )
-
-
-def validate_audit_mode(mode: object, *, name: str = "--audit") -> str:
-    """``warn``, ``stop`` or ``off``.
-
-    Raises:
-        TFStrategyError: anything else.
-    """
-    text = str(mode).strip().lower()
-    if text not in AUDIT_MODES:
-        raise TFStrategyError(
-            f"Received {name} {mode!r}; expected one of {', '.join(AUDIT_MODES)}: warn reports variables made outside "
-            "the strategy's scope and trains on, stop refuses to train, off skips the audit."
-        )
-    return text
 
 
 def _cluster(env: Mapping[str, str], may_derive: bool) -> tuple[ClusterEnvironment | None, ClusterConfig | None]:

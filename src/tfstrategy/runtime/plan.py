@@ -29,6 +29,7 @@ from tfstrategy.runtime.steps import SELECT_STEPS
 
 __all__ = ["PHASES", "Plan", "PlanInputs", "Step", "plan_steps", "resolved_kind"]
 
+
 def plan_steps(inputs: PlanInputs) -> tuple[Step, ...]:
     """The ordered steps ``inputs.consumer`` takes in this process (pure).
 

@@ -7,10 +7,14 @@ Each is a :class:`~tfstrategy.runtime.plan.Step`; the hook's own steps are in
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from tfstrategy.runtime.inputs import SELECT, PlanInputs, resolved_kind
 from tfstrategy.runtime.step import Step
 from tfstrategy.settings import StrategyKind
+
+if TYPE_CHECKING:
+    from tfstrategy.patches.mechanism import PatchStatus
 
 __all__ = ["SELECT_STEPS"]
 
@@ -104,6 +108,10 @@ class SignalLauncher(Step):
     name = "signal_launcher"
     phase = "strategy"
 
+    def __init__(self, inputs: PlanInputs) -> None:
+        super().__init__(inputs)
+        self._starting = False
+
     @classmethod
     def applies(cls, inputs: PlanInputs) -> bool:
         return inputs.under_launcher
@@ -120,7 +128,7 @@ class SignalLauncher(Step):
     def after_build(self) -> str | None:
         from tfstrategy.multiworker.worker_protocol import signal_joined
 
-        if signal_joined() or getattr(self, "_starting", False):
+        if signal_joined() or self._starting:
             self.state, self.done = "taken", "told tfstrategy launch this worker joined"
             return self.done
         return None
@@ -130,6 +138,11 @@ class ApplyPatches(Step):
     name = "apply_patches"
     phase = "keras"
     rewrites = True
+
+    def __init__(self, inputs: PlanInputs) -> None:
+        super().__init__(inputs)
+        #: What each Keras workaround found and installed, once taken.
+        self.statuses: tuple[PatchStatus, ...] = ()
 
     def detail(self) -> str:
         return "the Keras workarounds the installed release needs"

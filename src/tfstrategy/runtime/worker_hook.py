@@ -38,12 +38,10 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime import worker_watch
-from tfstrategy.runtime.inputs import HOOK, derive_inputs, validate_audit_mode
-from tfstrategy.runtime.plan import Plan, Step, plan_steps
 from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.settings import (
     AUDIT_MODES,
@@ -53,7 +51,12 @@ from tfstrategy.settings import (
     ENV_HOOK,
     ENV_HOOK_PID,
     ENV_HOOK_SUMMARY,
+    validate_audit_mode,
 )
+
+if TYPE_CHECKING:
+    from tfstrategy.runtime.plan import Plan
+    from tfstrategy.runtime.step import Step
 
 __all__ = ["AUDIT_MODES", "hook_environment", "validate_audit_mode", "install"]
 
@@ -175,11 +178,17 @@ def hook_plan(env: Mapping[str, str] | None = None) -> tuple[Step, ...]:
     Raises:
         TFStrategyError: an invalid setting (``TFSTRATEGY_CPU_REPLICAS``, ``TFSTRATEGY_AUDIT``, ...) or cluster.
     """
+    from tfstrategy.runtime.inputs import HOOK, derive_inputs
+    from tfstrategy.runtime.plan import plan_steps
+
     return plan_steps(derive_inputs(HOOK, env=env))
 
 
 def _plan() -> Plan:
     """The hook's plan in this process, derived once (again after :func:`reset`)."""
+    from tfstrategy.runtime.inputs import HOOK, derive_inputs
+    from tfstrategy.runtime.plan import Plan
+
     plan = RUNTIME.plans.get(HOOK)
     return plan if plan is not None else Plan(derive_inputs(HOOK))
 

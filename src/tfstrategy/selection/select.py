@@ -21,6 +21,7 @@ from tfstrategy import _versions
 from tfstrategy.patches.mechanism import PatchStatus
 from tfstrategy.runtime.inputs import SELECT, PlanInputs, derive_inputs
 from tfstrategy.runtime.plan import Plan
+from tfstrategy.runtime.steps import ApplyPatches
 from tfstrategy.selection.choose import Choice, choose
 from tfstrategy.selection.devices import DeviceSpec
 from tfstrategy.selection.host import HostInfo
@@ -150,5 +151,5 @@ def select(
     steps += [(step.name, done) for step in plan.steps if step.phase == "strategy" and (done := step.after_build())]
     steps += plan.take("keras")
     patched = plan.step("apply_patches")
-    patches = getattr(patched, "statuses", ())
+    patches = patched.statuses if isinstance(patched, ApplyPatches) else ()
     return Selection(strategy=strategy, choice=choice, sources=request.sources, steps=tuple(steps), patches=patches)
