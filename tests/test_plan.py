@@ -8,7 +8,7 @@ from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime.hook_steps import HOOK_STEPS
 from tfstrategy.runtime.inputs import PlanInputs, derive_inputs
 from tfstrategy.runtime.plan import PHASES, Step, plan_steps
-from tfstrategy.runtime.steps import SELECT_STEPS, ClusterTFConfig
+from tfstrategy.runtime.steps import SELECT_STEPS, SetTFConfig
 from tfstrategy.runtime.worker_hook import hook_plan
 from tfstrategy.selection.devices import parse_devices
 from tfstrategy.settings import StrategyKind
@@ -57,12 +57,12 @@ def test_plan(inputs, expected):
 
 def test_a_cluster_environment_that_derives_the_cluster_sets_tf_config_for_a_multi_worker_select():
     assert select_names({**SLURM_STEP, "TFSTRATEGY_JOIN_FILE": "/tmp/j"}) == [
-        "cluster_tf_config", "record_creation_sites", "signal_launcher", "apply_patches"]
+        "set_tf_config", "record_creation_sites", "signal_launcher", "apply_patches"]
     # An explicit single-machine kind does not read the step at all.
     assert select_names(SLURM_STEP, "mirrored") == ["record_creation_sites", "apply_patches"]
-    assert "cluster_tf_config" in [step.name for step in hook_plan(SLURM_STEP)]
+    assert "set_tf_config" in [step.name for step in hook_plan(SLURM_STEP)]
     # TF_CONFIG itself is the cluster: nothing to set.
-    assert "cluster_tf_config" not in [step.name for step in hook_plan({"TF_CONFIG": TWO_WORKERS})]
+    assert "set_tf_config" not in [step.name for step in hook_plan({"TF_CONFIG": TWO_WORKERS})]
 
 
 def test_every_step_has_a_phase_and_the_rewrites_are_marked():
@@ -89,7 +89,7 @@ def test_select_and_hook_agree_on_the_shared_steps():
 
 def test_shared_steps_are_the_same_classes():
     shared = set(SELECT_STEPS) & set(HOOK_STEPS)
-    assert {step.name for step in shared} == {"split_cpu", "record_creation_sites", "cluster_tf_config",
+    assert {step.name for step in shared} == {"split_cpu", "record_creation_sites", "set_tf_config",
                                               "apply_patches", "set_precision"}
 
 
@@ -118,8 +118,8 @@ def test_every_step_the_plans_can_name_is_a_step_object_with_a_detail_and_a_stat
                            cluster_source=source, precision="mixed_float16", under_launcher=True, profile="/tmp/r")
                 for consumer in ("select", "hook") for tasks, source in ((0, None), (2, "TF_CONFIG"))]
     steps = [step for inputs in variants for step in plan_steps(inputs)]
-    # (cluster_tf_config needs a cluster environment: see the test above.)
-    assert {type(step) for step in steps} == (set(SELECT_STEPS) | set(HOOK_STEPS)) - {ClusterTFConfig}
+    # (set_tf_config needs a cluster environment: see the test above.)
+    assert {type(step) for step in steps} == (set(SELECT_STEPS) | set(HOOK_STEPS)) - {SetTFConfig}
     for step in steps:
         assert isinstance(step, Step) and step.detail() and step.status().startswith(f"{step.name}: planned (")
 

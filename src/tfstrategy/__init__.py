@@ -12,6 +12,7 @@ from tfstrategy._tf import ensure_tensorflow_installed
 ensure_tensorflow_installed()
 
 import importlib as _importlib  # noqa: E402
+import typing as _typing  # noqa: E402
 import warnings as _warnings  # noqa: E402
 
 if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on first use
@@ -175,7 +176,7 @@ _MOVED = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> _typing.Any:
     home = _PUBLIC.get(name)
     if home is not None:
         value = getattr(_importlib.import_module(home), name)

@@ -39,7 +39,7 @@ class DeviceFacts:
 
 def _short(device: Any) -> str:
     # PhysicalDevice(name='/physical_device:GPU:0', ...) -> "GPU:0"
-    return device.name.rsplit("physical_device:", 1)[-1]
+    return str(device.name).rsplit("physical_device:", 1)[-1]
 
 
 def read_device_facts() -> DeviceFacts:

@@ -2,7 +2,7 @@
 
 :func:`collect_env_report` gathers the facts a bug report needs (versions, the
 Keras flavour, TensorFlow's build, devices, ``CUDA_VISIBLE_DEVICES``,
-``TF_CONFIG``, Slurm, and what ``select()`` would choose) into an
+``TF_CONFIG``, the cluster environment, and what ``select()`` would choose) into an
 :class:`EnvReport`; :func:`format_env_report` and :func:`env_report_as_dict`
 turn it into copy-pasteable lines or JSON without touching TensorFlow.
 
@@ -19,7 +19,7 @@ import dataclasses
 import importlib.metadata
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,8 @@ from tfstrategy.diagnostics.env_devices import describe_build as describe_build
 from tfstrategy.diagnostics.env_devices import describe_gpus as describe_gpus
 from tfstrategy.diagnostics.env_devices import describe_nvidia_smi, read_device_facts
 from tfstrategy.diagnostics.env_devices import parse_nvidia_smi as parse_nvidia_smi
-from tfstrategy.environments.slurm import cluster_from_slurm_step, read_slurm_step
+from tfstrategy.environments import ENVIRONMENTS, detect_environment, environment_type
+from tfstrategy.environments.base import variables_line
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.launch.exposure import describe_tf_config_exposure, network_interfaces
 from tfstrategy.multiworker.cluster import read_tf_config, validate_tf_config
@@ -42,29 +43,6 @@ from tfstrategy.selection.select import resolve_request
 from tfstrategy.settings import StrategyKind
 
 __all__ = ["EnvReport", "collect_env_report", "format_env_report", "env_report_as_dict"]
-
-#: Slurm variables shown in the text report; ``--json`` carries every ``SLURM_*``.
-SLURM_SHOWN = (
-    "SLURM_JOB_ID",
-    "SLURM_JOB_NODELIST",
-    "SLURM_NNODES",
-    "SLURM_NODEID",
-    "SLURM_NTASKS",
-    "SLURM_NTASKS_PER_NODE",
-    "SLURM_STEP_ID",
-    "SLURM_STEP_NODELIST",
-    "SLURM_STEP_NUM_TASKS",
-    "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_STEP_RESV_PORTS",
-    "SLURM_DISTRIBUTION",
-    "SLURM_RESTART_COUNT",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_CPUS_PER_TASK",
-    "SLURM_GPUS_ON_NODE",
-    "SLURM_JOB_GPUS",
-    "SLURM_STEP_GPUS",
-)
 
 STRATEGY_CLASSES = {
     StrategyKind.MIRRORED: "MirroredStrategy",
@@ -136,9 +114,12 @@ class EnvReport:
     devices: DeviceFacts
     cuda_visible_devices: str | None
     settings_env: dict[str, str]
-    slurm: dict[str, str]
-    #: The Slurm job step this process is a task of, and the cluster select() would build from it.
-    slurm_step: str
+    #: The cluster environment this process runs in (tfstrategy.environments), in one line.
+    environment: str
+    #: Each environment's lines about its own variables (Slurm: its variables and the job step).
+    environment_lines: tuple[tuple[str, str], ...]
+    #: Each environment's JSON fields (Slurm: ``slurm``, every ``SLURM_*``, and ``slurm_step``).
+    environment_values: dict[str, Any]
     tf_config: TFConfigInfo
     selection: SelectionPreview
     #: What select() would do about each Keras workaround (see preview_patches).
@@ -147,8 +128,6 @@ class EnvReport:
     #: The process-wide steps of select() and of the run/launch hook here, from the one plan (tfstrategy.runtime.plan).
     select_steps: tuple[str, ...] = field(default_factory=tuple)
     hook_steps: tuple[str, ...] = field(default_factory=tuple)
-    #: The cluster environment detected here (tfstrategy.environments), as the plans see it.
-    cluster_environment: str = "none (one process)"
     #: Every replacement of TensorFlow's or Keras' code installed in this process (tfstrategy.runtime).
     replacements: tuple[str, ...] = field(default_factory=tuple)
     #: Where this task's TensorFlow server will listen, and who can reach it.
@@ -273,6 +252,7 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
     host = dataclasses.replace(HostInfo.detect(), cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
     tf_config = read_tf_config_info(env)
     selection = preview_selection(env, host, can_split_cpu=not devices.runtime_started)
+    environment_lines = [line for kind in ENVIRONMENTS for line in kind.report_lines(env)]
     if tf_config.error:
         problems.append(f"select() would raise ClusterConfigError: {tf_config.error}")
     elif selection.error:
@@ -290,8 +270,9 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
         devices=devices,
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
         settings_env={key: shown_value(key, env[key]) for key in sorted(env) if key.startswith("TFSTRATEGY_")},
-        slurm={key: env[key] for key in sorted(env) if key.startswith("SLURM_")},
-        slurm_step=describe_slurm_step(env),
+        environment=describe_environment(env, [("Problem", problem) for problem in problems] + environment_lines),
+        environment_lines=tuple(environment_lines),
+        environment_values={key: value for kind in ENVIRONMENTS for key, value in kind.report_values(env).items()},
         tf_config=tf_config,
         selection=selection,
         patches=preview_patches(env),
@@ -313,8 +294,8 @@ def shown_value(key: str, value: str) -> str:
 
 
 def preview_steps(env: Mapping[str, str]) -> dict[str, Any]:
-    """The steps select() and the start-up hook would take here (the same step objects they take), the cluster
-    environment they plan from, and the replacements installed in this process."""
+    """The steps select() and the start-up hook would take here (the same step objects they take), and the
+    replacements installed in this process."""
     from tfstrategy.runtime.inputs import HOOK, SELECT, derive_inputs
     from tfstrategy.runtime.plan import plan_steps
     from tfstrategy.runtime.process import RUNTIME
@@ -326,32 +307,24 @@ def preview_steps(env: Mapping[str, str]) -> dict[str, Any]:
             result[key] = tuple(step.name for step in plan_steps(inputs))
         except TFStrategyError as error:
             result[key] = (f"none: {type(error).__name__}: {error}",)
-            continue
-        if consumer == HOOK and inputs.environment is not None:
-            described = inputs.environment.describe()
-            name = inputs.environment.name
-            result["cluster_environment"] = described if described.startswith(name) else f"{name}: {described}"
     return result
 
 
-def describe_slurm_step(env: Mapping[str, str]) -> str:
-    """The job step this process is a task of, and what select() does with it, in one line."""
+def describe_environment(env: Mapping[str, str], lines: Sequence[tuple[str, str]] = ()) -> str:
+    """The cluster environment this process runs in, in one line; a bad variable becomes the error text.
+
+    An error already on one of the report's ``lines`` (a Problem line, the Slurm job step) is only referred to.
+    """
     try:
-        step = read_slurm_step(env)
-        if step is None:
-            return "not in a job step (a batch script without srun is one worker)" if env.get("SLURM_JOB_ID") else "none"
-        text = step.describe()
-        if env.get("TF_CONFIG", "").strip():
-            return f"{text}; TF_CONFIG is set, so select() uses it instead"
-        if step.num_tasks < 2:
-            return f"{text}; one task, so one worker"
-        cluster = cluster_from_slurm_step(env)
-        if cluster is None:
-            return f"{text}; TFSTRATEGY_SLURM=off, so every task is its own job"
-        return f"{text}; select() sets TF_CONFIG: worker {cluster.config.task_index} of {cluster.config.num_workers} " \
-            f"at {cluster.config.address}, workers {','.join(cluster.config.cluster['worker'])} (ports {cluster.port_source})"
+        environment = detect_environment(env)
+        return "none (no cluster variables: one process)" if environment is None else environment.describe()
     except TFStrategyError as error:
-        return f"{type(error).__name__}: {error}"
+        kind = environment_type(env)
+        name = kind.name if kind is not None else "?"
+        shown = next((key for key, value in lines if value.endswith(str(error))), None)
+        if shown is not None:
+            return f"{name}: invalid (see the {shown} line)"
+        return f"{name}: {type(error).__name__}: {error}"
 
 
 def preview_patches(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -371,21 +344,10 @@ def preview_patches(env: Mapping[str, str]) -> tuple[str, ...]:
             lines.append(f"{name}: would be installed; probes Keras when a model first needs it")
         else:
             needed = patch.needed()
-            verdict = {True: "bug present, would be installed", False: "bug absent, not needed"}.get(
-                needed, "probe failed, Keras left alone"
-            )
+            verdict = ("probe failed, Keras left alone" if needed is None
+                       else "bug present, would be installed" if needed else "bug absent, not needed")
             lines.append(f"{name}: {verdict}")
     return tuple(lines)
-
-
-def _mapping_line(values: Mapping[str, str], shown: tuple[str, ...] | None, empty: str) -> str:
-    if not values:
-        return empty
-    keys = [key for key in values if shown is None or key in shown]
-    # A 10 KB value is shown cut: the report is for pasting (--json keeps it whole).
-    text = ", ".join(f"{key}={values[key] if len(values[key]) <= 200 else values[key][:200] + '...'}" for key in keys)
-    hidden = len(values) - len(keys)
-    return text + (f" (+{hidden} more with --json)" if hidden else "")
 
 
 def _selection_line(report: EnvReport) -> str:
@@ -417,15 +379,14 @@ def env_report_lines(report: EnvReport) -> list[tuple[str, str]]:
         ("nvidia-smi", describe_nvidia_smi(devices.nvidia_smi)),
         ("CUDA_VISIBLE_DEVICES", "unset" if report.cuda_visible_devices is None else repr(report.cuda_visible_devices)),
         ("TF_CONFIG", report.tf_config.summary()),
-        ("Slurm", _mapping_line(report.slurm, SLURM_SHOWN, "not under Slurm (no SLURM_* variables)")),
-        *([("Slurm job step", report.slurm_step)] if report.slurm else []),
-        ("TFSTRATEGY_* variables", _mapping_line(report.settings_env, None, "none")),
+        *report.environment_lines,
+        ("Cluster environment", report.environment),
+        ("TFSTRATEGY_* variables", variables_line(report.settings_env, None, "none")),
         ("TensorFlow server", report.tensorflow_server),
         ("select() would choose", _selection_line(report)),
         ("Keras patches", "; ".join(report.patches) or "none"),
         ("select() steps", ", ".join(report.select_steps) or "none"),
         ("run/launch hook steps", ", ".join(report.hook_steps) or "none"),
-        ("Cluster environment", report.cluster_environment),
         ("Replaced in this process", "; ".join(report.replacements) or "nothing"),
     ]
     lines += [("Problem", problem) for problem in report.problems]
@@ -438,8 +399,10 @@ def format_env_report(report: EnvReport) -> str:
 
 
 def env_report_as_dict(report: EnvReport) -> dict[str, Any]:
-    """A JSON-ready dict with every field, including the parsed TF_CONFIG and all Slurm variables."""
+    """A JSON-ready dict with every field, including the parsed TF_CONFIG and each environment's variables."""
     result = dataclasses.asdict(report)
+    del result["environment_lines"]  # the text report's; the values are in the environments' own fields
+    result.update(result.pop("environment_values"))
     result["tf_config"]["summary"] = report.tf_config.summary()
     result["selection"]["summary"] = report.selection.summary()
     result["problems"] = list(report.problems)

@@ -21,6 +21,7 @@ the Slurm job's id, and counts both the requeues and the launcher's restarts).
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator, Mapping
 
 from tfstrategy.environments.base import ClusterEnvironment
@@ -38,6 +39,7 @@ __all__ = [
     "environment_type",
     "job_id",
     "job_identity",
+    "preemption_signal",
     "restart_count",
 ]
 
@@ -105,3 +107,12 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
     A ``tfstrategy launch --max-restarts`` inside a requeued Slurm job counts both.
     """
     return sum(environment.restart_count() for environment in _present(_environ(environ)))
+
+
+def preemption_signal(environ: Mapping[str, str] | None = None) -> int:
+    """The signal this process's scheduler sends before stopping it: the environment's, else SIGTERM."""
+    try:
+        environment = detect_environment(environ)
+    except TFStrategyError:
+        environment = None
+    return environment.preemption_signal() if environment is not None else int(signal.SIGTERM)

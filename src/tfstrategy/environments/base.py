@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from tfstrategy.errors import ClusterConfigError
 from tfstrategy.multiworker.cluster import ClusterConfig
 
-__all__ = ["ClusterEnvironment", "read_count", "training_rank"]
+__all__ = ["ClusterEnvironment", "read_count", "training_rank", "variables_line"]
 
 
 class ClusterEnvironment(abc.ABC):
@@ -43,6 +43,9 @@ class ClusterEnvironment(abc.ABC):
     sets_tf_config: ClassVar[bool] = False
     #: The variable the job id comes from (``SLURM_JOB_ID``), or ``None``.
     job_id_variable: ClassVar[str | None] = None
+    #: How select()'s reason says where the tasks come from: "auto: <phrase> 2 tasks, so ..."
+    #: (empty: "the <name> cluster has").
+    tasks_phrase: ClassVar[str] = ""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.environ: Mapping[str, str] = dict(environ)
@@ -123,3 +126,14 @@ def read_count(environ: Mapping[str, str], variable: str, set_by: str, *, defaul
             f"Unset {variable} if it is left over from another job."
         )
     return int(text)
+
+
+def variables_line(values: Mapping[str, str], shown: tuple[str, ...] | None, empty: str) -> str:
+    """``A=1, B=2 (+3 more with --json)``: the ``shown`` variables (all when ``None``) for ``tfstrategy env``."""
+    if not values:
+        return empty
+    keys = [key for key in values if shown is None or key in shown]
+    # A 10 KB value is shown cut: the report is for pasting (--json keeps it whole).
+    text = ", ".join(f"{key}={values[key] if len(values[key]) <= 200 else values[key][:200] + '...'}" for key in keys)
+    hidden = len(values) - len(keys)
+    return text + (f" (+{hidden} more with --json)" if hidden else "")

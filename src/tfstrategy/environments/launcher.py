@@ -30,6 +30,7 @@ class Launcher(ClusterEnvironment):
     """
 
     name: ClassVar[str] = "tfstrategy launch"
+    tasks_phrase: ClassVar[str] = "TF_CONFIG describes"
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         super().__init__(environ)

@@ -2,9 +2,10 @@
 
 Ray Train's ``TensorflowTrainer`` writes ``TF_CONFIG`` into every worker before
 the training function runs; the raylet that started the worker process sets
-``RAY_RAYLET_PID`` and ``RAY_JOB_ID``. Ray owns restarts (from its own
-checkpoints, :mod:`tfstrategy.integrations.ray`), so the restart count here is 0.
-Reading these variables never imports Ray.
+``RAY_RAYLET_PID`` and ``RAY_JOB_ID`` (the nil id ``ffffffff`` in a worker Ray
+started before it had a job, as it usually does: then there is no job id here).
+Ray owns restarts (from its own checkpoints, :mod:`tfstrategy.integrations.ray`),
+so the restart count here is 0. Reading these variables never imports Ray.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from tfstrategy.multiworker.cluster import ClusterConfig, load_cluster_config
 
 __all__ = ["Ray"]
 
-#: Set by the raylet in every worker process it starts (Ray's own "internal flags").
-RAY_WORKER_VARIABLES = ("RAY_RAYLET_PID", "RAY_JOB_ID")
+#: ``RAY_JOB_ID`` of a worker started before Ray gave it a job (JobID.nil()).
+NIL_JOB_ID = "ffffffff"
 
 
 class Ray(ClusterEnvironment):
@@ -30,6 +31,7 @@ class Ray(ClusterEnvironment):
     """
 
     name: ClassVar[str] = "Ray"
+    tasks_phrase: ClassVar[str] = "TF_CONFIG describes"
     job_id_variable: ClassVar[str | None] = "RAY_JOB_ID"
 
     def __init__(self, environ: Mapping[str, str]) -> None:
@@ -52,8 +54,8 @@ class Ray(ClusterEnvironment):
     def job_id(self) -> str | None:
         """``ray-<RAY_JOB_ID>``: the driver's job, the same for every worker and after Ray restarts the group."""
         value = self.environ.get("RAY_JOB_ID", "").strip()
-        return f"ray-{value}" if value else None
+        return f"ray-{value}" if value and value.lower() != NIL_JOB_ID else None
 
     def describe(self) -> str:
-        job = self.environ.get("RAY_JOB_ID", "").strip() or "?"
-        return f"Ray job {job}: worker {self.task_index} of {self.num_workers} at {self._config.address}"
+        job = self.job_id()
+        return f"Ray{f' job {job[4:]}' if job else ''}: worker {self.task_index} of {self.num_workers} at {self._config.address}"

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tfstrategy import _compat
-from tfstrategy.environments.base import ClusterEnvironment, read_count
+from tfstrategy.environments.base import ClusterEnvironment, read_count, variables_line
 from tfstrategy.errors import ClusterConfigError, TFStrategyError
 from tfstrategy.multiworker.cluster import ClusterConfig, check_port, validate_tf_config
 from tfstrategy.settings import resolve_setting
@@ -329,6 +329,7 @@ class Slurm(ClusterEnvironment):
     """
 
     name: ClassVar[str] = "Slurm"
+    tasks_phrase: ClassVar[str] = "the Slurm job step has"
     sets_tf_config: ClassVar[bool] = True
     job_id_variable: ClassVar[str | None] = "SLURM_JOB_ID"
 
@@ -400,24 +401,14 @@ class Slurm(ClusterEnvironment):
     def report_lines(cls, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
         """The ``SLURM_*`` variables that matter, and the job step this process is a task of."""
         values = {key: environ[key] for key in sorted(environ) if key.startswith("SLURM_")}
-        shown = [key for key in values if key in SLURM_SHOWN]
-        if not values:
-            return (("Slurm", "not under Slurm (no SLURM_* variables)"),)
-        text = ", ".join(f"{key}={_cut(values[key])}" for key in shown)
-        hidden = len(values) - len(shown)
-        text += f" (+{hidden} more with --json)" if hidden else ""
-        return (("Slurm", text), ("Slurm job step", describe_slurm_step(environ)))
+        line = ("Slurm", variables_line(values, SLURM_SHOWN, "not under Slurm (no SLURM_* variables)"))
+        return (line, ("Slurm job step", describe_slurm_step(environ))) if values else (line,)
 
     @classmethod
     def report_values(cls, environ: Mapping[str, str]) -> dict[str, Any]:
         """Every ``SLURM_*`` variable, and the job step in one line."""
         values = {key: environ[key] for key in sorted(environ) if key.startswith("SLURM_")}
         return {"slurm": values, "slurm_step": describe_slurm_step(environ)}
-
-
-def _cut(value: str) -> str:
-    # A 10 KB value is shown cut: the report is for pasting (--json keeps it whole).
-    return value if len(value) <= 200 else value[:200] + "..."
 
 
 def describe_slurm_step(environ: Mapping[str, str]) -> str:

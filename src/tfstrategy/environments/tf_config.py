@@ -25,6 +25,7 @@ class TFConfig(ClusterEnvironment):
     """
 
     name: ClassVar[str] = "TF_CONFIG"
+    tasks_phrase: ClassVar[str] = "TF_CONFIG describes"
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         super().__init__(environ)

@@ -30,7 +30,7 @@ from typing import Any
 
 from tfstrategy.errors import SaveError
 from tfstrategy.multiworker.cluster import load_cluster_config
-from tfstrategy.settings import ENV_BACKUP_DIR, ENV_JOIN_FILE, ENV_RESTART
+from tfstrategy.settings import ENV_BACKUP_DIR, ENV_JOIN_FILE
 
 __all__ = ["signal_joined", "signal_starting", "backup_callbacks"]
 
@@ -60,15 +60,6 @@ def _touch(path: str | None) -> bool:
     Path(tmp).write_text(f"{os.getpid()}\n")
     os.replace(tmp, path)
     return True
-
-
-def restart_count(env: Mapping[str, str] | None = None) -> int:
-    """How many times ``tfstrategy launch`` restarted the group before this start (0 outside it)."""
-    env = os.environ if env is None else env
-    try:
-        return int(env.get(ENV_RESTART, "0") or 0)
-    except ValueError:
-        return 0
 
 
 def worker_backup_dir(backup_dir: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Path | None:

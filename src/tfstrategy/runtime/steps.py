@@ -50,14 +50,14 @@ class SplitCpu(Step):
         return f"{configure_cpu_replicas(self.inputs.cpu_replicas)} logical CPU devices"
 
 
-class ClusterTFConfig(Step):
+class SetTFConfig(Step):
     """``TF_CONFIG`` from an environment that derives the cluster (a Slurm step, ...).
 
     The environment variable, not a cluster resolver passed to the strategy, because
     Keras, ``save_model``, ``backup_callbacks`` and user code read the task and the chief from it.
     """
 
-    name = "cluster_tf_config"
+    name = "set_tf_config"
     phase = "tensorflow"
 
     def __init__(self, inputs: PlanInputs) -> None:
@@ -71,7 +71,7 @@ class ClusterTFConfig(Step):
         return inputs.consumer != SELECT or _select_kind(inputs) is StrategyKind.MULTI_WORKER
 
     def detail(self) -> str:
-        return f"set TF_CONFIG from the {self.inputs.cluster_source} environment"
+        return f"set TF_CONFIG from the {self.inputs.cluster_source}'s cluster"
 
     def _take(self) -> str | None:
         if self.inputs.cluster is None or self.inputs.environment is None:
@@ -195,6 +195,6 @@ class SetPrecision(Step):
 
 
 #: ``select()``'s steps, in the order it takes them.
-SELECT_STEPS: tuple[type[Step], ...] = (SplitCpu, ClusterTFConfig, RecordCreationSites, SignalLauncher, ApplyPatches,
+SELECT_STEPS: tuple[type[Step], ...] = (SplitCpu, SetTFConfig, RecordCreationSites, SignalLauncher, ApplyPatches,
                                         SetPrecision)
 

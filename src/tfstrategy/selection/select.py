@@ -5,7 +5,7 @@ default, and the cluster environment: :func:`resolve_request`), chooses purely
 (:func:`~tfstrategy.choose`), builds the strategy (:func:`~tfstrategy.build`),
 and around those takes the steps of its plan (:class:`tfstrategy.runtime.plan.Plan`,
 the same step objects ``tfstrategy env`` prints), each recorded on the
-:class:`Selection`: ``split_cpu``, ``cluster_tf_config`` (a cluster environment
+:class:`Selection`: ``split_cpu``, ``set_tf_config`` (a cluster environment
 that derives the cluster, e.g. a Slurm job step, sets ``TF_CONFIG``),
 ``record_creation_sites``, ``signal_launcher`` (under ``tfstrategy launch``),
 ``apply_patches`` and ``set_precision``.

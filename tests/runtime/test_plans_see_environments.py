@@ -1,7 +1,9 @@
-"""A cluster environment added to the detect list is seen by select(), the start-up hook and `tfstrategy env`.
+"""A cluster environment added to the detect list is seen by select() (its explain()), the hook's plan and env.
 
 The toy is one class and one entry in tfstrategy.environments.ENVIRONMENTS, as the
-ARCHITECTURE.md recipe says; nothing else in tfstrategy is told about it.
+ARCHITECTURE.md recipe says; nothing else in tfstrategy is told about it. (The
+environments' own toy, tests/environments/test_toy_environment.py, covers backups,
+preemption and env's variable lines.)
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def test_select_sees_it(monkeypatch):
     # Two toy workers: select()'s plan writes TF_CONFIG from the toy (planned only: building would wait for a peer).
     two = derive_inputs("select", env={"TOY_WORKERS": "2", "TOY_RANK": "1"})
     assert (two.cluster_source, two.cluster_tasks, two.cluster.task_index) == ("toy scheduler", 2, 1)
-    assert [step.line() for step in plan_steps(two)][0] == "cluster_tf_config: set TF_CONFIG from the toy scheduler environment"
+    assert [step.line() for step in plan_steps(two)][0] == "set_tf_config: set TF_CONFIG from the toy scheduler's cluster"
     # One toy worker: select() builds a strategy, and explain() says where the process runs.
     reset()
     try:
@@ -73,8 +75,8 @@ def test_select_sees_it(monkeypatch):
 def test_the_hooks_plan_sees_it():
     steps = hook_plan({"TOY_WORKERS": "3", "TOY_RANK": "2"})
     names = [step.name for step in steps]
-    assert names[:4] == ["record_creation_sites", "cluster_tf_config", "prepare_collectives", "watch_strategies"]
-    assert "set TF_CONFIG from the toy scheduler environment" in steps[1].line()
+    assert names[:4] == ["record_creation_sites", "set_tf_config", "prepare_collectives", "watch_strategies"]
+    assert "set TF_CONFIG from the toy scheduler's cluster" in steps[1].line()
     assert "of 3 workers" in steps[2].line()
 
 
@@ -82,6 +84,6 @@ def test_tfstrategy_env_sees_it(monkeypatch, capsys):
     monkeypatch.setenv("TOY_WORKERS", "2")
     assert main(["env"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "- Cluster environment: toy scheduler: toy job: worker 0 of 2" in lines
+    assert "- Cluster environment: toy job: worker 0 of 2" in lines
     hook = next(line for line in lines if line.startswith("- run/launch hook steps: "))
-    assert "cluster_tf_config" in hook and "prepare_collectives" in hook
+    assert "set_tf_config" in hook and "prepare_collectives" in hook
