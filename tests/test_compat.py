@@ -398,11 +398,12 @@ def test_keras3_trainer_stand_in_loss_scale_step_and_build_peek():
         model.compile(optimizer="sgd", loss="mse")
     assert _compat.has_class_build_peek(model)
     peeked = []
-    _compat.override_build_peek(model, lambda iterator=None, data_batch=None: peeked.append(data_batch))
+    object.__setattr__(model, _compat.build_peek_attribute(),
+                       lambda iterator=None, data_batch=None: peeked.append(data_batch))
     assert not _compat.has_class_build_peek(model)
     model._maybe_symbolic_build(data_batch="batch")
     assert peeked == ["batch"]
-    _compat.clear_build_peek_override(model)
+    object.__delattr__(model, _compat.build_peek_attribute())
     assert _compat.has_class_build_peek(model)
     _compat.class_build_peek(model, data_batch=(tf.ones((2, 3)), tf.ones((2, 2))))
     assert _compat.keras3_nothing_left_to_build(model)

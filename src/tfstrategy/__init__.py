@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on 
     from tfstrategy.patches import apply_patches, patch_status
     from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
     from tfstrategy.performance.report import performance_report
+    from tfstrategy.runtime import reset
     from tfstrategy.scope.audit import audit_scope, require_scope, scope_guard
     from tfstrategy.scope.build import build_in_scope
     from tfstrategy.scope.restore import restore_checkpoint
@@ -74,6 +75,7 @@ __all__ = [
     # Keras workarounds.
     "apply_patches",
     "patch_status",
+    "reset",
     # Diagnostics (steps 1 and 6).
     "run_check",
     "replica_equivalence",
@@ -115,6 +117,7 @@ _PUBLIC = {
     "patch_status": "tfstrategy.patches",
     "fix_steps_per_execution": "tfstrategy.patches.keras_steps_per_execution",
     "performance_report": "tfstrategy.performance.report",
+    "reset": "tfstrategy.runtime",
     "audit_scope": "tfstrategy.scope.audit",
     "require_scope": "tfstrategy.scope.audit",
     "scope_guard": "tfstrategy.scope.audit",

@@ -56,7 +56,7 @@ ENV_NODE_RANK = "TFSTRATEGY_NODE_RANK"
 ENV_LAUNCH_SECRET = "TFSTRATEGY_LAUNCH_SECRET"
 #: Set by the launcher after it re-executed itself in a private network namespace.
 ENV_ISOLATED = "TFSTRATEGY_ISOLATED_NETWORK"
-#: Supervision (tfstrategy.launch.worker_watch): the worker's error file, progress file, the pid of its
+#: Supervision (tfstrategy.runtime.worker_watch): the worker's error file, progress file, the pid of its
 #: launcher and the descriptor that reaches end-of-file when the launcher dies; a tag every process of the job carries.
 ENV_ERROR_FILE = "TFSTRATEGY_ERROR_FILE"
 ENV_PROGRESS_FILE = "TFSTRATEGY_PROGRESS_FILE"
@@ -64,7 +64,7 @@ ENV_LAUNCHER_PID = "TFSTRATEGY_LAUNCHER_PID"
 ENV_LIFELINE_FD = "TFSTRATEGY_LIFELINE_FD"
 ENV_JOB_TAG = "TFSTRATEGY_JOB_TAG"
 
-# The start-up hook (`tfstrategy run` and `tfstrategy launch`): see tfstrategy.launch.worker_hook.
+# The start-up hook (`tfstrategy run` and `tfstrategy launch`): see tfstrategy.runtime.worker_hook.
 #: "1" makes the hook's sitecustomize install tfstrategy's worker side in a process.
 ENV_HOOK = "TFSTRATEGY_HOOK"
 #: What the hook does when a model's variables are outside its strategy's scope: warn, stop or off.
@@ -240,3 +240,18 @@ def resolve_collective_timeout(
     )
     name = ENV_COLLECTIVE_TIMEOUT if setting.source.startswith("env") else "collective_timeout"
     return parse_collective_timeout(setting.value, name=name), setting.source
+
+
+def validate_audit_mode(mode: object, *, name: str = "--audit") -> str:
+    """``warn``, ``stop`` or ``off``.
+
+    Raises:
+        StrategyError: anything else.
+    """
+    text = str(mode).strip().lower()
+    if text not in AUDIT_MODES:
+        raise StrategyError(
+            f"Received {name} {mode!r}; expected one of {', '.join(AUDIT_MODES)}: warn reports variables made outside "
+            "the strategy's scope and trains on, stop refuses to train, off skips the audit."
+        )
+    return text

@@ -107,14 +107,15 @@ def test_a_bad_toy_variable_is_one_line_naming_it(toy):
 
 
 def test_select_plans_tf_config_from_the_toy(toy_environ):
+    from tfstrategy.runtime.plan import plan_steps
     from tfstrategy.selection.choose import choose
     from tfstrategy.selection.host import HostInfo
-    from tfstrategy.selection.select import resolve_request, select_plan
+    from tfstrategy.selection.select import resolve_request
 
     request = resolve_request()
 
     assert (request.cluster_source, request.cluster_tasks, type(request.environment)) == ("Toy", 2, Toy)
-    assert [step.name for step in select_plan(request)][:1] == ["set_tf_config"]
+    assert [step.name for step in plan_steps(request)][:1] == ["set_tf_config"]
     choice = choose(kind=request.kind, devices=None, cpu_replicas=None, host=HostInfo(),
                     cluster_tasks=request.cluster_tasks, cluster_source="Toy")
     assert choice.reasons[0] == "auto: the Toy cluster has 2 tasks, so MultiWorkerMirroredStrategy"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from tfstrategy._compat.keras_flavour import is_tf_keras_object
@@ -114,13 +113,6 @@ def class_build_peek(model: Any, iterator: Any = None, data_batch: Any = None) -
 
 
 @accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build")
-def override_build_peek(model: Any, function: Callable[..., Any]) -> None:
-    """Make ``function(iterator=None, data_batch=None)`` this model's own ``_maybe_symbolic_build``."""
-    object.__setattr__(model, _BUILD_PEEK, function)  # untracked by Keras' attribute tracking
-
-
-@accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build")
-def clear_build_peek_override(model: Any) -> None:
-    """Undo :func:`override_build_peek`: the model runs its class's ``_maybe_symbolic_build`` again."""
-    if _BUILD_PEEK in vars(model):
-        object.__delattr__(model, _BUILD_PEEK)
+def build_peek_attribute() -> str:
+    """The name of the trainer method that peeks at one batch to build the model (a model may shadow it)."""
+    return _BUILD_PEEK

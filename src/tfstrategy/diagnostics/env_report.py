@@ -125,9 +125,11 @@ class EnvReport:
     #: What select() would do about each Keras workaround (see preview_patches).
     patches: tuple[str, ...] = field(default_factory=tuple)
     problems: tuple[str, ...] = field(default_factory=tuple)
-    #: The process-wide steps of select() and of the run/launch hook here, from the one plan (tfstrategy.plan).
+    #: The process-wide steps of select() and of the run/launch hook here, from the one plan (tfstrategy.runtime.plan).
     select_steps: tuple[str, ...] = field(default_factory=tuple)
     hook_steps: tuple[str, ...] = field(default_factory=tuple)
+    #: Every replacement of TensorFlow's or Keras' code installed in this process (tfstrategy.runtime).
+    replacements: tuple[str, ...] = field(default_factory=tuple)
     #: Where this task's TensorFlow server will listen, and who can reach it.
     tensorflow_server: str = "none (no TF_CONFIG task)"
     #: Whether tfstrategy's accessors of private TF/Keras names resolve here (tfstrategy._compat).
@@ -206,7 +208,7 @@ def preview_selection(env: Mapping[str, str], host: HostInfo, *, can_split_cpu: 
         if request.cpu_replicas is not None and can_split_cpu:
             host = dataclasses.replace(host, cpus=max(host.cpus, request.cpu_replicas))
         choice = choose(
-            kind=request.kind,
+            kind=request.kind or StrategyKind.AUTO,
             devices=request.devices,
             cpu_replicas=request.cpu_replicas,
             host=host,
@@ -305,16 +307,18 @@ def shown_value(key: str, value: str) -> str:
     return value
 
 
-def preview_steps(env: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
-    """The steps select() and the start-up hook would take here: the plan both of them follow."""
-    from tfstrategy.launch.worker_hook import hook_plan
-    from tfstrategy.selection.select import select_plan
+def preview_steps(env: Mapping[str, str]) -> dict[str, Any]:
+    """The steps select() and the start-up hook would take here (the same step objects they take), and the
+    replacements installed in this process."""
+    from tfstrategy.runtime.inputs import HOOK, SELECT, derive_inputs
+    from tfstrategy.runtime.plan import plan_steps
+    from tfstrategy.runtime.process import RUNTIME
 
-    result: dict[str, tuple[str, ...]] = {}
-    for key, make in (("select_steps", lambda: select_plan(resolve_request(env=env), env)),
-                      ("hook_steps", lambda: hook_plan(env))):
+    result: dict[str, Any] = {"replacements": RUNTIME.lines()}
+    for key, consumer in (("select_steps", SELECT), ("hook_steps", HOOK)):
         try:
-            result[key] = tuple(step.name for step in make())
+            inputs = derive_inputs(consumer, env=env)
+            result[key] = tuple(step.name for step in plan_steps(inputs))
         except TFStrategyError as error:
             result[key] = (f"none: {type(error).__name__}: {error}",)
     return result
@@ -399,6 +403,7 @@ def env_report_lines(report: EnvReport) -> list[tuple[str, str]]:
         ("run/launch hook steps", ", ".join(report.hook_steps) or "none"),
         ("Private TF/Keras access", report.private_access or "not checked"),
         *((f"accessor {name}", state) for name, state in report.accessors.items()),
+        ("Replaced in this process", "; ".join(report.replacements) or "nothing"),
     ]
     lines += [("Problem", problem) for problem in report.problems]
     return lines

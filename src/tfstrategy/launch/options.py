@@ -15,7 +15,7 @@ from pathlib import Path
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.diagnosis import LOOPBACK
 from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
-from tfstrategy.launch.worker_hook import validate_audit_mode
+from tfstrategy.runtime.worker_hook import validate_audit_mode
 from tfstrategy.settings import ENV_PROFILE
 from tfstrategy.worker_contract import WorkerSettings
 

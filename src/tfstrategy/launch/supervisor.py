@@ -61,7 +61,7 @@ from tfstrategy.launch.processes import (
 )
 from tfstrategy.launch.rendezvous import NodeOptions
 from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT, EXIT_PREEMPTED, Failure, Outcome, RunResult
-from tfstrategy.launch.worker_hook import hook_environment
+from tfstrategy.runtime.worker_hook import hook_environment
 from tfstrategy.worker_contract import WorkerContract, WorkerSettings
 
 __all__ = [

@@ -10,7 +10,9 @@ writers on every worker of a multi-worker job: only the chief writes the path),
 end of data of unknown size) and :mod:`~tfstrategy.patches.keras_loss_scale`
 (``LossScaleOptimizer`` applying a step that overflowed on another replica).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
-:func:`patch_status` reports each one (``tfstrategy env`` prints it).
+:func:`patch_status` reports each one, and every other replacement of upstream
+code installed in this process (the start-up hook's rewrites, instance overrides:
+see :mod:`tfstrategy.runtime`); ``tfstrategy env`` prints it.
 
 Example:
     >>> for status in tfstrategy.apply_patches():
@@ -32,6 +34,7 @@ from tfstrategy.patches import (
     keras_steps_per_execution,
 )
 from tfstrategy.patches.mechanism import Patch, PatchStatus
+from tfstrategy.runtime.process import RUNTIME
 
 #: Every patch, by name, in the order they are applied.
 PATCHES: dict[str, Patch] = {
@@ -59,5 +62,19 @@ def remove_patches() -> tuple[PatchStatus, ...]:
 
 
 def patch_status() -> tuple[PatchStatus, ...]:
-    """What each patch found and installed so far (no probing, no installing)."""
-    return tuple(patch.status() for patch in PATCHES.values())
+    """What each patch found and installed so far, then every other replacement installed in this process.
+
+    No probing, no installing. The others are the start-up hook's rewrites and the
+    overrides of one object's attribute (:meth:`tfstrategy.runtime.ProcessRuntime.override_attribute`).
+    """
+    others = tuple(item.status() for item in RUNTIME.replacements() if item.name not in PATCHES)
+    return tuple(patch.status() for patch in PATCHES.values()) + others
+
+
+def _forget_probes() -> None:
+    for patch in PATCHES.values():
+        patch.remove()
+        patch.forget()
+
+
+RUNTIME.own_state("patches: probe results", _forget_probes)

@@ -83,7 +83,7 @@ def _outside_the_callers_scopes(probe: Callable[[], Any]) -> Any:
     return outcome["value"]
 
 
-class ProbeResult(dict):
+class ProbeResult(dict[str, bool]):
     """Target path -> whether the installed library's version of it is broken."""
 
 
@@ -133,7 +133,8 @@ class Patch:
         function = self._originals.get(target) or _compat.get_path(self.target_module(), target)
         while hasattr(function, _ORIGINAL):
             function = getattr(function, _ORIGINAL)
-        return function
+        found: Callable[..., Any] = function
+        return found
 
     def probe(self) -> ProbeResult | None:
         """Which targets are broken in the installed library; ``None`` if it could not tell (never raises)."""
@@ -171,7 +172,7 @@ class Patch:
             if self.probe_on_first_use:
                 broken = [target for target in self.targets if self._has(module, target)]
             else:
-                result = self.probe() or {}
+                result: dict[str, bool] = self.probe() or {}
                 broken = [target for target in self.targets if result.get(target)]
             for target in broken:
                 if target not in self._originals:
@@ -180,6 +181,10 @@ class Patch:
                     replacement = self.replacement(target, original)
                     setattr(replacement, _ORIGINAL, original)
                     _compat.set_path(module, target, replacement)
+            if self._originals:
+                from tfstrategy.runtime.process import RUNTIME
+
+                RUNTIME.register(self)
             return self.status()
 
     def remove(self) -> PatchStatus:
@@ -190,7 +195,17 @@ class Patch:
                 if module is not None:
                     _compat.set_path(module, target, original)
                 del self._originals[target]
+            from tfstrategy.runtime.process import RUNTIME
+
+            RUNTIME.unregister(self)
             return self.status()
+
+    def forget(self) -> None:
+        """Forget the probe's answer and warnings (a new job probes again); remove first."""
+        with self._lock:
+            self._probed = None
+            self._probe_error = None
+            self._warned = False
 
     def status(self) -> PatchStatus:
         """What this patch found and installed, without probing anew."""

@@ -352,26 +352,21 @@ def last_choice(model: Any) -> StepsPerExecutionChoice | None:
 def tune_at_first_fit(model: Any) -> None:
     """Make the model's next ``fit`` tune K on its own data and callbacks first (``steps_per_execution="auto"``).
 
-    An instance override of ``model.fit``, one shot: the first call puts back what was there before (the scope
-    guard's wrapper, or Keras' own method) and then tunes and fits.
+    An instance override of ``model.fit`` registered with the process runtime, one shot: the first call removes
+    it (the scope guard's wrapper, or Keras' own method, is back) and then tunes and fits.
     """
-    before = vars(model).get("fit")  # None: Keras' own method, found on the class
+    from tfstrategy.runtime.process import RUNTIME
+
     fit = model.fit
 
     @functools.wraps(fit)
     def fit_tuning_first(*args: Any, **kwargs: Any) -> Any:
-        _restore_fit(model, before)
+        override.remove()  # one shot: later fits run as compiled
         _tune_for_fit(model, args, kwargs)
         return fit(*args, **kwargs)
 
-    object.__setattr__(model, "fit", fit_tuning_first)  # untracked by Keras
-
-
-def _restore_fit(model: Any, before: Any) -> None:
-    if before is None:
-        object.__delattr__(model, "fit")
-    else:
-        object.__setattr__(model, "fit", before)
+    override = RUNTIME.override_attribute(model, "fit", fit_tuning_first, name=f"steps_per_execution_auto:{id(model)}",
+                                          note="the model's next fit tunes steps_per_execution first")
 
 
 def _tune_for_fit(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

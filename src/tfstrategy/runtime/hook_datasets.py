@@ -24,11 +24,11 @@ from collections.abc import Callable
 from typing import Any
 
 from tfstrategy import _compat
-from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
 __all__ = ["data_sharding", "fewest_files"]
 
-_said: list[bool] = []
 
 
 def fewest_files(dataset: Any) -> int | None:
@@ -70,8 +70,7 @@ def _by_element_when_too_few_files(original: Callable[..., Any]) -> Callable[...
                 by_element = tf.data.Options()
                 by_element.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
                 dataset = dataset.with_options(by_element)
-                if not _said:
-                    _said.append(True)
+                if RUNTIME.once("data_sharding"):
                     print(f"tfstrategy: a dataset reads {files} file(s) for {workers} workers, too few for "
                           "TensorFlow's sharding by file: each worker keeps its share of every batch instead "
                           "(AutoShardPolicy.DATA, as TensorFlow's error advises; set the dataset's "

@@ -1,6 +1,6 @@
 """The worker's side of supervision, installed by the start-up hook in every launched Python worker.
 
-Each part is one small named step, recorded in :data:`INSTALLED`:
+Each part is one small named step, recorded in ``RUNTIME.supervision`` (:mod:`tfstrategy.runtime.process`):
 
 - ``die_with_launcher``: the worker ends when its launcher does, however it ends (SIGKILL
   included): ``PR_SET_PDEATHSIG`` (Linux) kills it when the launcher's thread that started it
@@ -33,17 +33,14 @@ from typing import Any
 
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.launch.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
+from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.worker_contract import SUPERVISION_VARIABLES, WorkerContract
 
-__all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches", "reset"]
+__all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches"]
 
 #: The signal on which a launched Python worker prints every thread's stack to its stderr.
 STACK_SIGNAL = signal.SIGUSR2
 _PR_SET_PDEATHSIG = 1
-
-#: The steps taken in this process, with what each did.
-INSTALLED: dict[str, str] = {}
-_PROGRESS: list[ProgressWriter] = []
 
 
 def install(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -53,13 +50,13 @@ def install(env: Mapping[str, str] | None = None) -> dict[str, str]:
         contract = WorkerContract.from_environ(env)
     except TFStrategyError as error:  # supervision must never stop the user's program from starting
         print(f"tfstrategy: hook: {error}", file=sys.stderr, flush=True)
-        return dict(INSTALLED)
+        return dict(RUNTIME.supervision)
     steps: tuple[tuple[str, Callable[[WorkerContract], str | None]], ...] = (
         ("die_with_launcher", _die_with_launcher), ("record_errors", _record_errors),
         ("dump_stacks", _dump_stacks), ("heartbeat", _heartbeat),
     )
     for name, step in steps:
-        if name in INSTALLED:
+        if name in RUNTIME.supervision:
             continue
         try:
             done = step(contract)
@@ -67,19 +64,13 @@ def install(env: Mapping[str, str] | None = None) -> dict[str, str]:
             print(f"tfstrategy: hook step {name}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             continue
         if done:
-            INSTALLED[name] = done
+            RUNTIME.supervision[name] = done
     if env is os.environ:
         # This process is the worker: a Python process it starts (a helper, `python other.py`)
         # must not write its error file, reset its progress or die for its lifeline.
         for name in SUPERVISION_VARIABLES:
             os.environ.pop(name, None)
-    return dict(INSTALLED)
-
-
-def reset() -> None:
-    """Forget what was installed (tests; a second job in one process installs again)."""
-    INSTALLED.clear()
-    _PROGRESS.clear()
+    return dict(RUNTIME.supervision)
 
 
 def _die_with_launcher(contract: WorkerContract) -> str | None:
@@ -126,7 +117,8 @@ def _record_errors(contract: WorkerContract) -> str | None:
             pass
         previous(kind, error, tb)
 
-    sys.excepthook = excepthook
+    RUNTIME.override_attribute(sys, "excepthook", excepthook, name="record_errors",
+                               note="the first uncaught exception goes to the launcher's error file")
     return f"the first uncaught exception goes to {path}"
 
 
@@ -143,7 +135,7 @@ def _heartbeat(contract: WorkerContract) -> str | None:
         return None
     path = str(contract.progress_file)
     writer = ProgressWriter(path)
-    _PROGRESS.append(writer)
+    RUNTIME.progress.append(writer)
 
     def beat() -> None:
         while True:
@@ -162,9 +154,9 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
     "outside the step", where the launcher looks for a worker its peers wait for.
     ``None`` outside ``tfstrategy launch``.
     """
-    if not _PROGRESS:
+    if not RUNTIME.progress:
         return None
-    writer = _PROGRESS[0]
+    writer = RUNTIME.progress[0]
 
     class BatchEnded(keras.callbacks.Callback):  # type: ignore[misc]
         """Counts finished batches for ``tfstrategy launch`` (stall detection); added by its start-up hook."""
@@ -199,11 +191,11 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
 def count_batches(flavours: list[Any]) -> str | None:
     """Make ``Model.fit``/``evaluate``/``predict`` of each Keras in ``flavours`` report batches to the launcher.
 
-    Installed as undoable rewrites (:mod:`tfstrategy.launch.rewrites`); ``None`` outside ``tfstrategy launch``.
+    Installed as undoable rewrites (:mod:`tfstrategy.runtime.rewrites`); ``None`` outside ``tfstrategy launch``.
     """
-    if not _PROGRESS:
+    if not RUNTIME.progress:
         return None
-    from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+    from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
     for keras in flavours:
         factories = {f"Model.{method}": functools.partial(_with_progress, keras=keras,
@@ -231,8 +223,8 @@ def _with_progress(original: Callable[..., Any], keras: Any, position: int) -> C
         try:
             return original(model, *args, **kwargs)
         finally:
-            if pair is not None and _PROGRESS:  # however it ended, no step of this call is running now
-                _PROGRESS[0].steps_over()
+            if pair is not None and RUNTIME.progress:  # however it ended, no step of this call is running now
+                RUNTIME.progress[0].steps_over()
 
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     wrapper.__doc__ = original.__doc__

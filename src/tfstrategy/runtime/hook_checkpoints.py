@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfstrategy import _compat
-from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
 __all__ = ["checkpoint_files"]
 
