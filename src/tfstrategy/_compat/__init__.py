@@ -604,6 +604,23 @@ def loss_scale_cross_replica_handler(apply: Any, optimizer: Any) -> Any:
                                       (types.CellType(optimizer),))
     raise LookupError("LossScaleOptimizer._tf_apply has no _handle_cross_replica(self) closure")
 
+def keras3_loss_module_root() -> ModuleType | None:
+    """``keras.src`` with its TensorFlow trainer and ``losses.loss`` imported, when Keras 3 runs on TensorFlow.
+
+    The uneven-batch patch names ``backend.tensorflow.trainer.TensorFlowTrainer.train_step`` and
+    ``losses.loss.scale_loss_for_distribution``/``unscale_loss_for_distribution`` inside it.
+    """
+    if keras3_tensorflow_trainer() is None:
+        return None
+    try:
+        import keras.src
+        from keras.src.losses import loss
+
+        loss.scale_loss_for_distribution, loss.unscale_loss_for_distribution  # noqa: B018 - both exist
+    except (ImportError, AttributeError):
+        return None
+    return keras.src
+
 # --- The coordination service of a multi-worker job ----------------------------------
 
 

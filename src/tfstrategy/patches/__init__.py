@@ -8,7 +8,9 @@ on 2+ replicas), :mod:`~tfstrategy.patches.keras_chief_files` (Keras' file
 writers on every worker of a multi-worker job: only the chief writes the path),
 :mod:`~tfstrategy.patches.keras_end_of_data` (an optimizer step counted past the
 end of data of unknown size) and :mod:`~tfstrategy.patches.keras_loss_scale`
-(``LossScaleOptimizer`` applying a step that overflowed on another replica).
+(``LossScaleOptimizer`` applying a step that overflowed on another replica) and
+:mod:`~tfstrategy.patches.keras_uneven_batches` (each replica's loss weighted by
+its share of an uneven batch).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one (``tfstrategy env`` prints it).
 
@@ -20,6 +22,7 @@ Example:
     keras_chief_files: installed (saving.saving_lib.save_model, ...); keras 3.15.1
     keras_end_of_data: installed (TensorFlowTrainer.make_train_function); keras 3.15.1; probes when a model first needs it
     keras_loss_scale: installed (LossScaleOptimizer.check_finite); keras 3.15.1; probes when a model first needs it
+    keras_uneven_batches: installed (backend.tensorflow.trainer.TensorFlowTrainer.train_step, ...); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from tfstrategy.patches import (
     keras_loss_scale,
     keras_mwms,
     keras_steps_per_execution,
+    keras_uneven_batches,
 )
 from tfstrategy.patches.mechanism import Patch, PatchStatus
 
@@ -40,6 +44,7 @@ PATCHES: dict[str, Patch] = {
     keras_chief_files.PATCH.name: keras_chief_files.PATCH,
     keras_end_of_data.PATCH.name: keras_end_of_data.PATCH,
     keras_loss_scale.PATCH.name: keras_loss_scale.PATCH,
+    keras_uneven_batches.PATCH.name: keras_uneven_batches.PATCH,
 }
 
 
