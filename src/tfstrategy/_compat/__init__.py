@@ -621,6 +621,16 @@ def keras3_loss_module_root() -> ModuleType | None:
         return None
     return keras.src
 
+def keras3_tf_optimizer_module() -> ModuleType | None:
+    """``keras.src.backend.tensorflow.optimizer`` (``TFOptimizer``) when Keras 3 runs on TensorFlow; else ``None``."""
+    if keras3_tensorflow_trainer() is None:
+        return None
+    try:
+        from keras.src.backend.tensorflow import optimizer
+    except ImportError:
+        return None
+    return optimizer if hasattr(optimizer, "TFOptimizer") else None
+
 # --- The coordination service of a multi-worker job ----------------------------------
 
 

@@ -10,7 +10,8 @@ writers on every worker of a multi-worker job: only the chief writes the path),
 end of data of unknown size) and :mod:`~tfstrategy.patches.keras_loss_scale`
 (``LossScaleOptimizer`` applying a step that overflowed on another replica) and
 :mod:`~tfstrategy.patches.keras_uneven_batches` (each replica's loss weighted by
-its share of an uneven batch).
+its share of an uneven batch) and :mod:`~tfstrategy.patches.keras_lazy_optimizer`
+(optimizer variables created outside the traced step, keras-team/keras#23087).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one (``tfstrategy env`` prints it).
 
@@ -23,6 +24,7 @@ Example:
     keras_end_of_data: installed (TensorFlowTrainer.make_train_function); keras 3.15.1; probes when a model first needs it
     keras_loss_scale: installed (LossScaleOptimizer.check_finite); keras 3.15.1; probes when a model first needs it
     keras_uneven_batches: installed (backend.tensorflow.trainer.TensorFlowTrainer.train_step, ...); keras 3.15.1; probes when a model first needs it
+    keras_lazy_optimizer: installed (TFOptimizer.add_variable); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 from tfstrategy.patches import (
     keras_chief_files,
     keras_end_of_data,
+    keras_lazy_optimizer,
     keras_loss_scale,
     keras_mwms,
     keras_steps_per_execution,
@@ -45,6 +48,7 @@ PATCHES: dict[str, Patch] = {
     keras_end_of_data.PATCH.name: keras_end_of_data.PATCH,
     keras_loss_scale.PATCH.name: keras_loss_scale.PATCH,
     keras_uneven_batches.PATCH.name: keras_uneven_batches.PATCH,
+    keras_lazy_optimizer.PATCH.name: keras_lazy_optimizer.PATCH,
 }
 
 
