@@ -153,6 +153,12 @@ def set_path(root: Any, path: str, value: Any) -> None:
     setattr(get_path(root, owner_path) if owner_path else root, name, value)
 
 
+def del_path(root: Any, path: str) -> None:
+    """Delete ``root.a.b`` for ``path="a.b"`` (an attribute a patch added)."""
+    owner_path, _, name = path.rpartition(".")
+    delattr(get_path(root, owner_path) if owner_path else root, name)
+
+
 # --- Strategies and variables -------------------------------------------------------
 
 

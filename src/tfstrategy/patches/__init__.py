@@ -11,7 +11,9 @@ end of data of unknown size) and :mod:`~tfstrategy.patches.keras_loss_scale`
 (``LossScaleOptimizer`` applying a step that overflowed on another replica) and
 :mod:`~tfstrategy.patches.keras_uneven_batches` (each replica's loss weighted by
 its share of an uneven batch) and :mod:`~tfstrategy.patches.keras_lazy_optimizer`
-(optimizer variables created outside the traced step, keras-team/keras#23087).
+(optimizer variables created outside the traced step, keras-team/keras#23087) and
+:mod:`~tfstrategy.patches.keras_loss_scale_api` (Keras 2's ``get_scaled_loss``/``get_unscaled_gradients``;
+no step from gradients of an unscaled loss).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one (``tfstrategy env`` prints it).
 
@@ -25,6 +27,7 @@ Example:
     keras_loss_scale: installed (LossScaleOptimizer.check_finite); keras 3.15.1; probes when a model first needs it
     keras_uneven_batches: installed (backend.tensorflow.trainer.TensorFlowTrainer.train_step, ...); keras 3.15.1; probes when a model first needs it
     keras_lazy_optimizer: installed (TFOptimizer.add_variable); keras 3.15.1; probes when a model first needs it
+    keras_loss_scale_api: installed (LossScaleOptimizer.get_scaled_loss, ...); keras 3.15.1
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from tfstrategy.patches import (
     keras_end_of_data,
     keras_lazy_optimizer,
     keras_loss_scale,
+    keras_loss_scale_api,
     keras_mwms,
     keras_steps_per_execution,
     keras_uneven_batches,
@@ -49,6 +53,7 @@ PATCHES: dict[str, Patch] = {
     keras_loss_scale.PATCH.name: keras_loss_scale.PATCH,
     keras_uneven_batches.PATCH.name: keras_uneven_batches.PATCH,
     keras_lazy_optimizer.PATCH.name: keras_lazy_optimizer.PATCH,
+    keras_loss_scale_api.PATCH.name: keras_loss_scale_api.PATCH,
 }
 
 
