@@ -14,6 +14,7 @@ model handle both.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 from collections.abc import Iterator
 from types import ModuleType
@@ -625,7 +626,8 @@ def keras3_loss_module_root() -> ModuleType | None:
         loss.scale_loss_for_distribution, loss.unscale_loss_for_distribution  # noqa: B018 - both exist
     except (ImportError, AttributeError):
         return None
-    return keras.src
+    root: ModuleType = keras.src
+    return root
 
 def keras3_tf_optimizer_module() -> ModuleType | None:
     """``keras.src.backend.tensorflow.optimizer`` (``TFOptimizer``) when Keras 3 runs on TensorFlow; else ``None``."""
@@ -636,6 +638,33 @@ def keras3_tf_optimizer_module() -> ModuleType | None:
     except ImportError:
         return None
     return optimizer if hasattr(optimizer, "TFOptimizer") else None
+
+def keras3_legacy_optimizer_packages() -> Any:
+    """Every module object Keras 3 keeps its ``optimizers.legacy`` names in, as attributes of one namespace.
+
+    ``keras.optimizers.legacy``, ``tf.keras``'s copy (``keras._tf_keras.keras.optimizers.legacy``) and
+    ``tensorflow.keras.optimizers.legacy``, which ``from tensorflow.keras.optimizers.legacy import SGD``
+    loads from the same file as a module of its own (imported here, so it exists before a script imports
+    it). Keras 3 keeps the names only to raise ``ImportError``. ``None`` when ``tf.keras`` is tf_keras
+    (whose legacy optimizers are real) or Keras 3 is not on TensorFlow.
+    """
+    import types
+
+    from tfstrategy._versions import keras_package
+
+    if keras3_tensorflow_trainer() is None or keras_package() != "keras":
+        return None
+    found: dict[str, ModuleType] = {}
+    for attribute, name in (("keras", "keras.optimizers.legacy"),
+                            ("tf_keras_copy", "keras._tf_keras.keras.optimizers.legacy"),
+                            ("tensorflow_keras", "tensorflow.keras.optimizers.legacy")):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # this Keras lacks that copy
+            continue
+        if all(module is not other for other in found.values()):
+            found[attribute] = module
+    return types.SimpleNamespace(**found) if found else None
 
 # --- The coordination service of a multi-worker job ----------------------------------
 
