@@ -666,6 +666,16 @@ def keras3_legacy_optimizer_packages() -> Any:
             found[attribute] = module
     return types.SimpleNamespace(**found) if found else None
 
+def keras3_trainer_module() -> ModuleType | None:
+    """``keras.src.trainers.trainer`` (``Trainer.compile``) when Keras 3 runs on TensorFlow; else ``None``."""
+    if keras3_tensorflow_trainer() is None:
+        return None
+    try:
+        from keras.src.trainers import trainer
+    except ImportError:
+        return None
+    return trainer if hasattr(trainer, "Trainer") else None
+
 # --- The coordination service of a multi-worker job ----------------------------------
 
 

@@ -14,7 +14,8 @@ its share of an uneven batch) and :mod:`~tfstrategy.patches.keras_lazy_optimizer
 (optimizer variables created outside the traced step, keras-team/keras#23087) and
 :mod:`~tfstrategy.patches.keras_loss_scale_api` (Keras 2's ``get_scaled_loss``/``get_unscaled_gradients``;
 no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_legacy_optimizers`
-(``tf.keras.optimizers.legacy.SGD``/``Adam`` as Keras 3's).
+(``tf.keras.optimizers.legacy.SGD``/``Adam`` as Keras 3's) and
+:mod:`~tfstrategy.patches.keras_compile_scope` (``compile()`` outside the scope runs in the model's).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one (``tfstrategy env`` prints it).
 
@@ -29,13 +30,15 @@ Example:
     keras_uneven_batches: installed (backend.tensorflow.trainer.TensorFlowTrainer.train_step, ...); keras 3.15.1; probes when a model first needs it
     keras_lazy_optimizer: installed (TFOptimizer.add_variable); keras 3.15.1; probes when a model first needs it
     keras_loss_scale_api: installed (LossScaleOptimizer.get_scaled_loss, ...); keras 3.15.1
-    keras_legacy_optimizers: installed (optimizers.legacy.SGD, ...); keras 3.15.1
+    keras_legacy_optimizers: installed (keras.SGD, ...); keras 3.15.1
+    keras_compile_scope: installed (Trainer.compile); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
 
 from tfstrategy.patches import (
     keras_chief_files,
+    keras_compile_scope,
     keras_end_of_data,
     keras_lazy_optimizer,
     keras_legacy_optimizers,
@@ -58,6 +61,7 @@ PATCHES: dict[str, Patch] = {
     keras_lazy_optimizer.PATCH.name: keras_lazy_optimizer.PATCH,
     keras_loss_scale_api.PATCH.name: keras_loss_scale_api.PATCH,
     keras_legacy_optimizers.PATCH.name: keras_legacy_optimizers.PATCH,
+    keras_compile_scope.PATCH.name: keras_compile_scope.PATCH,
 }
 
 
