@@ -676,6 +676,11 @@ def keras3_trainer_module() -> ModuleType | None:
         return None
     return trainer if hasattr(trainer, "Trainer") else None
 
+def set_keras3_jit_compile(model: Any, value: bool) -> None:
+    """Set a Keras 3 model's XLA setting past its ``jit_compile`` property (what Keras' own setter stores)."""
+    model._jit_compile = value
+    model.train_function = model.test_function = model.predict_function = None
+
 # --- The coordination service of a multi-worker job ----------------------------------
 
 

@@ -15,7 +15,8 @@ its share of an uneven batch) and :mod:`~tfstrategy.patches.keras_lazy_optimizer
 :mod:`~tfstrategy.patches.keras_loss_scale_api` (Keras 2's ``get_scaled_loss``/``get_unscaled_gradients``;
 no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_legacy_optimizers`
 (``tf.keras.optimizers.legacy.SGD``/``Adam`` as Keras 3's) and
-:mod:`~tfstrategy.patches.keras_compile_scope` (``compile()`` outside the scope runs in the model's).
+:mod:`~tfstrategy.patches.keras_compile_scope` (``compile()`` outside the scope runs in the model's) and
+:mod:`~tfstrategy.patches.keras_jit_compile` (``jit_compile=True`` on 2+ local replicas: XLA off, in one line).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one (``tfstrategy env`` prints it).
 
@@ -32,6 +33,7 @@ Example:
     keras_loss_scale_api: installed (LossScaleOptimizer.get_scaled_loss, ...); keras 3.15.1
     keras_legacy_optimizers: installed (keras.SGD, ...); keras 3.15.1
     keras_compile_scope: installed (Trainer.compile); keras 3.15.1; probes when a model first needs it
+    keras_jit_compile: installed (Trainer.jit_compile); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from tfstrategy.patches import (
     keras_chief_files,
     keras_compile_scope,
     keras_end_of_data,
+    keras_jit_compile,
     keras_lazy_optimizer,
     keras_legacy_optimizers,
     keras_loss_scale,
@@ -62,6 +65,7 @@ PATCHES: dict[str, Patch] = {
     keras_loss_scale_api.PATCH.name: keras_loss_scale_api.PATCH,
     keras_legacy_optimizers.PATCH.name: keras_legacy_optimizers.PATCH,
     keras_compile_scope.PATCH.name: keras_compile_scope.PATCH,
+    keras_jit_compile.PATCH.name: keras_jit_compile.PATCH,
 }
 
 

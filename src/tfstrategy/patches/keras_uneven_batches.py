@@ -88,7 +88,8 @@ def fix_needed(model: Any) -> bool:
     return PATCH.needed() is True
 
 
-def _probe_devices() -> list[str]:
+def probe_devices() -> list[str]:
+    """Two devices of one kind on this host (GPUs first) for a 2-replica probe; raises if there are fewer."""
     tf_ = tf()
     for kind in ("GPU", "CPU"):
         devices = [device.name for device in tf_.config.list_logical_devices(kind)]
@@ -115,7 +116,7 @@ class UnevenBatchesPatch(Patch):
         import keras
 
         with _compat.mirrored_collective_key_base(_PROBE_KEY_BASE + 1000 * next(self._keys)):
-            strategy = tf_.distribute.MirroredStrategy(_probe_devices())
+            strategy = tf_.distribute.MirroredStrategy(probe_devices())
         with strategy.scope():
             model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")])
             model.compile(optimizer=keras.optimizers.SGD(_PROBE_RATE), loss="mse")
