@@ -67,3 +67,14 @@ def test_one_device_keeps_jit_compile():
 def test_upstream_keras_still_fails_jit_compile_on_two_replicas():
     """Fails once Keras' own jit_compile=True fit runs on 2 devices: drop keras_jit_compile."""
     assert jit.JitCompilePatch().needed() is True
+
+
+def test_a_multi_worker_strategy_on_cpus_gets_the_line_without_a_probe():
+    """Across workers on CPUs XLA cannot compile the collective (the workers abort); no probe needs a cluster."""
+    from types import SimpleNamespace
+
+    from tfstrategy.patches.keras_mwms import stand_in_strategy
+
+    worker = SimpleNamespace(_distribute_strategy=stand_in_strategy([]))  # a multi-worker MWMS on /device:CPU:0
+    assert jit.turned_off(worker) is True
+    assert jit.turned_off(SimpleNamespace(_distribute_strategy=None)) is False

@@ -17,8 +17,10 @@ way fails the same way here (measured), so tfstrategy cannot give XLA back on th
 The fix. Setting ``jit_compile=True`` (``compile`` sets it) on a model whose strategy has 2+
 devices on this host sets ``False`` instead and says so in one warning line naming
 ``jit_compile``, the issue, and that Keras' default turns XLA off under a strategy too. ``fit``
-then gives the one-device answer without XLA. Multi-worker strategies with one device per worker
-keep Keras' own behaviour (not measured here).
+then gives the one-device answer without XLA. A multi-worker strategy on CPU devices gets the same
+(TensorFlow cannot compile a cross-worker collective with XLA on CPUs: the workers abort, measured
+with the corpus' ``xla_jit_custom_loop.py``); there no probe can run (it needs a cluster), so up to
+the verified release the line is given without one. A multi-worker job on GPUs keeps Keras' own.
 
 The probe. One ``fit`` step of a one-layer model with Keras' own ``jit_compile=True`` under a
 2-replica ``MirroredStrategy`` over two devices of this host: the bug raises. It runs TensorFlow
@@ -32,7 +34,7 @@ import itertools
 import warnings
 from typing import Any
 
-from tfstrategy import _compat
+from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
 from tfstrategy.patches.keras_uneven_batches import probe_devices
 from tfstrategy.patches.mechanism import Patch, ProbeResult
@@ -49,6 +51,17 @@ class _Property(property):
 def local_replicas(model: Any) -> int:
     strategy = _compat.model_strategy(model)
     return 0 if strategy is None else len(strategy.extended.worker_devices)
+
+
+def turned_off(model: Any) -> bool:
+    """Whether ``jit_compile=True`` on ``model`` would fail on its strategy (and is turned off)."""
+    strategy = _compat.model_strategy(model)
+    if strategy is None:
+        return False
+    if _compat.in_multi_worker_mode(strategy):
+        on_cpus = all("CPU" in device.upper() for device in strategy.extended.worker_devices)
+        return on_cpus and not _versions.newer_than(_compat.keras_version(_compat.keras_for()), PATCH.verified_up_to)
+    return local_replicas(model) >= 2 and PATCH.needed() is True
 
 
 class JitCompilePatch(Patch):
@@ -85,13 +98,15 @@ class JitCompilePatch(Patch):
 
     def replacement(self, target: str, original: Any) -> Any:
         def set_jit_compile(model: Any, value: Any) -> None:
-            if value is True and local_replicas(model) >= 2 and PATCH.needed() is True:
+            if value is True and turned_off(model):
                 strategy = _compat.model_strategy(model)
+                where = (f"{strategy.num_replicas_in_sync} replicas across workers on CPUs"
+                         if _compat.in_multi_worker_mode(strategy) else f"{local_replicas(model)} devices on this host")
                 warnings.warn(
-                    f"tfstrategy: jit_compile=True under {type(strategy).__name__} with {local_replicas(model)} devices "
-                    "on this host: XLA turned off (jit_compile=False); Keras 3 compiles the whole strategy.run with "
-                    "XLA, which cannot reach the other devices' variables (keras-team/keras#21366, #19005), and its "
-                    "default, jit_compile='auto', turns XLA off under any tf.distribute strategy too",
+                    f"tfstrategy: jit_compile=True under {type(strategy).__name__} with {where}: XLA turned off "
+                    "(jit_compile=False); Keras 3 compiles the whole strategy.run with XLA, which cannot reach the other "
+                    "devices' variables or compile a cross-worker collective on CPUs (keras-team/keras#21366, #19005), "
+                    "and its default, jit_compile='auto', turns XLA off under any tf.distribute strategy too",
                     UserWarning, stacklevel=3)
                 value = False
             original.fset(model, value)
