@@ -642,11 +642,13 @@ def keras3_tf_optimizer_module() -> ModuleType | None:
 def keras3_legacy_optimizer_packages() -> Any:
     """Every module object Keras 3 keeps its ``optimizers.legacy`` names in, as attributes of one namespace.
 
-    ``keras.optimizers.legacy``, ``tf.keras``'s copy (``keras._tf_keras.keras.optimizers.legacy``) and
-    ``tensorflow.keras.optimizers.legacy``, which ``from tensorflow.keras.optimizers.legacy import SGD``
-    loads from the same file as a module of its own (imported here, so it exists before a script imports
-    it). Keras 3 keeps the names only to raise ``ImportError``. ``None`` when ``tf.keras`` is tf_keras
-    (whose legacy optimizers are real) or Keras 3 is not on TensorFlow.
+    ``keras.optimizers.legacy`` and ``tf.keras``'s copy (``keras._tf_keras.keras.optimizers.legacy``).
+    ``from tensorflow.keras.optimizers.legacy import SGD`` would load that copy's file again as a
+    module of its own; ``sys.modules`` gets ``tensorflow.keras.optimizers.legacy`` as the copy
+    itself, so that import finds it (importing it here instead would replace ``tf.keras`` in the
+    ``tensorflow`` module). A module of that name already loaded is included as it is. Keras 3
+    keeps the names only to raise ``ImportError``. ``None`` when ``tf.keras`` is tf_keras (whose
+    legacy optimizers are real) or Keras 3 is not on TensorFlow.
     """
     import types
 
@@ -655,16 +657,19 @@ def keras3_legacy_optimizer_packages() -> Any:
     if keras3_tensorflow_trainer() is None or keras_package() != "keras":
         return None
     found: dict[str, ModuleType] = {}
-    for attribute, name in (("keras", "keras.optimizers.legacy"),
-                            ("tf_keras_copy", "keras._tf_keras.keras.optimizers.legacy"),
-                            ("tensorflow_keras", "tensorflow.keras.optimizers.legacy")):
+    for attribute, name in (("keras", "keras.optimizers.legacy"), ("tf_keras_copy", "keras._tf_keras.keras.optimizers.legacy")):
         try:
-            module = importlib.import_module(name)
+            found[attribute] = importlib.import_module(name)
         except ImportError:  # this Keras lacks that copy
             continue
-        if all(module is not other for other in found.values()):
-            found[attribute] = module
+    alias = "tensorflow.keras.optimizers.legacy"
+    if "tf_keras_copy" in found:
+        sys.modules.setdefault(alias, found["tf_keras_copy"])
+    loaded = sys.modules.get(alias)
+    if loaded is not None and all(loaded is not module for module in found.values()):
+        found["tensorflow_keras"] = loaded
     return types.SimpleNamespace(**found) if found else None
+
 
 def keras3_trainer_module() -> ModuleType | None:
     """``keras.src.trainers.trainer`` (``Trainer.compile``) when Keras 3 runs on TensorFlow; else ``None``."""

@@ -98,6 +98,8 @@ class LegacyOptimizersPatch(Patch):
     upstream = "tensorflow/tensorflow#72686: tf.keras.optimizers.legacy raises ImportError under Keras 3"
     verified_up_to = "3.15.1"
     targets = tuple(f"{package}.{name}" for package in PACKAGES for name in NAMES)
+    #: Present only when a script loaded ``tensorflow.keras.optimizers.legacy`` as a module of its own first.
+    optional = tuple(f"tensorflow_keras.{name}" for name in NAMES)
 
     def target_module(self) -> Any:
         return _compat.keras3_legacy_optimizer_packages()

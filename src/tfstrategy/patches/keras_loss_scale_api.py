@@ -73,6 +73,8 @@ class LossScaleApiPatch(Patch):
     upstream = "tensorflow/tensorflow#64124, keras-team/keras#20894, keras-team/keras#19479"
     verified_up_to = "3.15.1"
     targets = (GET_SCALED, GET_UNSCALED, SCALE, APPLY)
+    #: The targets Keras 3 lacks, which this patch adds (and removes again).
+    restores = (GET_SCALED, GET_UNSCALED)
 
     def target_module(self) -> Any:
         return _compat.keras3_loss_scale_module()
