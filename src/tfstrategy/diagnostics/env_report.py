@@ -168,6 +168,10 @@ class EnvReport:
     hook_steps: tuple[str, ...] = field(default_factory=tuple)
     #: Where this task's TensorFlow server will listen, and who can reach it.
     tensorflow_server: str = "none (no TF_CONFIG task)"
+    #: Whether tfstrategy's accessors of private TF/Keras names resolve here (tfstrategy._compat).
+    private_access: str = ""
+    #: Accessor -> its state, with ``compat=True`` only.
+    accessors: dict[str, str] = field(default_factory=dict)
 
 
 def keras_flavour(env: Mapping[str, str]) -> tuple[str, str | None]:
@@ -339,12 +343,15 @@ def preview_selection(env: Mapping[str, str], host: HostInfo, *, can_split_cpu: 
     )
 
 
-def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
+def collect_env_report(env: Mapping[str, str] | None = None, *, compat: bool = False) -> EnvReport:
     """Gather the environment report; leaves TensorFlow's runtime unstarted.
 
     Args:
         env: the environment to read (``os.environ`` when omitted). Devices are
             always this process's.
+        compat: check every private TF/Keras name tfstrategy uses, importing the
+            modules that hold them (seconds), and list each accessor; without it
+            only names in modules already imported are checked.
 
     Example:
         >>> print(format_env_report(collect_env_report()))
@@ -370,6 +377,11 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
         problems.append(f"select() would raise ClusterConfigError: {tf_config.error}")
     elif selection.error:
         problems.append(f"select() would raise {selection.error}")
+    accessors = _compat.accessor_status(import_modules=compat)
+    broken = [status.name for status in accessors if status.resolved is False]
+    if broken:
+        problems.append(f"private TF/Keras names tfstrategy uses are missing here (accessors {', '.join(broken)}); "
+                        "the features using them may fail: report it with this output")
     affinity = getattr(os, "sched_getaffinity", None)
     return EnvReport(
         tfstrategy=__version__,
@@ -391,6 +403,8 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
         problems=tuple(problems),
         **preview_steps(env),
         tensorflow_server=describe_tf_config_exposure(tf_config.config, network_interfaces()),
+        private_access=_compat.accessor_summary(accessors),
+        accessors={status.name: status.state() for status in accessors} if compat else {},
     )
 
 
@@ -544,6 +558,8 @@ def env_report_lines(report: EnvReport) -> list[tuple[str, str]]:
         ("Keras patches", "; ".join(report.patches) or "none"),
         ("select() steps", ", ".join(report.select_steps) or "none"),
         ("run/launch hook steps", ", ".join(report.hook_steps) or "none"),
+        ("Private TF/Keras access", report.private_access or "not checked"),
+        *((f"accessor {name}", state) for name, state in report.accessors.items()),
     ]
     lines += [("Problem", problem) for problem in report.problems]
     return lines

@@ -75,7 +75,7 @@ def prepare_collectives() -> str | None:
     install_rewrite(Rewrite("collectives_enabled_once", _compat.eager_context_module,
                             {"Context.enable_collective_ops": _enable_once}))
     install_rewrite(Rewrite("collective_keys_per_strategy", _compat.collective_strategy_module,
-                            {"CollectiveAllReduceExtended._initialize_multi_worker": _keys_of_its_own}))
+                            {_compat.initialize_multi_worker_target(): _keys_of_its_own}))
     return f"{config.task_type} {config.task_index} of {config.num_workers}: collectives configured before the first op"
 
 
@@ -115,10 +115,11 @@ def _keys_of_its_own(original: Callable[..., Any]) -> Callable[..., Any]:
     Every worker creates its strategies in the same order, so the n-th strategy of
     each worker gets the same keys, apart from the n-1 before it.
     """
+    from tfstrategy import _compat
 
     @functools.wraps(original)
     def _initialize_multi_worker(self: Any, cluster_resolver: Any) -> Any:
-        self._collective_key_base += KEY_STRIDE * next(_strategies_keyed)
+        _compat.offset_collective_key_base(self, KEY_STRIDE * next(_strategies_keyed))
         return original(self, cluster_resolver)
 
     return _initialize_multi_worker
@@ -134,6 +135,7 @@ def _describe(strategy: Any) -> str:
 
 def watch_strategies() -> str:
     """Every strategy is named in the summary; MultiWorkerMirroredStrategy signals the launcher and gets a timeout."""
+    from tfstrategy import _compat
     from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
 
     distribute = _distribute()
@@ -144,7 +146,7 @@ def watch_strategies() -> str:
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
-            if not type(self).__name__.startswith("_Default"):
+            if not _compat.is_default_strategy(self):
                 _state().strategies.append(_describe(self))
 
         return __init__

@@ -76,7 +76,7 @@ from tfstrategy._tf import tf
 from tfstrategy.errors import StrategyError
 from tfstrategy.patches.mechanism import Patch, PatchStatus, ProbeResult
 
-BUILD = "TensorFlowTrainer._maybe_symbolic_build"
+BUILD = _compat.trainer_build_peek_target()
 REDUCE = "reduce_per_replica"
 
 
@@ -201,15 +201,9 @@ def stand_in_strategy(calls: list[tuple[Any, Any]]) -> Any:
     """Something Keras takes for a multi-worker MWMS, without a cluster; records ``reduce`` calls."""
     distribute = tf().distribute
 
-    class _Extended:
-        worker_devices = ("/job:worker/replica:0/task:0/device:CPU:0",)
-
-        def _in_multi_worker_mode(self) -> bool:
-            return True
-
     class _StandIn(distribute.MultiWorkerMirroredStrategy):
         def __init__(self) -> None:  # the real constructor would start a server and wait for peers
-            self._stand_in_extended = _Extended()
+            self._stand_in_extended = _compat.multi_worker_extended_stand_in("/job:worker/replica:0/task:0/device:CPU:0")
 
         @property
         def extended(self) -> Any:
@@ -254,11 +248,8 @@ class MWMSPatch(Patch):
         calls: list[tuple[Any, Any]] = []
         strategy = stand_in_strategy(calls)
 
-        class _Model:
-            _distribute_strategy = distribute_strategy = strategy
-
-            def _symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
-                calls.append((data_batch, "built"))
+        def built(iterator: Any = None, data_batch: Any = None) -> None:
+            calls.append((data_batch, "built"))
 
         batch = (
             _compat.per_replica((np.zeros((2, 3), "float32"),)),
@@ -268,7 +259,7 @@ class MWMSPatch(Patch):
         for form in epoch_iterator_forms(batch):
             calls.clear()
             try:
-                build(_Model(), iterator=form)
+                build(_compat.stand_in_build_model(strategy, built), iterator=form)
                 break
             except ValueError as error:  # this release unpacks another form
                 if "unpack" not in str(error):
