@@ -137,8 +137,10 @@ def test_every_patch_target_exists_in_the_installed_keras(name):
     for group in getattr(patch, "one_of", ()):
         assert any(patch._has(module, target) for target in group), f"{name}: none of {group} in this Keras"
     for target in patch.targets:
-        if target not in alternatives:
-            assert callable(_compat.get_path(module, target)), f"{name}: {target} is gone from this Keras"
+        # restores: Keras lacks them (the patch adds them); optional: present only once a script imported them
+        if target not in alternatives and target not in getattr(patch, "restores", ()) + getattr(patch, "optional", ()):
+            found = _compat.get_path(module, target)
+            assert callable(found) or isinstance(found, property), f"{name}: {target} is gone from this Keras"
 
 
 def test_a_resumed_fit_starts_at_the_epoch_and_batch_it_is_given():
@@ -266,7 +268,7 @@ def test_keras3_build_state_and_the_dataset_behind_an_epoch_iterator():
 
 #: Functions of _compat that read no private TF/Keras name (public API, or tfstrategy's own helpers).
 NO_PRIVATE_NAME = {"accessor_status", "accessor_summary", "registered_accessors", "deadline_exceeded_error",
-                   "unavailable_error", "get_path", "set_path", "is_tf_keras_object", "keras_for", "keras_version",
+                   "unavailable_error", "get_path", "set_path", "del_path", "is_tf_keras_object", "keras_for", "keras_version",
                    "keras_variable_types", "model_metric_variables", "model_state_variables", "numpy_if_imported",
                    "optimizer_variables", "skip_keras3_steps", "variable_path"}
 
@@ -407,3 +409,38 @@ def test_keras3_trainer_stand_in_loss_scale_step_and_build_peek():
     assert _compat.has_class_build_peek(model)
     _compat.class_build_peek(model, data_batch=(tf.ones((2, 3)), tf.ones((2, 2))))
     assert _compat.keras3_nothing_left_to_build(model)
+
+
+@pytest.mark.skipif(LEGACY, reason="Keras 3 internals: tf_keras has none of these bugs")
+def test_keras3_internals_the_issue_36_patches_replace():
+    """keras_uneven_batches, keras_lazy_optimizer, keras_compile_scope and keras_jit_compile name these."""
+    root = _compat.keras3_loss_module_root()
+    assert callable(root.backend.tensorflow.trainer.TensorFlowTrainer.train_step)
+    assert callable(root.losses.loss.scale_loss_for_distribution) and callable(root.losses.loss.unscale_loss_for_distribution)
+    assert callable(_compat.keras3_tf_optimizer_module().TFOptimizer.add_variable)
+    trainer = _compat.keras3_trainer_module().Trainer
+    assert callable(trainer.compile) and isinstance(trainer.__dict__["jit_compile"], property)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", jit_compile=False)
+    _compat.set_keras3_jit_compile(model, True)
+    assert model.jit_compile is True and model.train_function is None
+
+
+@pytest.mark.skipif(LEGACY, reason="tf.keras is tf_keras: its legacy optimizers are real")
+def test_keras3_keeps_the_legacy_optimizer_names_in_each_module():
+    packages = _compat.keras3_legacy_optimizer_packages()
+    names = vars(packages)
+    assert "keras" in names and "tf_keras_copy" in names
+    assert sys.modules["tensorflow.keras.optimizers.legacy"] in names.values()
+    assert _compat.resolved_tf_keras() == "keras"  # tf.keras left as it was
+    assert all(hasattr(module, "SGD") and hasattr(module, "Adam") for module in names.values())
+
+
+def test_del_path_removes_what_set_path_added():
+    from types import SimpleNamespace
+
+    root = SimpleNamespace(inner=SimpleNamespace())
+    _compat.set_path(root, "inner.added", 1)
+    assert _compat.get_path(root, "inner.added") == 1
+    _compat.del_path(root, "inner.added")
+    assert not hasattr(root.inner, "added")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -86,3 +88,48 @@ def loss_scale_step_handler(module: ModuleType, check_finite: Callable[[Any, Any
             skipped()
 
     return loss_scale_cross_replica_handler(module.LossScaleOptimizer._tf_apply, _StandInOptimizer())
+
+
+@accessor("keras.src.backend.tensorflow.optimizer:TFOptimizer.add_variable")
+def keras3_tf_optimizer_module() -> ModuleType | None:
+    """``keras.src.backend.tensorflow.optimizer`` (``TFOptimizer``) when Keras 3 runs on TensorFlow; else ``None``."""
+    if keras3_tensorflow_trainer() is None:
+        return None
+    try:
+        from keras.src.backend.tensorflow import optimizer
+    except ImportError:
+        return None
+    return optimizer if hasattr(optimizer, "TFOptimizer") else None
+
+
+@accessor("keras.optimizers.legacy:SGD", "keras.optimizers.legacy:Adam", "keras._tf_keras.keras.optimizers.legacy:SGD?", "keras._tf_keras.keras.optimizers.legacy:Adam?")
+def keras3_legacy_optimizer_packages() -> Any:
+    """Every module object Keras 3 keeps its ``optimizers.legacy`` names in, as attributes of one namespace.
+
+    ``keras.optimizers.legacy`` and ``tf.keras``'s copy (``keras._tf_keras.keras.optimizers.legacy``).
+    ``from tensorflow.keras.optimizers.legacy import SGD`` would load that copy's file again as a
+    module of its own; ``sys.modules`` gets ``tensorflow.keras.optimizers.legacy`` as the copy
+    itself, so that import finds it (importing it here instead would replace ``tf.keras`` in the
+    ``tensorflow`` module). A module of that name already loaded is included as it is. Keras 3
+    keeps the names only to raise ``ImportError``. ``None`` when ``tf.keras`` is tf_keras (whose
+    legacy optimizers are real) or Keras 3 is not on TensorFlow.
+    """
+    import types
+
+    from tfstrategy._versions import keras_package
+
+    if keras3_tensorflow_trainer() is None or keras_package() != "keras":
+        return None
+    found: dict[str, ModuleType] = {}
+    for attribute, name in (("keras", "keras.optimizers.legacy"), ("tf_keras_copy", "keras._tf_keras.keras.optimizers.legacy")):
+        try:
+            found[attribute] = importlib.import_module(name)
+        except ImportError:  # this Keras lacks that copy
+            continue
+    alias = "tensorflow.keras.optimizers.legacy"
+    if "tf_keras_copy" in found:
+        sys.modules.setdefault(alias, found["tf_keras_copy"])
+    loaded = sys.modules.get(alias)
+    if loaded is not None and all(loaded is not module for module in found.values()):
+        found["tensorflow_keras"] = loaded
+    return types.SimpleNamespace(**found) if found else None

@@ -94,6 +94,12 @@ def set_path(root: Any, path: str, value: Any) -> None:
     setattr(get_path(root, owner_path) if owner_path else root, name, value)
 
 
+def del_path(root: Any, path: str) -> None:
+    """Delete ``root.a.b`` for ``path="a.b"`` (an attribute a patch added)."""
+    owner_path, _, name = path.rpartition(".")
+    delattr(get_path(root, owner_path) if owner_path else root, name)
+
+
 @accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function")
 def trainer_make_function_target() -> str:
     """Keras 3's ``TensorFlowTrainer._make_function`` (builds the step loop ``fit`` calls), as a path in the trainer module."""
@@ -119,3 +125,42 @@ def copy_autoconvert_optionals(trainer_module: ModuleType, stand_in: type) -> No
 def backup_save_target() -> str:
     """Keras 3's ``BackupAndRestore._save_model`` (writes the backup), as a path in :func:`keras3_file_writers`."""
     return "callbacks.backup_and_restore.BackupAndRestore._save_model"
+
+
+@accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer.train_step", "keras.src.losses.loss:scale_loss_for_distribution", "keras.src.losses.loss:unscale_loss_for_distribution")
+def keras3_loss_module_root() -> ModuleType | None:
+    """``keras.src`` with its TensorFlow trainer and ``losses.loss`` imported, when Keras 3 runs on TensorFlow.
+
+    The uneven-batch patch names ``backend.tensorflow.trainer.TensorFlowTrainer.train_step`` and
+    ``losses.loss.scale_loss_for_distribution``/``unscale_loss_for_distribution`` inside it.
+    """
+    if keras3_tensorflow_trainer() is None:
+        return None
+    try:
+        import keras.src
+        from keras.src.losses import loss
+
+        loss.scale_loss_for_distribution, loss.unscale_loss_for_distribution  # noqa: B018 - both exist
+    except (ImportError, AttributeError):
+        return None
+    root: ModuleType = keras.src
+    return root
+
+
+@accessor("keras.src.trainers.trainer:Trainer.compile", "keras.src.trainers.trainer:Trainer.jit_compile")
+def keras3_trainer_module() -> ModuleType | None:
+    """``keras.src.trainers.trainer`` (``Trainer.compile``) when Keras 3 runs on TensorFlow; else ``None``."""
+    if keras3_tensorflow_trainer() is None:
+        return None
+    try:
+        from keras.src.trainers import trainer
+    except ImportError:
+        return None
+    return trainer if hasattr(trainer, "Trainer") else None
+
+
+@accessor("keras.src.trainers.trainer:Trainer._jit_compile")
+def set_keras3_jit_compile(model: Any, value: bool) -> None:
+    """Set a Keras 3 model's XLA setting past its ``jit_compile`` property (what Keras' own setter stores)."""
+    model._jit_compile = value
+    model.train_function = model.test_function = model.predict_function = None

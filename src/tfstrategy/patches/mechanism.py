@@ -55,6 +55,8 @@ class PatchStatus:
 
 #: Set on every replacement: the function it replaced, so a probe always reaches the library's own.
 _ORIGINAL = "__tfstrategy_original__"
+#: The "original" of a target the library lacks: :meth:`Patch.remove` deletes the attribute again.
+_MISSING: Any = object()
 
 
 def _outside_the_callers_scopes(probe: Callable[[], Any]) -> Any:
@@ -176,10 +178,12 @@ class Patch:
                 broken = [target for target in self.targets if result.get(target)]
             for target in broken:
                 if target not in self._originals:
-                    original = _compat.get_path(module, target)
+                    # A target the library lacks (a removed API the patch restores) has no original.
+                    original = _compat.get_path(module, target) if self._has(module, target) else _MISSING
                     self._originals[target] = original
                     replacement = self.replacement(target, original)
-                    setattr(replacement, _ORIGINAL, original)
+                    if original is not _MISSING:
+                        setattr(replacement, _ORIGINAL, original)
                     _compat.set_path(module, target, replacement)
             if self._originals:
                 from tfstrategy.runtime.process import RUNTIME
@@ -192,7 +196,9 @@ class Patch:
         with self._lock:
             module = self.target_module()
             for target, original in list(self._originals.items()):
-                if module is not None:
+                if module is not None and original is _MISSING:
+                    _compat.del_path(module, target)
+                elif module is not None:
                     _compat.set_path(module, target, original)
                 del self._originals[target]
             from tfstrategy.runtime.process import RUNTIME
