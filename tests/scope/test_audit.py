@@ -16,6 +16,7 @@ import tensorflow as tf
 import tfstrategy
 from tfstrategy import audit_scope, require_scope, scope_guard
 from tfstrategy.errors import BuildError, ScopeError
+from tfstrategy.patches import keras_compile_scope
 from tfstrategy.scope.audit import AuditReport, guard_model
 from tfstrategy.scope.creation_sites import recording, site_of
 
@@ -196,9 +197,14 @@ def test_guard_audits_again_when_the_optimizer_is_replaced():
         model.compile("adam", "mse")
     guard_model(model, selection)
     model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
-    model.compile(keras.optimizers.Adam(), "mse")  # site: recompiled
-    with pytest.raises(ScopeError, match=line_of("recompiled")):
-        model.train_on_batch(X, Y)
+    # Keras' own compile(): with keras_compile_scope installed the stray optimizer would be re-created in scope.
+    keras_compile_scope.PATCH.remove()
+    try:
+        model.compile(keras.optimizers.Adam(), "mse")  # site: recompiled
+        with pytest.raises(ScopeError, match=line_of("recompiled")):
+            model.train_on_batch(X, Y)
+    finally:
+        keras_compile_scope.PATCH.apply()
 
 
 def test_audit_lists_every_variable_with_owner_scope_and_site():
