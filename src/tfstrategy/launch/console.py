@@ -274,7 +274,8 @@ class Console:
         except (AttributeError, ValueError, OSError):
             columns = 80
         plain = _visible(text)
-        return text if len(plain) < columns else plain[:max(columns - 1, 1)]
+        # A line wider than the terminal would wrap, and "\r" would redraw only its last row.
+        return text if columns <= 0 or len(plain) < columns else plain[:columns - 1]
 
     def _draw(self, text: str) -> None:
         self._put(f"\r{self._fit(text)}\x1b[K")
