@@ -321,7 +321,8 @@ def test_the_launchers_own_line_clears_the_live_progress_first():
     pytest.param(137, signal.SIGINT, "worker 1: still running 10 s (--grace) after SIGINT; killed (SIGKILL)",
                  id="killed-after-grace"),
     pytest.param(75, signal.SIGTERM, "worker 1: saved and exited 75 (preempted)", id="preempted"),
-    pytest.param(1, signal.SIGINT, "worker 1: exited with status 1 after Ctrl-C (SIGINT)", id="own-status"),
+    pytest.param(1, signal.SIGINT, "worker 1: stopped by Ctrl-C (SIGINT); exit status 1", id="own-status"),
+    pytest.param(0, signal.SIGINT, "worker 1: exited 0 after Ctrl-C (SIGINT)", id="exited-0"),
     pytest.param(139, signal.SIGINT, "worker 1: killed by SIGSEGV after Ctrl-C (SIGINT)", id="other-signal"),
 ])
 def test_each_worker_stopped_by_a_signal_is_one_line(status, signum, line):

@@ -91,7 +91,9 @@ def stopped_line(index: int, status: int, signum: int, grace: float) -> str:
             return f"worker {index}: killed by {signal.Signals(status - 128).name} after {what}"
         except ValueError:
             pass
-    return f"worker {index}: exited with status {status} after {what}"
+    if status == 0:
+        return f"worker {index}: exited 0 after {what}"
+    return f"worker {index}: stopped by {what}; exit status {status}"  # e.g. 1 after its KeyboardInterrupt
 
 
 class Console:
