@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import signal
@@ -353,7 +354,12 @@ def test_the_pump_hands_a_progress_bars_states_to_the_console_and_its_last_state
     pytest.param("all", None, True, None, id="all"),
 ])
 def test_console_workers_names_the_lead(text, lead, every, workers):
-    from tfstrategy.cli.launch import _worker_list, console_view
+    from tfstrategy.cli import build_parser
+    from tfstrategy.cli.launch import _worker_list, console_view, options_from_args
 
     view = console_view(text)
     assert (view.lead, view.every_line, _worker_list(text)) == (lead, every, workers)
+    flag = [] if text is None else ["--console-workers", text]
+    options = options_from_args(build_parser().parse_args(["launch", "-n", "3", "--debug", *flag, "--", "true"]))
+    assert options.console_view == dataclasses.replace(view, debug=True)
+    assert options.console_workers == (frozenset({0, 1, 2}) if every else workers)  # all: with --log-dir too

@@ -219,7 +219,9 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             stall_timeout=None if args.stall_timeout == 0 else args.stall_timeout,
             log_dir=args.log_dir,
             tee=args.tee,
-            console_workers=None if view.every_line else _worker_list(args.console_workers),
+            # "all" names every worker, so that with --log-dir they reach the console without --tee.
+            console_workers=(frozenset(range(max(args.num_workers, 0) * args.nnodes)) if view.every_line
+                             else _worker_list(args.console_workers)),
             console_view=view,
             port_range=port_range,
         )
