@@ -36,3 +36,14 @@ def test_public_names_load_on_first_use_and_launch_stays_the_function():
     done = subprocess.run([sys.executable, "-c", _LAZY], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("lazy ")
+
+
+def test_the_slurm_module_moved_to_environments_and_its_names_warn_until_their_removal():
+    import tfstrategy.multiworker.slurm as old
+    from tfstrategy.environments.slurm import read_slurm_step
+
+    with pytest.warns(DeprecationWarning, match=r"moved to tfstrategy\.environments\.slurm .*removed in tfstrategy 0\.4"):
+        moved = old.read_slurm_step
+    assert moved is read_slurm_step
+    with pytest.raises(AttributeError):
+        old.Slurm  # noqa: B018  (only the names the old module had resolve)

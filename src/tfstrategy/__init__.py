@@ -12,23 +12,25 @@ from tfstrategy._tf import ensure_tensorflow_installed
 ensure_tensorflow_installed()
 
 import importlib as _importlib  # noqa: E402
+import typing as _typing  # noqa: E402
 import warnings as _warnings  # noqa: E402
 
 if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on first use
     from tfstrategy.diagnostics.check import run_check
     from tfstrategy.diagnostics.env_report import collect_env_report
     from tfstrategy.diagnostics.equivalence import replica_equivalence
+    from tfstrategy.environments.slurm import tf_config_from_slurm
     from tfstrategy.errors import TFStrategyError
     from tfstrategy.launch.supervisor import launch
     from tfstrategy.multiworker.chief_files import is_chief
     from tfstrategy.multiworker.cluster import tf_config_from_hosts
     from tfstrategy.multiworker.preemption import preemption_callbacks
     from tfstrategy.multiworker.saving import save_model
-    from tfstrategy.multiworker.slurm import tf_config_from_slurm
     from tfstrategy.multiworker.worker_protocol import backup_callbacks, signal_joined
     from tfstrategy.patches import apply_patches, patch_status
     from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
     from tfstrategy.performance.report import performance_report
+    from tfstrategy.runtime import reset
     from tfstrategy.scope.audit import audit_scope, require_scope, scope_guard
     from tfstrategy.scope.build import build_in_scope
     from tfstrategy.scope.restore import restore_checkpoint
@@ -73,6 +75,7 @@ __all__ = [
     # Keras workarounds.
     "apply_patches",
     "patch_status",
+    "reset",
     # Diagnostics (steps 1 and 6).
     "run_check",
     "replica_equivalence",
@@ -101,19 +104,20 @@ _PUBLIC = {
     "run_check": "tfstrategy.diagnostics.check",
     "collect_env_report": "tfstrategy.diagnostics.env_report",
     "replica_equivalence": "tfstrategy.diagnostics.equivalence",
+    "tf_config_from_slurm": "tfstrategy.environments.slurm",
     "TFStrategyError": "tfstrategy.errors",
     "launch": "tfstrategy.launch.supervisor",
     "is_chief": "tfstrategy.multiworker.chief_files",
     "tf_config_from_hosts": "tfstrategy.multiworker.cluster",
     "preemption_callbacks": "tfstrategy.multiworker.preemption",
     "save_model": "tfstrategy.multiworker.saving",
-    "tf_config_from_slurm": "tfstrategy.multiworker.slurm",
     "backup_callbacks": "tfstrategy.multiworker.worker_protocol",
     "signal_joined": "tfstrategy.multiworker.worker_protocol",
     "apply_patches": "tfstrategy.patches",
     "patch_status": "tfstrategy.patches",
     "fix_steps_per_execution": "tfstrategy.patches.keras_steps_per_execution",
     "performance_report": "tfstrategy.performance.report",
+    "reset": "tfstrategy.runtime",
     "audit_scope": "tfstrategy.scope.audit",
     "require_scope": "tfstrategy.scope.audit",
     "scope_guard": "tfstrategy.scope.audit",
@@ -172,7 +176,7 @@ _MOVED = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> _typing.Any:
     home = _PUBLIC.get(name)
     if home is not None:
         value = getattr(_importlib.import_module(home), name)

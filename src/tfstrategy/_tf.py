@@ -31,4 +31,4 @@ def tf() -> ModuleType:
         import tensorflow
     except ImportError as error:  # pragma: no cover - exercised only without TF
         raise MissingDependencyError(f"tfstrategy could not import TensorFlow ({error}). {INSTALL_HINT}") from error
-    return tensorflow
+    return tensorflow  # type: ignore[no-any-return]  # TensorFlow ships no types

@@ -11,6 +11,10 @@ from __future__ import annotations
 class TFStrategyError(Exception):
     """Base class of every error tfstrategy raises on bad input or state."""
 
+    # Autograph re-raises an error from a traced function as its own type only when that type's
+    # __init__ is Exception's (else as a StagingError); the ValueError mixins of the subclasses would hide it.
+    __init__ = Exception.__init__
+
 
 class DeviceError(TFStrategyError, ValueError):
     """A device specification is malformed or names devices this host lacks."""

@@ -7,8 +7,9 @@ conflict is an error that says which one to remove.
 
 Two kinds of variables live here. *Settings* a user may set
 (:data:`ENV_STRATEGY`, :data:`ENV_DEVICES`, :data:`ENV_CPU_REPLICAS`,
-:data:`ENV_COLLECTIVE_TIMEOUT`, :data:`ENV_SLURM`, :data:`ENV_SLURM_PORT`, :data:`ENV_PORT_RANGE`) and the *launch
-protocol* that ``tfstrategy launch`` sets for each worker (:data:`ENV_NUM_WORKERS` ... :data:`ENV_ISOLATED`).
+:data:`ENV_COLLECTIVE_TIMEOUT`, :data:`ENV_PORT_RANGE`, ...) and the *launch protocol* that ``tfstrategy
+launch`` sets for each worker (:data:`ENV_NUM_WORKERS` ... :data:`ENV_ISOLATED`). A cluster environment's own
+variables (``TFSTRATEGY_SLURM``, ``TFSTRATEGY_SLURM_PORT``) live in its module under :mod:`tfstrategy.environments`.
 """
 
 from __future__ import annotations
@@ -29,10 +30,6 @@ ENV_DEVICES = "TFSTRATEGY_DEVICES"
 ENV_CPU_REPLICAS = "TFSTRATEGY_CPU_REPLICAS"
 #: Seconds a multi-worker collective waits for a peer before raising.
 ENV_COLLECTIVE_TIMEOUT = "TFSTRATEGY_COLLECTIVE_TIMEOUT"
-#: ``off`` stops select() from building the cluster from a Slurm job step (independent tasks).
-ENV_SLURM = "TFSTRATEGY_SLURM"
-#: Base port of the workers of a Slurm step: the k-th task on a node listens on base + k.
-ENV_SLURM_PORT = "TFSTRATEGY_SLURM_PORT"
 #: The ports ``tfstrategy launch`` gives its workers, LOW-HIGH, when ``--port-range`` is not given.
 ENV_PORT_RANGE = "TFSTRATEGY_PORT_RANGE"
 #: The Keras global dtype policy set before the model is built: float32, mixed_float16 or mixed_bfloat16.
@@ -50,7 +47,8 @@ ENV_WORKER_INDEX = "TFSTRATEGY_WORKER_INDEX"
 ENV_RESTART = "TFSTRATEGY_RESTART"
 ENV_JOIN_FILE = "TFSTRATEGY_JOIN_FILE"
 ENV_BACKUP_DIR = "TFSTRATEGY_BACKUP_DIR"
-#: The job's identity in its backups, set by the user (passed on by ``launch``); else ``SLURM_JOB_ID``, else the directory's.
+#: The job's identity in its backups, set by the user (passed on by ``launch``); else the cluster environment's
+#: (tfstrategy.environments.job_id), else the directory's.
 ENV_JOB_ID = "TFSTRATEGY_JOB_ID"
 #: This machine's rank in a multi-node job (`tfstrategy launch --nnodes N`), when --node-rank is not given.
 ENV_NODE_RANK = "TFSTRATEGY_NODE_RANK"
@@ -58,7 +56,7 @@ ENV_NODE_RANK = "TFSTRATEGY_NODE_RANK"
 ENV_LAUNCH_SECRET = "TFSTRATEGY_LAUNCH_SECRET"
 #: Set by the launcher after it re-executed itself in a private network namespace.
 ENV_ISOLATED = "TFSTRATEGY_ISOLATED_NETWORK"
-#: Supervision (tfstrategy.launch.worker_watch): the worker's error file, progress file, the pid of its
+#: Supervision (tfstrategy.runtime.worker_watch): the worker's error file, progress file, the pid of its
 #: launcher and the descriptor that reaches end-of-file when the launcher dies; a tag every process of the job carries.
 ENV_ERROR_FILE = "TFSTRATEGY_ERROR_FILE"
 ENV_PROGRESS_FILE = "TFSTRATEGY_PROGRESS_FILE"
@@ -66,7 +64,7 @@ ENV_LAUNCHER_PID = "TFSTRATEGY_LAUNCHER_PID"
 ENV_LIFELINE_FD = "TFSTRATEGY_LIFELINE_FD"
 ENV_JOB_TAG = "TFSTRATEGY_JOB_TAG"
 
-# The start-up hook (`tfstrategy run` and `tfstrategy launch`): see tfstrategy.launch.worker_hook.
+# The start-up hook (`tfstrategy run` and `tfstrategy launch`): see tfstrategy.runtime.worker_hook.
 #: "1" makes the hook's sitecustomize install tfstrategy's worker side in a process.
 ENV_HOOK = "TFSTRATEGY_HOOK"
 #: What the hook does when a model's variables are outside its strategy's scope: warn, stop or off.
@@ -242,3 +240,18 @@ def resolve_collective_timeout(
     )
     name = ENV_COLLECTIVE_TIMEOUT if setting.source.startswith("env") else "collective_timeout"
     return parse_collective_timeout(setting.value, name=name), setting.source
+
+
+def validate_audit_mode(mode: object, *, name: str = "--audit") -> str:
+    """``warn``, ``stop`` or ``off``.
+
+    Raises:
+        StrategyError: anything else.
+    """
+    text = str(mode).strip().lower()
+    if text not in AUDIT_MODES:
+        raise StrategyError(
+            f"Received {name} {mode!r}; expected one of {', '.join(AUDIT_MODES)}: warn reports variables made outside "
+            "the strategy's scope and trains on, stop refuses to train, off skips the audit."
+        )
+    return text

@@ -48,7 +48,7 @@ def _fail(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
                      "tfstrategy launch: error: argument --audit: invalid choice 'wran'; expected one of warn, stop, "
                      "off. Did you mean 'warn'?", id="choice"),
         pytest.param(("lanch", "-n", "2"),
-                     "tfstrategy: error: unknown command 'lanch'; expected one of check, env, run, launch. "
+                     "tfstrategy: error: unknown command 'lanch'; expected one of check, env, run, launch, k8s. "
                      "Did you mean 'launch'?", id="command"),
         pytest.param(("launch", "--frobnicate", "--", "python", "t.py"),
                      "tfstrategy launch: error: unknown option --frobnicate", id="no-close-flag"),

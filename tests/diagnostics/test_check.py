@@ -125,7 +125,7 @@ from tfstrategy.cli import build_parser
 args = build_parser().parse_args(["check"])
 assert args.command.__name__ == "check_command"
 import tfstrategy.diagnostics.check, tfstrategy.errors, tfstrategy.multiworker.cluster, tfstrategy.selection.select
-off_path = ["tfstrategy.launch.worker_hook", "tfstrategy.launch.worker_watch", "tfstrategy.launch.reports",
+off_path = ["tfstrategy.runtime.worker_hook", "tfstrategy.runtime.worker_watch", "tfstrategy.launch.reports",
             "tfstrategy.multiworker.peers", "tfstrategy.training.sentinel", "tfstrategy.training.datasets",
             "tfstrategy.training.batching"]
 print(" ".join(name for name in off_path if name in sys.modules))

@@ -137,6 +137,29 @@ def test_report_lists_this_process_devices_and_versions():
     assert f"- TensorFlow: {tf.__version__}, CPU-only build (no CUDA)" in lines
 
 
+FOREIGN_NODE = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "n9",
+                "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+
+
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        pytest.param({}, "none (no cluster variables: one process)", id="none"),
+        pytest.param({"TF_CONFIG": json.dumps(TWO_WORKERS)}, "TF_CONFIG: worker-1 of 2 training task(s) at 127.0.0.1:20002",
+                     id="tf-config"),
+        pytest.param({"TF_CONFIG": "{"}, "TF_CONFIG: invalid (see the Problem line)", id="tf-config-invalid"),
+        # strategy='mirrored' does not need the step's cluster, so its error is on the Slurm job step line only
+        pytest.param({**FOREIGN_NODE, "TFSTRATEGY_STRATEGY": "mirrored"}, "Slurm: invalid (see the Slurm job step line)",
+                     id="slurm-refused-layout"),
+    ],
+)
+def test_the_cluster_environment_line(env, line):
+    lines = format_env_report(collect_env_report(env)).splitlines()
+
+    at = lines.index(f"- Cluster environment: {line}")
+    assert lines[at + 1].startswith("- TFSTRATEGY_* variables: ")  # after the environments' own lines
+
+
 def test_json_dict_carries_every_slurm_variable_and_the_parsed_tf_config():
     slurm = {f"SLURM_{name}": str(i) for i, name in enumerate(["JOB_ID", "NTASKS", "PROCID", "MEM_PER_CPU", "TOPOLOGY_ADDR"])}
     report = collect_env_report({**slurm, "TF_CONFIG": json.dumps(TWO_WORKERS), "CUDA_VISIBLE_DEVICES": ""})

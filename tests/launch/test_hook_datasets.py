@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from tfstrategy.launch import hook_datasets
-from tfstrategy.launch.hook_datasets import fewest_files
+from tfstrategy.runtime import hook_datasets
+from tfstrategy.runtime.hook_datasets import fewest_files
+from tfstrategy.runtime.process import RUNTIME
 
 AUTO, DATA = tf.data.experimental.AutoShardPolicy.AUTO, tf.data.experimental.AutoShardPolicy.DATA
 
@@ -72,7 +73,7 @@ def _distributed(workers: int, dataset):
 
 
 def test_fewer_files_than_workers_are_sharded_by_element_and_said_once(records, monkeypatch, capsys):
-    monkeypatch.setattr(hook_datasets, "_said", [])
+    monkeypatch.setattr(RUNTIME, "_said", set())
     one_file = tf.data.TFRecordDataset([records[0]]).batch(2)
     assert _distributed(2, one_file) == DATA
     assert _distributed(4, tf.data.TFRecordDataset(records)) == DATA  # 3 files for 4 workers
@@ -83,7 +84,7 @@ def test_fewer_files_than_workers_are_sharded_by_element_and_said_once(records, 
 
 
 def test_enough_files_one_worker_or_the_scripts_own_policy_are_left_alone(records, monkeypatch):
-    monkeypatch.setattr(hook_datasets, "_said", [])
+    monkeypatch.setattr(RUNTIME, "_said", set())
     assert _distributed(2, tf.data.TFRecordDataset(records)) == AUTO  # 3 files for 2 workers: by file
     assert _distributed(1, tf.data.TFRecordDataset([records[0]])) == AUTO
     options = tf.data.Options()

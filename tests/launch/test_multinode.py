@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,9 @@ from helpers import ROOT, free_ports, node_port_range
 from tfstrategy.cli import build_parser
 from tfstrategy.cli.launch import node_options_from_args, options_from_args
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch.rendezvous import NodeOptions, RendezvousClient, RendezvousServer
+from tfstrategy.launch.nodes import failure_from_event
+from tfstrategy.launch.rendezvous import EventKind, NodeOptions, RendezvousClient, RendezvousServer, ServerLimits
+from tfstrategy.launch.rendezvous.wire import Failed
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 
 SECRET = "tfstrategy-test-secret-0123456789"
@@ -46,7 +49,7 @@ def _finish_all(*runs: Run, timeout: float) -> list[tuple[int, str, str, float]]
     deadline = time.monotonic() + timeout
     results = [run.finish(max(1.0, deadline - time.monotonic())) for run in runs]
     for run in runs:
-        assert _tagged(run.tag) == []
+        assert run.survivors == []  # listed when its launcher had returned, before the guard cleans up
     return results
 
 
@@ -124,6 +127,66 @@ def test_handshake_refuses_a_stranger_and_a_taken_rank():
         server.close()
 
 
+def _running_job(limits: ServerLimits, max_restarts: int = 0) -> tuple[RendezvousServer, list[RendezvousClient]]:
+    """Node 0's server and both nodes' clients, in this process, with round 0 formed."""
+    port = _free_port()
+    node = NodeOptions(nnodes=2, node_rank=0, master_host=MASTER_HOST, master_port=port, secret=SECRET.encode())
+    server = RendezvousServer(node, workers_per_node=1, max_restarts=max_restarts, timeout=60, say=lambda _: None,
+                              limits=limits)
+    clients = [RendezvousClient(NodeOptions(nnodes=2, node_rank=rank, master_host=MASTER_HOST, master_port=port,
+                                            secret=SECRET.encode(), node_address=f"127.0.0.{rank + 2}"),
+                                workers_per_node=1, max_restarts=max_restarts, interrupted=lambda: False)
+               for rank in (0, 1)]
+    for client in clients:
+        assert client.connect(timeout=30) is None
+    with ThreadPoolExecutor(2) as pool:
+        formed = list(pool.map(lambda pair: pair[0].form(0, [41000 + pair[1]]), zip(clients, (0, 1))))
+    assert all(event is not None and event.kind.value == "cluster" for event in formed), formed
+    return server, clients
+
+
+def _failed(worker: int, when: float, *, consequential: bool, reason: str) -> Failed:
+    return Failed.bounded(round=0, worker=worker, reason=reason, status=1, time=when, consequential=consequential,
+                          outcome="failed", lines=[f"line of worker {worker}"], logs=[f"/logs/worker-{worker}.log"])
+
+
+@pytest.mark.parametrize("consequential", [pytest.param(True, id="first-to-arrive-is-an-echo"),
+                                           pytest.param(False, id="first-to-arrive-is-later")])
+def test_node_0_relays_the_earliest_root_cause_whole_not_the_first_to_arrive(consequential):
+    """Node 1's report (at 1005 s) reaches node 0 before node 0's own (at 1000 s); both nodes hear node 0's, whole."""
+    server, (c0, c1) = _running_job(ServerLimits(settle_seconds=600))  # decided when both reported, not by a timer
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            second = pool.submit(c1.report_failure, _failed(1, 1005.0, consequential=consequential,
+                                                            reason="UnavailableError: Socket closed"))
+            while not server._failures:  # node 1's report arrived first
+                time.sleep(0.01)
+            first = pool.submit(c0.report_failure, _failed(0, 1000.0, consequential=False, reason="ValueError: bad"))
+            verdicts = [first.result(30), second.result(30)]
+        for event in verdicts:
+            assert event is not None and event.kind.value == "failed"
+            failure = failure_from_event(event)
+            assert (failure.node, failure.index, failure.reason, failure.time) == (0, 0, "ValueError: bad", 1000.0)
+            assert (failure.consequential, failure.last_lines, failure.logs) == (False, ("line of worker 0",),
+                                                                                 ("/logs/worker-0.log",))
+    finally:
+        for client in (c0, c1):
+            client.close()
+        server.close()
+
+
+def test_a_node_whose_workers_run_on_does_not_hold_the_decision_past_the_settle_time():
+    server, (c0, c1) = _running_job(ServerLimits(settle_seconds=0.2), max_restarts=1)
+    try:
+        event = c1.report_failure(_failed(1, 1005.0, consequential=False, reason="exited with status 3"))
+        assert event is not None and event.data["restart"] is True and event.data["node"] == 1
+        assert c0._wait((EventKind.FAILED,), timeout=30).data["reason"] == "exited with status 3"
+    finally:
+        for client in (c0, c1):
+            client.close()
+        server.close()
+
+
 # --- supervision across nodes, with plain workers (no TensorFlow) ----------------------------------------
 
 
@@ -133,12 +196,11 @@ def test_failure_on_node_1_stops_and_restarts_both_nodes():
     restart = ("-n", "1", "--max-restarts", "1", "--timeout", "30", "--", sys.executable, str(PLAIN_WORKER), "fail")
     nodes = [_node(0, master, *restart), _node(1, master, *restart)]
     results = _finish_all(*nodes, timeout=90)
-    for code, _, err, seconds in results:
+    for code, _, err, _ in results:
         assert code == 1, err
         assert "node 1 worker 1 exited with status 3" in err and "last 15 line(s) of node 1 worker 1:" in err
         assert "  | line 29" in err
         assert "(restart 1 of 1)" in err and "giving up after 1 restart(s)" in err
-        assert seconds < 60
     assert "starting 1 worker(s) (worker 0 of 2) on 127.0.0.2:" in results[0][2]
     assert "starting 1 worker(s) (worker 1 of 2) on 127.0.0.3:" in results[1][2]
 
@@ -147,10 +209,9 @@ def test_failure_on_node_1_stops_and_restarts_both_nodes():
 def test_node_that_never_starts_fails_the_other_at_the_timeout():
     master = f"{MASTER_HOST}:{_free_port()}"
     node0 = _node(0, master, "-n", "1", "--timeout", "4", "--", sys.executable, str(PLAIN_WORKER), "sleep")
-    [(code, _, err, seconds)] = _finish_all(node0, timeout=60)
+    [(code, _, err, _)] = _finish_all(node0, timeout=60)
     assert code == 124, err
     assert "node rank(s) 1 did not arrive at the rendezvous on 127.0.0.2:" in err and "within --timeout 4 s" in err
-    assert seconds < 4 + 10
 
 
 @pytest.mark.multiprocess
@@ -164,11 +225,10 @@ def test_ctrl_c_on_node_0_stops_every_process_on_both_nodes():
         time.sleep(0.1)
     assert [len(_tagged(node.tag)) for node in nodes] == [6, 6]
     nodes[0].process.send_signal(signal.SIGINT)
-    interrupted = time.monotonic()
     results = _finish_all(*nodes, timeout=30)
     assert [code for code, *_ in results] == [130, 130]
     assert "node 0 received SIGINT: stopping this node's workers" in results[1][2]
-    assert time.monotonic() - interrupted < 15
+    assert all("passed it on; every worker stopped" in err for _, _, err, _ in results)
 
 
 # --- with TensorFlow ----------------------------------------------------------------------------------

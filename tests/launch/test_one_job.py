@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from tfstrategy.launch import one_job
-from tfstrategy.launch.rewrites import Rewrite, install_rewrite, remove_rewrites
+from tfstrategy.runtime import one_job
+from tfstrategy.runtime.rewrites import Rewrite, install_rewrite, remove_rewrites
 from tfstrategy.selection.devices import Device
 
 CPU0, CPU1, GPU0, GPU1 = Device("CPU", 0), Device("CPU", 1), Device("GPU", 0), Device("GPU", 1)

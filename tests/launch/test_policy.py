@@ -14,7 +14,7 @@ import sys
 import pytest
 from fakes import Clock, FakeWorker, Fleet
 
-from tfstrategy.launch.coordinator import Event, EventType, LocalCoordinator
+from tfstrategy.launch.coordinator import Event, LocalCoordinator
 from tfstrategy.launch.reports import ErrorRecord
 from tfstrategy.launch.states import EndReason, Failure, RunResult
 from tfstrategy.launch.supervisor import Launcher, LaunchOptions
@@ -137,6 +137,63 @@ def test_exit_0_before_joining_while_a_peer_waits_fails_at_once_not_at_the_timeo
     assert _headline(err).startswith("tfstrategy launch: worker 1 exited with status 0 before joining, while worker(s) 0 "
                                      "wait for it")
     assert clock.now < 1.5
+
+
+@pytest.mark.parametrize("code", [pytest.param(0, id="exit-0"), pytest.param(1, id="exit-1")])
+def test_exit_before_joining_while_a_peer_joined_and_waits_ends_the_job_at_once(code):
+    """Issue 38: worker 0 joined (its strategy exists) and waits; worker 1 ends before ever joining."""
+    def scenario(fleet, now, launcher):
+        fleet.at(0, 0).join()
+        fleet.at(0, 0).train(steps=0, in_step=True)
+        if now > 1:
+            fleet.at(0, 1).exit(code)
+
+    result, err, fleet, clock = _run(scenario, join_timeout=20, stall_report=5, stall_timeout=None)
+    assert (result.returncode, result.reason) == (1, EndReason.FAILED), err
+    assert _headline(err).startswith(f"tfstrategy launch: worker 1 exited with status {code} before joining")
+    assert fleet.at(0, 0).returncode == -signal.SIGKILL
+    assert clock.now < 1.5  # the tick after the exit: neither --timeout nor a stall decided it
+
+
+def test_exit_0_before_joining_while_a_peer_is_still_starting_fails_once_the_peer_joins():
+    def scenario(fleet, now, launcher):
+        if now > 1:
+            fleet.at(0, 1).exit(0)
+        if now > 4:  # worker 0 was slow to import; it now creates its strategy and waits for worker 1
+            fleet.at(0, 0).starting = True
+
+    result, err, _, clock = _run(scenario, join_timeout=300)
+    assert _headline(err).startswith("tfstrategy launch: worker 1 exited with status 0 before joining, while worker(s) 0 ")
+    assert 4 < clock.now < 4.5
+
+
+def test_exit_before_joining_restarts_the_group_within_max_restarts():
+    def scenario(fleet, now, launcher):
+        attempt = len(fleet.attempts) - 1
+        fleet.at(attempt, 0).join()
+        if attempt == 0 and now > 1:
+            fleet.at(0, 1).exit(0)
+        if attempt == 1:
+            _joined_and_training(fleet, 1)
+            if now > 4:
+                for worker in fleet.attempts[1]:
+                    worker.exit(0)
+
+    result, err, fleet, _ = _run(scenario, max_restarts=1)
+    assert (result.returncode, result.restarts, len(fleet.attempts)) == (0, 1, 2), err
+    assert "worker 1 exited with status 0 before joining" in err
+
+
+def test_every_worker_exiting_0_without_ever_joining_is_a_success():
+    """A script that creates no strategy at all (a data-prep step) ends the job normally."""
+    def scenario(fleet, now, launcher):
+        if now > 1:
+            fleet.at(0, 1).exit(0)
+        if now > 2:
+            fleet.at(0, 0).exit(0)
+
+    result, err, _, _ = _run(scenario)
+    assert (result.returncode, result.reason) == (0, EndReason.SUCCEEDED), err
 
 
 def test_exit_0_mid_training_while_a_peer_is_inside_a_step_fails_at_once():
@@ -327,7 +384,7 @@ class NodeLost(LocalCoordinator):
         if self.clock.now > 4:
             failure = Failure(index=None, node=1, reason="disconnected (it was stopped, or its machine is unreachable)",
                               status=1, time=1004.0)
-            return Event(type=EventType.FAILED, failure=failure, restart=False)
+            return Event.failed(failure, restart=False)
         return None
 
 
@@ -369,8 +426,7 @@ def test_a_program_without_the_hook_joins_when_every_port_accepts_connections():
     monitor = GroupMonitor([0, 1], Policy(join_timeout=30), started=0.0)
     assert not monitor.update(1.0, 1.0, {0: Observation(listening=True), 1: Observation()}).all_joined
     decision = monitor.update(2.0, 2.0, {0: Observation(listening=True), 1: replace(Observation(), listening=True)})
-    assert decision.all_joined and monitor.update(400.0, 400.0, {0: Observation(), 1: Observation()}).verdict.value \
-        == "continue"
+    assert decision.all_joined and monitor.update(400.0, 400.0, {0: Observation(), 1: Observation()}).outcome is None
 
 
 def test_a_stall_past_the_stall_timeout_restarts_the_group_with_max_restarts():
@@ -415,18 +471,25 @@ def test_exit_0_is_the_root_cause_when_the_peer_already_failed_with_an_echo():
     assert "then, as a consequence: worker 0 exited with status 1: tensorflow" in err
 
 
-@pytest.mark.parametrize(("data", "exit_status", "consequential"), [
-    pytest.param({"worker": 3, "reason": "stalled: it is stopped", "status": 125}, 125, False, id="stall"),
-    pytest.param({"worker": 1, "reason": "did not join within --timeout 30 s", "status": 124}, 124, False, id="join"),
-    pytest.param({"worker": 2, "reason": "exited with status 1: tensorflow.python.framework.errors_impl."
-                  "UnavailableError: Socket closed", "status": 1}, 1, True, id="echo"),
-    pytest.param({"worker": 2, "reason": "exited with status 3", "status": 3}, 1, False, id="plain"),
+@pytest.mark.parametrize(("outcome", "exit_status", "consequential"), [
+    pytest.param("stalled", 125, False, id="stall"),
+    pytest.param("join-timeout", 124, False, id="join"),
+    pytest.param("failed", 1, True, id="echo"),
+    pytest.param("failed", 1, False, id="plain"),
 ])
-def test_a_relayed_failure_keeps_its_exit_status_and_whether_it_is_an_echo(data, exit_status, consequential):
-    from tfstrategy.launch.nodes import failure_from_event
+def test_a_relayed_failure_crosses_the_wire_whole(outcome, exit_status, consequential):
+    """Node 1's failure as node 0 relays it: the fields it sent, none re-derived from its text."""
+    from tfstrategy.launch.nodes import failure_from_event, failure_to_message
     from tfstrategy.launch.rendezvous import EventKind, JobEvent
+    from tfstrategy.launch.rendezvous.wire import RoundFailed
+    from tfstrategy.launch.states import Outcome
 
-    failure = failure_from_event(JobEvent(EventKind.FAILED, {**data, "node": 1, "lines": []}))
+    sent = Failure(index=3, reason="exited with status 1: ValueError: x", status=1, time=1_700_000_123.25,
+                   consequential=consequential, last_lines=("a", "b"), logs=("/logs/w3/stdout.log",),
+                   outcome=Outcome(outcome))
+    message = RoundFailed.of(1, failure_to_message(0, sent), restart=False)
+    failure = failure_from_event(JobEvent(EventKind.FAILED, {}, message))
+    assert failure == Failure(**{**sent.__dict__, "node": 1})
     assert (failure.exit_status, failure.consequential, failure.node) == (exit_status, consequential, 1)
 
 
@@ -446,3 +509,34 @@ def test_a_peer_failing_while_a_worker_is_stalled_is_an_echo_of_the_stall():
     assert _headline(err).startswith("tfstrategy launch: worker 1 stalled: it is stopped")
     assert "then, as a consequence: worker 0 exited with status 1: tensorflow" in err
     assert clock.now < 12 + 3.5
+
+
+def test_every_worker_state_is_entered_and_every_outcome_has_its_exit_status():
+    """One vocabulary: no state that is never entered, and the exit status follows from the outcome alone."""
+    from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
+    from tfstrategy.launch.reports import Progress
+    from tfstrategy.launch.states import Outcome, WorkerState
+
+    monitor = GroupMonitor([0, 1], Policy(stall_report=5, stall_timeout=None, heartbeat_timeout=2), started=0.0)
+    seen: set[WorkerState] = set()
+
+    def tick(now: float, **workers: Observation) -> None:
+        monitor.update(now, 1000 + now, {int(key[1:]): value for key, value in workers.items()})
+        seen.update(worker.state for worker in monitor.workers.values())
+
+    tick(0.0, w0=Observation(), w1=Observation())
+    tick(1.0, w0=Observation(starting=True), w1=Observation(starting=True))
+    tick(2.0, w0=Observation(joined=True, progress=Progress(1, 1, True)),
+         w1=Observation(joined=True, progress=Progress(1, 1, True)))
+    tick(3.0, w0=Observation(joined=True, progress=Progress(2, 1, True)),
+         w1=Observation(joined=True, progress=Progress(1, 1, True), stopped=True))
+    tick(5.0, w0=Observation(joined=True, progress=Progress(3, 1, True)),
+         w1=Observation(joined=True, progress=Progress(1, 1, True), stopped=True))
+    tick(6.0, w0=Observation(joined=True, progress=Progress(4, 2, False)),
+         w1=Observation(joined=True, progress=Progress(2, 2, False)))
+    tick(7.0, w0=Observation(returncode=0), w1=Observation(returncode=3))
+    assert seen == set(WorkerState)
+    assert {outcome: outcome.exit_status() for outcome in Outcome if outcome is not Outcome.INTERRUPTED} == {
+        Outcome.SUCCEEDED: 0, Outcome.FAILED: 1, Outcome.JOIN_TIMEOUT: 124, Outcome.STALLED: 125,
+        Outcome.PREEMPTED: 75, Outcome.LOST: 1}
+    assert (Outcome.INTERRUPTED.exit_status(signal.SIGINT), Outcome.INTERRUPTED.exit_status(signal.SIGTERM)) == (130, 143)

@@ -327,6 +327,10 @@ def _sealed(sealer: wire.Sealer, payload: dict) -> bytes:
     return wire._mac(sealer._key, data).encode() + b" " + data + b"\n"
 
 
+FAILED = {"type": "failed", "round": 0, "worker": 0, "reason": "x", "status": 1, "time": 1.5e9, "consequential": False,
+          "outcome": "failed", "lines": [], "logs": []}
+
+
 @pytest.mark.parametrize(
     ("payload", "reported"),
     [
@@ -338,8 +342,18 @@ def _sealed(sealer: wire.Sealer, payload: dict) -> bytes:
                      r"offered 3 port\(s\); expected -n 1", id="join-too-many-ports"),
         pytest.param({"type": "join", "round": 0, "address": "a b;c", "ports": [5]}, r"join\.address is 'a b;c'",
                      id="join-bad-address"),
-        pytest.param({"type": "failed", "round": 0, "worker": True, "reason": "x", "status": 1, "lines": []},
-                     r"failed\.worker is True", id="failed-bool-worker"),
+        pytest.param({**FAILED, "worker": True}, r"failed\.worker is True", id="failed-bool-worker"),
+        pytest.param({**FAILED, "time": float("nan")}, r"failed\.time is 'nan'; expected seconds", id="failed-nan-time"),
+        pytest.param({**FAILED, "time": -1}, r"failed\.time is '-1'; expected seconds", id="failed-negative-time"),
+        pytest.param({**FAILED, "consequential": "yes"}, r"failed\.consequential is 'yes'; expected true or false",
+                     id="failed-consequential-text"),
+        pytest.param({**FAILED, "outcome": "succeeded"}, r"failed\.outcome is 'succeeded'; expected one of failed",
+                     id="failed-outcome-not-a-failure"),
+        pytest.param({**FAILED, "logs": ["a"] * 5}, r"failed\.logs is .*; expected a list of at most 4",
+                     id="failed-too-many-logs"),
+        pytest.param({key: value for key, value in FAILED.items() if key != "time"},
+                     r"sent a failed message with fields .*; expected \['round', 'worker', 'reason', 'status', 'time'",
+                     id="failed-without-time"),
         pytest.param({"type": "teleport"}, r"type 'teleport'; expected one of", id="unknown-type"),
         pytest.param({"type": "stop", "signal": 15, "extra": 1}, r"sent a stop message with fields", id="extra-field"),
     ],
@@ -433,7 +447,7 @@ def test_slowloris_is_dropped_at_the_handshake_deadline_and_the_job_forms(job):
         elapsed = time.monotonic() - started
     assert closed, "a client sending one byte every 0.3 s kept its connection"
     assert elapsed < 10 * LIMITS.handshake_seconds and sent < len(hello)
-    assert f"no tfstrategy-rendezvous/2 hello within {LIMITS.handshake_seconds:g} s" in job.said_line(r"dropped a connection from 127\.0\.0\.4")
+    assert f"no {wire.PROTOCOL} hello within {LIMITS.handshake_seconds:g} s" in job.said_line(r"dropped a connection from 127\.0\.0\.4")
     formed0, formed1 = form_both(job.client(0), job.client(1))
     assert formed0.kind is formed1.kind is EventKind.CLUSTER
 
@@ -459,7 +473,9 @@ def test_a_stalled_reader_freezes_no_one_and_is_dropped():
             node1 = next(peer for rank, peer in job.server._peers.items() if rank == 1)
             node1.channel.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # a full network path
             # ~200 KB of last lines, which node 1 never reads: node 0 must answer node 0's launcher anyway.
-            verdict = c0.report_failure(0, {"worker": 0, "reason": "exited 1", "status": 1, "lines": ["y" * 2000] * 100})
+            verdict = c0.report_failure(wire.Failed.bounded(round=0, worker=0, reason="exited 1", status=1, time=time.time(),
+                                                            consequential=False, outcome="failed",
+                                                            lines=["y" * 2000] * 100, logs=[]))
             assert verdict.kind is EventKind.FAILED and verdict.data["restart"] is True
             assert job.server.connected()  # its lock is free
             line = job.said_line(r"node 1 at 127\.0\.0\.3:\d+ read nothing of its messages for 3 s \(stalled\)")
@@ -745,6 +761,7 @@ def test_two_launchers_behind_a_man_in_the_middle_stop_naming_node_1(tmp_path, a
     finally:
         relay.close()
     assert (code0, code1) == (1, 1), err0 + err1
+    assert (node0.survivors, node1.survivors) == ([], []), err0 + err1  # no worker, child or reaper outlives its launcher
     assert re.search(r"node 1's launcher broke the rendezvous protocol \(127\.0\.0\.4:\d+\)", err0), err0
     assert "received SIGTERM" not in err0 + err1  # a forged stop stops nothing
     assert f"{ATTACKER}:6666" not in out1  # no worker ever got the attacker's address in its TF_CONFIG

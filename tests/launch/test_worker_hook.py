@@ -14,7 +14,7 @@ import pytest
 
 from helpers import ROOT
 from tfstrategy.launch.processes import exception_line, failure_reason
-from tfstrategy.launch.worker_hook import STARTUP_DIR, hook_environment
+from tfstrategy.runtime.worker_hook import STARTUP_DIR, hook_environment
 
 SCRIPTS = ROOT / "tests" / "workers"
 TUTORIALS = ROOT / "examples" / "tutorials"

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import ROOT
 from tfstrategy.launch.reports import read_error, read_progress
-from tfstrategy.launch.worker_hook import hook_environment
+from tfstrategy.runtime.worker_hook import hook_environment
 
 SCRIPT = """
 import os, sys, time, subprocess
@@ -36,7 +36,7 @@ def _worker(tmp_path, mode: str, **popen):
         **hook_environment(env=dict(os.environ)),
         "TFSTRATEGY_ERROR_FILE": str(tmp_path / "error.json"),
         "TFSTRATEGY_PROGRESS_FILE": str(tmp_path / "progress"),
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src" / "tfstrategy" / "launch" / "startup"), str(ROOT / "src")]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src" / "tfstrategy" / "runtime" / "startup"), str(ROOT / "src")]),
     }
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
@@ -81,19 +81,19 @@ def test_the_heartbeat_beats_and_a_stack_signal_prints_every_threads_stack(tmp_p
 @pytest.fixture
 def progress_file(tmp_path):
     """The hook's progress file, as under launch; the hook's state forgotten afterwards."""
-    from tfstrategy.launch import worker_watch
     from tfstrategy.launch.reports import ProgressWriter
+    from tfstrategy.runtime import RUNTIME
 
-    worker_watch._PROGRESS.append(ProgressWriter(tmp_path / "progress"))
+    RUNTIME.progress.append(ProgressWriter(tmp_path / "progress"))
     yield tmp_path / "progress"
-    worker_watch.reset()
+    RUNTIME.progress.clear()
 
 
 def test_fit_counts_train_and_validation_batches_and_keeps_the_users_callbacks(tmp_path, progress_file):
     import keras
     import numpy as np
 
-    from tfstrategy.launch import worker_watch
+    from tfstrategy.runtime import worker_watch
 
     seen = []
 
@@ -118,7 +118,7 @@ def test_a_dataset_of_unknown_length_leaves_no_step_begun_after_each_epoch_and_e
     import numpy as np
     import tensorflow as tf
 
-    from tfstrategy.launch import worker_watch
+    from tfstrategy.runtime import worker_watch
 
     at_epoch_end = []
 
@@ -140,19 +140,10 @@ def test_a_dataset_of_unknown_length_leaves_no_step_begun_after_each_epoch_and_e
     assert (progress.steps, progress.in_step) == (9, False)  # 2 x 3 train batches, 3 evaluated
 
 
-def test_reset_forgets_the_hooks_state_in_place():
-    from tfstrategy.launch import worker_hook, worker_watch
+def test_reset_forgets_the_hooks_state():
+    from tfstrategy.runtime import RUNTIME, reset
 
-    state = worker_hook.STATE
-    saved = (list(state.steps), set(worker_hook._TAKEN), dict(worker_watch.INSTALLED))
-    try:
-        state.steps.append(("x", "y"))
-        worker_hook._TAKEN.add("_split_cpu")
-        worker_watch.INSTALLED["heartbeat"] = "in a file"
-        worker_hook.reset()
-        assert worker_hook.STATE is state and state.steps == [] and not worker_hook._TAKEN
-        assert worker_watch.INSTALLED == {}
-    finally:
-        state.steps[:] = saved[0]
-        worker_hook._TAKEN.update(saved[1])
-        worker_watch.INSTALLED.update(saved[2])
+    RUNTIME.hook.steps.append(("x", "y"))
+    RUNTIME.supervision["heartbeat"] = "in a file"
+    reset()
+    assert RUNTIME.hook.steps == [] and RUNTIME.supervision == {} and RUNTIME.plans == {}

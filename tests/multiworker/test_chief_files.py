@@ -173,13 +173,13 @@ def test_the_chief_publishes_each_write_even_a_failed_one(tmp_path, monkeypatch)
                          chief_files.write_key("pub-unique.keras", 2): "failed"}
 
 
-# --- tf.train.Checkpoint under the hook (launch/hook_checkpoints.py), real TensorFlow, no peers ---------
+# --- tf.train.Checkpoint under the hook (runtime/hook_checkpoints.py), real TensorFlow, no peers ---------
 
 
 @pytest.fixture
 def checkpoint_rewrite():
-    from tfstrategy.launch.hook_checkpoints import checkpoint_files
-    from tfstrategy.launch.rewrites import remove_rewrites
+    from tfstrategy.runtime.hook_checkpoints import checkpoint_files
+    from tfstrategy.runtime.rewrites import remove_rewrites
 
     checkpoint_files()
     yield

@@ -14,6 +14,7 @@ import zipfile
 import pytest
 
 from tfstrategy.multiworker.file_races import PREFIX, install_excepthook, race_of, shared_path_message
+from tfstrategy.runtime import RUNTIME
 
 
 def _raised(function, *args):
@@ -122,6 +123,8 @@ def test_the_excepthook_adds_the_line_after_the_traceback_in_a_multi_worker_job(
     monkeypatch.delenv("TF_CONFIG")
     sys.excepthook(type(error), error, error.__traceback__)
     assert capsys.readouterr().err == ""  # one process: nobody else wrote it
+    RUNTIME.replacement("shared_path_line").remove()
+    assert sys.excepthook(type(error), error, error.__traceback__) is None and printed == ["traceback"] * 3
 
 
 def test_a_worker_prints_the_line_last(tmp_path):

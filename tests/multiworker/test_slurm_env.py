@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from tfstrategy.errors import ClusterConfigError, SettingsConflictError
-from tfstrategy.multiworker.slurm import (
+from tfstrategy.environments.slurm import (
     cluster_from_slurm_step,
     parse_port_list,
     read_slurm_step,
     tf_config_from_slurm,
 )
+from tfstrategy.errors import ClusterConfigError, SettingsConflictError
 from tfstrategy.selection.select import resolve_request
 
 STEP = {
@@ -109,7 +109,7 @@ def test_resolve_request_reports_slurm_as_the_cluster_source():
     request = resolve_request(env=task(1, "n1", 1))
 
     assert (request.cluster_tasks, request.cluster_source) == (4, "Slurm")
-    assert request.slurm.describe() == (
+    assert request.environment.describe() == (
         "Slurm job 7 step 0: worker 1 of 4 at n1:21235 (ports SLURM_STEP_RESV_PORTS=21234-21236)"
     )
 

@@ -212,7 +212,7 @@ def test_one_process_runs_keras_own_code(tmp_path, as_worker, monkeypatch):
 
 def _local_workers(mode: str, cwds: list[Path], *, hooked: bool, extra_env=None, timeout: float = 300) -> list:
     """Two workers with TF_CONFIG on free loopback ports, each in its own directory (its own "machine")."""
-    from tfstrategy.launch.worker_hook import hook_environment
+    from tfstrategy.runtime.worker_hook import hook_environment
 
     cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(len(cwds))]}
     processes = []

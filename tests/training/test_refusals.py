@@ -9,7 +9,7 @@ import tensorflow as tf
 import tfstrategy
 from helpers import mirrored
 from tfstrategy.errors import BatchError, BuildError
-from tfstrategy.launch import worker_hook
+from tfstrategy.runtime import hook_keras
 from tfstrategy.training.datasets import batched_by, refuse_endless_fit
 
 BATCHED = tf.data.Dataset.range(10).batch(2)
@@ -36,7 +36,7 @@ def test_the_hooks_fit_refuses_it_too():
     with strategy.scope():
         model = _build_model()
         model.compile(optimizer="sgd", loss="mse")
-    wrapped = worker_hook._audited(type(model).fit, "fit", "warn")
+    wrapped = hook_keras._audited(type(model).fit, "fit", "warn")
     with pytest.raises(BatchError, match="infinite dataset"):
         wrapped(model, _endless(), epochs=1, verbose=0)
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfstrategy
-from helpers import mirrored
+from helpers import mirrored, run_cli
 from tfstrategy.errors import TrainingError
 from tfstrategy.training.steps_per_execution import choose_steps_per_execution, last_choice, steps_cap
 
@@ -150,7 +152,7 @@ def test_tuning_a_real_model_sets_k_and_leaves_its_state_alone():
 def test_build_in_scope_auto_tunes_at_the_first_fit(capsys):
     model, report = tfstrategy.build_in_scope(mirrored(1), _model, optimizer="sgd", loss="mse",
                                               steps_per_execution="auto")
-    assert report.steps_per_execution == "auto" and "steps_per_execution auto (tuned at the first fit)" in report.lines()
+    assert report.steps_per_execution == "auto" and "steps_per_execution auto (experimental: tuned at the first fit)" in report.lines()
     assert model.steps_per_execution == 1
     model.fit(*_data(), batch_size=128, epochs=1, verbose=2)
     choice = last_choice(model)
@@ -269,3 +271,54 @@ def test_a_model_with_something_left_to_build_still_takes_its_batch():
         model._maybe_symbolic_build(iterator=_NoBatchHere(strategy))
     model.fit(*_data(), batch_size=128, epochs=1, verbose=0)
     assert model.built and model.layers[0].kernel.shape == (4, 1)
+
+
+# The default path (the hook of `tfstrategy run`, select(), build_in_scope with an int K, fit, a custom loop's
+# step) in a fresh process, then "auto" in the same process: the experimental tuner's modules and instance
+# overrides appear only with "auto".
+_DEFAULT_PATH = """
+import sys
+import keras
+import numpy as np
+import tfstrategy
+
+MACHINERY = ("tfstrategy.training.no_trace", "tfstrategy.training.steps_per_execution",
+             "tfstrategy.performance.report", "tfstrategy.performance.probes")
+
+
+def loaded():
+    return [name for name in MACHINERY if name in sys.modules]
+
+
+def overridden(model):
+    names = [name for name in ("_maybe_symbolic_build", "_tfstrategy_steps_per_execution_choice") if name in vars(model)]
+    fit = vars(model).get("fit")
+    return names + (["fit"] if fit is not None and not getattr(fit, "__tfstrategy_guard__", False) else [])
+
+
+def build(steps_per_execution):
+    model, _ = tfstrategy.build_in_scope(selection, lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+                                         optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
+    return model
+
+
+selection = tfstrategy.select()
+x = np.ones((64, 4), "float32")
+model = build(8)
+model.fit(x, x[:, :1], batch_size=16, epochs=2, verbose=0)
+step = tfstrategy.make_train_step(model, strategy=selection, global_batch=16, loss=keras.losses.MeanSquaredError(reduction="none"))
+print("default", loaded(), overridden(model))
+tuned = build("auto")
+tuned.fit(x, x[:, :1], batch_size=16, epochs=1, verbose=0)
+print("auto", loaded(), overridden(tuned))
+"""
+
+
+@pytest.mark.slow
+def test_the_default_path_loads_none_of_the_auto_k_machinery():
+    done = run_cli("run", "--", sys.executable, "-c", _DEFAULT_PATH)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "default [] []" in lines, done.stdout
+    assert ("auto ['tfstrategy.training.no_trace', 'tfstrategy.training.steps_per_execution'] "
+            "['_maybe_symbolic_build', '_tfstrategy_steps_per_execution_choice']") in lines, done.stdout

@@ -55,8 +55,8 @@ elif case == "loop":  # a custom loop without any strategy
 elif case == "child":  # a data-loader-like Python child inherits PYTHONPATH and TFSTRATEGY_HOOK
     import subprocess
 
-    child = ("import tensorflow as tf\nfrom tfstrategy.launch.worker_hook import STATE\n"
-             "print('child hook steps', len(STATE.steps), tf.distribute.MirroredStrategy.__new__ is object.__new__)")
+    child = ("import tensorflow as tf\nfrom tfstrategy.runtime import RUNTIME\n"
+             "print('child hook steps', len(RUNTIME.hook.steps), tf.distribute.MirroredStrategy.__new__ is object.__new__)")
     print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout.strip())
     strategy = tf.distribute.MirroredStrategy()
 else:

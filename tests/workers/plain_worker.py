@@ -2,7 +2,8 @@
 
 Each worker first starts a child (``sleep``) so the tests can check that nothing survives.
 ``fail``: worker 1 prints 30 lines and exits 3, the others wait. ``sleep``: every worker waits.
-``joined``: worker 0 signals that it joined; worker 1 never does.
+``joined``: worker 0 signals that it joined; worker 1 never does. ``leave``: worker 0 joins and waits;
+worker 1 exits 0 without ever joining.
 ``listen``: every worker listens on 0.0.0.0:<its TF_CONFIG port>, as TensorFlow's server does,
 checks that its peers answer on 127.0.0.1, and waits. ``bind``: every worker binds 0.0.0.0:<its port> and exits 0.
 """
@@ -24,7 +25,9 @@ if mode == "fail" and index == 1:
     for line in range(30):
         print(f"line {line}", flush=True)
     sys.exit(3)
-if mode == "joined" and index == 0:
+if mode == "leave" and index == 1:
+    sys.exit(0)
+if mode in ("joined", "leave") and index == 0:
     from tfstrategy.multiworker.worker_protocol import signal_joined
 
     signal_joined()

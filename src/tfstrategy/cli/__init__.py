@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from tfstrategy.cli._parser import Parser
 from tfstrategy.cli.check import check_parser
 from tfstrategy.cli.env import env_parser
+from tfstrategy.cli.k8s import k8s_parser
 from tfstrategy.cli.launch import launch_parser
 from tfstrategy.cli.run import run_parser
 from tfstrategy.errors import TFStrategyError
 
-SUBCOMMANDS = (check_parser, env_parser, run_parser, launch_parser)
+SUBCOMMANDS = (check_parser, env_parser, run_parser, launch_parser, k8s_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

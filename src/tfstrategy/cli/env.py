@@ -26,6 +26,7 @@ examples:
   tfstrategy env --json                            # one JSON object for scripts
   TF_CONFIG="$(cat tf_config.json)" tfstrategy env # check a cluster config
   TFSTRATEGY_CPU_REPLICAS=4 tfstrategy env         # what select() would do with 4 CPU replicas
+  tfstrategy env --compat                          # which private TF/Keras names resolve on this install
 """
 
 
@@ -38,6 +39,9 @@ def env_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_output_arguments(parser, json_help="print one JSON object (every field, parsed TF_CONFIG, all SLURM_*)")
+    parser.add_argument("--compat", action="store_true",
+                        help="check every private TensorFlow/Keras name tfstrategy uses (imports their modules, "
+                             "a few seconds) and list each accessor as resolved or MISSING")
     parser.set_defaults(command=env_command)
     return parser
 
@@ -47,7 +51,7 @@ def env_command(args: argparse.Namespace) -> int:
     import_tensorflow_quietly(args.debug)
     from tfstrategy.diagnostics.env_report import collect_env_report, env_report_as_dict, format_env_report
 
-    report = collect_env_report()
+    report = collect_env_report(compat=args.compat)
     if args.json:
         print(json.dumps(env_report_as_dict(report), indent=2))
     else:

@@ -224,6 +224,10 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
                              else _worker_list(args.console_workers)),
             console_view=view,
             port_range=port_range,
+            precision=args.precision,
+            sentinel=args.sentinel,
+            profile_dir=Path(args.profile_dir) if args.profile else None,
+            profile_every=args.profile_every,
         )
     )
 
@@ -296,52 +300,48 @@ def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> 
     return dataclasses.replace(node, secret=read_secret(args.secret_file, env))
 
 
-def _command_line(args: argparse.Namespace, options: LaunchOptions) -> list[str]:
-    """These arguments as a ``tfstrategy`` command line (to re-run it in a network namespace)."""
+def _command_line(options: LaunchOptions, *, debug: bool) -> list[str]:
+    """These options as a ``tfstrategy`` command line (to re-run it in a network namespace)."""
     line = ["launch", "-n", str(options.num_workers), "--max-restarts", str(options.max_restarts),
-            "--timeout", str(args.timeout), "--grace", str(options.grace), "--audit", options.audit,
-            "--stall-report", str(args.stall_report), "--stall-timeout", str(args.stall_timeout), "--isolate-network"]
+            "--timeout", f"{options.join_timeout or 0:g}", "--grace", f"{options.grace:g}", "--audit", options.audit,
+            "--stall-report", f"{options.stall_report:g}", "--stall-timeout", f"{options.stall_timeout or 0:g}",
+            "--isolate-network", "--sentinel", options.sentinel]
     if options.backup_dir is not None:
         line += ["--backup-dir", str(options.backup_dir.resolve())]
     if options.log_dir is not None:
         line += ["--log-dir", str(options.log_dir.resolve())] + (["--tee"] if options.tee else [])
-    if args.console_workers is not None:
-        line += ["--console-workers", args.console_workers]
+    if options.console_workers is not None:
+        line += ["--console-workers", ",".join(str(index) for index in sorted(options.console_workers))]
     if options.port_range is not None:
         line += ["--port-range", "{}-{}".format(*options.port_range)]
-    if args.debug:
+    if debug:
         line.append("--debug")
-    if args.precision:
-        line += ["--precision", args.precision]
-    line += ["--sentinel", args.sentinel]
-    if args.profile:
-        line += ["--profile", "--profile-dir", args.profile_dir, "--profile-every", f"{args.profile_every:g}"]
+    if options.precision:
+        line += ["--precision", options.precision]
+    if options.profile_dir is not None:
+        line += ["--profile", "--profile-dir", str(options.profile_dir), "--profile-every", f"{options.profile_every:g}"]
     return [*line, "--", *options.command]
 
 
 def launch_command(args: argparse.Namespace) -> int:
     """Run the job; its exit status."""
     from tfstrategy.launch import backup_dir, network_isolation
+    from tfstrategy.launch.options import worker_settings
     from tfstrategy.launch.supervisor import Launcher
-    from tfstrategy.performance.report import profile_environment
-    from tfstrategy.training.precision import precision_environment
-    from tfstrategy.training.sentinel import sentinel_environment
 
     started = time.monotonic()
     quiet_tensorflow(args.debug)
     options = options_from_args(args)
-    precision_environment(args.precision)  # a bad --precision fails here, in one line, before any worker
-    sentinel_environment(args.sentinel)
-    profile = profile_environment(args.profile, args.profile_dir, args.profile_every)
+    worker_settings(options, os.environ)  # a setting the environment contradicts fails here, before any worker
     if args.isolate_network:
         if not network_isolation.is_isolated():
-            network_isolation.reexec_isolated(_command_line(args, options))
+            network_isolation.reexec_isolated(_command_line(options, debug=args.debug))
         network_isolation.bring_up_loopback()
         print("tfstrategy launch: in a private network namespace: workers reach each other on 127.0.0.1 only, "
               "other hosts cannot reach them", file=sys.stderr)
     nodes = None if options.nodes is None else ["--nnodes", str(args.nnodes), "--node-rank",
                                                 str(options.nodes.node_rank), "--master", args.master]
-    env = {**os.environ, **precision_environment(args.precision), **sentinel_environment(args.sentinel), **profile}
+    env = dict(os.environ)
     result = backup_dir.run_with_backup(options, lambda opts: Launcher(opts, env=env).run(), env=env,
                                         timeout=args.timeout, nodes=nodes,
                                         say=lambda text: print(f"tfstrategy launch: {text}", file=sys.stderr))
@@ -358,4 +358,3 @@ def launch_command(args: argparse.Namespace) -> int:
         seconds=time.monotonic() - started, restarts=result.restarts, nodes=args.nnodes, log_dir=options.log_dir,
     ), file=sys.stderr)
     return result.returncode
-

@@ -74,7 +74,7 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     if not program:
         raise LaunchError(f"Received no command to run; expected it after '--', e.g. {example}.")
     from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
-    from tfstrategy.launch.worker_hook import hook_environment
+    from tfstrategy.runtime.worker_hook import hook_environment
 
     replicas = validate_cpu_replicas(args.cpu_replicas)
     if args.devices is not None:
@@ -82,7 +82,7 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     validate_launch_options(LaunchOptions(command=tuple(program), num_workers=1, audit=args.audit))
     env = hook_environment(audit=args.audit, cpu_replicas=replicas, devices=args.devices, summary=True)
     env.update(precision_environment(args.precision, env))
-    from tfstrategy.performance.report import profile_environment
+    from tfstrategy.performance.environment import profile_environment
 
     env.update(profile_environment(args.profile, args.profile_dir, args.profile_every))
     env.update(tensorflow_log_environment(args.debug, env))

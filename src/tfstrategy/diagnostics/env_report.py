@@ -2,7 +2,7 @@
 
 :func:`collect_env_report` gathers the facts a bug report needs (versions, the
 Keras flavour, TensorFlow's build, devices, ``CUDA_VISIBLE_DEVICES``,
-``TF_CONFIG``, Slurm, and what ``select()`` would choose) into an
+``TF_CONFIG``, the cluster environment, and what ``select()`` would choose) into an
 :class:`EnvReport`; :func:`format_env_report` and :func:`env_report_as_dict`
 turn it into copy-pasteable lines or JSON without touching TensorFlow.
 
@@ -19,48 +19,30 @@ import dataclasses
 import importlib.metadata
 import os
 import platform
-import shutil
-import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
 from tfstrategy._versions import LEGACY_KERAS_TRUE
+from tfstrategy.diagnostics.env_devices import DeviceFacts as DeviceFacts  # re-exported: they moved there
+from tfstrategy.diagnostics.env_devices import GPUInfo as GPUInfo
+from tfstrategy.diagnostics.env_devices import describe_build as describe_build
+from tfstrategy.diagnostics.env_devices import describe_gpus as describe_gpus
+from tfstrategy.diagnostics.env_devices import describe_nvidia_smi, read_device_facts
+from tfstrategy.diagnostics.env_devices import parse_nvidia_smi as parse_nvidia_smi
+from tfstrategy.environments import ENVIRONMENTS, detect_environment, environment_type
+from tfstrategy.environments.base import variables_line
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.launch.exposure import describe_tf_config_exposure, network_interfaces
 from tfstrategy.multiworker.cluster import read_tf_config, validate_tf_config
-from tfstrategy.multiworker.slurm import cluster_from_slurm_step, read_slurm_step
 from tfstrategy.selection.choose import choose
 from tfstrategy.selection.host import HostInfo
 from tfstrategy.selection.select import resolve_request
 from tfstrategy.settings import StrategyKind
 
 __all__ = ["EnvReport", "collect_env_report", "format_env_report", "env_report_as_dict"]
-
-#: Slurm variables shown in the text report; ``--json`` carries every ``SLURM_*``.
-SLURM_SHOWN = (
-    "SLURM_JOB_ID",
-    "SLURM_JOB_NODELIST",
-    "SLURM_NNODES",
-    "SLURM_NODEID",
-    "SLURM_NTASKS",
-    "SLURM_NTASKS_PER_NODE",
-    "SLURM_STEP_ID",
-    "SLURM_STEP_NODELIST",
-    "SLURM_STEP_NUM_TASKS",
-    "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_STEP_RESV_PORTS",
-    "SLURM_DISTRIBUTION",
-    "SLURM_RESTART_COUNT",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_CPUS_PER_TASK",
-    "SLURM_GPUS_ON_NODE",
-    "SLURM_JOB_GPUS",
-    "SLURM_STEP_GPUS",
-)
 
 STRATEGY_CLASSES = {
     StrategyKind.MIRRORED: "MirroredStrategy",
@@ -69,29 +51,6 @@ STRATEGY_CLASSES = {
     StrategyKind.MULTI_WORKER: "MultiWorkerMirroredStrategy",
     StrategyKind.TPU: "TPUStrategy",
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class GPUInfo:
-    """One physical GPU as TensorFlow reports it, without initialising it."""
-
-    name: str
-    model: str | None = None
-    compute_capability: str | None = None
-    visible: bool = True
-    memory_limits_mb: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeviceFacts:
-    """Devices of this process; tests build it by hand for GPUs that cannot exist here."""
-
-    physical: tuple[str, ...] = ("CPU:0",)
-    logical: tuple[str, ...] = ("/cpu:0",)
-    gpus: tuple[GPUInfo, ...] = ()
-    runtime_started: bool = False
-    #: ``nvidia-smi`` rows (index, name, memory), or ``None`` when it is not installed.
-    nvidia_smi: tuple[dict[str, str], ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,19 +114,28 @@ class EnvReport:
     devices: DeviceFacts
     cuda_visible_devices: str | None
     settings_env: dict[str, str]
-    slurm: dict[str, str]
-    #: The Slurm job step this process is a task of, and the cluster select() would build from it.
-    slurm_step: str
+    #: The cluster environment this process runs in (tfstrategy.environments), in one line.
+    environment: str
+    #: Each environment's lines about its own variables (Slurm: its variables and the job step).
+    environment_lines: tuple[tuple[str, str], ...]
+    #: Each environment's JSON fields (Slurm: ``slurm``, every ``SLURM_*``, and ``slurm_step``).
+    environment_values: dict[str, Any]
     tf_config: TFConfigInfo
     selection: SelectionPreview
     #: What select() would do about each Keras workaround (see preview_patches).
     patches: tuple[str, ...] = field(default_factory=tuple)
     problems: tuple[str, ...] = field(default_factory=tuple)
-    #: The process-wide steps of select() and of the run/launch hook here, from the one plan (tfstrategy.plan).
+    #: The process-wide steps of select() and of the run/launch hook here, from the one plan (tfstrategy.runtime.plan).
     select_steps: tuple[str, ...] = field(default_factory=tuple)
     hook_steps: tuple[str, ...] = field(default_factory=tuple)
+    #: Every replacement of TensorFlow's or Keras' code installed in this process (tfstrategy.runtime).
+    replacements: tuple[str, ...] = field(default_factory=tuple)
     #: Where this task's TensorFlow server will listen, and who can reach it.
     tensorflow_server: str = "none (no TF_CONFIG task)"
+    #: Whether tfstrategy's accessors of private TF/Keras names resolve here (tfstrategy._compat).
+    private_access: str = ""
+    #: Accessor -> its state, with ``compat=True`` only.
+    accessors: dict[str, str] = field(default_factory=dict)
 
 
 def keras_flavour(env: Mapping[str, str]) -> tuple[str, str | None]:
@@ -206,84 +174,6 @@ def _package_version(name: str) -> str | None:
         return None
 
 
-def _short(device: Any) -> str:
-    # PhysicalDevice(name='/physical_device:GPU:0', ...) -> "GPU:0"
-    return device.name.rsplit("physical_device:", 1)[-1]
-
-
-def read_device_facts() -> DeviceFacts:
-    """Read devices without starting the runtime or initialising a GPU."""
-    config = tf().config
-    started = _compat.runtime_started()
-    physical = config.list_physical_devices()
-    visible = {device.name for device in config.get_visible_devices()}
-    if started:
-        # Once started, the runtime's own list is exact and reading it costs nothing.
-        logical = tuple(
-            f"/{d.device_type.lower()}:{d.name.rsplit(':', 1)[-1]}"
-            for d in config.list_logical_devices()
-            if d.device_type in ("CPU", "GPU", "TPU")
-        )
-    else:
-        names: list[str] = []
-        for kind in ("CPU", "GPU", "TPU"):
-            visible_of_kind = config.get_visible_devices(kind)
-            count = sum(len(config.get_logical_device_configuration(d) or [d]) for d in visible_of_kind)
-            names += [f"/{kind.lower()}:{i}" for i in range(count)]
-        logical = tuple(names)
-    gpus = []
-    for device in physical:
-        if device.device_type != "GPU":
-            continue
-        details = config.experimental.get_device_details(device)
-        capability = details.get("compute_capability")
-        logical_configs = config.get_logical_device_configuration(device) or []
-        limits = tuple(int(c.memory_limit) for c in logical_configs if c.memory_limit is not None)
-        gpus.append(
-            GPUInfo(
-                name=_short(device),
-                model=details.get("device_name"),
-                compute_capability=".".join(str(part) for part in capability) if capability else None,
-                visible=device.name in visible,
-                memory_limits_mb=limits,
-            )
-        )
-    return DeviceFacts(
-        physical=tuple(_short(d) for d in physical),
-        logical=logical,
-        gpus=tuple(gpus),
-        runtime_started=started,
-        nvidia_smi=read_nvidia_smi(),
-    )
-
-
-def read_nvidia_smi(timeout: float = 10.0) -> tuple[dict[str, str], ...] | None:
-    """GPU names and total memory from ``nvidia-smi`` (a separate process: our GPUs stay untouched)."""
-    executable = shutil.which("nvidia-smi")
-    if executable is None:
-        return None
-    try:
-        result = subprocess.run(
-            [executable, "--query-gpu=index,name,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=timeout, check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return ({"error": f"nvidia-smi failed: {error}"},)
-    if result.returncode != 0:
-        return ({"error": f"nvidia-smi exited {result.returncode}: {result.stderr.strip()[:200]}"},)
-    return parse_nvidia_smi(result.stdout)
-
-
-def parse_nvidia_smi(output: str) -> tuple[dict[str, str], ...]:
-    """Parse ``nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader`` lines."""
-    rows = []
-    for line in output.splitlines():
-        parts = [part.strip() for part in line.split(",")]
-        if len(parts) == 3:
-            rows.append({"index": parts[0], "name": parts[1], "memory": parts[2]})
-    return tuple(rows)
-
-
 def read_tf_config_info(env: Mapping[str, str]) -> TFConfigInfo:
     """Read and validate ``TF_CONFIG`` as ``select()`` does; a bad value becomes the error text.
 
@@ -318,7 +208,7 @@ def preview_selection(env: Mapping[str, str], host: HostInfo, *, can_split_cpu: 
         if request.cpu_replicas is not None and can_split_cpu:
             host = dataclasses.replace(host, cpus=max(host.cpus, request.cpu_replicas))
         choice = choose(
-            kind=request.kind,
+            kind=request.kind or StrategyKind.AUTO,
             devices=request.devices,
             cpu_replicas=request.cpu_replicas,
             host=host,
@@ -339,12 +229,15 @@ def preview_selection(env: Mapping[str, str], host: HostInfo, *, can_split_cpu: 
     )
 
 
-def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
+def collect_env_report(env: Mapping[str, str] | None = None, *, compat: bool = False) -> EnvReport:
     """Gather the environment report; leaves TensorFlow's runtime unstarted.
 
     Args:
         env: the environment to read (``os.environ`` when omitted). Devices are
             always this process's.
+        compat: check every private TF/Keras name tfstrategy uses, importing the
+            modules that hold them (seconds), and list each accessor; without it
+            only names in modules already imported are checked.
 
     Example:
         >>> print(format_env_report(collect_env_report()))
@@ -366,10 +259,16 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
     host = dataclasses.replace(HostInfo.detect(), cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
     tf_config = read_tf_config_info(env)
     selection = preview_selection(env, host, can_split_cpu=not devices.runtime_started)
+    environment_lines = [line for kind in ENVIRONMENTS for line in kind.report_lines(env)]
     if tf_config.error:
         problems.append(f"select() would raise ClusterConfigError: {tf_config.error}")
     elif selection.error:
         problems.append(f"select() would raise {selection.error}")
+    accessors = _compat.accessor_status(import_modules=compat)
+    broken = [status.name for status in accessors if status.resolved is False]
+    if broken:
+        problems.append(f"private TF/Keras names tfstrategy uses are missing here (accessors {', '.join(broken)}); "
+                        "the features using them may fail: report it with this output")
     affinity = getattr(os, "sched_getaffinity", None)
     return EnvReport(
         tfstrategy=__version__,
@@ -383,14 +282,17 @@ def collect_env_report(env: Mapping[str, str] | None = None) -> EnvReport:
         devices=devices,
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
         settings_env={key: shown_value(key, env[key]) for key in sorted(env) if key.startswith("TFSTRATEGY_")},
-        slurm={key: env[key] for key in sorted(env) if key.startswith("SLURM_")},
-        slurm_step=describe_slurm_step(env),
+        environment=describe_environment(env, [("Problem", problem) for problem in problems] + environment_lines),
+        environment_lines=tuple(environment_lines),
+        environment_values={key: value for kind in ENVIRONMENTS for key, value in kind.report_values(env).items()},
         tf_config=tf_config,
         selection=selection,
         patches=preview_patches(env),
         problems=tuple(problems),
         **preview_steps(env),
         tensorflow_server=describe_tf_config_exposure(tf_config.config, network_interfaces()),
+        private_access=_compat.accessor_summary(accessors),
+        accessors={status.name: status.state() for status in accessors} if compat else {},
     )
 
 
@@ -405,39 +307,38 @@ def shown_value(key: str, value: str) -> str:
     return value
 
 
-def preview_steps(env: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
-    """The steps select() and the start-up hook would take here: the plan both of them follow."""
-    from tfstrategy.launch.worker_hook import hook_plan
-    from tfstrategy.selection.select import select_plan
+def preview_steps(env: Mapping[str, str]) -> dict[str, Any]:
+    """The steps select() and the start-up hook would take here (the same step objects they take), and the
+    replacements installed in this process."""
+    from tfstrategy.runtime.inputs import HOOK, SELECT, derive_inputs
+    from tfstrategy.runtime.plan import plan_steps
+    from tfstrategy.runtime.process import RUNTIME
 
-    result: dict[str, tuple[str, ...]] = {}
-    for key, make in (("select_steps", lambda: select_plan(resolve_request(env=env), env)),
-                      ("hook_steps", lambda: hook_plan(env))):
+    result: dict[str, Any] = {"replacements": RUNTIME.lines()}
+    for key, consumer in (("select_steps", SELECT), ("hook_steps", HOOK)):
         try:
-            result[key] = tuple(step.name for step in make())
+            inputs = derive_inputs(consumer, env=env)
+            result[key] = tuple(step.name for step in plan_steps(inputs))
         except TFStrategyError as error:
             result[key] = (f"none: {type(error).__name__}: {error}",)
     return result
 
 
-def describe_slurm_step(env: Mapping[str, str]) -> str:
-    """The job step this process is a task of, and what select() does with it, in one line."""
+def describe_environment(env: Mapping[str, str], lines: Sequence[tuple[str, str]] = ()) -> str:
+    """The cluster environment this process runs in, in one line; a bad variable becomes the error text.
+
+    An error already on one of the report's ``lines`` (a Problem line, the Slurm job step) is only referred to.
+    """
     try:
-        step = read_slurm_step(env)
-        if step is None:
-            return "not in a job step (a batch script without srun is one worker)" if env.get("SLURM_JOB_ID") else "none"
-        text = step.describe()
-        if env.get("TF_CONFIG", "").strip():
-            return f"{text}; TF_CONFIG is set, so select() uses it instead"
-        if step.num_tasks < 2:
-            return f"{text}; one task, so one worker"
-        cluster = cluster_from_slurm_step(env)
-        if cluster is None:
-            return f"{text}; TFSTRATEGY_SLURM=off, so every task is its own job"
-        return f"{text}; select() sets TF_CONFIG: worker {cluster.config.task_index} of {cluster.config.num_workers} " \
-            f"at {cluster.config.address}, workers {','.join(cluster.config.cluster['worker'])} (ports {cluster.port_source})"
+        environment = detect_environment(env)
+        return "none (no cluster variables: one process)" if environment is None else environment.describe()
     except TFStrategyError as error:
-        return f"{type(error).__name__}: {error}"
+        kind = environment_type(env)
+        name = kind.name if kind is not None else "?"
+        shown = next((key for key, value in lines if value.endswith(str(error))), None)
+        if shown is not None:
+            return f"{name}: invalid (see the {shown} line)"
+        return f"{name}: {type(error).__name__}: {error}"
 
 
 def preview_patches(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -457,54 +358,10 @@ def preview_patches(env: Mapping[str, str]) -> tuple[str, ...]:
             lines.append(f"{name}: would be installed; probes Keras when a model first needs it")
         else:
             needed = patch.needed()
-            verdict = {True: "bug present, would be installed", False: "bug absent, not needed"}.get(
-                needed, "probe failed, Keras left alone"
-            )
+            verdict = ("probe failed, Keras left alone" if needed is None
+                       else "bug present, would be installed" if needed else "bug absent, not needed")
             lines.append(f"{name}: {verdict}")
     return tuple(lines)
-
-
-def describe_build(build: Mapping[str, Any]) -> str:
-    """``CUDA build (CUDA 12.5, cuDNN 9)`` or ``CPU-only build``."""
-    if build.get("is_cuda_build"):
-        return f"CUDA build (CUDA {build.get('cuda_version', '?')}, cuDNN {build.get('cudnn_version', '?')})"
-    if build.get("is_rocm_build"):
-        return f"ROCm build (ROCm {build.get('rocm_version', '?')})"
-    return "CPU-only build (no CUDA)"
-
-
-def describe_gpus(devices: DeviceFacts) -> str:
-    """One phrase per GPU TensorFlow sees, e.g. ``GPU:0 NVIDIA A100 (compute 8.0)``."""
-    if not devices.gpus:
-        return "none visible to TensorFlow"
-    parts = []
-    for gpu in devices.gpus:
-        text = gpu.name + (f" {gpu.model}" if gpu.model else "")
-        extras = [f"compute {gpu.compute_capability}"] if gpu.compute_capability else []
-        if gpu.memory_limits_mb:
-            extras.append("memory limit " + "+".join(f"{mb} MB" for mb in gpu.memory_limits_mb))
-        if not gpu.visible:
-            extras.append("hidden by set_visible_devices")
-        parts.append(text + (f" ({', '.join(extras)})" if extras else ""))
-    return "; ".join(parts)
-
-
-def _describe_nvidia_smi(rows: tuple[dict[str, str], ...] | None) -> str:
-    if rows is None:
-        return "not installed"
-    if not rows:
-        return "no GPU listed"
-    return "; ".join(row.get("error") or f"{row['index']}: {row['name']}, {row['memory']}" for row in rows)
-
-
-def _mapping_line(values: Mapping[str, str], shown: tuple[str, ...] | None, empty: str) -> str:
-    if not values:
-        return empty
-    keys = [key for key in values if shown is None or key in shown]
-    # A 10 KB value is shown cut: the report is for pasting (--json keeps it whole).
-    text = ", ".join(f"{key}={values[key] if len(values[key]) <= 200 else values[key][:200] + '...'}" for key in keys)
-    hidden = len(values) - len(keys)
-    return text + (f" (+{hidden} more with --json)" if hidden else "")
 
 
 def _selection_line(report: EnvReport) -> str:
@@ -533,17 +390,20 @@ def env_report_lines(report: EnvReport) -> list[tuple[str, str]]:
         ("Logical devices", ", ".join(devices.logical) or "none"),
         ("TensorFlow runtime", state),
         ("GPUs", describe_gpus(devices)),
-        ("nvidia-smi", _describe_nvidia_smi(devices.nvidia_smi)),
+        ("nvidia-smi", describe_nvidia_smi(devices.nvidia_smi)),
         ("CUDA_VISIBLE_DEVICES", "unset" if report.cuda_visible_devices is None else repr(report.cuda_visible_devices)),
         ("TF_CONFIG", report.tf_config.summary()),
-        ("Slurm", _mapping_line(report.slurm, SLURM_SHOWN, "not under Slurm (no SLURM_* variables)")),
-        *([("Slurm job step", report.slurm_step)] if report.slurm else []),
-        ("TFSTRATEGY_* variables", _mapping_line(report.settings_env, None, "none")),
+        *report.environment_lines,
+        ("Cluster environment", report.environment),
+        ("TFSTRATEGY_* variables", variables_line(report.settings_env, None, "none")),
         ("TensorFlow server", report.tensorflow_server),
         ("select() would choose", _selection_line(report)),
         ("Keras patches", "; ".join(report.patches) or "none"),
         ("select() steps", ", ".join(report.select_steps) or "none"),
         ("run/launch hook steps", ", ".join(report.hook_steps) or "none"),
+        ("Private TF/Keras access", report.private_access or "not checked"),
+        *((f"accessor {name}", state) for name, state in report.accessors.items()),
+        ("Replaced in this process", "; ".join(report.replacements) or "nothing"),
     ]
     lines += [("Problem", problem) for problem in report.problems]
     return lines
@@ -555,8 +415,10 @@ def format_env_report(report: EnvReport) -> str:
 
 
 def env_report_as_dict(report: EnvReport) -> dict[str, Any]:
-    """A JSON-ready dict with every field, including the parsed TF_CONFIG and all Slurm variables."""
+    """A JSON-ready dict with every field, including the parsed TF_CONFIG and each environment's variables."""
     result = dataclasses.asdict(report)
+    del result["environment_lines"]  # the text report's; the values are in the environments' own fields
+    result.update(result.pop("environment_values"))
     result["tf_config"]["summary"] = report.tf_config.summary()
     result["selection"]["summary"] = report.selection.summary()
     result["problems"] = list(report.problems)

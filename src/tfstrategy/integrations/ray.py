@@ -116,7 +116,7 @@ def _read_state(directory: str, where: str) -> dict[str, Any]:
             f"Received the Ray checkpoint {where!r} whose {STATE_FILE} is {state!r}; expected "
             '{"epoch": <int>, "step": <int>, "prefix": <file name>}, as report_epoch writes it.'
         )
-    return state
+    return dict(state)
 
 
 def prepare(

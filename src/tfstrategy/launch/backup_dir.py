@@ -59,7 +59,7 @@ class JobBackup:
         backup_dir: ``--backup-dir`` (already checked), or ``None``.
         max_restarts: ``--max-restarts``; without a directory and with restarts, one is made.
         node_rank: this launcher's node (each node of a job locks its own file).
-        env: the launcher's environment (``TFSTRATEGY_JOB_ID``, ``SLURM_JOB_ID``).
+        env: the launcher's environment (the job id's: :func:`tfstrategy.environments.job_id`).
     """
 
     def __init__(self, backup_dir: Path | None, *, max_restarts: int, node_rank: int = 0,

@@ -11,13 +11,12 @@ the job's shape.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Protocol
 
 from tfstrategy.launch.processes import LOOPBACK, free_ports
-from tfstrategy.launch.states import EXIT_FAILURE, EndReason, Failure
+from tfstrategy.launch.states import Failure, Outcome
 
-__all__ = ["Cluster", "EventType", "Event", "Coordinator", "LocalCoordinator"]
+__all__ = ["Cluster", "Event", "Coordinator", "LocalCoordinator"]
 
 
 @dataclass(frozen=True)
@@ -28,25 +27,28 @@ class Cluster:
     first: int = 0
 
 
-class EventType(str, Enum):
-    FAILED = "failed"  # the attempt's root cause (here or elsewhere) and the verdict
-    STOP = "stop"  # a launcher received SIGINT/SIGTERM: stop every worker, pass the signal on
-    END = "end"  # the job cannot go on (a node missing, node 0 lost)
-    FINISHED = "finished"  # every worker of every machine exited 0
-
-
 @dataclass(frozen=True, kw_only=True)
 class Event:
-    """What the coordinator tells the supervisor."""
+    """What the coordinator tells the supervisor, in the launcher's one vocabulary (:class:`Outcome`).
 
-    type: EventType
+    - ``SUCCEEDED``: every worker of every machine exited 0;
+    - with a ``failure`` (its outcome: failed, stalled, join-timeout, preempted): the attempt's root
+      cause, here or elsewhere, and whether the group restarts;
+    - ``INTERRUPTED``: a launcher received ``signum`` (on ``node``): stop every worker, pass it on;
+    - ``JOIN_TIMEOUT`` or ``LOST`` without a failure: the job cannot go on (a node missing, node 0
+      lost), as ``message`` says.
+    """
+
+    outcome: Outcome
     failure: Failure | None = None
     restart: bool = False
     signum: int | None = None
     node: int | None = None
-    status: int = EXIT_FAILURE
-    reason: EndReason = EndReason.FAILED
     message: str = ""
+
+    @classmethod
+    def failed(cls, failure: Failure, *, restart: bool = False) -> Event:
+        return cls(outcome=failure.outcome, failure=failure, restart=restart)
 
 
 class Coordinator(Protocol):
@@ -61,7 +63,7 @@ class Coordinator(Protocol):
         """The job's attempt to start with (a node joining late starts at the current one)."""
 
     def connect(self) -> Event | None:
-        """Join the job; an ``END`` event instead if it cannot be joined."""
+        """Join the job; the event that ended it instead if it cannot be joined."""
 
     def ports(self, count: int) -> list[int]:
         """``count`` free ports for this machine's workers."""
@@ -73,10 +75,10 @@ class Coordinator(Protocol):
         """An event from elsewhere (another node's failure, a stop, a loss), without waiting."""
 
     def decide(self, attempt: int, failure: Failure) -> Event:
-        """The verdict after ``failure`` on this machine: the attempt's root cause, restart or not."""
+        """The decision after ``failure`` on this machine: the attempt's root cause, restart or not."""
 
     def finish(self, attempt: int) -> Event:
-        """This machine's workers all exited 0: ``FINISHED`` once every machine's did, else what happened."""
+        """This machine's workers all exited 0: ``SUCCEEDED`` once every machine's did, else what happened."""
 
     def stop(self, signum: int) -> None:
         """This launcher received ``signum``: tell every machine."""
@@ -116,10 +118,10 @@ class LocalCoordinator:
         return None
 
     def decide(self, attempt: int, failure: Failure) -> Event:
-        return Event(type=EventType.FAILED, failure=failure, restart=attempt < self.max_restarts)
+        return Event.failed(failure, restart=attempt < self.max_restarts)
 
     def finish(self, attempt: int) -> Event:
-        return Event(type=EventType.FINISHED, reason=EndReason.SUCCEEDED, status=0)
+        return Event(outcome=Outcome.SUCCEEDED)
 
     def stop(self, signum: int) -> None:
         pass

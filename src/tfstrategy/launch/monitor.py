@@ -13,13 +13,14 @@ transitions (ARCHITECTURE.md has the table):
   step time)``; stalled -> running when it advances again. Before any batch is done, every worker
   inside its first batch (or not yet begun it) for 3 thresholds is said once, with stacks, and never
   failed (tracing, and a slow start on a loaded machine, may take that long);
-- any -> succeeded / failed on exit. A worker that exits 0 while a peer waits for it (before
-  joining, or while a peer is inside a step past the ones it ran) is a failure at once: "left the
-  job early". A peer inside the last step the worker ran is finishing it, not waiting.
+- any -> succeeded / failed on exit. A worker that exits 0 while a peer waits for it is a failure
+  at once: "left the job early". Before it joined, every peer creating its strategy or past it
+  waits (the job can never form); after, a peer inside a step past the ones it ran. A peer
+  inside the last step the worker ran is finishing it, not waiting.
 
-The group ends: succeeded when every worker did; failed on the first root cause (a failure
-that only echoes a peer's waits up to ``settle`` seconds for the real one); join timeout;
-stalled past ``stall_timeout``.
+The attempt ends with an :class:`~tfstrategy.launch.states.Outcome`: succeeded when every
+worker did; else the root cause's (failed, preempted; a failure that only echoes a peer's waits
+up to ``settle`` seconds for the real one); join timeout; stalled past ``stall_timeout``.
 """
 
 from __future__ import annotations
@@ -29,21 +30,12 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
 from tfstrategy.launch.reports import ErrorRecord, Progress
-from tfstrategy.launch.states import (
-    EXIT_FAILURE,
-    EXIT_JOIN_TIMEOUT,
-    EXIT_PREEMPTED,
-    EXIT_STALL,
-    Failure,
-    GroupState,
-    WorkerState,
-)
+from tfstrategy.launch.states import EXIT_PREEMPTED, Failure, Outcome, WorkerState
 
-__all__ = ["Policy", "Observation", "Verdict", "Decision", "GroupMonitor"]
+__all__ = ["Policy", "Observation", "Decision", "GroupMonitor"]
 
 #: Every worker inside the first batch this many stall thresholds long is said (tracing takes long).
 FIRST_BATCH_FACTOR = 3
@@ -80,19 +72,12 @@ class Observation:
     listening: bool = False
 
 
-class Verdict(str, Enum):
-    CONTINUE = "continue"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    JOIN_TIMEOUT = "join-timeout"
-    STALLED = "stalled"
-
-
 @dataclass
 class Decision:
     """What the supervisor does after a tick."""
 
-    verdict: Verdict = Verdict.CONTINUE
+    #: How the attempt ends (``None``: it goes on); every outcome but ``SUCCEEDED`` comes with its ``failure``.
+    outcome: Outcome | None = None
     failure: Failure | None = None
     consequences: tuple[Failure, ...] = ()
     notes: list[str] = field(default_factory=list)
@@ -144,7 +129,6 @@ class GroupMonitor:
             worker.beat_at = worker.steps_at = started
         self._lines, self._ports = lines, ports or {}
         self.all_joined = False
-        self.state = GroupState.STARTING
         self._first_failure_at: float | None = None
         #: Seconds from the last progress to each stall's report.
         self.stall_seconds: list[float] = []
@@ -159,21 +143,19 @@ class GroupMonitor:
             self._observe(self.workers[index], observation, now, wall, decision)
         if not self.all_joined and self._every_worker_joined():
             self.all_joined, decision.all_joined = True, True
-            self.state = GroupState.RUNNING
             for worker in self.workers.values():
                 if worker.state in (WorkerState.STARTING, WorkerState.JOINING):
                     worker.joined, worker.state = True, WorkerState.RUNNING
         self._early_exits(now, decision)
         ended = self._ending(now, wall)
         if ended is not None:
-            decision.verdict, decision.failure, decision.consequences = ended
-            self.state = GroupState.SUCCEEDED if ended[0] is Verdict.SUCCEEDED else GroupState.FAILED
+            decision.outcome, decision.failure, decision.consequences = ended
             return decision
         if not self.all_joined:
             timeout = self.policy.join_timeout
             if timeout is not None and now - self.started > timeout:
-                decision.verdict, decision.failure = Verdict.JOIN_TIMEOUT, self._join_timeout(timeout, wall)
-                self.state = GroupState.FAILED
+                decision.failure = self._join_timeout(timeout, wall)
+                decision.outcome = decision.failure.outcome
             return decision
         self._stalls(now, wall, decision)
         return decision
@@ -227,7 +209,8 @@ class GroupMonitor:
                 continue
             # Inside a step the exited worker also ran (fewer batches done than it) is a peer finishing
             # that step, not one waiting: the exited worker took part in each of its collectives.
-            waiting = [w for w in alive if (w.state is WorkerState.JOINING and not worker.joined)
+            # Before joining, every peer creating its strategy or past it waits: the job can never form.
+            waiting = [w for w in alive if (not worker.joined and (w.joined or w.state is WorkerState.JOINING))
                        or (w.in_step and worker.joined and w.steps >= worker.steps)]
             # A peer that failed after it with an error that only echoes a lost peer was waiting for it too.
             waiting += [w for w in self.workers.values() if w.state is WorkerState.FAILED
@@ -256,10 +239,10 @@ class GroupMonitor:
         return Failure(index=worker.index, reason=reason, status=128 - code if code < 0 else code, time=when,
                        consequential=is_consequence(worker.error, lines))
 
-    def _ending(self, now: float, wall: float) -> tuple[Verdict, Failure | None, tuple[Failure, ...]] | None:
+    def _ending(self, now: float, wall: float) -> tuple[Outcome, Failure | None, tuple[Failure, ...]] | None:
         workers = list(self.workers.values())
         if all(w.state is WorkerState.SUCCEEDED for w in workers) and not any(w.left_early for w in workers):
-            return Verdict.SUCCEEDED, None, ()
+            return Outcome.SUCCEEDED, None, ()
         failed = [w for w in workers if w.state is WorkerState.FAILED or w.left_early]
         # A live worker that recorded an uncaught exception is about to die of it (its process may
         # take seconds to exit): a root cause now, unless the error only echoes a peer's.
@@ -272,19 +255,20 @@ class GroupMonitor:
             for w in raising if w.error is not None]
         # A peer's failure while a worker is stalled (TensorFlow's own heartbeats or collective timeout
         # gave up on it) is an echo of the stall: the stall is the root cause.
-        failures += [Failure(index=w.index, reason=f"stalled: it {w.stall}", status=EXIT_STALL, time=w.stall_wall,
-                             exit_status=EXIT_STALL) for w in self._alive() if w.stall is not None and failed]
+        failures += [Failure(index=w.index, reason=f"stalled: it {w.stall}", status=Outcome.STALLED.exit_status(),
+                             time=w.stall_wall, outcome=Outcome.STALLED)
+                     for w in self._alive() if w.stall is not None and failed]
         cause, consequences = root_cause(failures)
         first = self._first_failure_at if self._first_failure_at is not None else now
         if cause.consequential and now - first < self.policy.settle:
             return None  # the real failure is probably about to show (its process is still exiting)
         if all(w.returncode == EXIT_PREEMPTED for w in workers):
             cause = Failure(index=None, reason="every worker exited with status 75 (preempted: saved, requeue me)",
-                            status=EXIT_PREEMPTED, time=cause.time, exit_status=EXIT_PREEMPTED)
+                            status=EXIT_PREEMPTED, time=cause.time, outcome=Outcome.PREEMPTED)
         if cause.consequential:
             cause = dataclasses.replace(cause, reason=cause.reason + " (a consequence of a failure elsewhere: no "
                                         "worker here failed first; on several nodes, see the other nodes' reports)")
-        return Verdict.FAILED, cause, consequences
+        return cause.outcome, cause, consequences
 
     def _join_timeout(self, timeout: float, wall: float) -> Failure:
         """Name the worker holding the job up: one that never started joining, else the first not joined."""
@@ -308,8 +292,8 @@ class GroupMonitor:
             + ". A worker joins when its MultiWorkerMirroredStrategy exists (Python workers signal it; other "
             "programs when every worker's port accepts connections); raise --timeout if start-up is slow"
         )
-        return Failure(index=culprit.index, reason=reason, status=EXIT_JOIN_TIMEOUT, time=wall,
-                       exit_status=EXIT_JOIN_TIMEOUT)
+        return Failure(index=culprit.index, reason=reason, status=Outcome.JOIN_TIMEOUT.exit_status(), time=wall,
+                       outcome=Outcome.JOIN_TIMEOUT)
 
     # --- stalls -----------------------------------------------------------------------------------
 
@@ -391,7 +375,6 @@ class GroupMonitor:
         for w, why, since in found:
             if w.stall is None:
                 w.stall, w.state, w.stall_wall = why, WorkerState.STALLED, wall - (now - since)
-                self.state = GroupState.STALLED
                 self.stall_seconds.append(now - since)
                 decision.dump_stacks = True
                 limit = self.policy.stall_timeout
@@ -406,16 +389,11 @@ class GroupMonitor:
         for w in stalled:
             since = w.beat_at if now - w.beat_at > self.policy.heartbeat_timeout or w.stopped_since else last_advance
             if now - since > max(limit, threshold):
-                decision.verdict = Verdict.STALLED
+                decision.outcome = Outcome.STALLED
                 decision.failure = Failure(
-                    index=w.index, time=wall, status=EXIT_STALL, exit_status=EXIT_STALL,
+                    index=w.index, time=wall, status=Outcome.STALLED.exit_status(), outcome=Outcome.STALLED,
                     reason=f"stalled: it {w.stall}; no progress for {now - since:.0f} s (--stall-timeout "
                            f"{limit:g} s). Its Python stack is in its output above",
                 )
-                self.state = GroupState.FAILED
                 return
 
-
-def exit_status_of(failure: Failure | None) -> int:
-    """The launcher's exit status when ``failure`` ends the job (0 without one)."""
-    return 0 if failure is None else failure.exit_status or EXIT_FAILURE

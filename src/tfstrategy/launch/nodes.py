@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch import exposure, processes
-from tfstrategy.launch.coordinator import Cluster, Event, EventType
-from tfstrategy.launch.diagnosis import is_consequence
+from tfstrategy.launch.coordinator import Cluster, Event
 from tfstrategy.launch.rendezvous import EventKind, JobEvent, NodeOptions, RendezvousClient, RendezvousServer
-from tfstrategy.launch.states import EXIT_FAILURE, EXIT_JOIN_TIMEOUT, EXIT_STALL, EndReason, Failure
+from tfstrategy.launch.rendezvous.wire import Failed, RoundFailed
+from tfstrategy.launch.states import Failure, Outcome
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 
 __all__ = ["RendezvousCoordinator", "failure_from_event", "describe_end", "secret_free_environment"]
 
 if TYPE_CHECKING:
     from tfstrategy.launch.supervisor import LaunchOptions
-
-#: Exit status when a node did not arrive in time (as for workers that do not join).
-TIMEOUT_STATUS = EXIT_JOIN_TIMEOUT
-
 
 class RendezvousCoordinator:
     """This launcher's seat in a job of several nodes.
@@ -99,8 +95,8 @@ class RendezvousCoordinator:
         return self._event(event)
 
     def decide(self, attempt: int, failure: Failure) -> Event:
-        """Node 0's decision after a failure here: the round's first failure (maybe another node's), restart or not."""
-        return self._event(self._client.report_failure(attempt, failure_to_message(failure)))
+        """Node 0's decision after a failure here: the round's root cause (maybe another node's), restart or not."""
+        return self._event(self._client.report_failure(failure_to_message(attempt, failure)))
 
     def finish(self, attempt: int) -> Event:
         return self._event(self._client.finish(attempt))
@@ -118,42 +114,39 @@ class RendezvousCoordinator:
 
     def _event(self, event: JobEvent | None) -> Event:
         if event is None:  # interrupted while waiting: the supervisor handles its own signal
-            return Event(type=EventType.STOP, reason=EndReason.INTERRUPTED)
+            return Event(outcome=Outcome.INTERRUPTED)
         if event.kind is EventKind.FINISHED:
-            return Event(type=EventType.FINISHED, reason=EndReason.SUCCEEDED, status=0)
+            return Event(outcome=Outcome.SUCCEEDED)
         if event.kind is EventKind.FAILED:
-            return Event(type=EventType.FAILED, failure=failure_from_event(event), restart=bool(event.data.get("restart")))
+            return Event.failed(failure_from_event(event), restart=bool(event.data.get("restart")))
         if event.kind is EventKind.STOP:
             signum = int(event.data.get("signal") or signal.SIGTERM)
             node = event.data.get("node")
-            return Event(type=EventType.STOP, signum=signum, node=None if node is None else int(node),
-                         reason=EndReason.INTERRUPTED)
-        status, message = describe_end(event, self.options)
-        reason = EndReason.JOIN_TIMEOUT if event.kind is EventKind.TIMEOUT else EndReason.LOST
-        return Event(type=EventType.END, status=status, message=message, reason=reason)
+            return Event(outcome=Outcome.INTERRUPTED, signum=signum, node=None if node is None else int(node))
+        outcome, message = describe_end(event, self.options)
+        return Event(outcome=outcome, message=message)
 
 
-def failure_to_message(failure: Failure) -> dict[str, Any]:
-    """A failure as the rendezvous relays it."""
-    return {"worker": failure.index, "reason": failure.reason, "status": failure.status,
-            "lines": list(failure.last_lines), "time": failure.time, "consequential": failure.consequential,
-            "exit_status": failure.exit_status, "logs": list(failure.logs)}
+def failure_to_message(attempt: int, failure: Failure) -> Failed:
+    """A failure as this node reports it to node 0: whole (time, cause, consequential, outcome, lines, logs)."""
+    return Failed.bounded(round=attempt, worker=failure.index, reason=failure.reason, status=failure.status,
+                          time=failure.time, consequential=failure.consequential, outcome=failure.outcome.value,
+                          lines=failure.last_lines, logs=failure.logs)
 
 
 def failure_from_event(event: JobEvent) -> Failure:
-    """The failure node 0 relayed, as this launcher reports it."""
-    data = event.data
-    worker, status = data.get("worker"), int(data.get("status", 1))
-    reason, lines = str(data.get("reason", "failed")), tuple(str(line) for line in data.get("lines", ()))
-    # A rendezvous that relays only worker, reason, status and lines: the rest follows from them.
-    exit_status = int(data.get("exit_status", status if status in (EXIT_JOIN_TIMEOUT, EXIT_STALL) else EXIT_FAILURE))
-    consequential = data.get("consequential")
-    if consequential is None:
-        consequential = is_consequence(None, ["Traceback (most recent call last):", reason.split(": ", 1)[-1]])
-    return Failure(index=None if worker is None else int(worker), node=int(data.get("node", -1)),
-                   reason=reason, status=status, last_lines=lines, time=float(data.get("time", 0.0)),
-                   consequential=bool(consequential), exit_status=exit_status,
-                   logs=tuple(str(path) for path in data.get("logs", ())))
+    """The root cause node 0 relayed, as this launcher reports it (every field as its node sent it).
+
+    Raises:
+        LaunchError: ``event`` is not node 0's failure message (a bug: the wire checked its type).
+    """
+    message = event.message
+    if not isinstance(message, RoundFailed):
+        raise LaunchError(f"Received a {event.kind.value} event without node 0's failure message; expected one "
+                          "(a bug in tfstrategy's rendezvous: please report it).")
+    return Failure(index=message.worker, node=message.node, reason=message.reason, status=message.status,
+                   last_lines=tuple(message.lines), time=message.time, consequential=message.consequential,
+                   outcome=Outcome(message.outcome), logs=tuple(message.logs))
 
 
 def _nodes_of(options: LaunchOptions) -> NodeOptions:
@@ -162,30 +155,28 @@ def _nodes_of(options: LaunchOptions) -> NodeOptions:
     return options.nodes
 
 
-def describe_end(event: JobEvent | None, options: LaunchOptions) -> tuple[int, str]:
-    """Exit status and message of a job ended by ``event`` (a node missing, node 0 lost)."""
+def describe_end(event: JobEvent | None, options: LaunchOptions) -> tuple[Outcome, str]:
+    """How a job ended by ``event`` ends (a node missing, node 0 lost), and the message saying so."""
     node, timeout = _nodes_of(options), options.join_timeout
     if event is not None and event.kind is EventKind.TIMEOUT:
         missing = ", ".join(str(rank) for rank in event.data.get("missing", ()))
         if event.data.get("unreachable"):
-            return TIMEOUT_STATUS, (
+            return Outcome.JOIN_TIMEOUT, (
                 f"could not reach node 0's rendezvous at {node.master} within --timeout {timeout or 0:g} s "
                 f"({event.data['unreachable']}): node rank 0 is missing. Start 'tfstrategy launch --node-rank 0 ...' "
                 f"on the machine {node.master_host} with the same --master, or let this machine reach that port "
                 "(firewall)")
         arrived = ", ".join(f"node {rank} from {address}" for rank, address in event.data.get("arrived", {}).items())
-        return TIMEOUT_STATUS, (
+        return Outcome.JOIN_TIMEOUT, (
             f"node rank(s) {missing} did not arrive at the rendezvous on {node.master} within --timeout {timeout or 0:g} s "
             f"(arrived: {arrived or 'none'}). Start 'tfstrategy launch --nnodes {node.nnodes} --node-rank {missing} "
             f"--master {node.master} ...' on that machine with the same secret, check that it can reach "
             f"{node.master}, or raise --timeout")
-    if event is not None and event.kind is EventKind.FAILED:  # e.g. a node broke the protocol while a round formed
-        failure = failure_from_event(event)
-        return failure.status, failure.report()
     if event is not None and event.kind is EventKind.LOST:
         why = event.data.get("why") or "node 0's launcher stopped, or the network between the nodes failed"
-        return 1, f"lost the connection to node 0's rendezvous at {node.master} ({why}); stopped this node's workers"
-    return 1, "the job ended before this node's workers started"
+        return Outcome.LOST, (f"lost the connection to node 0's rendezvous at {node.master} ({why}); stopped this "
+                              "node's workers")
+    return Outcome.FAILED, "the job ended before this node's workers started"
 
 
 def secret_free_environment(env: Mapping[str, str]) -> dict[str, str]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,9 +16,12 @@ from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import ConsoleView
 from tfstrategy.launch.diagnosis import LOOPBACK
 from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
-from tfstrategy.launch.worker_hook import validate_audit_mode
+from tfstrategy.runtime.worker_hook import validate_audit_mode
+from tfstrategy.settings import ENV_PROFILE
+from tfstrategy.worker_contract import WorkerSettings
 
-__all__ = ["LaunchOptions", "validate_launch_options", "parse_port_range", "worker_tf_config", "cluster_tf_config"]
+__all__ = ["LaunchOptions", "validate_launch_options", "worker_settings", "parse_port_range", "worker_tf_config",
+           "cluster_tf_config"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +53,14 @@ class LaunchOptions:
     console_view: ConsoleView = ConsoleView()
     #: The workers' ports come from ``low..high`` on each machine (``None``: the kernel's ephemeral range).
     port_range: tuple[int, int] | None = None
+    #: The Keras global dtype policy every worker sets (``None``: ``TFSTRATEGY_PRECISION``, else Keras' own).
+    precision: str | None = None
+    #: The divergence sentinel's interval: ``epoch``, a step count, or ``off``.
+    sentinel: str = "epoch"
+    #: ``--profile``: the performance reports' directory (``None``: no report unless ``TFSTRATEGY_PROFILE``).
+    profile_dir: Path | None = None
+    #: Minutes between performance reports on long jobs.
+    profile_every: float = 10.0
 
 
 def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
@@ -96,6 +108,7 @@ def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
         validate_audit_mode(options.audit)
     except Exception as error:
         raise LaunchError(str(error)) from None
+    worker_settings(options, {})  # the settings' own errors (a bad --precision, --sentinel or --profile-every)
     _require_runnable(options.command[0], example)
     if options.nodes is not None:
         validate_node_options(options.nodes)
@@ -103,6 +116,41 @@ def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
         if directory is not None:
             _require_writable_directory(directory, name)
     return options
+
+
+def worker_settings(options: LaunchOptions, environ: Mapping[str, str]) -> WorkerSettings:
+    """What every worker of the job is told besides its own place: the one mapping from options to variables.
+
+    ``environ`` is the launcher's environment: a setting the options leave open comes from its
+    variable there (checked), and one both set differently is refused.
+
+    Raises:
+        PrecisionError, TrainingError: a bad precision, sentinel or profile interval (naming the flag or variable).
+        SettingsConflictError: ``precision`` and ``TFSTRATEGY_PRECISION`` differ.
+        LaunchError: another ``TFSTRATEGY_*`` setting in ``environ`` is not valid.
+    """
+    from tfstrategy.performance.environment import profile_environment, tracker_from_environment
+    from tfstrategy.training.precision import parse_precision, resolve_precision
+    from tfstrategy.training.sentinel import parse_sentinel
+
+    given = WorkerSettings.from_environ(environ)
+    precision = None if options.precision is None else parse_precision(options.precision, name="--precision")
+    precision, _ = resolve_precision(precision, environ)
+    sentinel = parse_sentinel(options.sentinel, name="--sentinel")
+    profile_dir: Path | None
+    profile_every: float | None
+    if options.profile_dir is not None:
+        profile = profile_environment(True, options.profile_dir, options.profile_every)
+        profile_dir, profile_every = Path(profile[ENV_PROFILE]), options.profile_every
+    else:
+        tracker = tracker_from_environment(dict(environ))
+        profile_dir = None if tracker is None else Path(tracker["directory"])
+        profile_every = None if tracker is None else float(tracker["every_minutes"])
+    return dataclasses.replace(
+        given, audit=validate_audit_mode(options.audit), summary=True, precision=precision,
+        sentinel="off" if sentinel is None else str(sentinel), profile_dir=profile_dir, profile_every=profile_every,
+        backup_dir=options.backup_dir if options.backup_dir is not None else given.backup_dir,
+    )
 
 
 def parse_port_range(text: str, source: str = "--port-range") -> tuple[int, int]:

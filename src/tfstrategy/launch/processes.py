@@ -31,7 +31,7 @@ from tfstrategy.launch.diagnosis import LOOPBACK, describe_status, exception_lin
 from tfstrategy.launch.monitor import Observation
 from tfstrategy.launch.output import Console, Pump, Tail
 from tfstrategy.launch.reports import read_error, read_progress
-from tfstrategy.launch.worker_watch import STACK_SIGNAL
+from tfstrategy.runtime.worker_watch import STACK_SIGNAL
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 
 __all__ = [
@@ -99,8 +99,9 @@ def become_subreaper() -> bool:
         return False
 
 
-def own_children(exclude: set[int]) -> list[int]:
-    """Live processes whose parent is this process (orphans reparented to the subreaper), minus ``exclude``."""
+def own_children(exclude: set[int], *, zombies: bool = False) -> list[int]:
+    """Processes whose parent is this process (orphans reparented to the subreaper), minus ``exclude``; live ones
+    only unless ``zombies``."""
     me, children = os.getpid(), []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not entry.isdigit() or int(entry) in exclude:
@@ -110,7 +111,7 @@ def own_children(exclude: set[int]) -> list[int]:
                 fields = stat.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == me and fields[0] != "Z":
+        if int(fields[1]) == me and (zombies or fields[0] != "Z"):
             children.append(int(entry))
     return children
 
@@ -342,7 +343,16 @@ def stop_workers(workers: Sequence[WorkerHandle], *, grace: float, signum: int =
 
 
 def stop_orphans(workers: set[int]) -> None:
-    """SIGKILL and reap the descendants reparented to this launcher (the subreaper), until none is left."""
+    """SIGKILL and reap the descendants reparented to this launcher (the subreaper), until none is left.
+
+    Those that already died (a worker's child killed with its process group) are reaped too, so
+    no zombie of the job outlives it in the launcher's process.
+    """
+    for pid in own_children(workers, zombies=True):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
     for _ in range(50):
         orphans = own_children(workers)
         if not orphans:

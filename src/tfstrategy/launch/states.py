@@ -1,39 +1,43 @@
-"""The launcher's vocabulary: worker and group states, why a run ended, its exit statuses.
+"""The launcher's vocabulary: worker states, and one :class:`Outcome` from the monitor to the exit status.
 
-Pure values (no process, no clock): :mod:`tfstrategy.launch.monitor` moves workers and
-the group through these states from what it observes, and
-:class:`~tfstrategy.launch.supervisor.Launcher` acts on them. torchrun's agent has the same
-shape (``WorkerState``, ``RunResult``); ours adds the states a TensorFlow job needs to tell
-apart: joining (the strategy's constructor waits for every peer) and stalled (alive, not
-advancing while its peers wait in a collective).
+Pure values (no process, no clock): :mod:`tfstrategy.launch.monitor` moves workers through
+:class:`WorkerState` from what it observes and ends an attempt with an :class:`Outcome` (and the
+:class:`Failure` that caused it); the coordinator relays outcomes between nodes; and
+:class:`~tfstrategy.launch.supervisor.Launcher` ends the run with one, whose exit status is
+:meth:`Outcome.exit_status`. torchrun's agent has the same shape (``WorkerState``,
+``RunResult``); ours adds the states a TensorFlow job needs to tell apart: joining (the
+strategy's constructor waits for every peer) and stalled (alive, not advancing while its peers
+wait in a collective).
 
 Exit statuses, for schedulers (Slurm ``--requeue``, Kubernetes ``podFailurePolicy``):
 
-======  ==========================================================================
-status  meaning
-======  ==========================================================================
-0       every worker exited 0
-1       a worker failed (its own status and signal are in the report)
-75      preempted: every worker saved and exited 75 (EX_TEMPFAIL): requeue the job
-124     not every worker (or node) joined within ``--timeout``
-125     a worker stalled: alive but not advancing past ``--stall-timeout``
-128+N   the launcher itself received signal N (130 Ctrl-C, 143 SIGTERM) and stopped the job
-2       invalid options (nothing started)
-======  ==========================================================================
+======  ============  ==============================================================
+status  outcome       meaning
+======  ============  ==============================================================
+0       succeeded     every worker exited 0
+1       failed, lost  a worker failed (its own status and signal are in the report); node 0 was lost
+75      preempted     every worker saved and exited 75 (EX_TEMPFAIL): requeue the job
+124     join-timeout  not every worker (or node) joined within ``--timeout``
+125     stalled       a worker stalled: alive but not advancing past ``--stall-timeout``
+128+N   interrupted   the launcher itself received signal N (130 Ctrl-C, 143 SIGTERM) and stopped the job
+2       -             invalid options (nothing started)
+======  ============  ==============================================================
 """
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from enum import Enum
 
 __all__ = [
-    "WorkerState", "GroupState", "EndReason", "RunResult", "Failure",
-    "EXIT_SUCCESS", "EXIT_FAILURE", "EXIT_PREEMPTED", "EXIT_JOIN_TIMEOUT", "EXIT_STALL", "signal_status",
+    "WorkerState", "Outcome", "EndReason", "RunResult", "Failure",
+    "EXIT_SUCCESS", "EXIT_FAILURE", "EXIT_INVALID", "EXIT_PREEMPTED", "EXIT_JOIN_TIMEOUT", "EXIT_STALL", "signal_status",
 ]
 
 EXIT_SUCCESS = 0
 EXIT_FAILURE = 1
+#: A user error: a bad option, or a refusal before the first step (the CLI's one line). Kubernetes fails the Job on it.
 EXIT_INVALID = 2
 #: What a preempted worker exits with (EX_TEMPFAIL), and the launcher when every worker did.
 EXIT_PREEMPTED = 75
@@ -48,44 +52,42 @@ def signal_status(signum: int) -> int:
 
 
 class WorkerState(str, Enum):
-    """Where one worker stands. Terminal: succeeded, failed, stopped."""
+    """Where one worker stands. Terminal: succeeded, failed (the launcher stops the live ones when the attempt ends)."""
 
     STARTING = "starting"  # the process runs; it has not begun creating its strategy
     JOINING = "joining"  # creating its MultiWorkerMirroredStrategy, waiting for its peers
     RUNNING = "running"  # its strategy exists (or its port accepts connections)
     STALLED = "stalled"  # alive, but not advancing while its peers wait
     SUCCEEDED = "succeeded"  # exited 0
-    FAILED = "failed"  # exited non-zero or died of a signal the launcher did not send
-    STOPPING = "stopping"  # the launcher signalled it
-    STOPPED = "stopped"  # ended after the launcher signalled it
+    FAILED = "failed"  # exited non-zero or died of a signal
 
     @property
     def ended(self) -> bool:
-        return self in (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED)
+        return self in (WorkerState.SUCCEEDED, WorkerState.FAILED)
 
 
-class GroupState(str, Enum):
-    """Where this machine's group of workers (one attempt) stands."""
-
-    STARTING = "starting"  # not every worker has joined
-    RUNNING = "running"  # every worker joined
-    STALLED = "stalled"  # a stall was reported; the group fails past the second threshold
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-
-
-class EndReason(str, Enum):
-    """Why a run (or one attempt of it) ended."""
+class Outcome(str, Enum):
+    """How an attempt, a failure or the whole run ends; each has its exit status."""
 
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # a worker failed (possibly on another node)
     JOIN_TIMEOUT = "join-timeout"  # a worker or node did not join in time
-    STALLED = "stalled"
+    STALLED = "stalled"  # a worker made no progress past --stall-timeout
+    PREEMPTED = "preempted"  # every worker saved and exited 75
     INTERRUPTED = "interrupted"  # the launcher (or another node's) received SIGINT/SIGTERM
-    PREEMPTED = "preempted"  # every worker exited 75
     LOST = "lost"  # the connection to node 0 broke
+
+    def exit_status(self, signum: int | None = None) -> int:
+        """The launcher's exit status for this outcome (``signum``: the signal that interrupted it)."""
+        if self is Outcome.INTERRUPTED:
+            return signal_status(signum if signum is not None else signal.SIGTERM)
+        return _EXIT_STATUS[self]
+
+
+_EXIT_STATUS = {Outcome.SUCCEEDED: EXIT_SUCCESS, Outcome.FAILED: EXIT_FAILURE, Outcome.JOIN_TIMEOUT: EXIT_JOIN_TIMEOUT,
+                Outcome.STALLED: EXIT_STALL, Outcome.PREEMPTED: EXIT_PREEMPTED, Outcome.LOST: EXIT_FAILURE}
+#: The name of :class:`Outcome` in tfstrategy 0.2 (removed in 0.4).
+EndReason = Outcome
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,8 +110,13 @@ class Failure:
     node: int | None = None
     #: Where this worker's output is kept (``--log-dir``), if anywhere.
     logs: tuple[str, ...] = ()
-    #: The launcher's exit status if this failure ends the job.
-    exit_status: int = EXIT_FAILURE
+    #: How the job ends if this failure ends it.
+    outcome: Outcome = Outcome.FAILED
+
+    @property
+    def exit_status(self) -> int:
+        """The launcher's exit status if this failure ends the job."""
+        return self.outcome.exit_status()
 
     @property
     def who(self) -> str:
@@ -138,8 +145,8 @@ class Failure:
 class RunResult:
     """How a run ended: its exit status, why, and what happened on the way."""
 
-    returncode: int
-    reason: EndReason = EndReason.SUCCEEDED
+    returncode: int = EXIT_SUCCESS
+    reason: Outcome = Outcome.SUCCEEDED
     restarts: int = 0
     #: The root cause of each failed attempt (in order), the peers' consequences apart.
     failures: list[Failure] = field(default_factory=list)
@@ -149,3 +156,8 @@ class RunResult:
     rejoin_seconds: list[float] = field(default_factory=list)
     #: Seconds from a worker's last progress to the launcher reporting its stall.
     stall_seconds: list[float] = field(default_factory=list)
+
+    def end(self, outcome: Outcome, signum: int | None = None) -> RunResult:
+        """End the run with ``outcome``: its reason, and the exit status that follows from it."""
+        self.reason, self.returncode = outcome, outcome.exit_status(signum)
+        return self

@@ -40,10 +40,16 @@ from typing import TextIO
 
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import Console, stopped_line
-from tfstrategy.launch.coordinator import Coordinator, Event, EventType, LocalCoordinator
-from tfstrategy.launch.monitor import Decision, GroupMonitor, Policy, Verdict
+from tfstrategy.launch.coordinator import Coordinator, Event, LocalCoordinator
+from tfstrategy.launch.monitor import Decision, GroupMonitor, Policy
 from tfstrategy.launch.nodes import RendezvousCoordinator, secret_free_environment
-from tfstrategy.launch.options import LaunchOptions, cluster_tf_config, validate_launch_options, worker_tf_config
+from tfstrategy.launch.options import (
+    LaunchOptions,
+    cluster_tf_config,
+    validate_launch_options,
+    worker_settings,
+    worker_tf_config,
+)
 from tfstrategy.launch.processes import (
     Lifeline,
     LocalProcess,
@@ -54,29 +60,9 @@ from tfstrategy.launch.processes import (
     stop_workers,
 )
 from tfstrategy.launch.rendezvous import NodeOptions
-from tfstrategy.launch.states import (
-    EXIT_JOIN_TIMEOUT,
-    EXIT_PREEMPTED,
-    EXIT_STALL,
-    EndReason,
-    Failure,
-    RunResult,
-    signal_status,
-)
-from tfstrategy.launch.worker_hook import hook_environment
-from tfstrategy.settings import (
-    ENV_BACKUP_DIR,
-    ENV_ERROR_FILE,
-    ENV_JOB_TAG,
-    ENV_JOIN_FILE,
-    ENV_LAUNCHER_PID,
-    ENV_LIFELINE_FD,
-    ENV_NODE_RANK,
-    ENV_NUM_WORKERS,
-    ENV_PROGRESS_FILE,
-    ENV_RESTART,
-    ENV_WORKER_INDEX,
-)
+from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT, EXIT_PREEMPTED, Failure, Outcome, RunResult
+from tfstrategy.runtime.worker_hook import hook_environment
+from tfstrategy.worker_contract import WorkerContract, WorkerSettings
 
 __all__ = [
     "JOIN_TIMEOUT_STATUS", "LaunchOptions", "validate_launch_options", "LaunchResult", "RunResult", "Launcher",
@@ -117,6 +103,7 @@ class Launcher:
                  wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
         self.options = validate_launch_options(options)
         self.env = dict(os.environ if env is None else env)
+        self.settings()  # a setting the environment contradicts fails here, before anything starts
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self._lock = threading.Lock()
         self._console = Console(self.out, self._lock, view=self.options.console_view)
@@ -127,7 +114,13 @@ class Launcher:
         self._said_output_lost = False
         self._subreaper = False
         self._lifeline: Lifeline | None = None
+        self._started = False
         self.tag = uuid.uuid4().hex
+
+    def settings(self, backup_dir: Path | None = None) -> WorkerSettings:
+        """What every worker is told besides its place (:func:`~tfstrategy.launch.options.worker_settings`)."""
+        options = self.options if backup_dir is None else dataclasses.replace(self.options, backup_dir=backup_dir)
+        return worker_settings(options, self.env)
 
     def _say(self, message: str) -> None:
         self._console.say(self.err, f"tfstrategy launch: {message}")  # below the live progress line, if any
@@ -160,20 +153,30 @@ class Launcher:
                     coordinator = RendezvousCoordinator(self.options, say=self._say,
                                                         interrupted=lambda: self._signal is not None)
             self._coordinator = coordinator
-            return self._supervise(coordinator, run_dir, backup_dir)
+            return self._supervise(coordinator, run_dir, self.settings(backup_dir))
         finally:
-            self._stop(grace=0.0)
-            if coordinator is not None:
-                coordinator.close(grace=self.options.grace)
-            if self._lifeline is not None:
-                self._lifeline.close()
+            self._release(coordinator)
             for signum, handler in installed.items():
                 signal.signal(signum, handler)
             shutil.rmtree(run_dir, ignore_errors=True)
 
+    def _release(self, coordinator: Coordinator | None) -> None:
+        """Leave nothing behind, whatever fails on the way: workers, the coordinator, the reaper, orphans."""
+        try:
+            self._stop(grace=0.0)
+        finally:
+            try:
+                if coordinator is not None:
+                    coordinator.close(grace=self.options.grace)
+            finally:
+                if self._lifeline is not None:
+                    self._lifeline.close()  # the reaper exits (or is killed) and is reaped here
+                if self._subreaper and self._started:
+                    stop_orphans(set())  # what the workers' children left after their groups were stopped
+
     # --- one attempt ------------------------------------------------------------------------------
 
-    def _start(self, coordinator: Coordinator, run_dir: Path, backup_dir: Path | None,
+    def _start(self, coordinator: Coordinator, run_dir: Path, settings: WorkerSettings,
                attempt: int) -> GroupMonitor | Event:
         """Start this machine's workers for ``attempt`` once the coordinator formed its cluster."""
         count = self.options.num_workers
@@ -196,22 +199,19 @@ class Launcher:
         shown = self.options.console_workers
         for index, port in ports.items():
             files = {kind: attempt_dir / f"worker-{index}.{kind}" for kind in ("joined", "error", "progress")}
+            contract = WorkerContract(
+                index=index, num_workers=len(addresses), restart=attempt, join_file=files["joined"],
+                error_file=files["error"], progress_file=files["progress"], launcher_pid=os.getpid(),
+                lifeline_fd=None if self._lifeline is None else self._lifeline.read_fd, job_tag=self.tag,
+                node_rank=coordinator.rank, settings=settings)
             env = {
                 **hook_environment(audit=self.options.audit, summary=True, env=secret_free_environment(self.env)),
+                **contract.to_environ(),
                 "TF_CONFIG": cluster_tf_config(addresses, index),
-                ENV_NUM_WORKERS: str(len(addresses)), ENV_WORKER_INDEX: str(index), ENV_RESTART: str(attempt),
-                ENV_JOIN_FILE: str(files["joined"]), ENV_ERROR_FILE: str(files["error"]),
-                ENV_PROGRESS_FILE: str(files["progress"]), ENV_LAUNCHER_PID: str(os.getpid()), ENV_JOB_TAG: self.tag,
                 # Line-by-line output, so prefixes and failure tails are current; UTF-8 whatever the
                 # terminal's encoding, as the launcher reads it (and re-encodes for the terminal).
                 "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8",
             }
-            if self._lifeline is not None:
-                env[ENV_LIFELINE_FD] = str(self._lifeline.read_fd)
-            if coordinator.rank is not None:
-                env[ENV_NODE_RANK] = str(coordinator.rank)
-            if backup_dir is not None:
-                env[ENV_BACKUP_DIR] = str(backup_dir)
             worker_logs = None if log_dir is None else (log_dir / f"worker-{index}" / "stdout.log",
                                                         log_dir / f"worker-{index}" / "stderr.log")
             # --console-workers names workers for the console, with --log-dir too (no --tee needed).
@@ -222,6 +222,7 @@ class Launcher:
             spawn = self._spawn
             if spawn is None:
                 raise RuntimeError("Launcher._start() runs only inside run()")
+            self._started = True
             try:
                 self._workers.append(spawn(spec))
             except OSError as error:
@@ -254,59 +255,59 @@ class Launcher:
             if decision.all_joined and failed_at is not None:
                 result.rejoin_seconds.append(now - failed_at)
                 self._say(f"all workers joined again {now - failed_at:.1f} s after the failure")
-            if decision.verdict is not Verdict.CONTINUE:
+            if decision.outcome is not None:
                 result.stall_seconds.extend(monitor.stall_seconds)
                 return decision
             self._sleep(_POLL_SECONDS)
 
     # --- the job ----------------------------------------------------------------------------------
 
-    def _supervise(self, coordinator: Coordinator, run_dir: Path, backup_dir: Path | None) -> RunResult:
-        result = RunResult(returncode=0)
+    def _supervise(self, coordinator: Coordinator, run_dir: Path, settings: WorkerSettings) -> RunResult:
+        result = RunResult()
         ended = coordinator.connect()
         if ended is not None or self._signal is not None:
             return self._ended(ended, result)
         attempt, failed_at = coordinator.round, None
         while True:
-            started = self._start(coordinator, run_dir, backup_dir, attempt)
+            started = self._start(coordinator, run_dir, settings, attempt)
             if isinstance(started, Event) or self._signal is not None:
                 return self._ended(started if isinstance(started, Event) else None, result)
             if failed_at is not None:
                 result.restart_seconds.append(self._clock() - failed_at)
-            outcome = self._watch(coordinator, started, failed_at, result)
-            if isinstance(outcome, Decision) and outcome.verdict is Verdict.SUCCEEDED:
-                outcome = coordinator.finish(attempt)  # every node's workers (at once on one machine)
-                if outcome.type is EventType.FINISHED:
-                    result.reason = EndReason.SUCCEEDED
-                    return result
-            if outcome is None or self._signal is not None:
+            decision = self._watch(coordinator, started, failed_at, result)
+            if decision is None or self._signal is not None:
                 return self._ended(None, result)
             failed_at = self._clock()
-            # No grace: the survivors are blocked in collectives with a dead peer and are
-            # discarded anyway (measured: an MWMS worker outlived SIGTERM by a 5 s grace).
             consequences: tuple[Failure, ...] = ()
-            if isinstance(outcome, Decision):
-                if outcome.failure is None:  # every verdict but SUCCEEDED carries one
-                    raise RuntimeError(f"the monitor ended an attempt ({outcome.verdict}) without a failure")
-                local = self._with_output(outcome.failure)
+            if isinstance(decision, Event):
+                event = decision
+            elif decision.outcome is Outcome.SUCCEEDED:
+                event = coordinator.finish(attempt)  # every node's workers (at once on one machine)
+                if event.outcome is Outcome.SUCCEEDED:
+                    return result.end(Outcome.SUCCEEDED)
+            else:
+                if decision.failure is None:  # every outcome but SUCCEEDED carries one
+                    raise RuntimeError(f"the monitor ended an attempt ({decision.outcome}) without a failure")
+                local = self._with_output(decision.failure)
+                # No grace: the survivors are blocked in collectives with a dead peer and are
+                # discarded anyway (measured: an MWMS worker outlived SIGTERM by a 5 s grace).
                 self._stop(grace=0.0)
-                consequences = outcome.consequences
-                outcome = coordinator.decide(attempt, local)
-                if outcome.failure != local and outcome.failure is not None:
+                consequences = decision.consequences
+                event = coordinator.decide(attempt, local)
+                if event.failure != local and event.failure is not None:
                     consequences = (local, *consequences)  # node 0 chose another node's failure
-            if outcome.type is not EventType.FAILED or outcome.failure is None:
-                return self._ended(outcome, result)
+            if self._signal is not None or event.failure is None:
+                return self._ended(event, result)
             self._stop(grace=0.0)
-            failure = outcome.failure
+            failure = event.failure
             result.failures.append(failure)
             whose = "every worker" if coordinator.rank is None else "this node's workers"
             self._say(f"{failure.report(consequences)}\nstopped {whose} {self._clock() - failed_at:.1f} s after the "
                       "failure")
-            if not outcome.restart:
-                result.returncode, result.reason = failure.exit_status, _reason_of(failure)
+            if not event.restart:
                 if self.options.max_restarts:
                     self._say(f"giving up after {attempt} restart(s)")
-                return result
+                return result.end(failure.outcome)
             attempt += 1
             result.restarts = attempt
 
@@ -323,20 +324,17 @@ class Launcher:
         coordinator = self._coordinator
         if signum is not None and coordinator is not None:
             coordinator.stop(signum)
-        elif signum is None and event is not None and event.type is EventType.STOP and event.signum is not None:
+        elif signum is None and event is not None and event.outcome is Outcome.INTERRUPTED and event.signum is not None:
             signum = event.signum
             self._say(f"node {event.node} received {signal.Signals(signum).name}: stopping this node's workers")
         if signum is None:
-            result.returncode = event.status if event is not None else 1
-            result.reason = event.reason if event is not None else EndReason.FAILED
             if event is not None and event.failure is not None:  # e.g. a node broke the protocol while forming
                 result.failures.append(event.failure)
-                result.returncode = event.failure.exit_status
                 self._say(event.failure.report())
-            else:
-                self._say(event.message if event is not None and event.message else
-                          "the job ended before this node's workers started")
-            return result
+                return result.end(event.failure.outcome)
+            self._say(event.message if event is not None and event.message else
+                      "the job ended before this node's workers started")
+            return result.end(Outcome.FAILED if event is None or event.outcome is Outcome.SUCCEEDED else event.outcome)
         stopping = self._clock()
         self._console.stopping()  # the workers' dying output goes to the log files only (unless --debug)
         indices = [worker.index for worker in self._workers]
@@ -346,12 +344,11 @@ class Launcher:
                   f"{self._clock() - stopping:.1f} s later")
         for index, code in zip(indices, codes):
             self._say(stopped_line(index, code, signum, self.options.grace))
-        result.returncode, result.reason = signal_status(signum), EndReason.INTERRUPTED
         if codes and all(code == EXIT_PREEMPTED for code in codes):
             # Every worker saved and asked to be requeued; pass that on to the scheduler.
-            result.returncode, result.reason = EXIT_PREEMPTED, EndReason.PREEMPTED
             self._say(f"every worker exited with status {EXIT_PREEMPTED} (preempted, saved); so does the launcher")
-        return result
+            return result.end(Outcome.PREEMPTED)
+        return result.end(Outcome.INTERRUPTED, signum)
 
     def _report_lost_output(self) -> None:
         lost = next((worker.output_lost() for worker in self._workers if worker.output_lost() is not None), None)
@@ -377,11 +374,6 @@ class Launcher:
         return codes
 
 
-def _reason_of(failure: Failure) -> EndReason:
-    return {EXIT_JOIN_TIMEOUT: EndReason.JOIN_TIMEOUT, EXIT_STALL: EndReason.STALLED,
-            EXIT_PREEMPTED: EndReason.PREEMPTED}.get(failure.exit_status, EndReason.FAILED)
-
-
 def launch(
     command: Sequence[str],
     num_workers: int,
@@ -393,6 +385,10 @@ def launch(
     grace: float = 10.0,
     nodes: NodeOptions | None = None,
     log_dir: str | os.PathLike[str] | None = None,
+    precision: str | None = None,
+    sentinel: str = "epoch",
+    profile_dir: str | os.PathLike[str] | None = None,
+    profile_every: float = 10.0,
     env: Mapping[str, str] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
@@ -414,6 +410,11 @@ def launch(
         nodes: this machine's place in a job of several machines (``num_workers`` on each);
             ``None``: every worker on this machine.
         log_dir: each worker's stdout and stderr to files under this directory.
+        precision: the Keras global dtype policy every worker sets before building its model
+            (``float32``, ``mixed_float16``, ``mixed_bfloat16``; default: ``TFSTRATEGY_PRECISION``).
+        sentinel: the divergence sentinel's interval: ``epoch``, a step count, or ``off``.
+        profile_dir: write performance reports there (as ``--profile --profile-dir``), every
+            ``profile_every`` minutes on long jobs.
         env: the workers' base environment (``os.environ`` when omitted).
         out: where ``[worker i]`` lines go (stdout); err: launcher messages (stderr).
 
@@ -432,6 +433,8 @@ def launch(
         command=tuple(command), num_workers=num_workers, max_restarts=max_restarts,
         backup_dir=checked_backup_dir(None if backup_dir is None else Path(backup_dir)), join_timeout=join_timeout,
         audit=audit, grace=grace, nodes=nodes, log_dir=None if log_dir is None else Path(log_dir),
+        precision=precision, sentinel=sentinel, profile_dir=None if profile_dir is None else Path(profile_dir),
+        profile_every=profile_every,
     )
     # A backup directory that outlives this call unless the job succeeds, locked while it runs.
     return run_with_backup(options, lambda opts: Launcher(opts, env=env, out=out, err=err).run(), env=env,

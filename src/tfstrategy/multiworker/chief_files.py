@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tfstrategy.multiworker.cluster import ClusterConfig, load_cluster_config
+from tfstrategy.runtime.process import RUNTIME
 
 __all__ = ["is_chief", "chief_write", "keep_per_worker", "private_directory", "remove_private_directory"]
 
@@ -127,6 +128,15 @@ def remove_private_directory(path: str | os.PathLike[str] | None) -> None:
 def _remove_leftovers() -> None:
     for path in list(_PRIVATE):
         remove_private_directory(path)
+
+
+def _forget() -> None:
+    _remove_leftovers()
+    with _COUNTS_LOCK:
+        _COUNTS.clear()
+
+
+RUNTIME.own_state("chief_files: write counts and private directories", _forget)
 
 
 def _file_name(path: str) -> str:

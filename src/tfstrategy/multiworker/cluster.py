@@ -5,7 +5,7 @@ typo in it does not fail early in TensorFlow: a wrong index or a duplicated
 address makes the workers wait for each other forever. :func:`validate_tf_config`
 checks every rule up front and names the offending part with a correct example.
 :func:`tf_config_from_hosts` builds it instead of writing it by hand;
-:mod:`tfstrategy.multiworker.slurm` builds it from a Slurm job step.
+:mod:`tfstrategy.environments` builds it from a cluster environment (a Slurm job step).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tfstrategy import environments
 from tfstrategy.errors import BackupError, BackupLockedError, UntrustedBackupError
 from tfstrategy.settings import ENV_JOB_ID
 
@@ -307,16 +308,15 @@ def choose_resume(committed: Sequence[Sequence[int]], loadable: Sequence[Sequenc
 
 
 def job_identity(env: Mapping[str, str], base: Path) -> tuple[str, str]:
-    """The job's id and where it came from: ``TFSTRATEGY_JOB_ID``, ``SLURM_JOB_ID``, or ``base/job.json``.
+    """The job's id and where it came from: :func:`tfstrategy.environments.job_identity`, or ``base/job.json``.
 
     Without either variable the id is the backup directory's own, created once by
     whichever worker comes first (``O_EXCL``): a job restarted on the same
     directory is the same job; a second job at the same time is kept out by the lock.
     """
-    for name in (ENV_JOB_ID, "SLURM_JOB_ID"):
-        value = env.get(name, "").strip()
-        if value:
-            return (value if name == ENV_JOB_ID else f"slurm-{value}"), name
+    identity = environments.job_identity(env)
+    if identity is not None:
+        return identity
     path = base / JOB_FILE
     for _ in range(50):
         try:

@@ -38,6 +38,7 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
+from tfstrategy.environments import restart_count
 from tfstrategy.errors import BackupError, CheckpointError, TFStrategyError
 from tfstrategy.multiworker import commit
 from tfstrategy.multiworker.cluster import load_cluster_config
@@ -63,10 +64,6 @@ class ResumePoint:
         return (epoch, batch) < (self.epoch, self.batch)
 
 
-def _first_start(env: Mapping[str, str]) -> bool:
-    return all(env.get(name, "0") in ("", "0") for name in ("TFSTRATEGY_RESTART", "SLURM_RESTART_COUNT"))
-
-
 def _say(text: str) -> None:
     print(f"tfstrategy: {text}", file=sys.stderr, flush=True)
 
@@ -77,7 +74,8 @@ class CoordinatedBackup:
     Args:
         base: the job's backup directory (every worker's part is in ``base/<task>``).
         strategy: the strategy the workers train with (its collectives carry the agreement).
-        env: environment (``TF_CONFIG``, ``TFSTRATEGY_JOB_ID``, ``SLURM_JOB_ID``); ``os.environ`` when omitted.
+        env: environment (``TF_CONFIG``, the job id's: :func:`tfstrategy.environments.job_id`); ``os.environ``
+            when omitted.
 
     Raises:
         UntrustedBackupError: the directory is another user's or writable by others.
@@ -121,11 +119,10 @@ class CoordinatedBackup:
                 # identity() puts the value on this replica's device, for the collective to send it from.
                 return tf_.distribute.get_replica_context().all_gather(tf_.identity(value), axis=0)
 
-            @tf_.function(autograph=False)
             def run(value: Any) -> Any:
                 return strategy.experimental_local_results(strategy.run(gather, args=(value,)))[0]
 
-            self._gather_fn = run
+            self._gather_fn = tf_.function(run, autograph=False)
         rows = self._gather_fn(tf_.constant([row], dtype=tf_.float64)).numpy().tolist()
         by_worker: dict[int, list[float]] = {}
         for gathered in rows:  # several local replicas send the same row
@@ -141,7 +138,7 @@ class CoordinatedBackup:
     # --- faults (tests only) ------------------------------------------------------------
 
     def _parse_fault(self, text: str) -> tuple[str, int, int] | None:
-        if not text or not _first_start(self.env):
+        if not text or restart_count(self.env):
             return None
         point, _, where = text.partition("@")
         worker, _, step = where.partition(":")
@@ -209,8 +206,7 @@ class CoordinatedBackup:
                         self.committed = record.steps
         except (TFStrategyError, OSError) as error:
             problem = str(error)
-        codes = {None: 0.0}
-        own = [codes.get(problem, 1.0), *[float(s) for s in self.committed], *([-1.0] * (2 - len(self.committed))),
+        own = [0.0 if problem is None else 1.0, *[float(s) for s in self.committed], *([-1.0] * (2 - len(self.committed))),
                1.0 if record_note else 0.0]
         first = self._gather(own)
         problems = [problem if i == self.index else ("refused its backup (see that worker's error)" if row[0] else None)

@@ -62,7 +62,7 @@ def _path_from_frames(error: BaseException) -> str | None:
             if isinstance(value, (str, os.PathLike)) and os.fspath(value):
                 return os.fspath(value)
             if isinstance(getattr(value, "filename", None), str):  # a ZipFile, an open file
-                return value.filename
+                return str(value.filename)
     return None
 
 
@@ -123,4 +123,7 @@ def install_excepthook() -> None:
         if message:
             print(message, file=sys.stderr, flush=True)
 
-    sys.excepthook = excepthook
+    from tfstrategy.runtime.process import RUNTIME
+
+    RUNTIME.override_attribute(sys, "excepthook", excepthook, name="shared_path_line",
+                               note="after an uncaught error's traceback, the line naming a path two workers wrote")

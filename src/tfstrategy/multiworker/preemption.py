@@ -27,13 +27,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
+from tfstrategy.environments import preemption_signal, restart_count
 from tfstrategy.errors import PlatformError
-from tfstrategy.settings import ENV_RESTART
 
 __all__ = ["preemption_callbacks"]
 
@@ -45,11 +44,12 @@ class PreemptionWatcher:
     """Turns SIGTERM into a flag, and the flags of all workers into one agreed decision.
 
     Args:
-        signals: the signals that ask to stop (default SIGTERM).
+        signals: the signals that ask to stop (default: the cluster environment's preemption signal,
+            SIGTERM unless it says otherwise: :func:`tfstrategy.environments.preemption_signal`).
     """
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
-        self.signals = signals
+    def __init__(self, signals: tuple[int, ...] | None = None) -> None:
+        self.signals = signals if signals is not None else (preemption_signal(),)
         self.received_at: float | None = None
         self._previous: dict[int, Any] = {}
         self._agree_fn: Any = None
@@ -90,21 +90,10 @@ def _make_agree_fn(strategy: Any) -> Any:
         # identity() places the value on this replica's device; the all-reduce needs one to send from.
         return tf_.distribute.get_replica_context().all_reduce(tf_.distribute.ReduceOp.SUM, tf_.identity(flag))
 
-    @tf_.function
     def agree(flag: Any) -> Any:
         return strategy.experimental_local_results(strategy.run(sum_flags, args=(flag,)))[0]
 
-    return agree
-
-
-def restart_number(env: Mapping[str, str] | None = None) -> int:
-    """How many times this job was restarted: Slurm's ``SLURM_RESTART_COUNT`` or ``TFSTRATEGY_RESTART``."""
-    env = os.environ if env is None else env
-    for name in ("SLURM_RESTART_COUNT", ENV_RESTART):
-        text = env.get(name, "").strip()
-        if text.isdigit():
-            return int(text)
-    return 0
+    return tf_.function(agree)
 
 
 def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
@@ -116,8 +105,11 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
     _require_main_thread()
     keras = _compat.keras_for()
     watcher = watcher or PreemptionWatcher()
+    return _stop_on_preemption(keras.callbacks.Callback, watcher)
 
-    class StopOnPreemption(keras.callbacks.Callback):
+
+def _stop_on_preemption(base: Any, watcher: PreemptionWatcher) -> Any:
+    class StopOnPreemption(base):  # type: ignore[misc]
         """Stops fit at the step every worker agreed on after a SIGTERM, then exits with status 75."""
 
         def __init__(self) -> None:
@@ -128,7 +120,7 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
 
         def on_train_begin(self, logs: Any = None) -> None:
             watcher.install()
-            restart = restart_number()
+            restart = restart_count()
             if restart:
                 _say(f"restart {restart}: training resumes from the backup at {time.time():.3f}")
 
@@ -158,7 +150,8 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
 
         def _exit(self, where: str) -> None:
             watcher.uninstall()
-            mine = f"SIGTERM here at {watcher.received_at:.3f}" if watcher.received else "SIGTERM on another worker"
+            name = signal.Signals(watcher.signals[0]).name
+            mine = f"{name} here at {watcher.received_at:.3f}" if watcher.received else f"{name} on another worker"
             _say(f"{mine}; every worker stops at {where}; exit status {PREEMPTED_EXIT_CODE} asks for a requeue")
             sys.exit(PREEMPTED_EXIT_CODE)
 

@@ -1,6 +1,8 @@
 """The worker's side of ``tfstrategy launch``: the variables it receives and the signals it sends.
 
-``tfstrategy launch`` starts each worker with ``TF_CONFIG`` and these variables:
+``tfstrategy launch`` starts each worker with ``TF_CONFIG`` and the variables of one typed
+contract, :class:`tfstrategy.worker_contract.WorkerContract` (read here with
+:meth:`~tfstrategy.worker_contract.WorkerContract.from_environ`, every value checked), among them:
 
 ========================== ===============================================================
 ``TFSTRATEGY_NUM_WORKERS``  workers in the job
@@ -30,7 +32,8 @@ from typing import Any
 
 from tfstrategy.errors import SaveError
 from tfstrategy.multiworker.cluster import load_cluster_config
-from tfstrategy.settings import ENV_BACKUP_DIR, ENV_JOIN_FILE, ENV_RESTART
+from tfstrategy.settings import ENV_BACKUP_DIR
+from tfstrategy.worker_contract import WorkerContract
 
 __all__ = ["signal_joined", "signal_starting", "backup_callbacks"]
 
@@ -41,15 +44,14 @@ def signal_joined(env: Mapping[str, str] | None = None) -> bool:
     Returns:
         Whether a join file was written.
     """
-    env = os.environ if env is None else env
-    return _touch(env.get(ENV_JOIN_FILE))
+    join_file = WorkerContract.from_environ(os.environ if env is None else env).join_file
+    return _touch(None if join_file is None else str(join_file))
 
 
 def signal_starting(env: Mapping[str, str] | None = None) -> bool:
     """Tell ``tfstrategy launch`` this worker is creating its strategy (waiting for its peers)."""
-    env = os.environ if env is None else env
-    path = env.get(ENV_JOIN_FILE)
-    return _touch(f"{path}.starting" if path else None)
+    join_file = WorkerContract.from_environ(os.environ if env is None else env).join_file
+    return _touch(None if join_file is None else f"{join_file}.starting")
 
 
 def _touch(path: str | None) -> bool:
@@ -60,15 +62,6 @@ def _touch(path: str | None) -> bool:
     Path(tmp).write_text(f"{os.getpid()}\n")
     os.replace(tmp, path)
     return True
-
-
-def restart_count(env: Mapping[str, str] | None = None) -> int:
-    """How many times ``tfstrategy launch`` restarted the group before this start (0 outside it)."""
-    env = os.environ if env is None else env
-    try:
-        return int(env.get(ENV_RESTART, "0") or 0)
-    except ValueError:
-        return 0
 
 
 def worker_backup_dir(backup_dir: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Path | None:
@@ -82,7 +75,7 @@ def worker_backup_dir(backup_dir: str | os.PathLike[str] | None = None, env: Map
         ClusterConfigError: ``TF_CONFIG`` is set but invalid.
     """
     env = os.environ if env is None else env
-    base = backup_dir if backup_dir is not None else env.get(ENV_BACKUP_DIR) or None
+    base = backup_dir if backup_dir is not None else WorkerContract.from_environ(env).settings.backup_dir
     if base is None:
         return None
     config = load_cluster_config(env)

@@ -8,9 +8,19 @@ on 2+ replicas), :mod:`~tfstrategy.patches.keras_chief_files` (Keras' file
 writers on every worker of a multi-worker job: only the chief writes the path),
 :mod:`~tfstrategy.patches.keras_end_of_data` (an optimizer step counted past the
 end of data of unknown size) and :mod:`~tfstrategy.patches.keras_loss_scale`
-(``LossScaleOptimizer`` applying a step that overflowed on another replica).
+(``LossScaleOptimizer`` applying a step that overflowed on another replica) and
+:mod:`~tfstrategy.patches.keras_uneven_batches` (each replica's loss weighted by
+its share of an uneven batch) and :mod:`~tfstrategy.patches.keras_lazy_optimizer`
+(optimizer variables created outside the traced step, keras-team/keras#23087) and
+:mod:`~tfstrategy.patches.keras_loss_scale_api` (Keras 2's ``get_scaled_loss``/``get_unscaled_gradients``;
+no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_legacy_optimizers`
+(``tf.keras.optimizers.legacy.SGD``/``Adam`` as Keras 3's) and
+:mod:`~tfstrategy.patches.keras_compile_scope` (``compile()`` outside the scope runs in the model's) and
+:mod:`~tfstrategy.patches.keras_jit_compile` (``jit_compile=True`` on 2+ local replicas: XLA off, in one line).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
-:func:`patch_status` reports each one (``tfstrategy env`` prints it).
+:func:`patch_status` reports each one, and every other replacement of upstream
+code installed in this process (the start-up hook's rewrites, instance overrides:
+see :mod:`tfstrategy.runtime`); ``tfstrategy env`` prints it.
 
 Example:
     >>> for status in tfstrategy.apply_patches():
@@ -20,18 +30,31 @@ Example:
     keras_chief_files: installed (saving.saving_lib.save_model, ...); keras 3.15.1
     keras_end_of_data: installed (TensorFlowTrainer.make_train_function); keras 3.15.1; probes when a model first needs it
     keras_loss_scale: installed (LossScaleOptimizer.check_finite); keras 3.15.1; probes when a model first needs it
+    keras_uneven_batches: installed (backend.tensorflow.trainer.TensorFlowTrainer.train_step, ...); keras 3.15.1; probes when a model first needs it
+    keras_lazy_optimizer: installed (TFOptimizer.add_variable); keras 3.15.1; probes when a model first needs it
+    keras_loss_scale_api: installed (LossScaleOptimizer.get_scaled_loss, ...); keras 3.15.1
+    keras_legacy_optimizers: installed (keras.SGD, ...); keras 3.15.1
+    keras_compile_scope: installed (Trainer.compile); keras 3.15.1; probes when a model first needs it
+    keras_jit_compile: installed (Trainer.jit_compile); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
 
 from tfstrategy.patches import (
     keras_chief_files,
+    keras_compile_scope,
     keras_end_of_data,
+    keras_jit_compile,
+    keras_lazy_optimizer,
+    keras_legacy_optimizers,
     keras_loss_scale,
+    keras_loss_scale_api,
     keras_mwms,
     keras_steps_per_execution,
+    keras_uneven_batches,
 )
 from tfstrategy.patches.mechanism import Patch, PatchStatus
+from tfstrategy.runtime.process import RUNTIME
 
 #: Every patch, by name, in the order they are applied.
 PATCHES: dict[str, Patch] = {
@@ -40,6 +63,12 @@ PATCHES: dict[str, Patch] = {
     keras_chief_files.PATCH.name: keras_chief_files.PATCH,
     keras_end_of_data.PATCH.name: keras_end_of_data.PATCH,
     keras_loss_scale.PATCH.name: keras_loss_scale.PATCH,
+    keras_uneven_batches.PATCH.name: keras_uneven_batches.PATCH,
+    keras_lazy_optimizer.PATCH.name: keras_lazy_optimizer.PATCH,
+    keras_loss_scale_api.PATCH.name: keras_loss_scale_api.PATCH,
+    keras_legacy_optimizers.PATCH.name: keras_legacy_optimizers.PATCH,
+    keras_compile_scope.PATCH.name: keras_compile_scope.PATCH,
+    keras_jit_compile.PATCH.name: keras_jit_compile.PATCH,
 }
 
 
@@ -59,5 +88,19 @@ def remove_patches() -> tuple[PatchStatus, ...]:
 
 
 def patch_status() -> tuple[PatchStatus, ...]:
-    """What each patch found and installed so far (no probing, no installing)."""
-    return tuple(patch.status() for patch in PATCHES.values())
+    """What each patch found and installed so far, then every other replacement installed in this process.
+
+    No probing, no installing. The others are the start-up hook's rewrites and the
+    overrides of one object's attribute (:meth:`tfstrategy.runtime.ProcessRuntime.override_attribute`).
+    """
+    others = tuple(item.status() for item in RUNTIME.replacements() if item.name not in PATCHES)
+    return tuple(patch.status() for patch in PATCHES.values()) + others
+
+
+def _forget_probes() -> None:
+    for patch in PATCHES.values():
+        patch.remove()
+        patch.forget()
+
+
+RUNTIME.own_state("patches: probe results", _forget_probes)

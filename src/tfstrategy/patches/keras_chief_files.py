@@ -69,7 +69,7 @@ EXPORT = "export.saved_model_export_archive.SavedModelExportArchive.write_out"
 EXPORT_ARCHIVE = "export.saved_model.ExportArchive.write_out"
 MAKEDIRS = "utils.file_utils.makedirs"
 DOWNLOAD = "utils.file_utils.urlretrieve"
-BACKUP_SAVE = "callbacks.backup_and_restore.BackupAndRestore._save_model"
+BACKUP_SAVE = _compat.backup_save_target()
 BACKUP_END = "callbacks.backup_and_restore.BackupAndRestore.on_train_end"
 CSV_BEGIN = "callbacks.csv_logger.CSVLogger.on_train_begin"
 CSV_END = "callbacks.csv_logger.CSVLogger.on_train_end"
@@ -246,16 +246,10 @@ def stand_in_worker_model(saved: list[str] | None = None) -> Any:
 
     distribute = tf().distribute
 
-    class _Extended:
-        should_checkpoint = should_save_summary = False
-        worker_devices = ("/job:worker/replica:0/task:1/device:CPU:0",)
-
-        def _in_multi_worker_mode(self) -> bool:
-            return True
-
     class _Worker1(distribute.MultiWorkerMirroredStrategy):
         def __init__(self) -> None:  # the real constructor would start a server and wait for peers
-            self._stand_in_extended = _Extended()
+            self._stand_in_extended = _compat.multi_worker_extended_stand_in(
+                "/job:worker/replica:0/task:1/device:CPU:0", should_checkpoint=False, should_save_summary=False)
 
         @property
         def extended(self) -> Any:

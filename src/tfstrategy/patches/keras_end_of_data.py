@@ -59,7 +59,7 @@ from tfstrategy.patches.mechanism import Patch, ProbeResult
 
 _TARGET = "TensorFlowTrainer.make_train_function"
 #: Keras' own builder of the step function, which the probe runs.
-_BUILDER = "TensorFlowTrainer._make_function"
+_BUILDER = _compat.trainer_make_function_target()
 #: Calls of the exhausted stand-in, until one has a phantom side effect (the bug). The bug is a race
 #: that a call may miss (with 3 calls, one worker missed it in 1 of 5 two-worker runs, built Keras'
 #: function while its peer built the fix, and the job hung), so the probe keeps trying.

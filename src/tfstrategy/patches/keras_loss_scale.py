@@ -75,18 +75,8 @@ class LossScalePatch(Patch):
         tf_ = tf()
         check_finite = self.original(_TARGET)
         outcome: list[str] = []
-
-        class _StandInOptimizer:
-            def check_finite(self, grads: Any) -> Any:
-                return check_finite(self, grads)
-
-            def _stateful_handle_finite_grads(self, grads: Any, variables: Any) -> None:
-                outcome.append("applied")
-
-            def _stateful_handle_non_finite_grads(self) -> None:
-                outcome.append("skipped")
-
-        handler = _compat.loss_scale_cross_replica_handler(module.LossScaleOptimizer._tf_apply, _StandInOptimizer())
+        handler = _compat.loss_scale_step_handler(module, check_finite, lambda: outcome.append("applied"),
+                                                  lambda: outcome.append("skipped"))
         with tf_.init_scope():  # eager even when Keras calls check_finite while tracing its step
             grads = _Values([[tf_.constant([1.0])], [tf_.constant([float("inf")])]])
             handler(_StandInDistribution(), grads, None)

@@ -46,8 +46,18 @@ worker (keras-team/keras#20585, #20329; seen in Keras 3.0 to 3.15):
    distributed iterator, is agreed across workers by TensorFlow, so every
    worker runs the same number of steps in the last, shorter execution.
 
+4. The same symbolic build on any strategy of 2+ replicas whose first batch is
+   split unevenly (a global batch of 9 on 2 replicas: 5 and 4 examples; a last
+   batch of 1: 1 and 0) fails in MirroredStrategy's ``reduce("MEAN")``: "Inputs
+   to operation AddN of type AddN must have the same size and shape. Input 0:
+   [5,4] != input 1: [4,4]" (keras-team/keras#19246; the training step's own
+   fix is :mod:`~tfstrategy.patches.keras_uneven_batches`). Fix: when, and only
+   when, the replicas' parts differ in shape, the build takes the largest part
+   (shapes only, as in 1); even batches keep Keras' reduce.
+
 Both replacements call the original Keras function unless the strategy is
-MWMS in multi-worker mode, so every other strategy runs Keras' own code. The
+MWMS in multi-worker mode (or, for the build, the first batch is uneven), so
+every other strategy runs Keras' own code. The
 probe runs the *original* functions against a stand-in for a multi-worker MWMS
 (a real one needs a cluster), on NumPy values only (it neither starts the
 runtime nor needs a cluster), and the patch installs only the parts whose bug is
@@ -66,7 +76,7 @@ from tfstrategy._tf import tf
 from tfstrategy.errors import StrategyError
 from tfstrategy.patches.mechanism import Patch, PatchStatus, ProbeResult
 
-BUILD = "TensorFlowTrainer._maybe_symbolic_build"
+BUILD = _compat.trainer_build_peek_target()
 REDUCE = "reduce_per_replica"
 
 
@@ -85,6 +95,30 @@ def _reduce_to_first_replica(strategy: Any) -> Iterator[None]:
         return tree.map_structure(lambda leaf: _first_local_replica(strategy, leaf), value)
 
     strategy.reduce = reduce  # an instance attribute shadows the method until deleted
+    try:
+        yield
+    finally:
+        del strategy.reduce
+
+
+@contextlib.contextmanager
+def _reduce_unless_uneven(strategy: Any) -> Iterator[None]:
+    """Within the block, ``strategy.reduce`` of replicas' parts that differ in shape returns the largest part."""
+    tree = _compat.keras3_tree()
+    reduce_evenly = strategy.reduce
+    distributed = tf().distribute.DistributedValues
+
+    def reduce(reduce_op: Any, value: Any, axis: Any = None) -> Any:
+        leaves = [leaf for leaf in tree.flatten(value) if isinstance(leaf, distributed)]
+        parts = [strategy.experimental_local_results(leaf) for leaf in leaves]
+        if all(len({tuple(part.shape) for part in leaf_parts}) == 1 for leaf_parts in parts):
+            return reduce_evenly(reduce_op, value, axis=axis)
+        largest = max(range(len(parts[0])), key=lambda index: int(parts[0][index].shape[0] or 0))
+        return tree.map_structure(
+            lambda leaf: strategy.experimental_local_results(leaf)[largest] if isinstance(leaf, distributed) else leaf,
+            value)
+
+    strategy.reduce = reduce
     try:
         yield
     finally:
@@ -119,8 +153,13 @@ def _fixed_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _maybe_symbolic_build(self: Any, *args: Any, **kwargs: Any) -> Any:
         strategy = _compat.model_strategy(self)
-        if strategy is None or not _compat.in_multi_worker_mode(strategy):
+        if strategy is None:
             return original(self, *args, **kwargs)
+        if not _compat.in_multi_worker_mode(strategy):
+            if strategy.num_replicas_in_sync < 2 or not PATCH.build_reduces_replicas:
+                return original(self, *args, **kwargs)
+            with _reduce_unless_uneven(strategy):
+                return original(self, *args, **kwargs)
         steps = int(getattr(self, "steps_per_execution", 1) or 1)
         if steps > 1:
             _require_multi_step_loop(self, steps)
@@ -162,15 +201,9 @@ def stand_in_strategy(calls: list[tuple[Any, Any]]) -> Any:
     """Something Keras takes for a multi-worker MWMS, without a cluster; records ``reduce`` calls."""
     distribute = tf().distribute
 
-    class _Extended:
-        worker_devices = ("/job:worker/replica:0/task:0/device:CPU:0",)
-
-        def _in_multi_worker_mode(self) -> bool:
-            return True
-
     class _StandIn(distribute.MultiWorkerMirroredStrategy):
         def __init__(self) -> None:  # the real constructor would start a server and wait for peers
-            self._stand_in_extended = _Extended()
+            self._stand_in_extended = _compat.multi_worker_extended_stand_in("/job:worker/replica:0/task:0/device:CPU:0")
 
         @property
         def extended(self) -> Any:
@@ -202,6 +235,9 @@ class MWMSPatch(Patch):
     verified_up_to = "3.15.1"
     targets = (BUILD, REDUCE)
 
+    #: Set by the probe: Keras' build reduces the replicas' parts of its first batch (bug 4).
+    build_reduces_replicas = False
+
     def target_module(self) -> Any:
         # Keras 3 models only; a tf_keras model (TF_USE_LEGACY_KERAS=1) never runs this trainer.
         return _compat.keras3_tensorflow_trainer()
@@ -212,11 +248,8 @@ class MWMSPatch(Patch):
         calls: list[tuple[Any, Any]] = []
         strategy = stand_in_strategy(calls)
 
-        class _Model:
-            _distribute_strategy = distribute_strategy = strategy
-
-            def _symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
-                calls.append((data_batch, "built"))
+        def built(iterator: Any = None, data_batch: Any = None) -> None:
+            calls.append((data_batch, "built"))
 
         batch = (
             _compat.per_replica((np.zeros((2, 3), "float32"),)),
@@ -226,7 +259,7 @@ class MWMSPatch(Patch):
         for form in epoch_iterator_forms(batch):
             calls.clear()
             try:
-                build(_Model(), iterator=form)
+                build(_compat.stand_in_build_model(strategy, built), iterator=form)
                 break
             except ValueError as error:  # this release unpacks another form
                 if "unpack" not in str(error):
@@ -235,6 +268,8 @@ class MWMSPatch(Patch):
             raise RuntimeError("Keras' _maybe_symbolic_build accepted none of the known epoch iterator forms")
         # Bug 1: a whole nest handed to Strategy.reduce (MWMS cannot reduce nests).
         build_broken = any(axis != "built" and isinstance(value, (tuple, list, dict)) for value, axis in calls)
+        # Bug 4: the replicas' parts of the batch reduced at all (which fails when they differ in shape).
+        self.build_reduces_replicas = any(axis != "built" for value, axis in calls)
 
         calls.clear()
         self.original(REDUCE)({"loss": _compat.per_replica((np.float32(1.0),))}, strategy, "auto")
@@ -242,7 +277,7 @@ class MWMSPatch(Patch):
         reduce_broken = any(
             axis is not None and np.ndim(_first_local_replica(strategy, value)) == 0 for value, axis in calls
         )
-        return ProbeResult({BUILD: build_broken, REDUCE: reduce_broken})
+        return ProbeResult({BUILD: build_broken or self.build_reduces_replicas, REDUCE: reduce_broken})
 
     def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
         if target == BUILD:

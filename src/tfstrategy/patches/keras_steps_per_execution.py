@@ -60,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 #: Set on the functions built by this fix, so tests and reports can tell them from Keras' own.
 _MARKER = "_tfstrategy_steps_per_execution_fix"
+#: Keras' builder of the step loop, which this patch replaces.
+_MAKE_FUNCTION = _compat.trainer_make_function_target()
 
 
 def _collective_strategy(strategy: Any) -> bool:
@@ -174,9 +176,7 @@ def stand_in_trainer(module: Any, *, steps_per_execution: int) -> Any:
         distribute_strategy = tf().distribute.get_strategy()
 
     _StandIn.steps_per_execution = steps_per_execution
-    trainer_class = module.TensorFlowTrainer
-    if hasattr(trainer_class, "_autoconvert_optionals"):  # Keras 3.12+ wraps the step with it
-        _StandIn._autoconvert_optionals = trainer_class._autoconvert_optionals
+    _compat.copy_autoconvert_optionals(module, _StandIn)
     return _StandIn()
 
 
@@ -186,7 +186,7 @@ class StepsPerExecutionPatch(Patch):
     name = "keras_steps_per_execution"
     upstream = "keras-team/keras: compile(steps_per_execution>1) fails on MirroredStrategy with 2+ replicas"
     verified_up_to = "3.15.1"
-    targets = ("TensorFlowTrainer._make_function",)
+    targets = (_MAKE_FUNCTION,)
     probe_on_first_use = True
 
     def target_module(self) -> Any:
@@ -195,7 +195,7 @@ class StepsPerExecutionPatch(Patch):
 
     def run_probe(self, module: Any) -> ProbeResult:
         tf_ = tf()
-        original = self.original("TensorFlowTrainer._make_function")
+        original = self.original(_MAKE_FUNCTION)
 
         def step(data: Any) -> Any:
             # What a collective's instance key is: a value captured when the function is called.
@@ -209,10 +209,10 @@ class StepsPerExecutionPatch(Patch):
         except tf_.errors.InvalidArgumentError as error:
             if "must feed a value for placeholder" not in str(error):
                 raise
-            return ProbeResult({"TensorFlowTrainer._make_function": True})
+            return ProbeResult({_MAKE_FUNCTION: True})
         if float(outputs["value"]) != 2.0:
             raise RuntimeError(f"the stand-in step returned {outputs!r}, expected 2.0")
-        return ProbeResult({"TensorFlowTrainer._make_function": False})
+        return ProbeResult({_MAKE_FUNCTION: False})
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)

@@ -55,6 +55,8 @@ class PatchStatus:
 
 #: Set on every replacement: the function it replaced, so a probe always reaches the library's own.
 _ORIGINAL = "__tfstrategy_original__"
+#: The "original" of a target the library lacks: :meth:`Patch.remove` deletes the attribute again.
+_MISSING: Any = object()
 
 
 def _outside_the_callers_scopes(probe: Callable[[], Any]) -> Any:
@@ -83,7 +85,7 @@ def _outside_the_callers_scopes(probe: Callable[[], Any]) -> Any:
     return outcome["value"]
 
 
-class ProbeResult(dict):
+class ProbeResult(dict[str, bool]):
     """Target path -> whether the installed library's version of it is broken."""
 
 
@@ -133,7 +135,8 @@ class Patch:
         function = self._originals.get(target) or _compat.get_path(self.target_module(), target)
         while hasattr(function, _ORIGINAL):
             function = getattr(function, _ORIGINAL)
-        return function
+        found: Callable[..., Any] = function
+        return found
 
     def probe(self) -> ProbeResult | None:
         """Which targets are broken in the installed library; ``None`` if it could not tell (never raises)."""
@@ -171,15 +174,21 @@ class Patch:
             if self.probe_on_first_use:
                 broken = [target for target in self.targets if self._has(module, target)]
             else:
-                result = self.probe() or {}
+                result: dict[str, bool] = self.probe() or {}
                 broken = [target for target in self.targets if result.get(target)]
             for target in broken:
                 if target not in self._originals:
-                    original = _compat.get_path(module, target)
+                    # A target the library lacks (a removed API the patch restores) has no original.
+                    original = _compat.get_path(module, target) if self._has(module, target) else _MISSING
                     self._originals[target] = original
                     replacement = self.replacement(target, original)
-                    setattr(replacement, _ORIGINAL, original)
+                    if original is not _MISSING:
+                        setattr(replacement, _ORIGINAL, original)
                     _compat.set_path(module, target, replacement)
+            if self._originals:
+                from tfstrategy.runtime.process import RUNTIME
+
+                RUNTIME.register(self)
             return self.status()
 
     def remove(self) -> PatchStatus:
@@ -187,10 +196,22 @@ class Patch:
         with self._lock:
             module = self.target_module()
             for target, original in list(self._originals.items()):
-                if module is not None:
+                if module is not None and original is _MISSING:
+                    _compat.del_path(module, target)
+                elif module is not None:
                     _compat.set_path(module, target, original)
                 del self._originals[target]
+            from tfstrategy.runtime.process import RUNTIME
+
+            RUNTIME.unregister(self)
             return self.status()
+
+    def forget(self) -> None:
+        """Forget the probe's answer and warnings (a new job probes again); remove first."""
+        with self._lock:
+            self._probed = None
+            self._probe_error = None
+            self._warned = False
 
     def status(self) -> PatchStatus:
         """What this patch found and installed, without probing anew."""

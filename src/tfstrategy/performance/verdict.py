@@ -233,7 +233,7 @@ def recommendations(split: dict[str, float], m: Measurements, step: float) -> tu
             evidence += (f"; a step on one cached batch took {m.synthetic_fastest * 1000:.3g} ms at "
                          f"K={m.steps_per_execution} and {m.larger_k[1] * 1000:.3g} ms at K={k}")
         found.append((split["dispatch"], Recommendation(
-            action=f"compile with steps_per_execution={k} (or \"auto\")",
+            action=f"compile with steps_per_execution={k}",
             why=f"per-call costs are {split['dispatch']:.0%} of a step at K={m.steps_per_execution}: {evidence}",
             expected_gain=step / (step - saved) if 0 < saved < step else None)))
     if split["reduction"] >= WORTH_FIXING and (m.replicas > 1 or m.workers > 1):

@@ -20,9 +20,8 @@ from tfstrategy.errors import BuildError, CheckpointError
 from tfstrategy.scope.audit import AuditReport, guard_model, require_scope, strategy_of
 from tfstrategy.scope.creation_sites import recording
 from tfstrategy.scope.restore import RestoreReport, load_keras_model, restore_checkpoint
-from tfstrategy.training.steps_per_execution import tune_at_first_fit
 
-ModelSource = Callable[[], Any] | str | os.PathLike
+ModelSource = Callable[[], Any] | str | os.PathLike[str]
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class BuildReport:
     replicas: int
     audit: AuditReport
     restore: RestoreReport | None
-    #: An int, or "auto": tuned at the model's first ``fit`` (see ``tfstrategy.tune_steps_per_execution``).
+    #: An int, or "auto" (experimental): tuned at the model's first ``fit`` (``tfstrategy.tune_steps_per_execution``).
     steps_per_execution: int | str = 1
 
     def lines(self) -> list[str]:
@@ -46,7 +45,7 @@ class BuildReport:
             f"optimizer_built {self.audit.optimizer_built}",
         ]
         if self.steps_per_execution == "auto":
-            lines.append("steps_per_execution auto (tuned at the first fit)")
+            lines.append("steps_per_execution auto (experimental: tuned at the first fit)")
         if self.restore is None:
             lines.append("restored nothing")
         else:
@@ -142,7 +141,7 @@ def build_in_scope(
     strategy: Any,
     model: ModelSource,
     *,
-    checkpoint: str | os.PathLike | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
     guard: bool = True,
     **compile_args: Any,
 ) -> tuple[Any, BuildReport]:
@@ -163,10 +162,14 @@ def build_in_scope(
             (``optimizer``, ``loss``, ``metrics``, ...). ``optimizer`` may
             also be a function that makes it (called inside the scope), e.g.
             ``optimizer=lambda: keras.optimizers.SGD(momentum=0.9)``.
-            ``steps_per_execution="auto"`` compiles with 1 and, at the first
-            ``fit``, measures the model on that fit's data and sets the K
-            that pays (:func:`tfstrategy.tune_steps_per_execution`; the choice
-            is printed unless ``verbose=0``).
+            ``steps_per_execution="auto"`` (experimental, opt-in) compiles
+            with 1 and, at the first ``fit``, measures the model on that
+            fit's data and sets the K that pays
+            (:func:`tfstrategy.tune_steps_per_execution`; the choice is
+            printed unless ``verbose=0``). It runs real training steps
+            before the fit and undoes them, which needs the no-trace
+            machinery and the skipped build peek (an upstream crash); an
+            int K (e.g. 32 on a small model) needs none of it.
 
     Returns:
         The compiled model (optimizer built, checkpoint restored) and a
@@ -222,7 +225,7 @@ def build_in_scope(
         if checkpoint is not None:
             if restored is not None:
                 raise CheckpointError(
-                    f"Received model={os.fspath(model)!r} and checkpoint={os.fspath(checkpoint)!r}; a .keras model "
+                    f"Received model={str(model)!r} and checkpoint={os.fspath(checkpoint)!r}; a .keras model "
                     "already carries its weights. Pass only one of them."
                 )
             restored = restore_checkpoint(built, checkpoint)
@@ -230,6 +233,9 @@ def build_in_scope(
     if guard:
         guard_model(built, strategy)
     if steps_per_execution == "auto":
+        # Experimental: loaded only here, so a build without "auto" carries none of the tuner's machinery.
+        from tfstrategy.training.steps_per_execution import tune_at_first_fit
+
         tune_at_first_fit(built)
     report = BuildReport(
         strategy=type(strategy).__name__,

@@ -26,6 +26,7 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
+from tfstrategy.runtime.process import RUNTIME
 
 __all__ = ["site_of", "recording", "start_recording"]
 
@@ -34,6 +35,9 @@ __all__ = ["site_of", "recording", "start_recording"]
 _SITES: dict[int, tuple[weakref.ref, str]] = {}
 _LIBRARY_CACHE: dict[str, bool] = {}
 _STARTED = threading.local()
+# A new job starts without the sites of the last one's variables. (Which threads record stays: the
+# creator pushed on a thread's stack cannot be taken off.)
+RUNTIME.own_state("creation_sites: recorded sites", _SITES.clear)
 # The package root (this file is in tfstrategy/scope/).
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -35,7 +35,6 @@ EXPECTED = (
 #: Keras warnings that mean part of a file was not loaded.
 _SKIPPED = re.compile(r"^Skipping ")
 _OPTIMIZER_SKIPPED = re.compile(r"^Skipping variable loading for optimizer")
-_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
 @dataclass(frozen=True)
@@ -189,7 +188,7 @@ def _checkpoint_prefix(path: str) -> str:
                 f"Received checkpoint={path!r}, a directory with no tf.train.Checkpoint in it (no 'checkpoint' "
                 f"file naming a prefix with its .index). {EXPECTED}."
             )
-        return prefix
+        return str(prefix)
     path = re.sub(r"\.(index|data-\d+-of-\d+)$", "", path)  # accept a file of the checkpoint too
     if not os.path.isfile(path + ".index"):
         raise CheckpointError(
@@ -200,18 +199,16 @@ def _checkpoint_prefix(path: str) -> str:
 
 def _checkpoint_contents(prefix: str) -> tuple[set[str], dict[str, list[int]]]:
     """Top-level object names and variable shapes of a checkpoint, read without restoring."""
-    from tensorflow.core.protobuf import trackable_object_graph_pb2
-
     try:
         reader = tf().train.load_checkpoint(prefix)
-        graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(reader.get_tensor(_GRAPH_KEY))
+        graph = _compat.checkpoint_object_graph(reader)
     except Exception as error:  # DataLossError, NotFoundError, DecodeError, ...
         raise CheckpointError(
             f"Could not read the checkpoint {prefix!r} ({_first_line(error)}); its .index or .data files are "
             f"truncated or missing. Restore another checkpoint or write it again. {EXPECTED}."
         ) from error
     roots = {child.local_name for child in graph.nodes[0].children}
-    shapes = {key: shape for key, shape in reader.get_variable_to_shape_map().items() if key != _GRAPH_KEY}
+    shapes = {key: shape for key, shape in reader.get_variable_to_shape_map().items() if key != _compat.checkpoint_object_graph_key()}
     return roots, shapes
 
 
@@ -259,7 +256,7 @@ def _restore_tf_checkpoint(model: Any, path: str) -> RestoreReport:
     )
 
 
-def restore_checkpoint(model: Any, checkpoint: str | os.PathLike) -> RestoreReport:
+def restore_checkpoint(model: Any, checkpoint: str | os.PathLike[str]) -> RestoreReport:
     """Restore ``checkpoint`` into a compiled model with a built optimizer, all or nothing.
 
     Raises:

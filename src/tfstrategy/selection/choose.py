@@ -44,6 +44,15 @@ def _refuse_cpu_replicas(kind: StrategyKind, cpu_replicas: int | None, fix: str)
         raise StrategyError(f"Received cpu_replicas={cpu_replicas} with strategy={kind.value!r}; {fix}")
 
 
+def _where_tasks_come_from(source: str) -> str:
+    from tfstrategy.environments import ENVIRONMENTS
+
+    kind = next((kind for kind in ENVIRONMENTS if kind.name == source), None)
+    if kind is None:
+        return f"{source} describes"
+    return kind.tasks_phrase or f"the {kind.name} cluster has"
+
+
 def choose(
     *,
     kind: StrategyKind,
@@ -60,8 +69,9 @@ def choose(
         devices: the parsed ``devices=`` request, or ``None``.
         cpu_replicas: logical CPUs requested as replicas, or ``None``.
         host: the devices this host offers (after any CPU split).
-        cluster_tasks: chief and worker tasks in ``TF_CONFIG`` (0 when unset).
-        cluster_source: where the cluster comes from, ``"TF_CONFIG"`` or ``"Slurm"`` (a job step).
+        cluster_tasks: chief and worker tasks of the cluster (0 without one).
+        cluster_source: the name of the cluster environment it comes from (``"TF_CONFIG"``, ``"Slurm"``: see
+            :data:`tfstrategy.environments.ENVIRONMENTS`).
 
     Raises:
         StrategyError: the combination cannot work (e.g. devices with
@@ -76,8 +86,8 @@ def choose(
     if kind is StrategyKind.AUTO:
         if cluster_tasks > 1:
             kind = StrategyKind.MULTI_WORKER
-            where = "the Slurm job step has" if cluster_source == "Slurm" else "TF_CONFIG describes"
-            reasons.append(f"auto: {where} {cluster_tasks} tasks, so MultiWorkerMirroredStrategy")
+            reasons.append(f"auto: {_where_tasks_come_from(cluster_source)} {cluster_tasks} tasks, so "
+                           "MultiWorkerMirroredStrategy")
         else:
             kind = StrategyKind.MIRRORED
             reasons.append("auto: one machine, so MirroredStrategy")

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import StrategyError
 from tfstrategy.multiworker.cluster import load_cluster_config
+from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.selection.choose import Choice
 from tfstrategy.settings import DEFAULT_COLLECTIVE_TIMEOUT, StrategyKind
 
 __all__ = ["build"]
-
-_COLLECTIVE_KEY_BASES = itertools.count(1)
-
 
 def _mirrored_with_own_collective_keys(devices: list[str]) -> Any:
     """A MirroredStrategy whose collective keys no other strategy in this process uses.
@@ -27,7 +24,7 @@ def _mirrored_with_own_collective_keys(devices: list[str]) -> Any:
     tests give each strategy a key base; tfstrategy does the same, and puts the
     class default back so strategies made directly are unaffected.
     """
-    with _compat.mirrored_collective_key_base(next(_COLLECTIVE_KEY_BASES) * 1_000_000):
+    with _compat.mirrored_collective_key_base(RUNTIME.next_number("mirrored_strategies", start=1) * 1_000_000):
         return tf().distribute.MirroredStrategy(devices=devices)
 
 

@@ -66,7 +66,8 @@ def resolve_loss(loss: Any) -> Callable[..., Any]:
                 f"Received loss {_loss_name(loss)} with reduction={text!r}; expected reduction='none', because {why} "
                 f"Pass {type(loss).__name__}(reduction='none'): make_train_step divides by the global batch itself."
             )
-    return loss
+    resolved: Callable[..., Any] = loss
+    return resolved
 
 
 def _per_example(loss_fn: Callable[..., Any], labels: Any, predictions: Any, name: str) -> Any:
@@ -157,7 +158,8 @@ class TrainStep:
         return logs
 
     def __call__(self, batch: Any) -> dict[str, Any]:
-        return self._function(batch)
+        logs: dict[str, Any] = self._function(batch)
+        return logs
 
     def reset_metrics(self) -> None:
         """Reset every metric, e.g. at the start of an epoch."""
@@ -335,9 +337,11 @@ def make_train_step(
 
 
 def _tracker(report: bool | None) -> Any:
-    from tfstrategy.performance.report import Tracker, tracker_from_environment
+    from tfstrategy.performance.environment import tracker_from_environment
 
     settings = tracker_from_environment()
     if report is False or (report is None and settings is None):
         return None
+    from tfstrategy.performance.report import Tracker  # the report's probes load only when it is wanted
+
     return Tracker(**(settings or {}))

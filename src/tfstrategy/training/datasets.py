@@ -85,7 +85,7 @@ def batched_by(dataset: Any) -> str | None:
         if "unbatch" in lowered:
             return None
         if "batch" in lowered and "dataset" in lowered:
-            return op.type
+            return str(op.type)
         variant = tf().variant
         sources = [*_compat.op_function_outputs(op), *(tensor for tensor in op.inputs if tensor.dtype == variant)]
         for tensor in sources:

@@ -78,11 +78,7 @@ def snapshot(model: Any, *, metrics: bool = False) -> Snapshot:
 
 
 def _graph(dataset: Any) -> Any:
-    tf_ = tf()
-    serialized = dataset._as_serialized_graph(external_state_policy=tf_.data.experimental.ExternalStatePolicy.IGNORE)
-    graph = tf_.compat.v1.GraphDef()
-    graph.ParseFromString(serialized.numpy())
-    return graph
+    return _compat.dataset_graph_def(dataset)
 
 
 def pipeline_ops(dataset: Any) -> tuple[str, ...]:
@@ -144,8 +140,7 @@ def skip_build_peek(model: Any) -> None:
     model with something left to build, data Keras cannot trace back to one
     ``tf.data.Dataset``, and tf_keras (which has no such step) run Keras' own code.
     """
-    trainer = type(model)
-    if not hasattr(trainer, "_maybe_symbolic_build") or "_maybe_symbolic_build" in vars(model):
+    if not _compat.has_class_build_peek(model):
         return
 
     def _maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> Any:
@@ -154,6 +149,9 @@ def skip_build_peek(model: Any) -> None:
             iter(source)  # the shuffle seeds the peek's iterator would have drawn; no element is read
             iterator = None
         # Looked up at each call: another patch may wrap the class's method later.
-        return trainer._maybe_symbolic_build(model, iterator=iterator, data_batch=data_batch)
+        return _compat.class_build_peek(model, iterator=iterator, data_batch=data_batch)
 
-    object.__setattr__(model, "_maybe_symbolic_build", _maybe_symbolic_build)  # untracked by Keras
+    from tfstrategy.runtime.process import RUNTIME
+
+    RUNTIME.override_attribute(model, _compat.build_peek_attribute(), _maybe_symbolic_build,
+                               name=f"skip_build_peek:{id(model)}", note="fit skips Keras' peek at one batch")

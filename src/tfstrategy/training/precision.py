@@ -182,16 +182,15 @@ def require_loss_scaling(model: Any, optimizer: Any) -> str | None:
 
 
 def _output_layers(model: Any) -> list[Any]:
+    from tfstrategy import _compat
+
     layers = getattr(model, "layers", None) or []
     outputs = getattr(model, "outputs", None)
     if not outputs:
         return layers[-1:]
     named = []
     for tensor in outputs:
-        history = getattr(tensor, "_keras_history", None)
-        layer = getattr(history, "operation", None) or getattr(history, "layer", None)
-        if layer is None and history is not None and len(history):
-            layer = history[0]
+        layer = _compat.keras_tensor_layer(tensor)
         if layer is not None:
             named.append(layer)
     return named or layers[-1:]

@@ -133,7 +133,7 @@ class Sentinel:
         differing = [i for i, total in enumerate(totals)
                      if not math.isfinite(total) or abs(total - reference) > tolerance]
         first = differing[0] if differing else None
-        first_total = totals[first] if differing else reference
+        first_total = totals[first] if first is not None else reference
         at = f"at step {step}" if step is not None else "at this check"
         replicas = int(self.strategy.num_replicas_in_sync)
         since = f" (they were equal at step {self.last_equal_step}, the previous check)" if self.last_equal_step is not None else ""
@@ -176,7 +176,7 @@ def sentinel_for(model: Any, strategy: Any) -> Sentinel:
     found = getattr(model, _ATTRIBUTE, None)
     if (found is not None and found.strategy is getattr(strategy, "strategy", strategy)
             and len(found.variables) == len(weights) and all(a is b for a, b in zip(found.variables, weights))):
-        return found
+        return found  # type: ignore[no-any-return]  # our own attribute, set below
     sentinel = Sentinel(strategy, model.weights)
     object.__setattr__(model, _ATTRIBUTE, sentinel)  # not a tracked Keras attribute
     return sentinel

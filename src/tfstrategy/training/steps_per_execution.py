@@ -21,6 +21,17 @@ split as the rest of tfstrategy is:
 
 ``build_in_scope(..., steps_per_execution="auto")`` compiles with K = 1 and
 tunes at the model's first ``fit``, which knows the dataset and the callbacks.
+
+**Experimental, opt-in.** Tuning runs real training steps before the user's
+``fit``, so it needs :mod:`tfstrategy.training.no_trace` (a rebuilt copy of the
+tf.data graph, snapshots of every variable and random state) and, on the tuned
+model, an instance override of a private Keras method (the skipped build peek:
+dropping the probe's iterator makes a later ``fit`` segfault in TensorFlow
+2.21). The gain it finds is that of a fixed K: 1.27-1.48x per CPU-second over
+K = 1 on a small MLP, none on a CNN, and one tuning costs as much as several
+epochs (~3.8 CPU-s on the MLP, 6 of its epochs; ``benchmarks/README.md``).
+Nothing on the default path imports this module: ``build_in_scope`` loads it
+only for ``"auto"``.
 """
 
 from __future__ import annotations
@@ -112,9 +123,9 @@ def _alternate(time_execution: Callable[[int], float], ks: tuple[int, int], best
 
     Returns each round's gain: seconds per step at the first K over those at the second.
     """
-    spent, gains = 0.0, []
+    spent, gains = 0.0, list[float]()
     while len(gains) < rounds or (spent < min_seconds and len(gains) < max_rounds):
-        per_step = {}
+        per_step: dict[int, float] = {}
         for k in ks if len(gains) % 2 == 0 else ks[::-1]:
             seconds = float(time_execution(k))
             spent += seconds
@@ -261,7 +272,8 @@ def tune_steps_per_execution(
 ) -> StepsPerExecutionChoice:
     """Measure ``model`` training on ``dataset`` and set its ``steps_per_execution`` to the K that pays.
 
-    The model must be compiled (``build_in_scope`` does it). Training steps run
+    Experimental (see the module's docstring): a fixed K needs none of its
+    machinery. The model must be compiled (``build_in_scope`` does it). Training steps run
     to measure (tens to hundreds) on a copy of the dataset, then the weights,
     the optimizer state, the metrics and every random state are put back
     (:mod:`tfstrategy.training.no_trace`), so the next ``fit`` starts from the
@@ -338,26 +350,38 @@ def last_choice(model: Any) -> StepsPerExecutionChoice | None:
 
 
 def tune_at_first_fit(model: Any) -> None:
-    """Make the model's next ``fit`` tune K on its own data and callbacks first (``steps_per_execution="auto"``)."""
+    """Make the model's next ``fit`` tune K on its own data and callbacks first (``steps_per_execution="auto"``).
+
+    An instance override of ``model.fit`` registered with the process runtime, one shot: the first call removes
+    it (the scope guard's wrapper, or Keras' own method, is back) and then tunes and fits.
+    """
+    from tfstrategy.runtime.process import RUNTIME
+
     fit = model.fit
 
     @functools.wraps(fit)
     def fit_tuning_first(*args: Any, **kwargs: Any) -> Any:
-        object.__setattr__(model, "fit", fit)  # one shot: later fits run as compiled
-        data = args[0] if args else kwargs.get("x")
-        dataset = as_dataset(data, args[1] if len(args) > 1 else kwargs.get("y"), kwargs.get("batch_size"))
-        if dataset is None:
-            choice = _set(model, StepsPerExecutionChoice(
-                steps=1, reason=f"fit received {type(data).__name__}, not a dataset or arrays: nothing to time",
-                cap=1, cap_reason="no data to time"))
-        else:
-            choice = tune_steps_per_execution(model, dataset, callbacks=kwargs.get("callbacks") or (),
-                                              steps_per_epoch=kwargs.get("steps_per_epoch"))
-        if kwargs.get("verbose", "auto") != 0:
-            print(f"tfstrategy: {choice.line()}", flush=True)
+        override.remove()  # one shot: later fits run as compiled
+        _tune_for_fit(model, args, kwargs)
         return fit(*args, **kwargs)
 
-    object.__setattr__(model, "fit", fit_tuning_first)
+    override = RUNTIME.override_attribute(model, "fit", fit_tuning_first, name=f"steps_per_execution_auto:{id(model)}",
+                                          note="the model's next fit tunes steps_per_execution first")
+
+
+def _tune_for_fit(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Tune K on ``fit(*args, **kwargs)``'s data and callbacks, and print the choice unless ``verbose=0``."""
+    data = args[0] if args else kwargs.get("x")
+    dataset = as_dataset(data, args[1] if len(args) > 1 else kwargs.get("y"), kwargs.get("batch_size"))
+    if dataset is None:
+        choice = _set(model, StepsPerExecutionChoice(
+            steps=1, reason=f"fit received {type(data).__name__}, not a dataset or arrays: nothing to time",
+            cap=1, cap_reason="no data to time"))
+    else:
+        choice = tune_steps_per_execution(model, dataset, callbacks=kwargs.get("callbacks") or (),
+                                          steps_per_epoch=kwargs.get("steps_per_epoch"))
+    if kwargs.get("verbose", "auto") != 0:
+        print(f"tfstrategy: {choice.line()}", flush=True)
 
 
 def as_dataset(data: Any, labels: Any, batch_size: int | None) -> Any:

@@ -12,6 +12,7 @@ node's launcher must be restarted; none waits for a node 0 that may never come b
 from __future__ import annotations
 
 import dataclasses
+import math
 import queue
 import secrets
 import socket
@@ -20,14 +21,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeGuard
 
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.rendezvous.channel import Channel, ChannelClosed
 from tfstrategy.launch.rendezvous.options import NodeOptions
 from tfstrategy.launch.rendezvous.wire import (
-    LINE_CHARS,
-    LINES,
     PROTOCOL,
     TO_CLIENT,
     Abort,
@@ -37,6 +36,7 @@ from tfstrategy.launch.rendezvous.wire import (
     Heartbeat,
     Join,
     LineReader,
+    Message,
     Opener,
     ProtocolError,
     Sealer,
@@ -72,14 +72,20 @@ class EventKind(str, Enum):
 
 @dataclass(frozen=True)
 class JobEvent:
-    """One message from node 0 (or the loss of its connection)."""
+    """One message from node 0 (or the loss of its connection): its typed ``message``, and its fields as ``data``."""
 
     kind: EventKind
     data: Mapping[str, Any] = field(default_factory=dict)
+    message: Message | None = None
 
     @property
     def round(self) -> int:
         return int(self.data.get("round", -1))
+
+
+def _seconds(value: object) -> TypeGuard[float]:
+    """A finite number of seconds (JSON's numbers; never a boolean)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class _Busy(Exception):
@@ -191,8 +197,8 @@ class RendezvousClient:
             raise LaunchError(f"{where} did not prove it knows the shared secret; expected node 0's launcher with the "
                               f"same {ENV_LAUNCH_SECRET} or --secret-file. Check --master and the secret.")
         job_id, round_, beat, dead_after = (answer.get(key) for key in ("job_id", "round", "heartbeat", "dead_after"))
-        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (beat, dead_after))
-        if not (is_nonce(job_id) and isinstance(round_, int) and numbers and 0 < beat < dead_after <= 3600):
+        if not (isinstance(job_id, str) and is_nonce(job_id) and isinstance(round_, int) and not isinstance(round_, bool)
+                and _seconds(beat) and _seconds(dead_after) and 0 < beat < dead_after <= 3600):
             raise LaunchError(f"{where} sent a welcome this launcher cannot use ({str(answer)[:200]}); install the same "
                               "tfstrategy on every node.")
         to_server, to_client = session_keys(self.node.secret, server_nonce, nonce, job_id, rank)
@@ -215,7 +221,7 @@ class RendezvousClient:
                     self._lost(f"{message.reason}; node 0 stopped the job")
                     return
                 if not isinstance(message, Heartbeat):
-                    self._events.put(JobEvent(EventKind(message.kind), dataclasses.asdict(message)))
+                    self._events.put(JobEvent(EventKind(message.kind), dataclasses.asdict(message), message))
         except ChannelClosed as closed:
             # Tell node 0 why (best effort: the way back may be intact), so every node stops naming this one.
             if closed.broken:
@@ -271,11 +277,10 @@ class RendezvousClient:
         self._send(Join(round=round_, address=self.address, ports=list(ports)))
         return self._wait((EventKind.CLUSTER, EventKind.FAILED, EventKind.STOP, EventKind.TIMEOUT, EventKind.LOST))
 
-    def report_failure(self, round_: int, failure: Mapping[str, Any]) -> JobEvent | None:
-        """Tell node 0 a local worker failed; node 0's verdict (the round's first failure, restart or not)."""
-        lines = [str(line)[:LINE_CHARS] for line in failure.get("lines", ())][-LINES:]
-        self._send(Failed(round=round_, worker=failure.get("worker"), reason=str(failure.get("reason", "failed"))[:10_000],
-                          status=min(max(int(failure.get("status", 1)), 0), 1023), lines=lines))
+    def report_failure(self, failure: Failed) -> JobEvent | None:
+        """Tell node 0 a local worker failed (whole: :meth:`Failed.bounded`); node 0's decision: the round's root
+        cause (the earliest real failure of any node), restart or not."""
+        self._send(failure)
         return self._wait((EventKind.FAILED, EventKind.STOP, EventKind.LOST), timeout=30.0)
 
     def finish(self, round_: int) -> JobEvent | None:

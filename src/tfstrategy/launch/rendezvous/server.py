@@ -50,11 +50,11 @@ from tfstrategy.launch.rendezvous.wire import (
     Message,
     Opener,
     ProtocolError,
+    RoundFailed,
     Sealer,
     Stop,
     Stopped,
     Timeout,
-    Verdict,
     client_proof,
     encode,
     is_nonce,
@@ -87,6 +87,9 @@ class ServerLimits:
     dead_after: float = 10.0
     #: Messages waiting for one peer before it counts as not reading.
     queue_limit: int = 256
+    #: Seconds node 0 waits after a round's first failure for the other nodes' (unless every node reported):
+    #: the root cause is the earliest real one, not the first to arrive.
+    settle_seconds: float = 2.0
 
 
 class JobState(str, Enum):
@@ -151,6 +154,9 @@ class RendezvousServer:
         self._round_started = time.monotonic()
         self._joins: dict[int, tuple[str, list[int]]] = {}
         self._done: set[int] = set()
+        #: The round's failures so far, by node, and the monotonic second the first arrived.
+        self._failures: dict[int, Failed] = {}
+        self._first_failure_at: float | None = None
         self._closed = False
         for target in (self._accept_loop, self._tick_loop):
             threading.Thread(target=self._guarded, args=(target,), daemon=True, name=f"rendezvous {target.__name__}").start()
@@ -272,8 +278,9 @@ class RendezvousServer:
             return None
         claimed = rank if isinstance(rank, int) and not isinstance(rank, bool) else -1
         if not proof_matches(proof, client_proof(self.node.secret, nonce, client_nonce, claimed)):
-            return self._refuse(sock, address, claimed, "its shared secret differs from node 0's. Give every node the "
-                                f"same {ENV_LAUNCH_SECRET} or --secret-file")
+            self._refuse(sock, address, claimed, "its shared secret differs from node 0's. Give every node the "
+                         f"same {ENV_LAUNCH_SECRET} or --secret-file")
+            return None
         job = hello.get("job")
         with self._lock:
             why = None
@@ -300,7 +307,8 @@ class RendezvousServer:
                 peer = _Peer(claimed, address, channel)
                 self._peers[claimed] = peer  # broadcasts queue for it from now on
         if why is not None:
-            return self._refuse(sock, address, claimed, why)
+            self._refuse(sock, address, claimed, why)
+            return None
         try:
             sock.sendall(encode(welcome))  # before anything queued: the channel's sender starts after it
         except OSError:
@@ -349,15 +357,17 @@ class RendezvousServer:
             state = self.state
             if closed.broken and state is not JobState.ENDED:
                 self.state = JobState.ENDED
-                self._broadcast(Verdict(round=self.round, node=rank, worker=None, status=1, lines=[], restart=False,
-                                        reason=f"broke the rendezvous protocol ({peer.address}): it {closed.reason}; "
-                                        "node 0 closed its connection and stopped the job"))
+                broke = Failed.bounded(round=self.round, worker=None, status=1, time=time.time(), consequential=False,
+                                       outcome="failed", lines=[], logs=[],
+                                       reason=f"broke the rendezvous protocol ({peer.address}): it {closed.reason}; "
+                                       "node 0 closed its connection and stopped the job")
+                self._broadcast(RoundFailed.of(rank, broke, restart=False))
             elif state is JobState.FORMING:
                 self._joins.pop(rank, None)  # it may come back before the deadline
             elif state is JobState.RUNNING and rank not in self._done:
-                self._failed_locked(rank, Failed(round=self.round, worker=None, status=1, lines=[],
-                                                 reason=f"lost its control connection ({peer.address}): it "
-                                                 f"{closed.reason}"))
+                self._failed_locked(rank, Failed.bounded(
+                    round=self.round, worker=None, status=1, time=time.time(), consequential=False, outcome="failed",
+                    lines=[], logs=[], reason=f"lost its control connection ({peer.address}): it {closed.reason}"))
         if closed.broken:
             self.say(f"rendezvous: {who} {closed.reason}; closed its connection")
         elif state is JobState.FORMING:
@@ -404,10 +414,30 @@ class RendezvousServer:
         return f"[{address}]" if ":" in address else address
 
     def _failed_locked(self, rank: int, failure: Failed) -> None:
-        """Relay the round's first failure to every node, with the decision: restart or give up."""
+        """Note a node's failure of the running round; the round's root cause is decided once it settles."""
+        known = self._failures.get(rank)
+        if known is None or failure.time < known.time:
+            self._failures[rank] = failure
+        if self._first_failure_at is None:
+            self._first_failure_at = time.monotonic()
+        self._decide_locked(time.monotonic())
+
+    def _decide_locked(self, now: float) -> None:
+        """Once every node reported (or ``settle_seconds`` passed), relay the round's root cause and the decision.
+
+        The root cause is the earliest failure that is not a consequence of another, else the earliest:
+        a node whose workers only echo a peer's loss (``UnavailableError``) often reports first.
+        """
+        if self.state is not JobState.RUNNING or self._first_failure_at is None:
+            return
+        heard = set(self._failures) | self._done
+        if not (heard >= set(range(self.node.nnodes)) or now - self._first_failure_at >= self.limits.settle_seconds):
+            return
+        reported = sorted(self._failures.items(), key=lambda item: item[1].time)
+        rank, cause = next(((r, f) for r, f in reported if not f.consequential), reported[0])
         restart = self.round < self.job["max_restarts"] and not self._done
-        self._broadcast(Verdict(round=self.round, node=rank, worker=failure.worker, reason=failure.reason,
-                                status=failure.status, lines=list(failure.lines), restart=restart))
+        self._broadcast(RoundFailed.of(rank, cause, restart=restart))
+        self._failures, self._first_failure_at = {}, None
         if restart:
             self.round += 1
             self.state, self._joins, self._done = JobState.FORMING, {}, set()
@@ -428,6 +458,7 @@ class RendezvousServer:
                 if now >= next_beat:
                     next_beat = now + self.limits.heartbeat_seconds
                     self._broadcast(Heartbeat())
+                self._decide_locked(now)
                 late = (self.state is JobState.FORMING and self.timeout is not None
                         and now - self._round_started > self.timeout)
                 if late:

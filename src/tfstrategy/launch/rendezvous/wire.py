@@ -27,20 +27,21 @@ import dataclasses
 import hashlib
 import hmac
 import json
+import math
 import re
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 __all__ = [
-    "PROTOCOL", "ProtocolError", "LineReader", "client_proof", "welcome_proof", "proof_matches", "session_keys", "Sealer", "Opener",
-    "Join", "Failed", "Done", "Stop", "Abort", "Heartbeat", "Cluster", "Verdict", "Stopped", "Timeout", "Finished",
-    "Closing", "Message", "parse_message",
+    "PROTOCOL", "ProtocolError", "LineReader", "client_proof", "welcome_proof", "proof_matches", "session_keys", "Sealer",
+    "Opener", "Join", "Failed", "Done", "Stop", "Abort", "Heartbeat", "Cluster", "RoundFailed", "Stopped", "Timeout",
+    "Finished", "Closing", "Message", "parse_message", "OUTCOMES",
 ]
 
-PROTOCOL = "tfstrategy-rendezvous/2"
+PROTOCOL = "tfstrategy-rendezvous/3"
 #: Longest line before authentication (a hello is ~300 bytes) and after it (a failure's last lines).
 HANDSHAKE_LINE = 4096
 MAX_LINE = 4 << 20
@@ -125,7 +126,7 @@ def encode(message: Mapping[str, Any]) -> bytes:
 # --- authentication ------------------------------------------------------------------------------
 
 
-def is_nonce(value: object) -> bool:
+def is_nonce(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and _HEX.fullmatch(value) is not None
 
 
@@ -226,14 +227,28 @@ class Join(Message):
 
 @dataclass(frozen=True)
 class Failed(Message):
-    """node -> node 0: a local worker failed in ``round``."""
+    """node -> node 0: a local worker failed in ``round``, whole: when (wall clock), why, whether it only
+    echoes a failure elsewhere, how it ends the job (``outcome``), its last lines and log files."""
 
     kind: ClassVar[str] = "failed"
     round: int
     worker: int | None
     reason: str
     status: int
+    time: float
+    consequential: bool
+    outcome: str
     lines: list[str]
+    logs: list[str]
+
+    @classmethod
+    def bounded(cls, *, round: int, worker: int | None, reason: str, status: int, time: float, consequential: bool,
+                outcome: str, lines: tuple[str, ...] | list[str], logs: tuple[str, ...] | list[str]) -> Failed:
+        """A failure cut to what the wire carries (the newest lines, the first log files), so it never breaks the protocol."""
+        return cls(round=round, worker=worker, reason=reason[:_TEXT], status=min(max(status, 0), 1023),
+                   time=time if math.isfinite(time) and 0 <= time <= _WALL else 0.0, consequential=consequential,
+                   outcome=outcome if outcome in OUTCOMES else "failed",
+                   lines=[line[:LINE_CHARS] for line in lines][-LINES:], logs=[path[:_PATH] for path in logs][:_LOGS])
 
 
 @dataclass(frozen=True)
@@ -273,8 +288,9 @@ class Cluster(Message):
 
 
 @dataclass(frozen=True)
-class Verdict(Message):
-    """node 0 -> nodes: the round's first failure, and whether the group restarts."""
+class RoundFailed(Message):
+    """node 0 -> nodes: the round's root cause (the earliest real failure any node reported, whole), and whether
+    the group restarts."""
 
     kind: ClassVar[str] = "failed"
     round: int
@@ -282,8 +298,17 @@ class Verdict(Message):
     worker: int | None
     reason: str
     status: int
+    time: float
+    consequential: bool
+    outcome: str
     lines: list[str]
+    logs: list[str]
     restart: bool
+
+    @classmethod
+    def of(cls, node: int, failed: Failed, *, restart: bool) -> RoundFailed:
+        fields = {f.name: getattr(failed, f.name) for f in dataclasses.fields(Failed)}
+        return cls(node=node, restart=restart, **fields)
 
 
 @dataclass(frozen=True)
@@ -318,7 +343,7 @@ class Closing(Message):
 
 
 TO_SERVER: dict[str, type[Message]] = {m.kind: m for m in (Join, Failed, Done, Stop, Abort, Heartbeat)}
-TO_CLIENT: dict[str, type[Message]] = {m.kind: m for m in (Cluster, Verdict, Stopped, Timeout, Finished, Closing,
+TO_CLIENT: dict[str, type[Message]] = {m.kind: m for m in (Cluster, RoundFailed, Stopped, Timeout, Finished, Closing,
                                                            Heartbeat)}
 
 _ROUNDS = 1_000_000
@@ -326,10 +351,19 @@ _TEXT = 10_000
 #: A failure's last lines: at most this many, each at most LINE_CHARS characters.
 LINES = 100
 LINE_CHARS = 2_000
-# Field checks: name -> check(value, where) returning the value or raising ProtocolError.
+#: A failure's log files: at most this many paths, each at most this long.
+_LOGS = 4
+_PATH = 4096
+#: The latest wall-clock second a failure may carry (the year 5138).
+_WALL = 1e11
+#: How a failure ends the job (:class:`tfstrategy.launch.states.Outcome`'s values a failure can have).
+OUTCOMES = ("failed", "join-timeout", "stalled", "preempted")
+
+#: A field check: the value (of the type the message declares) or :class:`ProtocolError`.
+Check = Callable[[object, str], Any]
 
 
-def _int(low: int, high: int, *, optional: bool = False):
+def _int(low: int, high: int, *, optional: bool = False) -> Check:
     def check(value: object, where: str) -> int | None:
         if value is None and optional:
             return None
@@ -339,16 +373,26 @@ def _int(low: int, high: int, *, optional: bool = False):
     return check
 
 
-def _text(limit: int = _TEXT, pattern: re.Pattern[str] | None = None):
+def _seconds(value: object, where: str) -> float:
+    """A wall-clock second: a finite number 0..``_WALL`` (JSON has no separate integers and floats)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                               and 0 <= value <= _WALL):
+        raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected seconds since the epoch, 0..{_WALL:.0f}")
+    return float(value)
+
+
+def _text(limit: int = _TEXT, pattern: re.Pattern[str] | None = None, choices: tuple[str, ...] = ()) -> Check:
     def check(value: object, where: str) -> str:
-        if not isinstance(value, str) or len(value) > limit or (pattern and not pattern.fullmatch(value)):
-            raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected {'a host' if pattern else 'text'} of at "
-                                f"most {limit} characters")
+        if (not isinstance(value, str) or len(value) > limit or (pattern and not pattern.fullmatch(value))
+                or (choices and value not in choices)):
+            expected = (f"one of {', '.join(choices)}" if choices else
+                        f"{'a host' if pattern else 'text'} of at most {limit} characters")
+            raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected {expected}")
         return value
     return check
 
 
-def _list(item, limit: int):
+def _list(item: Check, limit: int) -> Check:
     def check(value: object, where: str) -> list[Any]:
         if not isinstance(value, list) or len(value) > limit:
             raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected a list of at most {limit} items")
@@ -369,12 +413,13 @@ def _addresses(value: object, where: str) -> dict[str, str]:
     return {_text(7)(rank, f"{where} key"): host(address, f"{where}[{rank}]") for rank, address in value.items()}
 
 
-_FIELDS: dict[str, Any] = {
+_FIELDS: dict[str, Check] = {
     "round": _int(0, _ROUNDS), "address": _text(253, _HOST), "ports": _list(_int(1, 65535), 4096),
     "worker": _int(0, 1 << 20, optional=True), "reason": _text(), "status": _int(0, 1023),
-    "lines": _list(_text(LINE_CHARS), LINES), "signal": _int(1, 64), "workers": _list(_text(300, _HOST_PORT), 1 << 16),
-    "node": _int(0, 1 << 16), "restart": _bool, "missing": _list(_int(0, 1 << 16), 1 << 16),
-    "arrived": _addresses,
+    "time": _seconds, "consequential": _bool, "outcome": _text(20, choices=OUTCOMES),
+    "lines": _list(_text(LINE_CHARS), LINES), "logs": _list(_text(_PATH), _LOGS), "signal": _int(1, 64),
+    "workers": _list(_text(300, _HOST_PORT), 1 << 16), "node": _int(0, 1 << 16), "restart": _bool,
+    "missing": _list(_int(0, 1 << 16), 1 << 16), "arrived": _addresses,
 }
 
 

@@ -4,7 +4,7 @@ Python imports the first ``sitecustomize`` module on ``sys.path`` at start-up.
 tfstrategy puts this directory first on ``PYTHONPATH`` for the processes it
 starts, so this runs in each of them (``python script.py``, ``python -m pkg``
 or a console script) before the user's code. It installs tfstrategy's worker
-hook (:mod:`tfstrategy.launch.worker_hook`) only when ``TFSTRATEGY_HOOK=1``,
+hook (:mod:`tfstrategy.runtime.worker_hook`) only when ``TFSTRATEGY_HOOK=1``,
 then runs the ``sitecustomize`` the environment already had, if any.
 """
 
@@ -28,7 +28,7 @@ def _run_the_users_sitecustomize() -> None:
 
 if os.environ.get("TFSTRATEGY_HOOK") == "1":
     try:
-        from tfstrategy.launch import worker_hook
+        from tfstrategy.runtime import worker_hook
 
         worker_hook.install()
     except Exception as error:  # the user's program must start even if tfstrategy cannot hook it

@@ -24,11 +24,11 @@ from collections.abc import Callable
 from typing import Any
 
 from tfstrategy import _compat
-from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
 __all__ = ["data_sharding", "fewest_files"]
 
-_said: list[bool] = []
 
 
 def fewest_files(dataset: Any) -> int | None:
@@ -39,12 +39,8 @@ def fewest_files(dataset: Any) -> int | None:
     dataset's serialized graph as a constant. ``None``: no such list, one that is not a constant,
     or a dataset that shards itself (``Dataset.shard``: sharding it again by element would drop data).
     """
-    import tensorflow as tf
-    from tensorflow.core.framework import graph_pb2
-
     try:
-        serialized = dataset._as_serialized_graph(external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
-        graph = graph_pb2.GraphDef.FromString(serialized.numpy())
+        graph = _compat.dataset_graph_def(dataset)
     except Exception:  # a dataset TensorFlow cannot serialize: let TensorFlow decide, as without this step
         return None
     nodes = {node.name: node for node in graph.node}
@@ -66,7 +62,7 @@ def _by_element_when_too_few_files(original: Callable[..., Any]) -> Callable[...
     def _experimental_distribute_dataset(self: Any, dataset: Any, options: Any) -> Any:
         import tensorflow as tf
 
-        workers = int(getattr(self, "_num_workers", 1))
+        workers = _compat.collective_worker_count(self)
         auto = tf.data.experimental.AutoShardPolicy.AUTO
         if workers > 1 and dataset.options().experimental_distribute.auto_shard_policy == auto:
             files = fewest_files(dataset)
@@ -74,8 +70,7 @@ def _by_element_when_too_few_files(original: Callable[..., Any]) -> Callable[...
                 by_element = tf.data.Options()
                 by_element.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
                 dataset = dataset.with_options(by_element)
-                if not _said:
-                    _said.append(True)
+                if RUNTIME.once("data_sharding"):
                     print(f"tfstrategy: a dataset reads {files} file(s) for {workers} workers, too few for "
                           "TensorFlow's sharding by file: each worker keeps its share of every batch instead "
                           "(AutoShardPolicy.DATA, as TensorFlow's error advises; set the dataset's "
@@ -88,6 +83,5 @@ def _by_element_when_too_few_files(original: Callable[..., Any]) -> Callable[...
 def data_sharding() -> str:
     """Install the rewrite (the hook's ``data_sharding`` step, multi-worker only)."""
     install_rewrite(Rewrite("data_sharding", _compat.collective_strategy_module,
-                            {"CollectiveAllReduceExtended._experimental_distribute_dataset":
-                             _by_element_when_too_few_files}))
+                            {_compat.distribute_dataset_target(): _by_element_when_too_few_files}))
     return "a dataset of fewer files than workers is sharded by element (AutoShardPolicy.DATA)"

@@ -1,6 +1,6 @@
 """The worker's side of supervision, installed by the start-up hook in every launched Python worker.
 
-Each part is one small named step, recorded in :data:`INSTALLED`:
+Each part is one small named step, recorded in ``RUNTIME.supervision`` (:mod:`tfstrategy.runtime.process`):
 
 - ``die_with_launcher``: the worker ends when its launcher does, however it ends (SIGKILL
   included): ``PR_SET_PDEATHSIG`` (Linux) kills it when the launcher's thread that started it
@@ -31,67 +31,64 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from tfstrategy.errors import TFStrategyError
 from tfstrategy.launch.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
-from tfstrategy.settings import ENV_ERROR_FILE, ENV_LAUNCHER_PID, ENV_LIFELINE_FD, ENV_PROGRESS_FILE
+from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.worker_contract import SUPERVISION_VARIABLES, WorkerContract
 
-__all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches", "reset"]
+__all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches"]
 
 #: The signal on which a launched Python worker prints every thread's stack to its stderr.
 STACK_SIGNAL = signal.SIGUSR2
 _PR_SET_PDEATHSIG = 1
 
-#: The steps taken in this process, with what each did.
-INSTALLED: dict[str, str] = {}
-_PROGRESS: list[ProgressWriter] = []
-
 
 def install(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Take every step this process's environment asks for (a no-op outside ``tfstrategy launch``)."""
     env = os.environ if env is None else env
-    steps: tuple[tuple[str, Callable[[Mapping[str, str]], str | None]], ...] = (
+    try:
+        contract = WorkerContract.from_environ(env)
+    except TFStrategyError as error:  # supervision must never stop the user's program from starting
+        print(f"tfstrategy: hook: {error}", file=sys.stderr, flush=True)
+        return dict(RUNTIME.supervision)
+    steps: tuple[tuple[str, Callable[[WorkerContract], str | None]], ...] = (
         ("die_with_launcher", _die_with_launcher), ("record_errors", _record_errors),
         ("dump_stacks", _dump_stacks), ("heartbeat", _heartbeat),
     )
     for name, step in steps:
-        if name in INSTALLED:
+        if name in RUNTIME.supervision:
             continue
         try:
-            done = step(env)
+            done = step(contract)
         except Exception as error:  # supervision must never stop the user's program from starting
             print(f"tfstrategy: hook step {name}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             continue
         if done:
-            INSTALLED[name] = done
+            RUNTIME.supervision[name] = done
     if env is os.environ:
         # This process is the worker: a Python process it starts (a helper, `python other.py`)
         # must not write its error file, reset its progress or die for its lifeline.
-        for name in (ENV_ERROR_FILE, ENV_PROGRESS_FILE, ENV_LAUNCHER_PID, ENV_LIFELINE_FD):
+        for name in SUPERVISION_VARIABLES:
             os.environ.pop(name, None)
-    return dict(INSTALLED)
+    return dict(RUNTIME.supervision)
 
 
-def reset() -> None:
-    """Forget what was installed (tests; a second job in one process installs again)."""
-    INSTALLED.clear()
-    _PROGRESS.clear()
-
-
-def _die_with_launcher(env: Mapping[str, str]) -> str | None:
-    launcher = env.get(ENV_LAUNCHER_PID)
-    if not launcher:
+def _die_with_launcher(contract: WorkerContract) -> str | None:
+    launcher = contract.launcher_pid
+    if launcher is None:
         return None
     done = []
     # Only when the launcher started this process itself (not through `sh -c ...`, whose death
     # would then kill it); and armed before the check, so a launcher dying in between is seen.
-    if sys.platform.startswith("linux") and launcher.isdigit() and os.getppid() == int(launcher):
+    if sys.platform.startswith("linux") and os.getppid() == launcher:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
             done.append("PR_SET_PDEATHSIG")
-            if os.getppid() != int(launcher):
+            if os.getppid() != launcher:
                 os.killpg(os.getpgrp(), signal.SIGKILL)  # the launcher died before the signal was armed
-    fd = env.get(ENV_LIFELINE_FD)
-    if fd and fd.isdigit():
-        threading.Thread(target=_wait_for_end_of_file, args=(int(fd),), name="tfstrategy-lifeline",
+    fd = contract.lifeline_fd
+    if fd is not None:
+        threading.Thread(target=_wait_for_end_of_file, args=(fd,), name="tfstrategy-lifeline",
                          daemon=True).start()
         done.append("lifeline")
     return " + ".join(done) or None
@@ -107,10 +104,10 @@ def _wait_for_end_of_file(fd: int) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def _record_errors(env: Mapping[str, str]) -> str | None:
-    path = env.get(ENV_ERROR_FILE)
-    if not path:
+def _record_errors(contract: WorkerContract) -> str | None:
+    if contract.error_file is None:
         return None
+    path = str(contract.error_file)
     previous = sys.excepthook
 
     def excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
@@ -120,24 +117,25 @@ def _record_errors(env: Mapping[str, str]) -> str | None:
             pass
         previous(kind, error, tb)
 
-    sys.excepthook = excepthook
+    RUNTIME.override_attribute(sys, "excepthook", excepthook, name="record_errors",
+                               note="the first uncaught exception goes to the launcher's error file")
     return f"the first uncaught exception goes to {path}"
 
 
-def _dump_stacks(env: Mapping[str, str]) -> str | None:
-    if not env.get(ENV_PROGRESS_FILE):
+def _dump_stacks(contract: WorkerContract) -> str | None:
+    if contract.progress_file is None:
         return None
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
     return f"every thread's stack on {STACK_SIGNAL.name} and on a crash"
 
 
-def _heartbeat(env: Mapping[str, str]) -> str | None:
-    path = env.get(ENV_PROGRESS_FILE)
-    if not path:
+def _heartbeat(contract: WorkerContract) -> str | None:
+    if contract.progress_file is None:
         return None
+    path = str(contract.progress_file)
     writer = ProgressWriter(path)
-    _PROGRESS.append(writer)
+    RUNTIME.progress.append(writer)
 
     def beat() -> None:
         while True:
@@ -156,9 +154,9 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
     "outside the step", where the launcher looks for a worker its peers wait for.
     ``None`` outside ``tfstrategy launch``.
     """
-    if not _PROGRESS:
+    if not RUNTIME.progress:
         return None
-    writer = _PROGRESS[0]
+    writer = RUNTIME.progress[0]
 
     class BatchEnded(keras.callbacks.Callback):  # type: ignore[misc]
         """Counts finished batches for ``tfstrategy launch`` (stall detection); added by its start-up hook."""
@@ -193,11 +191,11 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
 def count_batches(flavours: list[Any]) -> str | None:
     """Make ``Model.fit``/``evaluate``/``predict`` of each Keras in ``flavours`` report batches to the launcher.
 
-    Installed as undoable rewrites (:mod:`tfstrategy.launch.rewrites`); ``None`` outside ``tfstrategy launch``.
+    Installed as undoable rewrites (:mod:`tfstrategy.runtime.rewrites`); ``None`` outside ``tfstrategy launch``.
     """
-    if not _PROGRESS:
+    if not RUNTIME.progress:
         return None
-    from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+    from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
     for keras in flavours:
         factories = {f"Model.{method}": functools.partial(_with_progress, keras=keras,
@@ -225,8 +223,8 @@ def _with_progress(original: Callable[..., Any], keras: Any, position: int) -> C
         try:
             return original(model, *args, **kwargs)
         finally:
-            if pair is not None and _PROGRESS:  # however it ended, no step of this call is running now
-                _PROGRESS[0].steps_over()
+            if pair is not None and RUNTIME.progress:  # however it ended, no step of this call is running now
+                RUNTIME.progress[0].steps_over()
 
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     wrapper.__doc__ = original.__doc__

@@ -2,7 +2,7 @@
 
 Pure decisions (no TensorFlow): :func:`decide_mirrored` for ``MirroredStrategy``
 with or without a device list, :func:`refusal` for the kinds that cannot be made
-part of one MultiWorkerMirroredStrategy job. The hook (:mod:`tfstrategy.launch.rewrites`)
+part of one MultiWorkerMirroredStrategy job. The hook (:mod:`tfstrategy.runtime.rewrites`)
 applies them; ``docs/guides/unchanged-scripts.md`` lists them as a table.
 
 ============================== ======= ==========================================================

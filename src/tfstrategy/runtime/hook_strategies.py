@@ -1,9 +1,9 @@
 """The hook's strategy steps: prepare the multi-worker runtime, join or refuse each strategy, name every one.
 
-Each function here is one step of the hook's plan (:mod:`tfstrategy.plan`) and
-installs its changes as :class:`~tfstrategy.launch.rewrites.Rewrite` objects, so
+Each function here is one step of the hook's plan (:mod:`tfstrategy.runtime.plan`) and
+installs its changes as :class:`~tfstrategy.runtime.rewrites.Rewrite` objects, so
 they can be undone. What joins and what is refused is decided purely in
-:mod:`tfstrategy.launch.one_job`.
+:mod:`tfstrategy.runtime.one_job`.
 """
 
 from __future__ import annotations
@@ -11,37 +11,27 @@ from __future__ import annotations
 import atexit
 import functools
 import inspect
-import itertools
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from tfstrategy.errors import DeviceError, StrategyError, TFStrategyError
-from tfstrategy.launch import one_job
-from tfstrategy.launch.rewrites import Rewrite, install_rewrite
-from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES, resolve_collective_timeout
+from tfstrategy.multiworker.cluster import ClusterConfig
+from tfstrategy.runtime import one_job
+from tfstrategy.runtime.inputs import PlanInputs
+from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
+from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES
 
-__all__ = ["prepare_collectives", "watch_strategies", "mirrored_devices", "refuse_unjoinable", "refuse_unjoined_fit"]
-
-
-def _state() -> Any:
-    from tfstrategy.launch.worker_hook import STATE
-
-    return STATE
+__all__ = ["chosen_devices", "keras_flavours", "prepare_collectives", "watch_strategies", "mirrored_devices",
+           "refuse_unjoinable", "refuse_unjoined_fit"]
 
 
 def _distribute() -> Any:
     import tensorflow as tf
 
     return tf.distribute
-
-
-def _cluster() -> Any:
-    from tfstrategy.multiworker.cluster import load_cluster_config
-
-    config = load_cluster_config()
-    return config if config is not None and config.num_workers > 1 else None
 
 
 def _script_line() -> str:
@@ -62,11 +52,10 @@ def _called_by_tfstrategy(depth: int = 2) -> bool:
     return os.path.abspath(caller).startswith(_PACKAGE + os.sep) and "hook_strategies" not in caller
 
 
-def prepare_collectives() -> str | None:
+def prepare_collectives(config: ClusterConfig | None) -> str | None:
     """Configure collectives and the collective server before the first op, as MultiWorkerMirroredStrategy would."""
     from tfstrategy import _compat
 
-    config = _cluster()
     if config is None:
         return None
     cluster = {role: list(addresses) for role, addresses in config.cluster.items()}
@@ -75,7 +64,7 @@ def prepare_collectives() -> str | None:
     install_rewrite(Rewrite("collectives_enabled_once", _compat.eager_context_module,
                             {"Context.enable_collective_ops": _enable_once}))
     install_rewrite(Rewrite("collective_keys_per_strategy", _compat.collective_strategy_module,
-                            {"CollectiveAllReduceExtended._initialize_multi_worker": _keys_of_its_own}))
+                            {_compat.initialize_multi_worker_target(): _keys_of_its_own}))
     return f"{config.task_type} {config.task_index} of {config.num_workers}: collectives configured before the first op"
 
 
@@ -100,7 +89,6 @@ def _enable_once(original: Callable[..., Any]) -> Callable[..., Any]:
 
 #: How far apart the collective keys of two strategies of one process start (TensorFlow's own tests use it).
 KEY_STRIDE = 100_000
-_strategies_keyed = itertools.count()
 
 
 def _keys_of_its_own(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -115,10 +103,11 @@ def _keys_of_its_own(original: Callable[..., Any]) -> Callable[..., Any]:
     Every worker creates its strategies in the same order, so the n-th strategy of
     each worker gets the same keys, apart from the n-1 before it.
     """
+    from tfstrategy import _compat
 
     @functools.wraps(original)
     def _initialize_multi_worker(self: Any, cluster_resolver: Any) -> Any:
-        self._collective_key_base += KEY_STRIDE * next(_strategies_keyed)
+        _compat.offset_collective_key_base(self, KEY_STRIDE * RUNTIME.next_number("multi_worker_strategies"))
         return original(self, cluster_resolver)
 
     return _initialize_multi_worker
@@ -132,20 +121,20 @@ def _describe(strategy: Any) -> str:
     return f"{type(strategy).__name__}, {replicas} replica{'' if replicas == 1 else 's'}"
 
 
-def watch_strategies() -> str:
+def watch_strategies(timeout: float | None) -> str:
     """Every strategy is named in the summary; MultiWorkerMirroredStrategy signals the launcher and gets a timeout."""
+    from tfstrategy import _compat
     from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
 
     distribute = _distribute()
-    timeout, _ = resolve_collective_timeout(None)
     signature = inspect.signature(distribute.MultiWorkerMirroredStrategy.__init__)
 
     def base_init(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
-            if not type(self).__name__.startswith("_Default"):
-                _state().strategies.append(_describe(self))
+            if not _compat.is_default_strategy(self):
+                RUNTIME.hook.strategies.append(_describe(self))
 
         return __init__
 
@@ -161,7 +150,7 @@ def watch_strategies() -> str:
             signal_starting()
             original(*bound.args, **bound.kwargs)
             signal_joined()
-            _state().joined = True
+            RUNTIME.hook.joined = True
 
         return __init__
 
@@ -180,10 +169,10 @@ def _parse(devices: Any) -> Any:
         return None  # a form tfstrategy does not parse (a remote job's device): TensorFlow decides
 
 
-def mirrored_devices() -> str:
+def mirrored_devices(inputs: PlanInputs) -> str:
     """``MirroredStrategy``: join the job or be refused (multi-worker), else defaults and a checked device list."""
     distribute = _distribute()
-    config = _cluster()
+    config = inputs.cluster if inputs.multi_worker else None
     cls = distribute.MirroredStrategy
     if config is not None:
         multi_worker = type("MultiWorkerMirroredStrategy", (distribute.MultiWorkerMirroredStrategy,),
@@ -199,7 +188,7 @@ def mirrored_devices() -> str:
                 listed = None if devices is None else (request.devices if request is not None else ())
                 decision = one_job.decide_mirrored(listed, local, config.num_workers)
                 if decision.action == one_job.REFUSE:
-                    _state().strategies.append("MirroredStrategy with a device list (refused)")
+                    RUNTIME.hook.strategies.append("MirroredStrategy with a device list (refused)")
                     raise StrategyError(decision.message)
                 return multi_worker()
 
@@ -209,9 +198,7 @@ def mirrored_devices() -> str:
         return f"MirroredStrategy() is a MultiWorkerMirroredStrategy over {config.num_workers} workers; other device " \
                "lists are refused"
 
-    from tfstrategy.launch.worker_hook import chosen_devices
-
-    chosen = chosen_devices()
+    chosen = chosen_devices(inputs)
 
     def init(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
@@ -227,6 +214,19 @@ def mirrored_devices() -> str:
     install_rewrite(Rewrite("mirrored_devices", _distribute, {"MirroredStrategy.__init__": init}))
     head = f"MirroredStrategy() without devices uses {','.join(chosen)}; " if chosen else ""
     return head + "a device list is checked against this host"
+
+
+def chosen_devices(inputs: PlanInputs) -> list[str] | None:
+    """The devices ``select()`` would give a MirroredStrategy from the hook's settings, or ``None``."""
+    from tfstrategy.selection.choose import choose
+    from tfstrategy.selection.host import HostInfo
+    from tfstrategy.settings import StrategyKind
+
+    if inputs.cpu_replicas is None and inputs.devices is None:
+        return None
+    choice = choose(kind=StrategyKind.MIRRORED, devices=inputs.devices, cpu_replicas=inputs.cpu_replicas,
+                    host=HostInfo.detect())
+    return [device.tf_name for device in choice.devices]
 
 
 def _check_listed(devices: Any, chosen: list[str] | None) -> None:
@@ -248,7 +248,7 @@ def _check_listed(devices: Any, chosen: list[str] | None) -> None:
             if mode == "stop":
                 raise DeviceError(f"{message} ({ENV_DEVICE_CHECK}=warn lets the script go on as plain TensorFlow "
                                   "would, placing ops where it can)") from None
-            _state().notes.append(message)
+            RUNTIME.hook.notes.append(message)
             print(f"tfstrategy: {message} ({ENV_DEVICE_CHECK}=warn: going on as plain TensorFlow would)",
                   file=sys.stderr, flush=True)
     settings = [f"{flag} {os.environ[name]}" for flag, name in (("--devices", ENV_DEVICES), ("--cpu-replicas", ENV_CPU_REPLICAS))
@@ -256,13 +256,12 @@ def _check_listed(devices: Any, chosen: list[str] | None) -> None:
     if settings:
         note = (f"MirroredStrategy(devices={list(devices)!r}) at {where} names its own devices, so "
                 f"{' and '.join(settings)} had no effect on it; remove the list from the script to use them")
-        _state().notes.append(note)
+        RUNTIME.hook.notes.append(note)
         print(f"tfstrategy: {note}", file=sys.stderr, flush=True)
 
 
-def refuse_unjoinable() -> str | None:
+def refuse_unjoinable(config: ClusterConfig | None) -> str | None:
     """Strategies that cannot be part of one job stop at creation; a worker that never joined cannot exit 0."""
-    config = _cluster()
     if config is None:
         return None
     targets = {
@@ -279,7 +278,7 @@ def refuse_unjoinable() -> str | None:
             def refused(self: Any, *args: Any, **kwargs: Any) -> Any:  # __init__, or ClusterCoordinator's __new__
                 if _called_by_tfstrategy():
                     return original(self, *args, **kwargs)
-                _state().strategies.append(f"{what} (refused)")
+                RUNTIME.hook.strategies.append(f"{what} (refused)")
                 raise StrategyError(one_job.refusal(what, config.num_workers))
 
             return refused
@@ -294,7 +293,7 @@ def refuse_unjoinable() -> str | None:
 def _fail_if_never_joined(num_workers: int) -> None:
     from tfstrategy import _compat
 
-    state = _state()
+    state = RUNTIME.hook
     if state.joined or not _compat.runtime_started():
         return
     print(f"tfstrategy: this worker ran TensorFlow ops under a multi-worker TF_CONFIG ({num_workers} workers) but "
@@ -305,9 +304,8 @@ def _fail_if_never_joined(num_workers: int) -> None:
     os._exit(1)
 
 
-def refuse_unjoined_fit() -> str | None:
+def refuse_unjoined_fit(config: ClusterConfig | None) -> str | None:
     """``Model.fit`` without any strategy, when no strategy joined: stopped before its first step."""
-    config = _cluster()
     if config is None:
         return None
     from tfstrategy import _compat
@@ -316,7 +314,7 @@ def refuse_unjoined_fit() -> str | None:
         @functools.wraps(original)
         def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
             strategy = _compat.model_strategy(model)
-            if not _state().joined and (strategy is None or _compat.is_default_strategy(strategy)):
+            if not RUNTIME.hook.joined and (strategy is None or _compat.is_default_strategy(strategy)):
                 import tensorflow as tf
 
                 if not tf.distribute.has_strategy():
@@ -325,12 +323,12 @@ def refuse_unjoined_fit() -> str | None:
 
         return fit
 
-    for keras in _keras_flavours():
+    for keras in keras_flavours():
         install_rewrite(Rewrite(f"refuse_unjoined_fit:{keras.__name__}", lambda k=keras: k, {"Model.fit": factory}))
     return "Model.fit() without a strategy stops before its first step"
 
 
-def _keras_flavours() -> list[Any]:
+def keras_flavours() -> list[Any]:
     from tfstrategy import _compat
 
     # tf.keras's Model, and Keras 3's too if the script imported it beside tf_keras.

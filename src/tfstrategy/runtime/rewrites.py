@@ -4,8 +4,8 @@ The hook's rewrites are not workarounds of upstream bugs, but they have the
 same shape as one (:class:`~tfstrategy.patches.mechanism.Patch`): named targets,
 an :meth:`~Rewrite.apply` that keeps the originals, a :meth:`~Rewrite.remove`
 that puts them back (deleting what the class only inherited or never had), and
-a status. :data:`REWRITES` holds every rewrite installed in this process;
-:func:`remove_rewrites` undoes them all.
+a status. Every installed rewrite registers with :data:`~tfstrategy.runtime.process.RUNTIME`
+(listed with the patches, undone by its ``reset()``); :func:`remove_rewrites` undoes the rewrites alone.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy.patches.mechanism import _ORIGINAL, Patch, PatchStatus, ProbeResult
+from tfstrategy.runtime.process import RUNTIME
 
-__all__ = ["REWRITES", "Rewrite", "install_rewrite", "remove_rewrites"]
+__all__ = ["Rewrite", "install_rewrite", "remove_rewrites", "rewrites"]
 
 _MISSING = object()
 
@@ -75,6 +76,8 @@ class Rewrite(Patch):
                 self._owned[target] = attribute in vars(owner)
                 self._originals[target] = original
                 setattr(owner, attribute, replacement)
+            if self._originals:
+                RUNTIME.register(self)
             return self.status()
 
     def remove(self) -> PatchStatus:
@@ -89,6 +92,7 @@ class Rewrite(Patch):
                 elif attribute in vars(owner):
                     delattr(owner, attribute)
                 del self._originals[target]
+            RUNTIME.unregister(self)
             return self.status()
 
     def status(self) -> PatchStatus:
@@ -96,21 +100,19 @@ class Rewrite(Patch):
                            note=self.detail)
 
 
-#: Every rewrite installed in this process, by name, in installation order.
-REWRITES: dict[str, Rewrite] = {}
+def rewrites() -> tuple[Rewrite, ...]:
+    """Every rewrite installed in this process, in installation order."""
+    return tuple(item for item in RUNTIME.replacements() if isinstance(item, Rewrite))
 
 
 def install_rewrite(rewrite: Rewrite) -> PatchStatus:
-    """Apply ``rewrite`` and remember it for :func:`remove_rewrites` (a rewrite of the same name is replaced)."""
-    previous = REWRITES.pop(rewrite.name, None)
+    """Apply ``rewrite`` and register it with the runtime (a rewrite of the same name is replaced)."""
+    previous = RUNTIME.replacement(rewrite.name)
     if previous is not None:
         previous.remove()
-    REWRITES[rewrite.name] = rewrite
     return rewrite.apply()
 
 
 def remove_rewrites() -> tuple[PatchStatus, ...]:
     """Undo every rewrite, newest first; TensorFlow and Keras are then as the script would find them unhooked."""
-    statuses = tuple(rewrite.remove() for rewrite in reversed(list(REWRITES.values())))
-    REWRITES.clear()
-    return statuses
+    return tuple(rewrite.remove() for rewrite in reversed(rewrites()))

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfstrategy import _compat
-from tfstrategy.launch.rewrites import Rewrite, install_rewrite
+from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
 __all__ = ["checkpoint_files"]
 
@@ -70,5 +70,6 @@ def _written_once(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def checkpoint_files() -> str:
     """Install the rewrite (the hook's ``checkpoint_files`` step, multi-worker only)."""
-    install_rewrite(Rewrite("checkpoint_files", _compat.checkpoint_module, {"Checkpoint._write": _written_once}))
+    install_rewrite(Rewrite("checkpoint_files", _compat.checkpoint_module,
+                            {_compat.checkpoint_write_target(): _written_once}))
     return "tf.train.Checkpoint and CheckpointManager write on the chief; other workers write a private copy"

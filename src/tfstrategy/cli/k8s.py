@@ -1,0 +1,153 @@
+"""``tfstrategy k8s``: write the Kubernetes manifests that run a script as one multi-worker job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+from tfstrategy.cli._common import program_from_args
+from tfstrategy.errors import LaunchError
+from tfstrategy.kubernetes.manifests import DEFAULT_PORT, K8sOptions, name_from_command, validate_k8s_options
+from tfstrategy.settings import AUDIT_MODES
+
+__all__ = ["k8s_parser", "k8s_command", "options_from_args"]
+
+DESCRIPTION = textwrap.dedent(
+    """\
+    Write the manifests that run COMMAND as N pods of one MultiWorkerMirroredStrategy
+    job on Kubernetes, without an operator: an Indexed Job (one pod per worker, pod i
+    named <name>-i.<name> through a headless Service), the Service, and a NetworkPolicy
+    that lets only the job's pods reach TensorFlow's gRPC port (TensorFlow's servers
+    have no authentication). Each pod runs 'tfstrategy run -- COMMAND', and tfstrategy
+    builds its TF_CONFIG from JOB_COMPLETION_INDEX and the variables the Job sets: the
+    script needs no change. The image needs TensorFlow and tfstrategy.
+
+    Failures: a pod that exits 75 (tfstrategy's preemption: every worker saved) or 42
+    (TensorFlow's restart request), or is evicted or preempted, is restarted without
+    counting; exit 2 (invalid options) fails the Job at once; any other failure
+    restarts that pod up to --max-restarts times (its peers fail and restart with
+    it), then fails the Job. With --backup-pvc, callbacks=tfstrategy.backup_callbacks()
+    in model.fit resumes every restarted worker from the newest step every worker
+    backed up, on the claim (ReadWriteMany when pods run on several nodes).
+    """
+)
+
+EPILOG = textwrap.dedent(
+    """\
+    example:
+      tfstrategy k8s -n 4 --image registry.example.com/train:1 --gpus 1 --cpu 8 --memory 32Gi \\
+          --backup-pvc train-backups --max-restarts 3 --env DATA_DIR=/data -o train.yaml -- python train.py
+      kubectl apply -f train.yaml
+      kubectl logs -f -l batch.kubernetes.io/job-name=train --prefix
+      kubectl get job train -w
+
+    Needs Kubernetes 1.33 or later (backoffLimitPerIndex is GA there).
+    """
+)
+
+
+def k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register ``tfstrategy k8s``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser("k8s", help="write Kubernetes manifests (Indexed Job) that run a script as N workers",
+                                   description=DESCRIPTION, epilog=EPILOG,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", "--num-workers", type=int, required=True, metavar="N",
+                        help="pods in the job, one worker each")
+    parser.add_argument("--image", required=True, metavar="IMAGE",
+                        help="container image with TensorFlow and tfstrategy, e.g. registry.example.com/train:1")
+    parser.add_argument("--name", metavar="NAME",
+                        help="the Job's and the Service's name (default: the script's name, e.g. train for train.py)")
+    parser.add_argument("--namespace", metavar="NS", help="the objects' namespace (default: kubectl's current one)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="PORT",
+                        help=f"TensorFlow's gRPC port in every pod (default: {DEFAULT_PORT})")
+    resources = parser.add_argument_group("resources per pod (requests = limits)")
+    resources.add_argument("--cpu", metavar="Q", help="CPUs, e.g. 8 or 500m")
+    resources.add_argument("--memory", metavar="Q", help="memory, e.g. 32Gi")
+    resources.add_argument("--gpus", type=int, default=0, metavar="G", help="NVIDIA GPUs (nvidia.com/gpu), default 0")
+    faults = parser.add_argument_group("restarts and backups")
+    faults.add_argument("--max-restarts", type=int, default=3, metavar="K",
+                        help="restart each pod up to K times after a failure (backoffLimitPerIndex; default: 3)")
+    faults.add_argument("--grace", type=int, default=30, metavar="S",
+                        help="seconds a pod gets after SIGTERM (eviction, preemption) to agree on a step, save its "
+                        "backup and exit 75 (terminationGracePeriodSeconds; default: 30)")
+    faults.add_argument("--backup-pvc", metavar="CLAIM",
+                        help="PersistentVolumeClaim holding the job's backups (a folder NAME on it)")
+    faults.add_argument("--backup-dir", metavar="DIR",
+                        help="where the backups are mounted in each pod, TFSTRATEGY_BACKUP_DIR (default: /backups)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for every pod (repeatable)")
+    parser.add_argument("--no-network-policy", action="store_true",
+                        help="leave the NetworkPolicy out (e.g. the cluster's network plugin does not enforce them)")
+    parser.add_argument("--audit", choices=AUDIT_MODES, metavar="MODE",
+                        help="passed to 'tfstrategy run' in the pods: warn (its default), stop or off")
+    parser.add_argument("--precision", metavar="POLICY",
+                        help="passed to 'tfstrategy run' in the pods: float32, mixed_float16 or mixed_bfloat16")
+    parser.add_argument("--no-hook", action="store_true",
+                        help="run COMMAND itself instead of 'tfstrategy run -- COMMAND' (the script then calls "
+                        "tfstrategy.select() to form the job)")
+    parser.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the manifests here (default: stdout)")
+    parser.add_argument("--json", action="store_true", help="write a JSON list of the objects instead of YAML")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                        help="the program every pod runs, after '--'")
+    parser.set_defaults(command=k8s_command)
+    return parser
+
+
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise LaunchError(f"Received --env {item!r}; expected NAME=VALUE, e.g. --env DATA_DIR=/data.")
+        pairs[key] = value
+    return pairs
+
+
+def options_from_args(args: argparse.Namespace) -> K8sOptions:
+    """Validated :class:`K8sOptions` from parsed arguments.
+
+    Raises:
+        LaunchError: an invalid value, naming its flag.
+    """
+    from tfstrategy.training.precision import precision_environment
+
+    command = tuple(program_from_args(args))
+    precision_environment(args.precision, {})  # a bad --precision fails here, in one line
+    run_options = (*(("--audit", args.audit) if args.audit else ()),
+                   *(("--precision", args.precision) if args.precision else ()))
+    if args.backup_pvc is None and args.backup_dir is not None:
+        raise LaunchError(f"Received --backup-dir {args.backup_dir} without --backup-pvc; a directory in a pod "
+                          "disappears with the pod. Name the PersistentVolumeClaim to keep the backups on, "
+                          "e.g. --backup-pvc train-backups.")
+    return validate_k8s_options(K8sOptions(
+        command=command, num_workers=args.num_workers, image=args.image,
+        name=args.name if args.name is not None else name_from_command(command), namespace=args.namespace,
+        port=args.port, cpu=args.cpu, memory=args.memory, gpus=args.gpus, backup_pvc=args.backup_pvc,
+        backup_dir=args.backup_dir or "/backups", max_restarts=args.max_restarts, grace=args.grace, env=_env_pairs(args.env),
+        network_policy=not args.no_network_policy, hook=not args.no_hook, run_options=run_options,
+    ))
+
+
+def k8s_command(args: argparse.Namespace) -> int:
+    """Write the manifests; 0."""
+    from tfstrategy.kubernetes.manifests import manifests
+    from tfstrategy.kubernetes.yaml_text import dump_all
+
+    options = options_from_args(args)
+    objects = manifests(options)
+    text = json.dumps(objects, indent=2) + "\n" if args.json else dump_all(objects)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        args.output.write_text(text)
+    except OSError as error:
+        raise LaunchError(f"Received -o {args.output}, which cannot be written ({error.strerror or error}); "
+                          "expected a writable file path, e.g. -o train.yaml.") from error
+    kinds = ", ".join(f"{obj['kind']} {obj['metadata']['name']}" for obj in objects)
+    print(f"tfstrategy k8s: wrote {kinds} to {args.output}; apply with: kubectl apply -f {args.output}", file=sys.stderr)
+    return 0

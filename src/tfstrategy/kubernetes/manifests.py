@@ -1,0 +1,300 @@
+"""The manifests of ``tfstrategy k8s``: an Indexed Job, its headless Service and a NetworkPolicy (pure).
+
+Each pod of an Indexed Job gets ``JOB_COMPLETION_INDEX`` and the hostname ``<job>-<index>``;
+with the pod template's ``subdomain`` naming a headless Service, ``<job>-<index>.<service>``
+resolves to it from every pod of the namespace. The pods learn the rest from the
+variables of :data:`POD_VARIABLES`, which
+:class:`tfstrategy.environments.kubernetes.KubernetesEnvironment` reads to build
+``TF_CONFIG``. Everything here returns plain dicts; :mod:`tfstrategy.kubernetes.yaml_text`
+writes them.
+
+Exit codes and ``podFailurePolicy`` (first matching rule wins):
+
+==============================  =========  =================================================
+pod ended with                  action     why
+==============================  =========  =================================================
+condition ``DisruptionTarget``  Ignore     preempted, evicted or drained: not the job's fault
+exit 75                         Ignore     tfstrategy's preemption: every worker saved; restart
+exit 42                         Ignore     TensorFlow's ``PreemptionCheckpointHandler`` asks for a
+                                           restart with 42 (the Kubernetes docs' example treats 42
+                                           as permanent: not here)
+exit 2                          FailJob    invalid options or usage (tfstrategy's CLI, argparse,
+                                           python's "can't open file"): a retry cannot help
+anything else (1, 137, ...)     Count      retried up to ``backoffLimitPerIndex`` times: a lost
+                                           peer makes the survivors exit 1 too, so 1 cannot mean
+                                           "user error, give up"
+==============================  =========  =================================================
+
+``maxFailedIndexes: 0`` fails the whole Job once one index used up its retries (its peers
+could never finish without it), and ``podReplacementPolicy: Failed`` keeps a replacement pod
+from starting while the old one still holds its task (TensorFlow refuses a duplicate task).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfstrategy.errors import LaunchError
+from tfstrategy.launch.states import EXIT_INVALID, EXIT_PREEMPTED
+
+__all__ = [
+    "K8sOptions", "validate_k8s_options", "manifests", "job_manifest", "service_manifest", "network_policy_manifest",
+    "pod_failure_policy", "POD_VARIABLES", "ENV_K8S_JOB", "ENV_K8S_SERVICE", "ENV_K8S_WORKERS", "ENV_K8S_PORT",
+    "ENV_K8S_FAILURES", "ENV_K8S_IGNORED_FAILURES", "COMPLETION_INDEX", "CONTAINER_NAME",
+]
+
+#: Set by Kubernetes in every pod of an Indexed Job.
+COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+# The pod contract: what the generated Job gives each pod, read by KubernetesEnvironment.
+ENV_K8S_JOB = "TFSTRATEGY_K8S_JOB"
+ENV_K8S_SERVICE = "TFSTRATEGY_K8S_SERVICE"
+ENV_K8S_WORKERS = "TFSTRATEGY_K8S_WORKERS"
+ENV_K8S_PORT = "TFSTRATEGY_K8S_PORT"
+ENV_K8S_FAILURES = "TFSTRATEGY_K8S_FAILURES"
+ENV_K8S_IGNORED_FAILURES = "TFSTRATEGY_K8S_IGNORED_FAILURES"
+
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-failure-count"
+IGNORED_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-ignored-failure-count"
+CONTAINER_NAME = "worker"
+#: TensorFlow's PreemptionCheckpointHandler exits with 42 after saving, to ask for a restart.
+TENSORFLOW_RESTART_EXIT_CODE = 42
+DEFAULT_PORT = 2222  # Kubeflow TFJob's port, which images and firewall rules often already allow
+
+#: Each variable of the pod contract and the manifest field that sets it (for the environment's errors).
+POD_VARIABLES: Mapping[str, str] = {
+    COMPLETION_INDEX: "set by Kubernetes in a Job with spec.completionMode: Indexed",
+    ENV_K8S_JOB: f"the container's env, fieldRef metadata.labels['{JOB_NAME_LABEL}']",
+    ENV_K8S_SERVICE: "the container's env, equal to spec.template.spec.subdomain (the headless Service's name)",
+    ENV_K8S_WORKERS: "the container's env, equal to the Job's spec.completions and spec.parallelism",
+    ENV_K8S_PORT: "the container's env, equal to the container's ports[0].containerPort",
+    ENV_K8S_FAILURES: f"the container's env, fieldRef metadata.annotations['{FAILURE_COUNT_ANNOTATION}']",
+    ENV_K8S_IGNORED_FAILURES: f"the container's env, fieldRef metadata.annotations['{IGNORED_FAILURE_COUNT_ANNOTATION}']",
+}
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_RESERVED = frozenset({"TF_CONFIG", "TFSTRATEGY_BACKUP_DIR", "TFSTRATEGY_JOB_ID", *POD_VARIABLES})
+_EXAMPLE = "e.g. tfstrategy k8s -n 4 --image registry.example.com/train:1 -- python train.py"
+
+
+@dataclass(frozen=True, kw_only=True)
+class K8sOptions:
+    """What ``tfstrategy k8s`` generates; see ``tfstrategy k8s --help`` for each field."""
+
+    command: tuple[str, ...]
+    num_workers: int
+    image: str
+    name: str
+    namespace: str | None = None
+    port: int = DEFAULT_PORT
+    cpu: str | None = None
+    memory: str | None = None
+    gpus: int = 0
+    backup_pvc: str | None = None
+    backup_dir: str = "/backups"
+    max_restarts: int = 3
+    grace: int = 30
+    env: Mapping[str, str] = field(default_factory=dict)
+    network_policy: bool = True
+    hook: bool = True
+    #: Options of ``tfstrategy run`` in the pods, e.g. ``("--audit", "stop")``.
+    run_options: tuple[str, ...] = ()
+
+
+def name_from_command(command: Sequence[str]) -> str:
+    """A Job name from the script's file name (``python train_v2.py`` -> ``train-v2``), or ``tfstrategy-job``."""
+    scripts = [part for part in command if part.endswith(".py")]
+    stem = scripts[0].rsplit("/", 1)[-1].removesuffix(".py") if scripts else ""
+    name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:40].strip("-")
+    return name or "tfstrategy-job"
+
+
+def validate_k8s_options(options: K8sOptions) -> K8sOptions:
+    """Check every field; return the options unchanged.
+
+    Raises:
+        LaunchError: the first invalid field, naming the flag that sets it.
+    """
+    if not options.command:
+        raise LaunchError(f"Received no command after '--'; expected the program every pod runs, {_EXAMPLE}.")
+    if options.num_workers < 1:
+        raise LaunchError(f"Received -n {options.num_workers}; expected 1 or more pods, {_EXAMPLE}.")
+    if not options.image or any(char.isspace() for char in options.image):
+        raise LaunchError(f"Received --image {options.image!r}; expected a container image reference without "
+                          f"spaces that has TensorFlow and tfstrategy installed, {_EXAMPLE}.")
+    longest = f"{options.name}-{options.num_workers - 1}"
+    if not _DNS_LABEL.match(options.name) or len(longest) > 63:
+        raise LaunchError(f"Received --name {options.name!r}; expected lower-case letters, digits and '-', starting "
+                          f"and ending with a letter or digit, short enough that the pod hostname {longest!r} has at "
+                          "most 63 characters, e.g. --name mnist-run1.")
+    if options.namespace is not None and not _DNS_LABEL.match(options.namespace):
+        raise LaunchError(f"Received --namespace {options.namespace!r}; expected a namespace name such as 'ml-team'.")
+    if not 1 <= options.port <= 65535:
+        raise LaunchError(f"Received --port {options.port}; expected TensorFlow's gRPC port in 1-65535, e.g. --port 2222.")
+    for flag, value in (("--cpu", options.cpu), ("--memory", options.memory)):
+        if value is not None and not _QUANTITY.match(value):
+            raise LaunchError(f"Received {flag} {value!r}; expected a Kubernetes quantity such as 4, 500m (CPU) "
+                              "or 16Gi (memory).")
+    if options.gpus < 0:
+        raise LaunchError(f"Received --gpus {options.gpus}; expected the number of GPUs per pod, 0 or more.")
+    if options.max_restarts < 0:
+        raise LaunchError(f"Received --max-restarts {options.max_restarts}; expected 0 or more restarts of each pod.")
+    if options.grace < 1:
+        raise LaunchError(f"Received --grace {options.grace}; expected the seconds a pod gets after SIGTERM to agree "
+                          "on a step, save and exit, 1 or more (Kubernetes' default is 30).")
+    if options.backup_pvc is not None and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", options.backup_pvc):
+        raise LaunchError(f"Received --backup-pvc {options.backup_pvc!r}; expected the name of a "
+                          "PersistentVolumeClaim in the Job's namespace, e.g. --backup-pvc train-backups.")
+    if not options.backup_dir.startswith("/") or options.backup_dir.rstrip("/") == "":
+        raise LaunchError(f"Received --backup-dir {options.backup_dir!r}; expected an absolute path inside the pod "
+                          "other than '/', e.g. --backup-dir /backups.")
+    if options.run_options and not options.hook:
+        raise LaunchError(f"Received {' '.join(options.run_options)} with --no-hook; these are options of "
+                          "'tfstrategy run', which --no-hook leaves out. Drop one or the other.")
+    for key in options.env:
+        if not _ENV_NAME.match(key):
+            raise LaunchError(f"Received --env {key!r}; expected NAME=VALUE with a variable name such as "
+                              "DATA_DIR=/data.")
+        if key in _RESERVED:
+            raise LaunchError(f"Received --env {key}=...; tfstrategy sets {key} in each pod from the other flags. "
+                              "Drop it (the port is --port, the backups --backup-pvc and --backup-dir).")
+    return options
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """The Job's ``podFailurePolicy``, from tfstrategy's exit statuses (table in this module's docstring)."""
+    restart = sorted({EXIT_PREEMPTED, TENSORFLOW_RESTART_EXIT_CODE})
+    return {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "Ignore", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In", "values": restart}},
+        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In", "values": [EXIT_INVALID]}},
+    ]}
+
+
+def _metadata(options: K8sOptions, name: str) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if options.namespace is not None:
+        metadata["namespace"] = options.namespace
+    metadata["labels"] = {"app.kubernetes.io/name": options.name, "app.kubernetes.io/managed-by": "tfstrategy"}
+    return metadata
+
+
+def _field(path: str) -> dict[str, Any]:
+    return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def pod_environment(options: K8sOptions) -> list[dict[str, Any]]:
+    """The container's ``env``: the pod contract, the backups and the user's ``--env``."""
+    env: list[dict[str, Any]] = [
+        {"name": ENV_K8S_JOB, **_field(f"metadata.labels['{JOB_NAME_LABEL}']")},
+        {"name": ENV_K8S_SERVICE, "value": options.name},
+        {"name": ENV_K8S_WORKERS, "value": str(options.num_workers)},
+        {"name": ENV_K8S_PORT, "value": str(options.port)},
+        {"name": ENV_K8S_FAILURES, **_field(f"metadata.annotations['{FAILURE_COUNT_ANNOTATION}']")},
+        {"name": ENV_K8S_IGNORED_FAILURES, **_field(f"metadata.annotations['{IGNORED_FAILURE_COUNT_ANNOTATION}']")},
+        # The job's identity in its backups: the Job's name, so a Job applied again under the same name resumes.
+        {"name": "TFSTRATEGY_JOB_ID", **_field(f"metadata.labels['{JOB_NAME_LABEL}']")},
+    ]
+    if options.backup_pvc is not None:
+        env.append({"name": "TFSTRATEGY_BACKUP_DIR", "value": options.backup_dir})
+    env.extend({"name": key, "value": value} for key, value in options.env.items())
+    return env
+
+
+def _resources(options: K8sOptions) -> dict[str, Any]:
+    amounts: dict[str, Any] = {}
+    if options.cpu is not None:
+        amounts["cpu"] = options.cpu
+    if options.memory is not None:
+        amounts["memory"] = options.memory
+    if options.gpus:
+        amounts["nvidia.com/gpu"] = str(options.gpus)
+    # Requests equal to limits: the pod's CPU share is what it was scheduled with (Guaranteed QoS
+    # when both are set), so a worker is not throttled below its peers in every collective.
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def job_manifest(options: K8sOptions) -> dict[str, Any]:
+    """The Indexed Job: one pod per worker, each running the command under ``tfstrategy run``."""
+    command = ["tfstrategy", "run", *options.run_options, "--", *options.command] if options.hook else list(options.command)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": options.image,
+        "command": command,
+        "ports": [{"name": "tf-grpc", "containerPort": options.port, "protocol": "TCP"}],
+        "env": pod_environment(options),
+    }
+    resources = _resources(options)
+    if resources:
+        container["resources"] = resources
+    pod: dict[str, Any] = {"subdomain": options.name, "restartPolicy": "Never",
+                           # SIGTERM then SIGKILL after this: the time tfstrategy's preemption has to save.
+                           "terminationGracePeriodSeconds": options.grace, "containers": [container]}
+    if options.backup_pvc is not None:
+        container["volumeMounts"] = [{"name": "backups", "mountPath": options.backup_dir, "subPath": options.name}]
+        pod["volumes"] = [{"name": "backups", "persistentVolumeClaim": {"claimName": options.backup_pvc}}]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(options, options.name),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": options.num_workers,
+            "parallelism": options.num_workers,
+            "backoffLimitPerIndex": options.max_restarts,
+            "maxFailedIndexes": 0,
+            "podReplacementPolicy": "Failed",
+            "podFailurePolicy": pod_failure_policy(),
+            "template": {"metadata": {"labels": {"app.kubernetes.io/name": options.name}}, "spec": pod},
+        },
+    }
+
+
+def service_manifest(options: K8sOptions) -> dict[str, Any]:
+    """The headless Service that gives each pod the name ``<job>-<index>.<service>``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(options, options.name),
+        "spec": {
+            "clusterIP": "None",
+            # A pod's name resolves before it is Ready: workers connect to each other while starting.
+            "publishNotReadyAddresses": True,
+            "selector": {JOB_NAME_LABEL: options.name},
+            "ports": [{"name": "tf-grpc", "port": options.port, "targetPort": options.port, "protocol": "TCP"}],
+        },
+    }
+
+
+def network_policy_manifest(options: K8sOptions) -> dict[str, Any]:
+    """Only the job's own pods may reach its TensorFlow port (the gRPC server has no authentication)."""
+    pods = {"matchLabels": {JOB_NAME_LABEL: options.name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(options, f"{options.name}-tf-grpc"),
+        "spec": {
+            "podSelector": pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": pods}], "ports": [{"protocol": "TCP", "port": options.port}]}],
+        },
+    }
+
+
+def manifests(options: K8sOptions) -> list[dict[str, Any]]:
+    """Every object to apply, in order: the Service, the NetworkPolicy (unless turned off), the Job.
+
+    Raises:
+        LaunchError: invalid options.
+    """
+    validate_k8s_options(options)
+    objects = [service_manifest(options)]
+    if options.network_policy:
+        objects.append(network_policy_manifest(options))
+    objects.append(job_manifest(options))
+    return objects

@@ -1,0 +1,48 @@
+"""The report's settings for ``--profile``: the ``TFSTRATEGY_PROFILE*`` variables, made and read."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tfstrategy.errors import TrainingError
+from tfstrategy.settings import ENV_PROFILE, ENV_PROFILE_EVERY
+
+#: A report every this many minutes on long jobs (at an epoch's end), besides the first fit's.
+EVERY_MINUTES = 10.0
+
+
+def profile_environment(profile: bool, directory: str | os.PathLike[str], every_minutes: float) -> dict[str, str]:
+    """``TFSTRATEGY_PROFILE`` and ``TFSTRATEGY_PROFILE_EVERY`` for ``--profile`` (empty without it), validated.
+
+    Raises:
+        TrainingError: minutes not above 0, or a directory that is an existing file.
+    """
+    if not profile:
+        return {}
+    if isinstance(every_minutes, bool) or not isinstance(every_minutes, (int, float)) or not every_minutes > 0:
+        raise TrainingError(f"Received --profile-every {every_minutes!r}; expected a number of minutes above 0, "
+                            "e.g. --profile-every 10.")
+    path = Path(directory).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise TrainingError(f"Received --profile-dir {str(directory)!r}, which is a file; expected a directory "
+                            "(made if missing) for the reports' worker-<i>.json. Name another one.")
+    return {ENV_PROFILE: str(path), ENV_PROFILE_EVERY: f"{every_minutes:g}"}
+
+
+def tracker_from_environment(env: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The report's settings from ``TFSTRATEGY_PROFILE`` (its directory) and ``TFSTRATEGY_PROFILE_EVERY``, or None."""
+    env = dict(os.environ if env is None else env)
+    directory = (env.get(ENV_PROFILE) or "").strip()
+    if not directory or directory.lower() == "off":
+        return None
+    every = (env.get(ENV_PROFILE_EVERY) or "").strip()
+    try:
+        minutes = float(every) if every else EVERY_MINUTES
+    except ValueError:
+        minutes = -1.0
+    if not minutes > 0:
+        raise TrainingError(f"Received {ENV_PROFILE_EVERY}={every!r}; expected a number of minutes above 0 "
+                            "(tfstrategy run/launch --profile-every).")
+    return {"directory": directory, "every_minutes": minutes}

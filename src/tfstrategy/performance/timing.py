@@ -1,0 +1,115 @@
+"""Timing a job's own steps, and the probes' calls.
+
+:class:`StepTimes` times each execution of the train function (K steps), the
+time between executions (Keras' loop, callbacks), and in a custom loop the time
+spent waiting for ``next()``: two clock readings and an append per execution,
+nothing that touches TensorFlow (Keras 3 itself converts the logs at every step
+once any batch-end callback is present; measured free on the CPU:
+benchmarks/README.md). The other functions time a probe's calls.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+#: Each probe aims at this many seconds (within its counts' bounds).
+PROBE_SECONDS = 0.25
+
+
+@dataclass
+class StepTimes:
+    """The job's own steps since the last report: per execution, its call, the gap before it, its steps."""
+
+    calls: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    _begun: float | None = None
+    _last_end: float | None = None
+    _warm_up: bool = True
+
+    def new_run(self, warm_up: bool = True) -> None:
+        """A new ``fit`` (or loop); with ``warm_up`` its first execution traces, so it is not timed."""
+        self._warm_up, self._begun, self._last_end = warm_up, None, None
+
+    def pause(self) -> None:
+        """An epoch's end: the time until the next execution (validation, epoch callbacks) is not a step's."""
+        self._begun, self._last_end = None, None
+
+    def begin(self, at: float | None = None, *, after_wait: bool = False) -> None:
+        """An execution begins (``at``: when); ``after_wait``: the time since the last one was a timed wait, no gap."""
+        self._begun = time.perf_counter() if at is None else at
+        if after_wait:
+            self._last_end = self._begun
+
+    def end(self, steps: int, wait: float | None = None) -> None:
+        now = time.perf_counter()
+        begun, last_end = self._begun, self._last_end
+        self._begun, self._last_end = None, now
+        if begun is None or steps < 1:
+            return
+        if self._warm_up:
+            self._warm_up = False
+            return
+        self.calls.append(now - begun)
+        self.gaps.append(begun - last_end if last_end is not None else 0.0)
+        self.steps.append(steps)
+        if wait is not None:
+            self.waits.append(wait)
+
+    def timed_steps(self) -> int:
+        return sum(self.steps)
+
+    def seconds(self) -> float:
+        return sum(self.calls) + sum(self.gaps) + sum(self.waits)
+
+    def clear(self) -> None:
+        for timings in (self.calls, self.gaps, self.waits, self.steps):
+            timings.clear()
+
+
+def probe_count(seconds_each: float, low: int, high: int) -> int:
+    """How many calls of ``seconds_each`` make a probe of :data:`PROBE_SECONDS`, within ``low`` and ``high``."""
+    if seconds_each <= 0:
+        return high
+    return max(low, min(high, math.ceil(PROBE_SECONDS / seconds_each)))
+
+
+def median_seconds(call: Callable[[], object], count: int) -> float:
+    """The median seconds of ``count`` calls (after one untimed call)."""
+    call()
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def mean_seconds(call: Callable[[], object], count: int) -> float:
+    """Mean seconds of ``count`` calls (after one untimed call): a rate, so what a prefetch buffer held when the
+    timing began is spread over all of them instead of making the median. A count, not a duration: on several
+    workers a distributed iterator's ``next`` can be a collective, which every worker must call as often."""
+    call()
+    start = time.perf_counter()
+    for _ in range(count):
+        call()
+    return (time.perf_counter() - start) / count
+
+
+def alternating(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each call's ``rounds`` calls, one of each per round, the order swapped each round."""
+    for call in calls.values():
+        call()  # a new function, or a new input signature, traces at its first call
+    order = list(calls)
+    timed: dict[str, list[float]] = {name: [] for name in order}
+    for round_ in range(rounds):
+        for name in order if round_ % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            calls[name]()
+            timed[name].append(time.perf_counter() - start)
+    return timed

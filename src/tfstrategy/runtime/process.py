@@ -1,0 +1,277 @@
+"""The one object that owns what tfstrategy changed in this process, and the one ``reset()`` that undoes it.
+
+Every replacement of upstream code (a :class:`~tfstrategy.patches.mechanism.Patch`,
+a hook :class:`~tfstrategy.runtime.rewrites.Rewrite`, an :class:`Override` of one
+object's attribute) registers with :data:`RUNTIME` while it is installed, so
+``patch_status()``, ``tfstrategy env`` and the hook's exit summary list them all.
+State other modules keep for the life of a job (recorded creation sites, write
+counters, once-only messages) is either held here or registered with
+:meth:`ProcessRuntime.own_state`; :meth:`ProcessRuntime.reset` undoes every
+replacement, newest first, and clears all of it, so a second job in the same
+process starts as the first one did.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tfstrategy.patches.mechanism import PatchStatus
+    from tfstrategy.runtime.plan import Plan
+
+__all__ = ["HookState", "Override", "ProcessRuntime", "RUNTIME", "Replacement"]
+
+
+class Replacement(Protocol):
+    """Anything that replaced upstream code and can put it back."""
+
+    @property
+    def name(self) -> str: ...
+
+    def remove(self) -> PatchStatus: ...
+
+    def status(self) -> PatchStatus: ...
+
+
+_MISSING = object()
+
+
+class Override:
+    """One attribute of one object (an instance's method, a class's, a module's) replaced, undoably.
+
+    Instances are written with ``object.__setattr__`` (a Keras model does not track
+    the replacement); :meth:`remove` restores the object's own attribute, or deletes
+    the replacement if the attribute was only inherited.
+    """
+
+    def __init__(self, owner: Any, attribute: str, replacement: Any, *, name: str, note: str = "") -> None:
+        self.name = name
+        self.attribute = attribute
+        self.note = note
+        self.what = f"{getattr(owner, '__name__', type(owner).__name__)}.{attribute}"
+        self._owner: Callable[[], Any]
+        try:
+            reference = weakref.ref(owner)  # a model's override must not keep the model alive
+            self._owner = reference
+        except TypeError:
+            self._owner = lambda: owner
+        own = vars(owner) if hasattr(owner, "__dict__") else {}
+        self._original = own.get(attribute, _MISSING)
+        self._active = True
+        _write(owner, attribute, replacement)
+
+    @property
+    def original(self) -> Any:
+        """The owner's own attribute before the override (``None`` if it was inherited or absent)."""
+        return None if self._original is _MISSING else self._original
+
+    @property
+    def active(self) -> bool:
+        """Installed, on an owner that still exists."""
+        return self._active and self._owner() is not None
+
+    def remove(self) -> PatchStatus:
+        """Put the owner's attribute back (idempotent); forget the override in :data:`RUNTIME`."""
+        owner = self._owner()
+        if self._active and owner is not None:
+            if self._original is _MISSING:
+                if self.attribute in (vars(owner) if hasattr(owner, "__dict__") else {}):
+                    _delete(owner, self.attribute)
+            else:
+                _write(owner, self.attribute, self._original)
+        self._active = False
+        RUNTIME.unregister(self)
+        return self.status()
+
+    def status(self) -> PatchStatus:
+        from tfstrategy.patches.mechanism import PatchStatus
+
+        installed = (self.what,) if self.active else ()
+        return PatchStatus(name=self.name, library="instance override", needed=True, installed=installed,
+                           note=self.note)
+
+
+def _write(owner: Any, attribute: str, value: Any) -> None:
+    if isinstance(owner, type):
+        setattr(owner, attribute, value)
+    else:
+        object.__setattr__(owner, attribute, value)  # untracked by Keras
+
+
+def _delete(owner: Any, attribute: str) -> None:
+    if isinstance(owner, type):
+        delattr(owner, attribute)
+    else:
+        object.__delattr__(owner, attribute)
+
+
+@dataclass
+class HookState:
+    """What the start-up hook did in this process, for the exit summary and for tests."""
+
+    steps: list[tuple[str, str]] = field(default_factory=list)
+    strategies: list[str] = field(default_factory=list)
+    #: A MultiWorkerMirroredStrategy of this process joined the job.
+    joined: bool = False
+    #: Things the script did that overrode a setting (e.g. its own device list over --cpu-replicas).
+    notes: list[str] = field(default_factory=list)
+    patches: list[str] = field(default_factory=list)
+    audited: int = 0
+    findings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self, replacements: tuple[str, ...] = ()) -> str:
+        strategies = ", ".join(self.strategies) or "no strategy created"
+        patches = ", ".join(self.patches) or "none needed"
+        if not self.audited:
+            audit = "no fit/evaluate audited"
+        elif self.findings:
+            audit = f"{len(self.findings)} of {self.audited} audit(s) found variables outside the scope"
+        else:
+            audit = f"{self.audited} audit(s), every variable in its strategy's scope"
+        line = f"tfstrategy: {strategies}; patches: {patches}; audit: {audit}"
+        line += f"; steps: {', '.join(name for name, _ in self.steps) or 'none'}"
+        if replacements:
+            line += f"; replaced: {', '.join(replacements)}"
+        line += "".join(f"; note: {note}" for note in self.notes)
+        return line + (f"; hook errors: {'; '.join(self.errors)}" if self.errors else "")
+
+
+class ProcessRuntime:
+    """Everything tfstrategy changed or remembers in this process (one per process: :data:`RUNTIME`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._replacements: dict[str, Replacement] = {}
+        self._step_of: dict[str, str] = {}
+        self._taking: list[str] = []
+        self._states: dict[str, Callable[[], None]] = {}
+        self._counters: dict[str, Iterator[int]] = {}
+        self._fresh()
+
+    def _fresh(self) -> None:
+        #: What the start-up hook did (the exit summary).
+        self.hook = HookState()
+        #: The plan of each consumer last derived here (``"select"``, ``"hook"``).
+        self.plans: dict[str, Plan] = {}
+        #: Hook steps taken (or being taken) in this process.
+        self.taken: set[str] = set()
+        #: Models whose scope the hook audited already (by id).
+        self.audited: set[int] = set()
+        #: The supervision steps installed (tfstrategy.runtime.worker_watch), with what each did.
+        self.supervision: dict[str, str] = {}
+        #: The progress file's writer under ``tfstrategy launch`` (at most one).
+        self.progress: list[Any] = []
+        self._said: set[str] = set()
+
+    # -- replacements ---------------------------------------------------------------------
+
+    def register(self, replacement: Replacement) -> None:
+        """Remember an installed replacement (its name is its key: a new one of the same name replaces it)."""
+        with self._lock:
+            self._replacements.pop(replacement.name, None)
+            self._replacements[replacement.name] = replacement
+            if self._taking:
+                self._step_of[replacement.name] = self._taking[-1]
+
+    def unregister(self, replacement: Replacement) -> None:
+        with self._lock:
+            if self._replacements.get(replacement.name) is replacement:
+                del self._replacements[replacement.name]
+                self._step_of.pop(replacement.name, None)
+
+    def replacement(self, name: str) -> Replacement | None:
+        return self._replacements.get(name)
+
+    def replacements(self, *, step: str | None = None) -> tuple[Replacement, ...]:
+        """The installed replacements, oldest first (only those a plan step installed, with ``step``)."""
+        with self._lock:
+            for key in [key for key, item in self._replacements.items()
+                        if isinstance(item, Override) and not item.active]:
+                del self._replacements[key]  # its object is gone: nothing is replaced any more
+                self._step_of.pop(key, None)
+            return tuple(item for key, item in self._replacements.items()
+                         if step is None or self._step_of.get(key) == step)
+
+    def unowned(self) -> tuple[Replacement, ...]:
+        """The replacements no plan step installed (an instance override, a patch applied directly)."""
+        with self._lock:
+            return tuple(item for key, item in self._replacements.items() if key not in self._step_of)
+
+    def override_attribute(self, owner: Any, attribute: str, replacement: Any, *, name: str,
+                           note: str = "") -> Override:
+        """Set ``owner.attribute = replacement``, recorded so :meth:`reset` (or the result's ``remove``) undoes it."""
+        override = Override(owner, attribute, replacement, name=name, note=note)
+        self.register(override)
+        return override
+
+    @contextmanager
+    def taking(self, step: str) -> Iterator[None]:
+        """Replacements registered inside belong to plan step ``step`` (its ``undo`` removes them)."""
+        self._taking.append(step)
+        try:
+            yield
+        finally:
+            self._taking.pop()
+
+    def statuses(self) -> tuple[PatchStatus, ...]:
+        return tuple(item.status() for item in self.replacements())
+
+    def lines(self) -> tuple[str, ...]:
+        """One line per installed replacement (``tfstrategy env``, the exit summary)."""
+        return tuple(status.line() for status in self.statuses())
+
+    # -- state of other modules -------------------------------------------------------------
+
+    def own_state(self, name: str, clear: Callable[[], None]) -> None:
+        """Have :meth:`reset` call ``clear`` (a module's job state: caches, counters, records)."""
+        self._states[name] = clear
+
+    def state_names(self) -> tuple[str, ...]:
+        return tuple(self._states)
+
+    def once(self, key: str) -> bool:
+        """True the first time ``key`` is asked for in this job (a message said once)."""
+        with self._lock:
+            if key in self._said:
+                return False
+            self._said.add(key)
+            return True
+
+    def next_number(self, counter: str, start: int = 0) -> int:
+        """The next number of ``counter``; never reset, as TensorFlow's runtime remembers what was numbered.
+
+        (Collective keys: a strategy made after :meth:`reset` must still not reuse an earlier one's.)
+        """
+        with self._lock:
+            return next(self._counters.setdefault(counter, itertools.count(start)))
+
+    # -- the one reset ------------------------------------------------------------------------
+
+    def reset(self) -> tuple[PatchStatus, ...]:
+        """Undo every plan's steps and every replacement (newest first), clear every job state; return what was removed.
+
+        Logical CPU devices and collective keys stay: TensorFlow's runtime cannot forget them.
+        """
+        with self._lock:
+            removed = tuple(item.status() for item in reversed(self.replacements()))
+            for plan in reversed(list(self.plans.values())):
+                plan.undo()  # what a step changed outside any replacement (TF_CONFIG, the dtype policy)
+            for item in reversed(self.replacements()):
+                item.remove()
+            self._replacements.clear()
+            self._step_of.clear()
+            for clear in self._states.values():
+                clear()
+            self._fresh()
+            return removed
+
+
+#: The runtime of this process.
+RUNTIME = ProcessRuntime()

@@ -1,0 +1,210 @@
+"""tfstrategy inside a process it did not write: the start-up hook of ``tfstrategy run`` and ``launch``.
+
+Users arrive with scripts that create their own strategy (``tf.distribute.
+MultiWorkerMirroredStrategy()``, ``MirroredStrategy()``) and never call
+``tfstrategy.select()``. The launcher puts :mod:`tfstrategy.runtime.startup`
+first on ``PYTHONPATH`` and sets ``TFSTRATEGY_HOOK=1``; that directory's
+``sitecustomize`` calls :func:`install` at interpreter start-up (for ``python
+script.py``, ``python -m pkg`` and console scripts alike), then runs the
+user's own ``sitecustomize``, if any. Without ``TFSTRATEGY_HOOK`` nothing of
+tfstrategy is imported.
+
+:func:`install` only registers an import watcher. The moment TensorFlow has
+been imported, before the script can run a single op, :func:`on_tensorflow_imported`
+takes the steps of the hook's plan (:func:`tfstrategy.runtime.plan.plan_steps`, the
+same plan ``tfstrategy env`` prints) whose phase is ``tensorflow``, and once
+Keras is importable those of phase ``keras``; the plan and what each step did
+are kept by :data:`tfstrategy.runtime.RUNTIME`.
+Under a multi-worker ``TF_CONFIG`` they prepare the multi-worker runtime before
+the first op and make every strategy the script creates part of the one job, or
+stop it with one line (:mod:`tfstrategy.runtime.one_job`). Every replacement of
+TensorFlow's or Keras' code is a :class:`~tfstrategy.runtime.rewrites.Rewrite`,
+undone by :func:`tfstrategy.runtime.reset`.
+
+The hook acts only in the process it was installed for: it records its pid in
+``TFSTRATEGY_HOOK_PID``, and a Python child of the script (a data loader, a
+converter), which inherits the variable, stays unhooked.
+
+With ``TFSTRATEGY_HOOK_SUMMARY=1`` (``tfstrategy run``) one summary line goes to
+stderr at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tfstrategy.errors import TFStrategyError
+from tfstrategy.runtime import worker_watch
+from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.settings import (
+    AUDIT_MODES,
+    ENV_AUDIT,
+    ENV_CPU_REPLICAS,
+    ENV_DEVICES,
+    ENV_HOOK,
+    ENV_HOOK_PID,
+    ENV_HOOK_SUMMARY,
+    validate_audit_mode,
+)
+
+if TYPE_CHECKING:
+    from tfstrategy.runtime.plan import Plan
+    from tfstrategy.runtime.step import Step
+
+__all__ = ["AUDIT_MODES", "hook_environment", "validate_audit_mode", "install"]
+
+#: The directory whose ``sitecustomize`` installs this hook; first on the workers' PYTHONPATH.
+STARTUP_DIR = Path(__file__).resolve().parent / "startup"
+
+
+def hook_environment(
+    *,
+    audit: str = "warn",
+    cpu_replicas: int | None = None,
+    devices: str | None = None,
+    summary: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment that runs a process with this hook (what ``run`` and ``launch`` set).
+
+    Raises:
+        TFStrategyError: ``audit`` is not one of :data:`AUDIT_MODES`.
+    """
+    env = dict(os.environ if env is None else env)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(STARTUP_DIR) + (os.pathsep + path if path else "")
+    env[ENV_HOOK] = "1"
+    env.pop(ENV_HOOK_PID, None)  # the process started with this environment is the one to hook
+    env[ENV_AUDIT] = validate_audit_mode(audit)
+    if cpu_replicas is not None:
+        env[ENV_CPU_REPLICAS] = str(cpu_replicas)
+    if devices is not None:
+        env[ENV_DEVICES] = devices
+    if summary:
+        env[ENV_HOOK_SUMMARY] = "1"
+    return env
+
+
+def install() -> None:
+    """Run :func:`on_tensorflow_imported` once TensorFlow is imported (at once if it already is).
+
+    Does nothing in a Python child of the hooked process (``TFSTRATEGY_HOOK_PID`` names another pid).
+    """
+    owner = os.environ.get(ENV_HOOK_PID)
+    if owner and owner != str(os.getpid()):
+        return
+    os.environ[ENV_HOOK_PID] = str(os.getpid())
+    if os.environ.get(ENV_HOOK_SUMMARY) == "1":
+        atexit.register(_print_summary)
+    from tfstrategy.multiworker.file_races import install_excepthook
+
+    with RUNTIME.taking("supervision"):  # listed by patch_status() and env; the summary names the steps
+        worker_watch.install()  # die with the launcher, error file, stacks, heartbeat
+        install_excepthook()  # one line naming a path two workers wrote, after the traceback
+    if "tensorflow" in sys.modules:
+        on_tensorflow_imported()
+    else:
+        sys.meta_path.insert(0, _AfterImport("tensorflow", on_tensorflow_imported))
+        # A script may import keras first; keras imports TensorFlow half-way through its own
+        # import, so the Keras steps wait for keras to finish (see on_tensorflow_imported).
+        sys.meta_path.insert(0, _AfterImport("keras", on_keras_imported))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps the real loader of ``name`` so ``callback`` runs after it executed."""
+
+    def __init__(self, name: str, callback: Callable[[], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # one shot; and the lookup below must not find this finder again
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _RunAfter(spec.loader, self.callback)
+        return spec
+
+
+class _RunAfter(importlib.abc.Loader):
+    def __init__(self, loader: Any, callback: Callable[[], None]) -> None:
+        self._loader, self._callback = loader, callback
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        try:
+            self._callback()
+        except TFStrategyError:
+            raise  # a bad setting (e.g. TFSTRATEGY_CPU_REPLICAS) must not train on the wrong replicas
+        except Exception as error:  # anything else must not break the user's import
+            RUNTIME.hook.errors.append(f"{type(error).__name__}: {error}")
+            print(f"tfstrategy: hook after importing {module.__name__}: {type(error).__name__}: {error}",
+                  file=sys.stderr, flush=True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def on_tensorflow_imported() -> None:
+    """Take the hook's steps in this process; a step that fails is reported and skipped, never raised."""
+    for phase in ("tensorflow", "strategy"):
+        RUNTIME.hook.steps += _plan().take(phase, on_error=_report)
+    keras = sys.modules.get("keras")
+    if keras is not None and getattr(getattr(keras, "__spec__", None), "_initializing", False):
+        return  # keras is importing TensorFlow half-way through its own import: on_keras_imported follows
+    on_keras_imported()
+
+
+def on_keras_imported() -> None:
+    """The steps that need Keras, once (after TensorFlow's own steps)."""
+    if "tensorflow" not in sys.modules:
+        return  # keras failed before importing TensorFlow; on_tensorflow_imported will call back
+    RUNTIME.hook.steps += _plan().take("keras", on_error=_report)
+
+
+def hook_plan(env: Mapping[str, str] | None = None) -> tuple[Step, ...]:
+    """The hook's steps for this environment (the same step objects ``tfstrategy env`` prints).
+
+    Raises:
+        TFStrategyError: an invalid setting (``TFSTRATEGY_CPU_REPLICAS``, ``TFSTRATEGY_AUDIT``, ...) or cluster.
+    """
+    from tfstrategy.runtime.inputs import HOOK, derive_inputs
+    from tfstrategy.runtime.plan import plan_steps
+
+    return plan_steps(derive_inputs(HOOK, env=env))
+
+
+def _plan() -> Plan:
+    """The hook's plan in this process, derived once (again after :func:`reset`)."""
+    from tfstrategy.runtime.inputs import HOOK, derive_inputs
+    from tfstrategy.runtime.plan import Plan
+
+    plan = RUNTIME.plans.get(HOOK)
+    return plan if plan is not None else Plan(derive_inputs(HOOK))
+
+
+def _report(step: Step, error: Exception) -> None:
+    message = f"{step.name}: {type(error).__name__}: {error}"
+    RUNTIME.hook.errors.append(message)
+    print(f"tfstrategy: hook step {message}", file=sys.stderr, flush=True)
+
+
+def reset() -> None:
+    """Undo everything tfstrategy did in this process and forget it (tests; a second job in one process)."""
+    RUNTIME.reset()
+
+
+def _print_summary() -> None:
+    if "tensorflow" not in sys.modules:
+        return  # a process that never imported TensorFlow (a shell helper, a data tool): the hook did nothing
+    print(RUNTIME.hook.summary(tuple(item.name for item in RUNTIME.unowned())), file=sys.stderr, flush=True)

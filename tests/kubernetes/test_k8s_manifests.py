@@ -1,0 +1,177 @@
+"""`tfstrategy k8s`: every generated manifest validates against Kubernetes' own OpenAPI schemas, offline.
+
+kubernetes-validate ships the JSON schemas generated from Kubernetes' OpenAPI; "strict" ones refuse
+unknown fields, so a misspelt or misplaced field fails here as `kubectl apply` would.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from k8s_pods import pod_environment, policy_action
+
+from tfstrategy.cli import build_parser, main
+from tfstrategy.cli.k8s import options_from_args
+from tfstrategy.kubernetes import dump_all, manifests
+from tfstrategy.kubernetes.yaml_text import dump
+
+# Installed by the test extra; the version venvs of .ci/versions run only the smoke set without them.
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+yaml = pytest.importorskip("yaml")
+
+#: The oldest release with backoffLimitPerIndex GA, and the newest schema kubernetes-validate ships.
+KUBERNETES_VERSIONS = ("1.33.0", "1.37.0")
+
+FLAG_SETS = [
+    pytest.param(["-n", "2", "--image", "python:3.12"], ["python", "train.py"], id="minimal"),
+    pytest.param(["-n", "4", "--image", "registry.example.com/ml/train:1.2", "--gpus", "1", "--cpu", "8",
+                  "--memory", "32Gi", "--backup-pvc", "train-backups", "--max-restarts", "5", "--env", "DATA_DIR=/data",
+                  "--env", "MODE=yes", "--namespace", "ml-team", "--name", "resnet-run7", "--port", "23456",
+                  "--grace", "120"], ["python", "-m", "pkg.train", "--epochs", "10"], id="gpus-backups-everything"),
+    pytest.param(["-n", "1", "--image", "img@sha256:" + "a" * 64, "--cpu", "500m", "--no-network-policy",
+                  "--backup-pvc", "b", "--backup-dir", "/mnt/ckpt", "--max-restarts", "0"], ["python", "t.py"],
+                 id="one-pod-no-policy-digest-image"),
+    pytest.param(["-n", "16", "--image", "x", "--no-hook", "--env", "EMPTY=", "--env", "QUOTE=a: 'b' #c"],
+                 ["bash", "-c", "python train.py --lr 1e-3"], id="sixteen-pods-no-hook-odd-values"),
+]
+
+
+def generate(flags: list[str], program: list[str]) -> list[dict]:
+    args = build_parser().parse_args(["k8s", *flags, "--", *program])
+    return manifests(options_from_args(args))
+
+
+@pytest.mark.parametrize(("flags", "program"), FLAG_SETS)
+def test_every_manifest_validates_against_the_kubernetes_schemas_and_reads_back_from_its_yaml(flags, program):
+    objects = generate(flags, program)
+    for obj in objects:
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+    assert list(yaml.safe_load_all(dump_all(objects))) == objects
+
+
+def test_the_schemas_catch_a_misspelt_field_and_a_wrong_type():
+    job = generate(["-n", "2", "--image", "x"], ["python", "t.py"])[-1]
+    job["spec"]["completionsMode"] = job["spec"].pop("completionMode")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, KUBERNETES_VERSIONS[0], strict=True)
+    job = generate(["-n", "2", "--image", "x"], ["python", "t.py"])[-1]
+    job["spec"]["completions"] = "2"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, KUBERNETES_VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize(("flags", "program"), FLAG_SETS)
+def test_the_objects_agree_on_names_labels_ports_and_counts(flags, program):
+    objects = {obj["kind"]: obj for obj in generate(flags, program)}
+    job, service = objects["Job"], objects["Service"]
+    name, spec = job["metadata"]["name"], job["spec"]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    port = container["ports"][0]["containerPort"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"]
+    assert pod["restartPolicy"] == "Never" and pod["subdomain"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["ports"][0]["port"] == port
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": name}
+    env = pod_environment(job, spec["completions"] - 1)
+    assert env["TFSTRATEGY_K8S_JOB"] == name and env["TFSTRATEGY_K8S_SERVICE"] == service["metadata"]["name"]
+    assert env["TFSTRATEGY_K8S_WORKERS"] == str(spec["completions"]) and env["TFSTRATEGY_K8S_PORT"] == str(port)
+    if "NetworkPolicy" in objects:
+        policy = objects["NetworkPolicy"]["spec"]
+        assert policy["podSelector"]["matchLabels"] == service["spec"]["selector"]
+        assert policy["ingress"] == [{"from": [{"podSelector": policy["podSelector"]}],
+                                      "ports": [{"protocol": "TCP", "port": port}]}]
+    if "--backup-pvc" in flags:
+        (mount,) = container["volumeMounts"]
+        assert env["TFSTRATEGY_BACKUP_DIR"] == mount["mountPath"] and mount["subPath"] == name
+    else:
+        assert "TFSTRATEGY_BACKUP_DIR" not in env and "volumes" not in pod
+
+
+@pytest.mark.parametrize(("exit_code", "condition", "action"), [
+    pytest.param(75, None, "Ignore", id="75-preempted-saved-restart-uncounted"),
+    pytest.param(42, None, "Ignore", id="42-tensorflow-restart-request-not-permanent"),
+    pytest.param(137, "DisruptionTarget", "Ignore", id="evicted-or-preempted-pod"),
+    pytest.param(2, None, "FailJob", id="2-invalid-options-fail-at-once"),
+    pytest.param(1, None, "Count", id="1-may-be-a-lost-peer-retried"),
+    pytest.param(137, None, "Count", id="137-killed-oom-retried"),
+    pytest.param(124, None, "Count", id="124-retried"),
+])
+def test_the_pod_failure_policy_follows_tfstrategys_exit_codes(exit_code, condition, action):
+    job = generate(["-n", "2", "--image", "x"], ["python", "t.py"])[-1]
+    assert policy_action(job, exit_code, condition=condition) == action
+    assert job["spec"]["maxFailedIndexes"] == 0 and job["spec"]["podReplacementPolicy"] == "Failed"
+
+
+def test_the_pod_command_runs_the_program_under_tfstrategy_run_unless_no_hook():
+    job = generate(["-n", "2", "--image", "x"], ["python", "train.py", "--lr", "0.1"])[-1]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == [
+        "tfstrategy", "run", "--", "python", "train.py", "--lr", "0.1"]
+    job = generate(["-n", "2", "--image", "x", "--audit", "stop", "--precision", "mixed_float16"], ["python", "t.py"])[-1]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == [
+        "tfstrategy", "run", "--audit", "stop", "--precision", "mixed_float16", "--", "python", "t.py"]
+    job = generate(["-n", "2", "--image", "x", "--no-hook"], ["python", "train.py"])[-1]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["python", "train.py"]
+
+
+def test_the_name_defaults_to_the_scripts_name():
+    assert generate(["-n", "2", "--image", "x"], ["python", "src/Train_V2.py"])[-1]["metadata"]["name"] == "train-v2"
+    assert generate(["-n", "2", "--image", "x"], ["python", "-m", "pkg"])[-1]["metadata"]["name"] == "tfstrategy-job"
+
+
+@pytest.mark.parametrize("value", ["", "yes", "No", "null", "~", "123", "1e3", "0x1F", "a: b", "- x", "#x", "x #y",
+                                   "'q'", '"q"', "{a}", "[1]", "a\nb", " lead", "trail ", "é", "@x", "*x", "!x",
+                                   "%x", "x:", "true", "on", ".5", "-", "|", ">"])
+def test_yaml_text_reads_back_as_the_same_string(value):
+    document = {"s": value, "l": [value, {value or "k": value}]}
+    assert yaml.safe_load(dump(document)) == document
+
+
+def test_the_command_writes_yaml_or_json_to_a_file(tmp_path, capsys):
+    out = tmp_path / "train.yaml"
+    assert main(["k8s", "-n", "2", "--image", "x", "-o", str(out), "--", "python", "train.py"]) == 0
+    assert [obj["kind"] for obj in yaml.safe_load_all(out.read_text())] == ["Service", "NetworkPolicy", "Job"]
+    assert f"kubectl apply -f {out}" in capsys.readouterr().err
+    assert main(["k8s", "-n", "2", "--image", "x", "--json", "--", "python", "train.py"]) == 0
+    assert [obj["kind"] for obj in json.loads(capsys.readouterr().out)] == ["Service", "NetworkPolicy", "Job"]
+
+
+BAD = [
+    pytest.param(["-n", "0", "--image", "x", "--", "python", "t.py"], "-n 0", id="no-pods"),
+    pytest.param(["-n", "2", "--image", "a b", "--", "python", "t.py"], "--image 'a b'", id="image-with-space"),
+    pytest.param(["-n", "2", "--image", "x", "--name", "Train_1", "--", "python", "t.py"], "--name 'Train_1'", id="name"),
+    pytest.param(["-n", "10", "--image", "x", "--name", "a" * 62, "--", "python", "t.py"], "at most 63", id="long-name"),
+    pytest.param(["-n", "2", "--image", "x", "--namespace", "NS", "--", "python", "t.py"], "--namespace", id="ns"),
+    pytest.param(["-n", "2", "--image", "x", "--port", "70000", "--", "python", "t.py"], "--port 70000", id="port"),
+    pytest.param(["-n", "2", "--image", "x", "--cpu", "four", "--", "python", "t.py"], "--cpu 'four'", id="cpu"),
+    pytest.param(["-n", "2", "--image", "x", "--memory", "16GB", "--", "python", "t.py"], "--memory '16GB'", id="mem"),
+    pytest.param(["-n", "2", "--image", "x", "--gpus", "-1", "--", "python", "t.py"], "--gpus -1", id="gpus"),
+    pytest.param(["-n", "2", "--image", "x", "--max-restarts", "-1", "--", "python", "t.py"], "--max-restarts", id="k"),
+    pytest.param(["-n", "2", "--image", "x", "--grace", "0", "--", "python", "t.py"], "--grace 0", id="grace"),
+    pytest.param(["-n", "2", "--image", "x", "--backup-pvc", "B", "--", "python", "t.py"], "--backup-pvc", id="pvc"),
+    pytest.param(["-n", "2", "--image", "x", "--backup-dir", "/b", "--", "python", "t.py"], "without --backup-pvc",
+                 id="dir-without-pvc"),
+    pytest.param(["-n", "2", "--image", "x", "--backup-pvc", "b", "--backup-dir", "rel", "--", "python", "t.py"],
+                 "--backup-dir 'rel'", id="relative-dir"),
+    pytest.param(["-n", "2", "--image", "x", "--env", "NOVALUE", "--", "python", "t.py"], "--env 'NOVALUE'", id="env"),
+    pytest.param(["-n", "2", "--image", "x", "--env", "1A=b", "--", "python", "t.py"], "--env '1A'", id="env-name"),
+    pytest.param(["-n", "2", "--image", "x", "--env", "TF_CONFIG={}", "--", "python", "t.py"], "TF_CONFIG",
+                 id="env-reserved"),
+    pytest.param(["-n", "2", "--image", "x", "--"], "no command", id="no-command"),
+    pytest.param(["-n", "2", "--image", "x", "--precision", "fp8", "--", "python", "t.py"], "--precision", id="precision"),
+    pytest.param(["-n", "2", "--image", "x", "--audit", "stop", "--no-hook", "--", "python", "t.py"], "--no-hook",
+                 id="run-option-without-hook"),
+    pytest.param(["-n", "2", "--image", "x", "-o", "/nonexistent/dir/x.yaml", "--", "python", "t.py"], "-o ",
+                 id="unwritable-output"),
+]
+
+
+@pytest.mark.parametrize(("argv", "named"), BAD)
+def test_bad_input_is_one_line_naming_the_flag_and_exit_2(argv, named, capsys):
+    assert main(["k8s", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfstrategy k8s: error: Received "), lines
+    assert named in lines[0]

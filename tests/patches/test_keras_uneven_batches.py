@@ -1,0 +1,85 @@
+"""An uneven last batch in ``fit(x, y, batch_size=...)`` from NumPy arrays on 2 replicas equals one device.
+
+The shape of keras-team/keras#19246 and tensorflow/tensorflow#58809: a Sequential regression model
+compiled in ``strategy.scope()``, ``fit`` on NumPy arrays whose length the batch size does not divide,
+then ``evaluate``; the reports compare the replicated weights with a single-device run.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfstrategy
+from tfstrategy import _versions
+from tfstrategy.patches import keras_mwms as mwms
+from tfstrategy.patches import keras_uneven_batches as uneven
+
+pytestmark = [
+    pytest.mark.smoke,
+    pytest.mark.skipif(
+        _versions.legacy_keras_requested() or uneven.PATCH.target_module() is None,
+        reason="tf.keras is not Keras 3 on TensorFlow: tf_keras weights replicas by their examples",
+    ),
+]
+
+EXAMPLES = 33
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(EXAMPLES, 4)).astype("float32"), rng.normal(size=(EXAMPLES, 1)).astype("float32")
+
+
+def _fit(strategy, batch_size: int):
+    x, y = _data()
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+    model.fit(x, y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights(), model.evaluate(x, y, batch_size=batch_size, verbose=0)
+
+
+def _difference(left, right) -> float:
+    return max(float(np.max(np.abs(a - b))) for a, b in zip(left, right))
+
+
+@pytest.fixture(scope="module")
+def selected():
+    """Two replicas the library's way: select() applies the registry's patches."""
+    selection = tfstrategy.select(devices=["/cpu:0", "/cpu:1"], env={})
+    assert selection.strategy.num_replicas_in_sync == 2
+    return selection
+
+
+# A last batch of 1 (one replica gets 1 example, the other none); a global batch of 9 split 5/4 at every step.
+@pytest.mark.parametrize("batch_size", [8, 9])
+def test_fit_and_evaluate_on_two_replicas_equal_one_device(selected, batch_size):
+    one_weights, one_logs = _fit(tf.distribute.OneDeviceStrategy("/cpu:0"), batch_size)
+    two_weights, two_logs = _fit(selected.strategy, batch_size)
+    assert _difference(two_weights, one_weights) <= 1e-5
+    assert np.allclose(two_logs, one_logs, rtol=0, atol=1e-5), (two_logs, one_logs)
+    assert uneven.PATCH.status().installed == uneven.PATCH.targets
+
+
+def test_upstream_keras_still_weights_replicas_equally(selected):
+    """Fails once Keras weights each replica by its examples: then drop keras_uneven_batches."""
+    found = uneven.UnevenBatchesPatch().probe()
+    assert found is not None and found[uneven.STEP], f"Keras {keras.__version__} fixed uneven batches"
+
+
+def test_upstream_keras_still_reduces_the_replicas_first_batch():
+    """Fails once Keras' symbolic build no longer averages the replicas' batches (the 5/4 AddN crash)."""
+    patch = mwms.MWMSPatch()
+    assert patch.probe() is not None and patch.build_reduces_replicas
+
+
+def test_without_the_patch_a_custom_train_step_keeps_keras_scaling(selected):
+    """Outside Keras' own train_step the loss scale is Keras' 1/replicas (a user's train_step is left alone)."""
+    from keras.src.losses import loss as loss_module
+
+    with selected.strategy.scope():
+        assert float(loss_module.scale_loss_for_distribution(tf.constant(1.0))) == 0.5
