@@ -227,6 +227,16 @@ def test_a_line_only_another_worker_prints_appears_with_its_prefix_after_the_hol
     assert stream.getvalue() == "[worker 1] only me\n"
 
 
+def test_a_flood_of_another_workers_lines_is_never_held_beyond_a_bound():
+    from tfstrategy.launch.console import MAX_HELD
+
+    console, stream, _ = _console()
+    for number in range(3 * MAX_HELD):
+        console.line(1, "[worker 1] ", f"line {number}")
+    assert len(console._held[1]) <= MAX_HELD
+    assert stream.getvalue().startswith("[worker 1] line 0\n[worker 1] line 1\n")
+
+
 def test_console_workers_all_shows_every_repeat():
     console, stream, clock = _console(every_line=True)
     console.line(0, "[worker 0] ", "Epoch 1/2")

@@ -31,6 +31,8 @@ NOISE_HOLD_SECONDS = 3.0
 #: Seconds (and distinct lines) of the lead's output another worker's line is compared with.
 REPEAT_SECONDS = 60.0
 REPEAT_LINES = 4096
+#: Lines of one worker held at most (a flood is decided at once, so memory stays bounded).
+MAX_HELD = 1000
 #: Without a terminal: the lead's progress as a line after this many seconds without one.
 PLAIN_PROGRESS_SECONDS = 30.0
 
@@ -156,7 +158,7 @@ class Console:
                 self._show(index, prefix, text, now)
                 return
             queue.append(_Held(prefix, text, now + (NOISE_HOLD_SECONDS if noise else HOLD_SECONDS), noise))
-            self._release(now)
+            self._release(now, final=index if len(queue) > MAX_HELD else None)
 
     def progress(self, index: int, prefix: str, text: str) -> None:
         """A ``\\r`` update of the line worker ``index`` is writing; only the lead's are shown."""
