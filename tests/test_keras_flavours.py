@@ -110,7 +110,7 @@ def test_two_worker_fit_agrees_and_the_chief_saves(tmp_path):
     out = tmp_path / "model.keras"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     result = subprocess.run(
-        [sys.executable, "-m", "tfstrategy", "launch", "-n", "2", "--timeout", "120", "--",
+        [sys.executable, "-m", "tfstrategy", "launch", "-n", "2", "--timeout", "120", "--console-workers", "all", "--",
          sys.executable, str(ROOT / "examples" / "multi_worker_train.py"), "--epochs", "1", "--out", str(out)],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )

@@ -365,7 +365,7 @@ def command(case: Case, mode: str) -> list[str]:
     if mode == "run":
         return [sys.executable, "-m", "tfstrategy", "run", "--cpu-replicas", "2", "--", *script]
     if mode == "launch":
-        return [sys.executable, "-m", "tfstrategy", "launch", "-n", "2", "--timeout", "240", "--", *script]
+        return [sys.executable, "-m", "tfstrategy", "launch", "-n", "2", "--timeout", "240", "--console-workers", "all", "--", *script]
     raise ValueError(f"Received mode {mode!r}; expected one of {MODES} or 'tf2'")
 
 

@@ -128,7 +128,7 @@ def test_a_carriage_return_flood_keeps_the_launcher_small_and_the_report_short()
 
 @pytest.mark.multiprocess
 def test_a_terminal_that_cannot_encode_gets_every_line_with_replacements():
-    code, out, err, _ = _fault("cafe", env={"PYTHONIOENCODING": "ascii"}, timeout=60)
+    code, out, err, _ = _fault("cafe", "--console-workers", "all", env={"PYTHONIOENCODING": "ascii"}, timeout=60)
     assert code == 0, err
     assert "[worker 1] caf? au lait ?" in out and "[worker 0] after the caf?" in out
     assert "went away" not in err

@@ -62,13 +62,13 @@ def _described(pids: list[int]) -> list[str]:
 class Run:
     """One `tfstrategy launch` process, tagged so its descendants can be found."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, stdout: int = subprocess.PIPE) -> None:
         self.tag = uuid.uuid4().hex
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TAG: self.tag, **(env or {})}
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tfstrategy", "launch", *args], cwd=ROOT, env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdout=stdout, stderr=subprocess.PIPE,
         )
 
     def finish(self, timeout: float) -> tuple[int, str, str, float]:
@@ -204,9 +204,14 @@ def test_ctrl_c_stops_every_worker_and_their_children():
         time.sleep(0.1)
     assert len(_tagged(run.tag)) == 6
     run.process.send_signal(signal.SIGINT)
-    code, _, err, _ = run.finish(timeout=30)
+    code, out, err, _ = run.finish(timeout=30)
     assert code == 130
     assert "received SIGINT: passed it on; every worker stopped" in err
+    # Issue 35: one line per worker, not their KeyboardInterrupt tracebacks.
+    assert "KeyboardInterrupt" not in out + err and "Traceback" not in out + err
+    for index in (0, 1):  # their own status: 1 after a KeyboardInterrupt, 130 if Python re-raised SIGINT
+        assert re.search(rf"^tfstrategy launch: worker {index}: stopped by Ctrl-C \(SIGINT\)(; exit status 1)?$", err,
+                         re.M), err
     assert run.survivors == []
 
 
@@ -311,7 +316,7 @@ def uninterrupted(tmp_path_factory):
 def test_two_workers_fit_like_one_process(uninterrupted):
     out_dir, out = uninterrupted
     assert "[worker 0] strategy CollectiveAllReduceStrategy replicas 2" in out
-    assert "[worker 1] strategy CollectiveAllReduceStrategy replicas 2" in out
+    assert "[worker 1] strategy" not in out  # the same line as worker 0's: shown once
     import tensorflow as tf
 
     worker = _fit_worker_module()
@@ -408,7 +413,7 @@ def test_sigterm_to_the_launcher_preempts_and_a_relaunch_resumes_to_the_same_res
     example = [sys.executable, str(ROOT / "examples" / "multi_worker_train.py"), "--epochs", "6"]
     code, out, err, _ = _launch("-n", "2", "--timeout", "120", "--", *example, "--out", str(tmp_path / "a.keras"), timeout=300)
     assert code == 0, err[-3000:]
-    reference = sorted(line.split("] ", 1)[1] for line in out.splitlines() if "final loss" in line)
+    reference = {line.split("] ", 1)[1] for line in out.splitlines() if "final loss" in line}  # shown once
 
     backup = tmp_path / "backup"
     run = Run("-n", "2", "--timeout", "120", "--backup-dir", str(backup), "--grace", "60", "--",
@@ -427,7 +432,7 @@ def test_sigterm_to_the_launcher_preempts_and_a_relaunch_resumes_to_the_same_res
     code, out, err, _ = _launch("-n", "2", "--timeout", "120", "--backup-dir", str(backup), "--",
                                 *example, "--out", str(tmp_path / "c.keras"), timeout=300)
     assert code == 0, err[-3000:]
-    assert sorted(line.split("] ", 1)[1] for line in out.splitlines() if "final loss" in line) == reference
+    assert {line.split("] ", 1)[1] for line in out.splitlines() if "final loss" in line} == reference
 
 
 def _wait_until_gone(tag: str, bound: float = 60.0) -> list[int]:
@@ -518,7 +523,7 @@ def test_tee_with_console_workers_shows_only_those_on_the_console(tmp_path):
 @pytest.mark.multiprocess
 def test_sigterm_ends_143_even_when_workers_ignoring_it_are_sigkilled_after_the_grace():
     stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(600)"
-    run = Run("-n", "2", "--grace", "1", "--", sys.executable, "-c", stubborn)
+    run = Run("-n", "2", "--grace", "1", "--console-workers", "all", "--", sys.executable, "-c", stubborn)
     assert run.process.stdout is not None
     assert sorted(run.process.stdout.readline().strip() for _ in range(2)) == ["[worker 0] ready", "[worker 1] ready"]
     deadline = time.monotonic() + 60
@@ -528,3 +533,52 @@ def test_sigterm_ends_143_even_when_workers_ignoring_it_are_sigkilled_after_the_
     code, _, err, _ = run.finish(timeout=30)
     assert code == 143, err
     assert "received SIGTERM: passed it on; every worker stopped" in err
+
+
+LIVE_FIT = """
+import time
+import numpy as np
+import tensorflow as tf
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+data = tf.data.Dataset.from_tensor_slices((np.zeros((96, 4), "float32"), np.zeros((96, 1), "float32")))
+slow = tf.keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.1))
+model.fit(data.batch(8).with_options(options), epochs=1, verbose=1, callbacks=[slow])
+print("trained")
+"""
+
+
+@pytest.mark.multiprocess
+def test_on_a_terminal_worker_0s_progress_bar_is_live_and_worker_1s_repeats_are_shown_once(tmp_path):
+    # Issue 35: under launch the bar showed no live update, and every Keras line came twice.
+    import pty
+
+    script = tmp_path / "fit.py"
+    script.write_text(LIVE_FIT)
+    terminal, launcher_side = pty.openpty()
+    run = Run("-n", "2", "--timeout", "120", "--log-dir", str(tmp_path / "logs"), "--tee", "--",
+              sys.executable, str(script), stdout=launcher_side)
+    os.close(launcher_side)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(terminal, 65536)
+        except OSError:  # EIO: the launcher closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(terminal)
+    code, _, err, _ = run.finish(timeout=240)
+    out = b"".join(chunks).decode()
+    assert code == 0, err[-3000:]
+    live = set(re.findall(r"\r\[worker 0\] (?:\x1b\[1m)? *(\d+/\d+)", out))
+    assert len(live) >= 3, out  # states of the bar as it advanced, drawn in place
+    assert "[worker 0] trained" in out and "[worker 1]" not in out, out
+    worker_1 = (tmp_path / "logs" / "attempt-0" / "worker-1" / "stdout.log").read_text()
+    assert "trained" in worker_1 and "\x1b" not in worker_1  # the file keeps every line, without colour codes

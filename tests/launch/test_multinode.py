@@ -276,7 +276,7 @@ def test_a_stranger_and_a_second_rank_1_are_refused_and_the_job_goes_on(two_by_o
 @pytest.mark.multiprocess
 def test_two_nodes_two_workers_each_train_to_the_same_losses(two_by_one, tmp_path):
     master = f"{MASTER_HOST}:{_free_port()}"
-    job = ("-n", "2", "--timeout", "400", "--", *EXAMPLE, "--out", str(tmp_path / "model.keras"))
+    job = ("-n", "2", "--timeout", "400", "--console-workers", "all", "--", *EXAMPLE, "--out", str(tmp_path / "model.keras"))
     ranges = ((29610, 29619), (29620, 29629))  # each node's workers on ports of its own --port-range
     nodes = [_node(rank, master, "--port-range", f"{low}-{high}", *job) for rank, (low, high) in enumerate(ranges)]
     (code0, out0, err0, _), (code1, out1, err1, _) = _finish_all(*nodes, timeout=900)

@@ -25,7 +25,9 @@ def _tfstrategy(*args: str, timeout: float = 400, **extra: str):
 
 
 def _launch(case: str):
-    return _tfstrategy("launch", "-n", "2", "--timeout", "180", "--", sys.executable, str(SCRIPT), case)
+    # Every worker's lines, repeats included: the tests count each worker's copy.
+    return _tfstrategy("launch", "-n", "2", "--timeout", "180", "--console-workers", "all", "--", sys.executable,
+                       str(SCRIPT), case)
 
 
 def _losses(stdout: str) -> list[float]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -175,3 +177,199 @@ def test_every_end_reason_has_words():
     from tfstrategy.launch.states import EndReason
 
     assert {reason.value for reason in EndReason} - {"succeeded"} <= set(_ENDINGS)
+
+
+# --- the console's view: the lead's live progress, repeats once, shutdown noise and dying output off ---------
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _console(live: bool = False, **view) -> tuple[Console, io.StringIO, _FakeClock]:
+    from tfstrategy.launch.console import ConsoleView
+
+    stream, clock = io.StringIO(), _FakeClock()
+    console = Console(stream, threading.Lock(), view=ConsoleView(**view), live=live, clock=clock)
+    for index in range(3):
+        console.register(index)
+    return console, stream, clock
+
+
+def _later(console: Console, clock: _FakeClock, seconds: float) -> None:
+    clock.now += seconds
+    console.tick()
+
+
+def test_another_workers_repeat_of_the_leads_line_is_shown_once_whichever_comes_first():
+    console, stream, clock = _console()
+    console.line(1, "[worker 1] ", "Epoch 1/2")  # before the lead's: held
+    assert stream.getvalue() == ""
+    console.line(0, "[worker 0] ", "Epoch 1/2")
+    console.line(2, "[worker 2] ", "Epoch 1/2")  # after the lead's
+    console.line(1, "[worker 1] ", "saved my own shard")
+    _later(console, clock, 5)
+    assert stream.getvalue().splitlines() == ["[worker 0] Epoch 1/2", "[worker 1] saved my own shard"]
+
+
+def test_a_line_only_another_worker_prints_appears_with_its_prefix_after_the_hold():
+    from tfstrategy.launch.console import HOLD_SECONDS
+
+    console, stream, clock = _console()
+    console.line(1, "[worker 1] ", "only me")
+    _later(console, clock, HOLD_SECONDS / 2)
+    assert stream.getvalue() == ""
+    _later(console, clock, HOLD_SECONDS)
+    assert stream.getvalue() == "[worker 1] only me\n"
+
+
+def test_a_flood_of_another_workers_lines_is_never_held_beyond_a_bound():
+    from tfstrategy.launch.console import MAX_HELD
+
+    console, stream, _ = _console()
+    for number in range(3 * MAX_HELD):
+        console.line(1, "[worker 1] ", f"line {number}")
+    assert len(console._held[1]) <= MAX_HELD
+    assert stream.getvalue().startswith("[worker 1] line 0\n[worker 1] line 1\n")
+
+
+def test_console_workers_all_shows_every_repeat():
+    console, stream, clock = _console(every_line=True)
+    console.line(0, "[worker 0] ", "Epoch 1/2")
+    console.line(1, "[worker 1] ", "Epoch 1/2")
+    assert stream.getvalue().splitlines() == ["[worker 0] Epoch 1/2", "[worker 1] Epoch 1/2"]
+
+
+def test_the_leads_progress_is_drawn_live_on_a_terminal_and_another_workers_line_goes_above_it():
+    console, stream, clock = _console(live=True)
+    console.progress(0, "[worker 0] ", " 1/39 ━")
+    console.progress(1, "[worker 1] ", " 1/39 ━")  # not the lead: not drawn
+    console.progress(0, "[worker 0] ", " 2/39 ━━")
+    assert stream.getvalue() == "\r[worker 0]  1/39 ━\x1b[K\r[worker 0]  2/39 ━━\x1b[K"
+    console.line(1, "[worker 1] ", "a note")
+    _later(console, clock, 5)
+    console.line(0, "[worker 0] ", "39/39 ━━━━ done")
+    assert stream.getvalue().endswith("\r\x1b[K[worker 1] a note\n\r[worker 0]  2/39 ━━\x1b[K"
+                                      "\r\x1b[K[worker 0] 39/39 ━━━━ done\n")
+
+
+def test_without_a_terminal_the_leads_progress_is_a_line_now_and_then():
+    from tfstrategy.launch.console import PLAIN_PROGRESS_SECONDS
+
+    console, stream, clock = _console(live=False)
+    console.progress(0, "[worker 0] ", "\x1b[1m 1/39\x1b[0m")
+    assert stream.getvalue() == ""
+    clock.now += PLAIN_PROGRESS_SECONDS
+    console.progress(0, "[worker 0] ", "\x1b[1m 9/39\x1b[0m")
+    console.progress(0, "[worker 0] ", "\x1b[1m10/39\x1b[0m")
+    assert stream.getvalue() == "[worker 0]  9/39\n"
+
+
+HEARTBEAT = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "E0000 00:00:1796321228.327018   19422 base_collective_executor.cc:252] BaseCollectiveExecutor::StartAbort "
+    "UNAVAILABLE: Failed to send RPC to coordination service.",
+    "Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling "
+    "/tensorflow.CoordinationService/Heartbeat:",
+    ':UNKNOWN:Error received from peer  {grpc_message:"failed to connect to all addresses", grpc_status:14}',
+]
+
+
+@pytest.mark.parametrize(("peer", "shown"), [
+    pytest.param(0, False, id="the-peer-exited-0-noise-is-off"),
+    pytest.param(None, False, id="the-peers-output-ended-noise-is-off"),
+    pytest.param(1, True, id="the-peer-failed-shown"),
+    pytest.param("alive", True, id="the-peer-is-alive-shown-after-the-hold"),
+])
+def test_tensorflows_shutdown_noise_stays_off_the_console_once_a_peer_ended(peer, shown):
+    console, stream, clock = _console()
+    for text in HEARTBEAT:
+        console.line(1, "[worker 1] ", text)
+    console.line(1, "[worker 1] ", "final loss 0.5")
+    if peer != "alive":
+        console.ended(0, peer)
+    _later(console, clock, 10)
+    expected = [f"[worker 1] {text}" for text in HEARTBEAT[1:]] if shown else []
+    assert stream.getvalue().splitlines() == [*expected, "[worker 1] final loss 0.5"]
+
+
+def test_debug_shows_the_noise_as_it_comes():
+    console, stream, _ = _console(debug=True)
+    console.ended(0, 0)
+    for text in HEARTBEAT:
+        console.line(1, "[worker 1] ", text)
+    console.flush(1)
+    assert stream.getvalue().splitlines() == [f"[worker 1] {text}" for text in HEARTBEAT]
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["default", "debug"])
+def test_after_ctrl_c_the_workers_dying_output_stays_off_unless_debug(debug):
+    console, stream, clock = _console(live=True, debug=debug)
+    console.progress(0, "[worker 0] ", "12/39 ━━")
+    console.stopping()
+    console.line(0, "[worker 0] ", "Traceback (most recent call last):")
+    console.line(1, "[worker 1] ", "KeyboardInterrupt")
+    console.flush(1)
+    shown = ["[worker 0] Traceback (most recent call last):", "[worker 1] KeyboardInterrupt"] if debug else []
+    assert stream.getvalue().split("\n") == ["\r[worker 0] 12/39 ━━\x1b[K", *shown, ""]
+
+
+def test_the_launchers_own_line_clears_the_live_progress_first():
+    console, stream, _ = _console(live=True)
+    err = io.StringIO()
+    console.progress(0, "[worker 0] ", "3/39")
+    console.say(err, "tfstrategy launch: stall: worker 1 ...")
+    assert stream.getvalue().endswith("\r\x1b[K") and err.getvalue() == "tfstrategy launch: stall: worker 1 ...\n"
+
+
+@pytest.mark.parametrize(("status", "signum", "line"), [
+    pytest.param(130, signal.SIGINT, "worker 1: stopped by Ctrl-C (SIGINT)", id="sigint"),
+    pytest.param(143, signal.SIGTERM, "worker 1: stopped by SIGTERM", id="sigterm"),
+    pytest.param(137, signal.SIGINT, "worker 1: still running 10 s (--grace) after SIGINT; killed (SIGKILL)",
+                 id="killed-after-grace"),
+    pytest.param(75, signal.SIGTERM, "worker 1: saved and exited 75 (preempted)", id="preempted"),
+    pytest.param(1, signal.SIGINT, "worker 1: stopped by Ctrl-C (SIGINT); exit status 1", id="own-status"),
+    pytest.param(0, signal.SIGINT, "worker 1: exited 0 after Ctrl-C (SIGINT)", id="exited-0"),
+    pytest.param(139, signal.SIGINT, "worker 1: killed by SIGSEGV after Ctrl-C (SIGINT)", id="other-signal"),
+])
+def test_each_worker_stopped_by_a_signal_is_one_line(status, signum, line):
+    from tfstrategy.launch.console import stopped_line
+
+    assert stopped_line(1, status, signum, grace=10.0) == line
+
+
+def test_the_pump_hands_a_progress_bars_states_to_the_console_and_its_last_state_as_the_line():
+    read, write = os.pipe()
+    console, stream, _ = _console(live=True)
+    pump = Pump(read, prefix="[worker 0] ", console=console, log=None, tail=Tail(), index=0)
+    os.write(write, b"Epoch 1/1\n\r\x1b[1m1/3\x1b[0m")  # Keras: "\\r" and the first state
+    for _ in range(3000):  # a hang guard: the pump thread hands the partial state over
+        if "1/3" in stream.getvalue():
+            break
+        threading.Event().wait(0.01)
+    os.write(write, b"\b\b\b\b\r\x1b[1m2/3\x1b[0m\b\b\b\b\r3/3 done\n")
+    os.close(write)
+    assert pump.join(timeout=30)
+    assert stream.getvalue() == ("[worker 0] Epoch 1/1\n\r[worker 0] \x1b[1m1/3\x1b[0m\x1b[K"
+                                 "\r\x1b[K[worker 0] 3/3 done\n")
+
+
+@pytest.mark.parametrize(("text", "lead", "every", "workers"), [
+    pytest.param(None, None, False, None, id="default-first-worker-leads"),
+    pytest.param("1,0", 1, False, frozenset({0, 1}), id="first-named-leads"),
+    pytest.param("all", None, True, None, id="all"),
+])
+def test_console_workers_names_the_lead(text, lead, every, workers):
+    from tfstrategy.cli import build_parser
+    from tfstrategy.cli.launch import _worker_list, console_view, options_from_args
+
+    view = console_view(text)
+    assert (view.lead, view.every_line, _worker_list(text)) == (lead, every, workers)
+    flag = [] if text is None else ["--console-workers", text]
+    options = options_from_args(build_parser().parse_args(["launch", "-n", "3", "--debug", *flag, "--", "true"]))
+    assert options.console_view == dataclasses.replace(view, debug=True)
+    assert options.console_workers == (frozenset({0, 1, 2}) if every else workers)  # all: with --log-dir too

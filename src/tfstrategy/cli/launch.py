@@ -19,6 +19,7 @@ from tfstrategy.launch.states import EXIT_STALL
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, ENV_PORT_RANGE
 
 if TYPE_CHECKING:  # the launcher's modules load when a job starts, not for `tfstrategy check`
+    from tfstrategy.launch.console import ConsoleView
     from tfstrategy.launch.rendezvous import NodeOptions
     from tfstrategy.launch.supervisor import LaunchOptions
 
@@ -42,7 +43,9 @@ DESCRIPTION = textwrap.dedent(
     (or tfstrategy.select()) in it forms the job, and a start-up hook gives every
     Python worker tfstrategy's side: the Keras workarounds its release needs, the
     "joined" signal, a collective timeout, and a scope audit before fit (--audit).
-    Output lines are prefixed '[worker i]'.
+    Output lines are prefixed '[worker i]'. Worker 0's progress bar is live (on a
+    terminal), a line every worker prints is shown once, and TensorFlow's shutdown
+    noise stays in the log files (--console-workers, --debug).
 
     Supervision: --timeout bounds only the wait for every worker to join (its
     strategy exists; for a non-Python program, every worker's port accepts
@@ -53,7 +56,9 @@ DESCRIPTION = textwrap.dedent(
     in model.fit resumes every worker from the newest step every worker backed up
     (committed) under --backup-dir.
     Ctrl-C or SIGTERM is passed on to every worker, which get --grace seconds to
-    exit. Processes the workers started are stopped with them.
+    exit; their output from then on goes only to --log-dir (with --debug, to the
+    console too), and each worker's end is one line. Processes the workers started
+    are stopped with them.
 
     Root cause first: each worker records its first uncaught exception; the report
     names the earliest real failure across workers (and nodes) and shows TensorFlow's
@@ -153,8 +158,11 @@ def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                         "instead of the console")
     output.add_argument("--tee", action="store_true", help="with --log-dir: also copy the output to the console")
     output.add_argument("--console-workers", metavar="LIST",
-                        help="only these workers' lines on the console, e.g. 0 or 0,2 (default: every worker's; with "
-                        "--log-dir and no --tee: none)")
+                        help="only these workers' lines on the console, e.g. 0 or 1,2; the first one's progress bar "
+                        "is live (like torchrun's --local-ranks-filter). Default: every worker's, worker 0's progress "
+                        "live, and another worker's line that repeats worker 0's shown once; 'all': every line of "
+                        "every worker, repeats included. With --log-dir and no --tee: none. The log files keep "
+                        "every line")
     parser.add_argument("--port-range", metavar="LOW-HIGH",
                         help="the workers' ports on each machine come from LOW..HIGH, e.g. 29500-29599, so a firewall "
                         f"can allow just those (default: ${ENV_PORT_RANGE}, else the kernel's ephemeral range)")
@@ -191,6 +199,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
 
     program = program_from_args(args)
     nodes = node_options_from_args(args, os.environ)
+    view = console_view(args.console_workers, debug=args.debug)
     port_range = None
     if args.port_range is not None:
         port_range = parse_port_range(args.port_range)
@@ -210,7 +219,10 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             stall_timeout=None if args.stall_timeout == 0 else args.stall_timeout,
             log_dir=args.log_dir,
             tee=args.tee,
-            console_workers=_worker_list(args.console_workers),
+            # "all" names every worker, so that with --log-dir they reach the console without --tee.
+            console_workers=(frozenset(range(max(args.num_workers, 0) * args.nnodes)) if view.every_line
+                             else _worker_list(args.console_workers)),
+            console_view=view,
             port_range=port_range,
             precision=args.precision,
             sentinel=args.sentinel,
@@ -220,19 +232,35 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
     )
 
 
-def _worker_list(text: str | None) -> frozenset[int] | None:
-    """``--console-workers 0,2`` as indices.
+def _worker_indices(text: str) -> list[int]:
+    """``--console-workers 1,0`` as indices, in order.
 
     Raises:
-        LaunchError: anything but comma-separated non-negative integers.
+        LaunchError: anything but ``all`` or comma-separated non-negative integers.
     """
-    if text is None:
-        return None
     parts = [part.strip() for part in text.split(",")]
     if not parts or not all(part.isdigit() for part in parts):
-        raise LaunchError(f"Received --console-workers {text!r}; expected comma-separated worker indices, e.g. "
+        raise LaunchError(f"Received --console-workers {text!r}; expected comma-separated worker indices or all, e.g. "
                           "--console-workers 0 or --console-workers 0,2.")
-    return frozenset(int(part) for part in parts)
+    return [int(part) for part in parts]
+
+
+def _worker_list(text: str | None) -> frozenset[int] | None:
+    """``--console-workers 0,2`` as a set (``None``: every worker)."""
+    return None if text is None or text.strip() == "all" else frozenset(_worker_indices(text))
+
+
+def console_view(text: str | None, *, debug: bool = False) -> ConsoleView:
+    """The console's view from ``--console-workers`` (the first named is the lead) and ``--debug``.
+
+    Raises:
+        LaunchError: a malformed list.
+    """
+    from tfstrategy.launch.console import ConsoleView
+
+    if text is not None and text.strip() == "all":
+        return ConsoleView(every_line=True, debug=debug)
+    return ConsoleView(lead=None if text is None else _worker_indices(text)[0], debug=debug)
 
 
 def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> NodeOptions | None:

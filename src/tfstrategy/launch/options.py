@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfstrategy.errors import LaunchError
+from tfstrategy.launch.console import ConsoleView
 from tfstrategy.launch.diagnosis import LOOPBACK
 from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
 from tfstrategy.runtime.worker_hook import validate_audit_mode
@@ -48,6 +49,8 @@ class LaunchOptions:
     tee: bool = False
     #: Only these workers' lines on the console (``None``: every worker's).
     console_workers: frozenset[int] | None = None
+    #: Whose progress the console draws live, repeats shown once, noise off (``--console-workers``, ``--debug``).
+    console_view: ConsoleView = ConsoleView()
     #: The workers' ports come from ``low..high`` on each machine (``None``: the kernel's ephemeral range).
     port_range: tuple[int, int] | None = None
     #: The Keras global dtype policy every worker sets (``None``: ``TFSTRATEGY_PRECISION``, else Keras' own).

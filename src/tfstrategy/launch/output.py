@@ -2,7 +2,8 @@
 
 A worker may write anything: a ``\\r`` progress bar for hours without a newline, megabytes on
 one line, bytes the launcher's terminal cannot encode. The pump reads fixed-size chunks,
-coalesces ``\\r`` updates (only the last state of a line is kept), splits a line longer than
+coalesces ``\\r`` updates (the last state of a line is its line; the states on the way go to
+:class:`~tfstrategy.launch.console.Console`, which draws the lead worker's live), splits a line longer than
 :data:`MAX_LINE` bytes, replaces what the console cannot encode, and keeps the last
 :data:`TAIL_LINES` lines of at most :data:`TAIL_LINE_CHARS` characters each for the failure
 report. With ``--log-dir`` the bytes also go to the worker's own file, without terminal colour and
@@ -15,9 +16,12 @@ from __future__ import annotations
 import collections
 import os
 import re
+import select
 import threading
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import BinaryIO
+
+from tfstrategy.launch.console import Console
 
 __all__ = ["Console", "Tail", "Pump", "AnsiStripper", "status_line", "MAX_LINE", "TAIL_LINES", "TAIL_LINE_CHARS"]
 
@@ -27,6 +31,8 @@ MAX_LINE = 16 * 1024
 TAIL_LINES = 15
 TAIL_LINE_CHARS = 400
 _CHUNK = 64 * 1024
+#: Seconds a pump waits for output before letting the console decide its held lines.
+_TICK = 0.2
 #: An ANSI escape sequence: CSI (colours, cursor moves: ESC [ ... final), OSC (ESC ] ... BEL or ESC \\),
 #: or a two-byte escape.
 _ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\^_])")
@@ -100,33 +106,6 @@ def status_line(*, reason: str, returncode: int, workers: int, seconds: float, r
     return text
 
 
-class Console:
-    """The launcher's output stream, shared by every pump: whole lines, never an exception.
-
-    Characters the stream cannot encode are replaced; a reader that went away (``| head``)
-    makes every later line be discarded (the job goes on).
-    """
-
-    def __init__(self, stream: TextIO, lock: threading.Lock) -> None:
-        self.stream, self.lock = stream, lock
-        self.lost: OSError | None = None
-
-    def write_line(self, prefix: str, text: str) -> None:
-        if self.lost is not None:
-            return
-        line = f"{prefix}{text}\n"
-        with self.lock:
-            try:
-                try:
-                    self.stream.write(line)
-                except UnicodeEncodeError:
-                    encoding = getattr(self.stream, "encoding", None) or "ascii"
-                    self.stream.write(line.encode(encoding, errors="replace").decode(encoding))
-                self.stream.flush()
-            except (BrokenPipeError, ValueError, OSError) as error:  # the reader went away
-                self.lost = error if isinstance(error, OSError) else BrokenPipeError(str(error))
-
-
 class Tail:
     """The last lines of a worker (all its streams), bounded in lines and characters."""
 
@@ -153,12 +132,16 @@ class Pump:
         fd: the read end of the worker's pipe (closed by the pump at the end).
         prefix: put before each console line, e.g. ``[worker 1] ``.
         console: where lines go (``None``: not on the console).
+        index: the worker's index, for the console's view (``None``: every line as it comes).
         log: where the raw bytes go (``None``: no log file).
         tail: where the last lines are kept.
     """
 
-    def __init__(self, fd: int, *, prefix: str, console: Console | None, log: BinaryIO | None, tail: Tail) -> None:
+    def __init__(self, fd: int, *, prefix: str, console: Console | None, log: BinaryIO | None, tail: Tail,
+                 index: int | None = None) -> None:
         self.fd, self.prefix, self.console, self.log, self.tail = fd, prefix, console, log, tail
+        self.index = index
+        self._progress = b""
         self._plain = AnsiStripper()
         #: The largest the pending buffer ever was (bytes), for the memory bound's tests.
         self.peak_buffer = 0
@@ -167,8 +150,17 @@ class Pump:
 
     def _run(self) -> None:
         pending = b""
+        viewed = self.console is not None and self.index is not None
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
         try:
-            while chunk := os.read(self.fd, _CHUNK):
+            while True:
+                if viewed and self.console is not None and not poller.poll(_TICK * 1000):
+                    self.console.tick()  # nothing new: held lines may be due
+                    continue
+                chunk = os.read(self.fd, _CHUNK)
+                if not chunk:
+                    break
                 if self.log is not None:
                     self._log(chunk)
                 pending += chunk
@@ -177,12 +169,17 @@ class Pump:
                     self._emit(self._split(line))
                 if len(pending) > MAX_LINE:
                     pending = self._split(pending)
+                if viewed and b"\r" in pending:
+                    self._show_progress(pending)
                 self.peak_buffer = max(self.peak_buffer, len(pending))
             if pending:
                 self._emit(pending)
         except OSError:
             pass
         finally:
+            if viewed and self.console is not None and self.index is not None:
+                self.console.ended(self.index)
+                self.console.flush(self.index)
             try:
                 os.close(self.fd)
             except OSError:
@@ -217,8 +214,21 @@ class Pump:
         raw = raw[raw.rfind(b"\r") + 1:]  # "\r" updates of one line: the last is what a terminal shows
         text = raw.decode("utf-8", errors="replace") + (" [line split: longer than 16 KiB]" if split else "")
         self.tail.add(text)
-        if self.console is not None:
+        self._progress = b""
+        if self.console is None:
+            return
+        if self.index is None:
             self.console.write_line(self.prefix, text)
+        else:
+            self.console.line(self.index, self.prefix, text)
+
+    def _show_progress(self, pending: bytes) -> None:
+        """The state a ``\\r`` progress bar shows now, to the console if it changed."""
+        trimmed = pending.rstrip(b"\r")
+        state = trimmed[trimmed.rfind(b"\r") + 1:].replace(b"\b", b"")
+        if state and state != self._progress and self.console is not None and self.index is not None:
+            self._progress = state
+            self.console.progress(self.index, self.prefix, state.decode("utf-8", errors="replace"))
 
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the stream's end; whether it ended."""

@@ -258,15 +258,21 @@ class LocalProcess:
             for path in spec.logs:
                 path.parent.mkdir(parents=True, exist_ok=True)
             logs = (open(spec.logs[0], "ab"), open(spec.logs[1], "ab"))  # noqa: SIM115 (the pump closes them)
-        self._pumps = [Pump(out_r, prefix=prefix, console=show, log=logs[0], tail=self.tail)]
+        if spec.console:
+            console.register(spec.index)
+        self._exited = False
+        self._pumps = [Pump(out_r, prefix=prefix, console=show, log=logs[0], tail=self.tail, index=spec.index)]
         if err_r is not None:
-            self._pumps.append(Pump(err_r, prefix=prefix, console=show, log=logs[1], tail=self.tail))
+            self._pumps.append(Pump(err_r, prefix=prefix, console=show, log=logs[1], tail=self.tail, index=spec.index))
 
     def poll(self) -> int | None:
         return self.process.poll()
 
     def observe(self) -> Observation:
         code = self.process.poll()
+        if code is not None and not self._exited:
+            self._exited = True
+            self._console.ended(self.index, exit_status(code))  # a peer's errors about it are noise if 0
         joined = self.spec.join_file.exists()
         starting = Path(f"{self.spec.join_file}.starting").exists()
         now = time.monotonic()

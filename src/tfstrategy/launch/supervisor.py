@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TextIO
 
 from tfstrategy.errors import LaunchError
+from tfstrategy.launch.console import Console, stopped_line
 from tfstrategy.launch.coordinator import Coordinator, Event, LocalCoordinator
 from tfstrategy.launch.monitor import Decision, GroupMonitor, Policy
 from tfstrategy.launch.nodes import RendezvousCoordinator, secret_free_environment
@@ -49,7 +50,6 @@ from tfstrategy.launch.options import (
     worker_settings,
     worker_tf_config,
 )
-from tfstrategy.launch.output import Console
 from tfstrategy.launch.processes import (
     Lifeline,
     LocalProcess,
@@ -106,7 +106,7 @@ class Launcher:
         self.settings()  # a setting the environment contradicts fails here, before anything starts
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self._lock = threading.Lock()
-        self._console = Console(self.out, self._lock)
+        self._console = Console(self.out, self._lock, view=self.options.console_view)
         self._spawn, self._coordinator = spawn, coordinator
         self._clock, self._wall, self._sleep = clock, wall, sleep
         self._signal: int | None = None
@@ -123,12 +123,7 @@ class Launcher:
         return worker_settings(options, self.env)
 
     def _say(self, message: str) -> None:
-        with self._lock:
-            try:
-                self.err.write(f"tfstrategy launch: {message}\n")
-                self.err.flush()
-            except (OSError, ValueError):
-                pass
+        self._console.say(self.err, f"tfstrategy launch: {message}")  # below the live progress line, if any
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signal = signum
@@ -341,10 +336,14 @@ class Launcher:
                       "the job ended before this node's workers started")
             return result.end(Outcome.FAILED if event is None or event.outcome is Outcome.SUCCEEDED else event.outcome)
         stopping = self._clock()
+        self._console.stopping()  # the workers' dying output goes to the log files only (unless --debug)
+        indices = [worker.index for worker in self._workers]
         # Pass the signal on (a preempted worker saves and exits), then SIGKILL after the grace.
         codes = self._stop(signum=signum)
         self._say(f"received {signal.Signals(signum).name}: passed it on; every worker stopped "
                   f"{self._clock() - stopping:.1f} s later")
+        for index, code in zip(indices, codes):
+            self._say(stopped_line(index, code, signum, self.options.grace))
         if codes and all(code == EXIT_PREEMPTED for code in codes):
             # Every worker saved and asked to be requeued; pass that on to the scheduler.
             self._say(f"every worker exited with status {EXIT_PREEMPTED} (preempted, saved); so does the launcher")
