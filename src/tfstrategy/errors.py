@@ -7,13 +7,18 @@ Each message says what was received, what was expected and how to fix it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 
 class TFStrategyError(Exception):
     """Base class of every error tfstrategy raises on bad input or state."""
 
     # Autograph re-raises an error from a traced function as its own type only when that type's
     # __init__ is Exception's (else as a StagingError); the ValueError mixins of the subclasses would hide it.
-    __init__ = Exception.__init__
+    if TYPE_CHECKING:
+        def __init__(self, *args: object) -> None: ...
+    else:
+        __init__ = Exception.__init__
 
 
 class DeviceError(TFStrategyError, ValueError):

@@ -149,18 +149,20 @@ def check_command(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from tfstrategy.diagnostics.check import run_check
     from tfstrategy.errors import PeerTimeoutError
-    from tfstrategy.multiworker.cluster import load_cluster_config
     from tfstrategy.selection.select import resolve_request, select
     from tfstrategy.settings import StrategyKind
 
     request = resolve_request(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)
-    if request.cluster_tasks > 1 and request.kind in (StrategyKind.AUTO, StrategyKind.MULTI_WORKER):
+    # The request's cluster: a TF_CONFIG, or the one an environment derives (a Slurm step, a Kubernetes pod).
+    cluster = request.cluster
+    if cluster is not None and request.cluster_tasks > 1 and request.kind in (StrategyKind.AUTO,
+                                                                              StrategyKind.MULTI_WORKER):
         # Creating the strategy would wait for every peer forever, deaf to SIGTERM.
         from tfstrategy.multiworker.peers import wait_for_peers
 
         try:
             wait_for_peers(
-                load_cluster_config(),
+                cluster,
                 args.join_timeout,
                 progress=lambda line: print(f"tfstrategy check: {line}", file=sys.stderr, flush=True),
             )

@@ -239,7 +239,7 @@ def report_callback() -> Any:
     """
     keras = _compat.keras_for()
 
-    class RayReport(keras.callbacks.Callback):
+    class RayReport(keras.callbacks.Callback):  # type: ignore[name-defined]  # an untyped TensorFlow/Keras class
         """Reports each epoch's logs to Ray Train with a checkpoint (the chief's)."""
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:

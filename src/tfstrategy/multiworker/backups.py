@@ -36,7 +36,7 @@ def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", d
     keras = _compat.keras_for()
     save_freq = validate_save_freq(save_freq)
 
-    class CoordinatedBackupAndRestore(keras.callbacks.Callback):
+    class CoordinatedBackupAndRestore(keras.callbacks.Callback):  # type: ignore[name-defined]  # an untyped TensorFlow/Keras class
         """Resume every worker from one committed step; back up at each epoch end or every ``save_freq`` batches."""
 
         def __init__(self) -> None:

@@ -109,7 +109,7 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
 
 
 def _stop_on_preemption(base: Any, watcher: PreemptionWatcher) -> Any:
-    class StopOnPreemption(base):  # type: ignore[misc]
+    class StopOnPreemption(base):
         """Stops fit at the step every worker agreed on after a SIGTERM, then exits with status 75."""
 
         def __init__(self) -> None:

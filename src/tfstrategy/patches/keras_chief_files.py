@@ -246,7 +246,7 @@ def stand_in_worker_model(saved: list[str] | None = None) -> Any:
 
     distribute = tf().distribute
 
-    class _Worker1(distribute.MultiWorkerMirroredStrategy):
+    class _Worker1(distribute.MultiWorkerMirroredStrategy):  # type: ignore[name-defined]  # an untyped TensorFlow/Keras class
         def __init__(self) -> None:  # the real constructor would start a server and wait for peers
             self._stand_in_extended = _compat.multi_worker_extended_stand_in(
                 "/job:worker/replica:0/task:1/device:CPU:0", should_checkpoint=False, should_save_summary=False)
@@ -261,9 +261,9 @@ def stand_in_worker_model(saved: list[str] | None = None) -> Any:
     class _Model(keras.Sequential):
         def save_weights(self, filepath: Any, overwrite: bool = True, **kwargs: Any) -> None:
             if saved is None:
-                return super().save_weights(filepath, overwrite=overwrite, **kwargs)
+                super().save_weights(filepath, overwrite=overwrite, **kwargs)
+                return
             saved.append(os.fspath(filepath))
-            return None
 
     model = _Model(name="tfstrategy_probe")  # named: the script's first model is still 'sequential'
     model.built = True  # no layers, no variables: saving writes a file without starting the runtime

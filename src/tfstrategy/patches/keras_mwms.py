@@ -201,7 +201,7 @@ def stand_in_strategy(calls: list[tuple[Any, Any]]) -> Any:
     """Something Keras takes for a multi-worker MWMS, without a cluster; records ``reduce`` calls."""
     distribute = tf().distribute
 
-    class _StandIn(distribute.MultiWorkerMirroredStrategy):
+    class _StandIn(distribute.MultiWorkerMirroredStrategy):  # type: ignore[name-defined]  # an untyped TensorFlow/Keras class
         def __init__(self) -> None:  # the real constructor would start a server and wait for peers
             self._stand_in_extended = _compat.multi_worker_extended_stand_in("/job:worker/replica:0/task:0/device:CPU:0")
 

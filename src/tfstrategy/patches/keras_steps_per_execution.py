@@ -88,7 +88,10 @@ def _without_optionals(data: Any) -> Any:
 
 def _multi_step_function(model: Any, step_function: Any) -> Any:
     """``function(iterator) -> logs`` with Keras' calling convention, step traced inline."""
-    reduce_per_replica = _compat.keras3_tensorflow_trainer().reduce_per_replica
+    trainer = _compat.keras3_tensorflow_trainer()
+    if trainer is None:  # the patch is applied only where Keras 3 runs on TensorFlow
+        raise RuntimeError("keras_steps_per_execution needs Keras 3's TensorFlow trainer")
+    reduce_per_replica = trainer.reduce_per_replica
     tf_ = tf()
     strategy = model.distribute_strategy
     if model.jit_compile:
@@ -168,14 +171,15 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
 
 def stand_in_trainer(module: Any, *, steps_per_execution: int) -> Any:
     """The few attributes of a Keras model that ``TensorFlowTrainer._make_function`` reads, for the probes."""
+    steps = steps_per_execution  # a class body cannot read an enclosing name it assigns
 
     class _StandIn:
         run_eagerly = False
         jit_compile = False
         unrolled_steps_per_execution = 1
         distribute_strategy = tf().distribute.get_strategy()
+        steps_per_execution = steps
 
-    _StandIn.steps_per_execution = steps_per_execution
     _compat.copy_autoconvert_optionals(module, _StandIn)
     return _StandIn()
 

@@ -193,7 +193,7 @@ def tracker_for(model: Any, **settings: Any) -> Tracker:
 
 @functools.lru_cache(maxsize=2)
 def _callback_class(base: type) -> type:
-    class PerformanceReport(base):  # type: ignore[misc]
+    class PerformanceReport(base):
         """Keras callback: time each execution and report where a step's time goes (tfstrategy)."""
 
         # Never asks for the logs as numbers (tf_keras honours this; Keras 3.15 converts them anyway

@@ -158,7 +158,7 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
         return None
     writer = RUNTIME.progress[0]
 
-    class BatchEnded(keras.callbacks.Callback):  # type: ignore[misc]
+    class BatchEnded(keras.callbacks.Callback):
         """Counts finished batches for ``tfstrategy launch`` (stall detection); added by its start-up hook."""
 
         # Never asks for the logs as numbers, so it adds no synchronisation to a step.
@@ -175,7 +175,7 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             writer.steps_over()
 
-    class BatchBegins(keras.callbacks.Callback):  # type: ignore[misc]
+    class BatchBegins(keras.callbacks.Callback):
         """Marks "inside a step" for ``tfstrategy launch``; added by its start-up hook."""
 
         _supports_tf_logs = True

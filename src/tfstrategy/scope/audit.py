@@ -325,22 +325,25 @@ def guard_model(model: Any, strategy: Any) -> Any:
                     warnings.warn(f"tfstrategy: {advice}", RuntimeWarning, stacklevel=2)
             return method(*args, **kwargs)
 
-        guarded.__tfstrategy_guard__ = True
+        guarded.__tfstrategy_guard__ = True  # type: ignore[attr-defined]
         return guarded
+
+    from tfstrategy.runtime.process import RUNTIME
 
     for name in GUARDED_METHODS:
         method = getattr(model, name)
         if not getattr(method, "__tfstrategy_guard__", False):
-            # object.__setattr__: an instance attribute, not tracked by Keras.
-            object.__setattr__(model, name, wrap(method))
+            # An instance attribute Keras does not track, registered so tfstrategy.reset() takes it off.
+            RUNTIME.override_attribute(model, name, wrap(method), name=f"scope_guard:{name}:{id(model)}",
+                                       note=f"{name} audits the scope first (scope_guard)")
     return model
 
 
 @functools.lru_cache(maxsize=1)
 def _scope_guard_class() -> type:
-    callback_base = tf().keras.callbacks.Callback
+    keras = tf().keras
 
-    class ScopeGuard(callback_base):
+    class ScopeGuard(keras.callbacks.Callback):  # type: ignore[name-defined]  # an untyped Keras class
         """Keras callback: audit the scope when training, evaluation or prediction begins."""
 
         def __init__(self, strategy: Any) -> None:

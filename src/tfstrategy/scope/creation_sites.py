@@ -22,6 +22,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from tfstrategy import _compat
@@ -32,7 +33,7 @@ __all__ = ["site_of", "recording", "start_recording"]
 
 # id(variable) -> (weak reference to it, "file:line"). Keyed by id because
 # tf.Variable is unhashable; the weak reference guards against id reuse.
-_SITES: dict[int, tuple[weakref.ref, str]] = {}
+_SITES: dict[int, tuple[weakref.ref[Any], str]] = {}
 _LIBRARY_CACHE: dict[str, bool] = {}
 _STARTED = threading.local()
 # A new job starts without the sites of the last one's variables. (Which threads record stays: the
@@ -53,8 +54,9 @@ def _library_dirs() -> tuple[str, ...]:
     dirs.update(getattr(site, "getsitepackages", lambda: [])())
     for name in ("tensorflow", "keras", "tf_keras"):
         module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            dirs.add(os.path.dirname(os.path.abspath(module.__file__)))
+        path = getattr(module, "__file__", None)
+        if path:
+            dirs.add(os.path.dirname(os.path.abspath(path)))
     return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
 
 
@@ -91,7 +93,7 @@ def user_site(skip: int = 1) -> str | None:
     (``__autograph_generated_file....py``); its lines are mapped back to the
     user's source through autograph's own source map.
     """
-    frame = sys._getframe(skip)
+    frame: FrameType | None = sys._getframe(skip)
     source_map = None
     while frame is not None:
         filename = frame.f_code.co_filename
@@ -106,7 +108,7 @@ def user_site(skip: int = 1) -> str | None:
     return None
 
 
-def _forget(key: int, ref: weakref.ref) -> None:
+def _forget(key: int, ref: weakref.ref[Any]) -> None:
     entry = _SITES.get(key)
     if entry is not None and entry[0] is ref:
         del _SITES[key]
@@ -115,7 +117,7 @@ def _forget(key: int, ref: weakref.ref) -> None:
 def _remember(variable: Any, where: str) -> None:
     key = id(variable)
     try:
-        ref = weakref.ref(variable, lambda dead, key=key: _forget(key, dead))
+        ref: weakref.ref[Any] = weakref.ref(variable, functools.partial(_forget, key))
     except TypeError:  # not weak-referenceable; nothing to remember it by
         return
     _SITES[key] = (ref, where)
