@@ -8,7 +8,7 @@ import pytest
 
 from tfstrategy import select, tf_config_from_hosts, tf_config_from_slurm
 from tfstrategy.errors import ClusterConfigError, StrategyError
-from tfstrategy.multiworker.cluster import count_cluster_tasks, load_cluster_config, read_tf_config, validate_tf_config
+from tfstrategy.multiworker.cluster import load_cluster_config, validate_tf_config
 from tfstrategy.multiworker.worker_protocol import worker_backup_dir
 
 W2 = ["127.0.0.1:12345", "127.0.0.1:12346"]
@@ -70,11 +70,11 @@ def test_valid_tf_config(config, num_workers, chief, name):
     assert validate_tf_config(json.loads(cluster.to_json())) == cluster
 
 
-def test_load_reads_the_environment_and_keeps_the_old_helpers():
+def test_load_reads_the_environment():
     env = {"TF_CONFIG": json.dumps(_config(task={"type": "worker", "index": 1}))}
     assert load_cluster_config(env).address == "127.0.0.1:12346"
     assert load_cluster_config({}) is None
-    assert count_cluster_tasks(read_tf_config(env)) == 2
+    assert load_cluster_config(env).num_workers == 2
     with pytest.raises(ClusterConfigError, match="not valid JSON"):
         load_cluster_config({"TF_CONFIG": "{cluster: }"})
 

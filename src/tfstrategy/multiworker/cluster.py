@@ -78,16 +78,6 @@ def _first(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
 
 
-def count_cluster_tasks(config: Mapping[str, Any] | None) -> int:
-    """How many training tasks (chief and workers) the cluster has; 0 without a config."""
-    if not config:
-        return 0
-    cluster = config.get("cluster") or {}
-    if not isinstance(cluster, dict):
-        raise ClusterConfigError(f"Received TF_CONFIG cluster={cluster!r}; expected an object such as {EXAMPLE_TF_CONFIG}.")
-    return sum(len(cluster.get(role) or []) for role in TRAINING_TASK_TYPES)
-
-
 @dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
     """A validated ``TF_CONFIG``: every task's address and which task this process is."""

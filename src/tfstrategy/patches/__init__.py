@@ -82,11 +82,6 @@ def apply_patches() -> tuple[PatchStatus, ...]:
     return tuple(patch.apply() for patch in PATCHES.values())
 
 
-def remove_patches() -> tuple[PatchStatus, ...]:
-    """Put back every Keras function a patch replaced."""
-    return tuple(patch.remove() for patch in PATCHES.values())
-
-
 def patch_status() -> tuple[PatchStatus, ...]:
     """What each patch found and installed so far, then every other replacement installed in this process.
 

@@ -297,8 +297,3 @@ def apply_keras_mwms_fix() -> PatchStatus:
     Keras' own code.
     """
     return PATCH.apply()
-
-
-def remove_keras_mwms_fix() -> PatchStatus:
-    """Restore Keras' original functions."""
-    return PATCH.remove()
