@@ -17,6 +17,8 @@ This module imports nothing but the standard library and :mod:`tfstrategy.settin
 from __future__ import annotations
 
 import math
+import os
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,8 @@ from tfstrategy.settings import (
     ENV_CPU_REPLICAS,
     ENV_DEVICES,
     ENV_ERROR_FILE,
+    ENV_HOOK,
+    ENV_HOOK_PID,
     ENV_HOOK_SUMMARY,
     ENV_JOB_ID,
     ENV_JOB_TAG,
@@ -45,9 +49,16 @@ from tfstrategy.settings import (
     ENV_RESTART,
     ENV_SENTINEL,
     ENV_WORKER_INDEX,
+    validate_audit_mode,
 )
 
-__all__ = ["WorkerSettings", "WorkerContract", "SUPERVISION_VARIABLES", "PRECISIONS"]
+__all__ = ["WorkerSettings", "WorkerContract", "SUPERVISION_VARIABLES", "PRECISIONS", "STACK_SIGNAL", "STARTUP_DIR",
+           "hook_environment"]
+
+#: The directory whose ``sitecustomize`` installs the start-up hook; first on the workers' PYTHONPATH.
+STARTUP_DIR = Path(__file__).resolve().parent / "runtime" / "startup"
+#: The signal on which a launched Python worker prints every thread's stack to its stderr.
+STACK_SIGNAL = signal.SIGUSR2
 
 #: The values of ``TFSTRATEGY_PRECISION`` (as :func:`tfstrategy.training.precision.parse_precision` accepts them).
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -240,3 +251,31 @@ class WorkerContract:
             node_rank=_read(environ, ENV_NODE_RANK, _integer(0), "this machine's rank, 0 or more"),
             settings=WorkerSettings.from_environ(environ),
         )
+
+
+def hook_environment(
+    *,
+    audit: str = "warn",
+    cpu_replicas: int | None = None,
+    devices: str | None = None,
+    summary: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment that runs a process with the start-up hook (what ``run`` and ``launch`` set).
+
+    Raises:
+        TFStrategyError: ``audit`` is not one of :data:`~tfstrategy.settings.AUDIT_MODES`.
+    """
+    env = dict(os.environ if env is None else env)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(STARTUP_DIR) + (os.pathsep + path if path else "")
+    env[ENV_HOOK] = "1"
+    env.pop(ENV_HOOK_PID, None)  # the process started with this environment is the one to hook
+    env[ENV_AUDIT] = validate_audit_mode(audit)
+    if cpu_replicas is not None:
+        env[ENV_CPU_REPLICAS] = str(cpu_replicas)
+    if devices is not None:
+        env[ENV_DEVICES] = devices
+    if summary:
+        env[ENV_HOOK_SUMMARY] = "1"
+    return env

@@ -74,7 +74,7 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     if not program:
         raise LaunchError(f"Received no command to run; expected it after '--', e.g. {example}.")
     from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
-    from tfstrategy.runtime.worker_hook import hook_environment
+    from tfstrategy.worker_contract import hook_environment
 
     replicas = validate_cpu_replicas(args.cpu_replicas)
     if args.devices is not None:

@@ -16,8 +16,7 @@ from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import ConsoleView
 from tfstrategy.launch.diagnosis import LOOPBACK
 from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
-from tfstrategy.runtime.worker_hook import validate_audit_mode
-from tfstrategy.settings import ENV_PROFILE
+from tfstrategy.settings import ENV_PROFILE, validate_audit_mode
 from tfstrategy.worker_contract import WorkerSettings
 
 __all__ = ["LaunchOptions", "validate_launch_options", "worker_settings", "parse_port_range", "worker_tf_config",

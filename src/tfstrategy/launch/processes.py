@@ -31,8 +31,8 @@ from tfstrategy.launch.diagnosis import LOOPBACK, describe_status, exception_lin
 from tfstrategy.launch.monitor import Observation
 from tfstrategy.launch.output import Console, Pump, Tail
 from tfstrategy.launch.reports import read_error, read_progress
-from tfstrategy.runtime.worker_watch import STACK_SIGNAL
 from tfstrategy.settings import ENV_LAUNCH_SECRET
+from tfstrategy.worker_contract import STACK_SIGNAL
 
 __all__ = [
     "LOOPBACK", "free_ports", "become_subreaper", "WorkerSpec", "WorkerHandle", "LocalProcess", "Lifeline",

@@ -61,8 +61,7 @@ from tfstrategy.launch.processes import (
 )
 from tfstrategy.launch.rendezvous import NodeOptions
 from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT, EXIT_PREEMPTED, Failure, Outcome, RunResult
-from tfstrategy.runtime.worker_hook import hook_environment
-from tfstrategy.worker_contract import WorkerContract, WorkerSettings
+from tfstrategy.worker_contract import WorkerContract, WorkerSettings, hook_environment
 
 __all__ = [
     "JOIN_TIMEOUT_STATUS", "LaunchOptions", "validate_launch_options", "LaunchResult", "RunResult", "Launcher",

@@ -37,7 +37,6 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import TFStrategyError
@@ -45,52 +44,18 @@ from tfstrategy.runtime import worker_watch
 from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.settings import (
     AUDIT_MODES,
-    ENV_AUDIT,
-    ENV_CPU_REPLICAS,
-    ENV_DEVICES,
-    ENV_HOOK,
     ENV_HOOK_PID,
     ENV_HOOK_SUMMARY,
     validate_audit_mode,
 )
+from tfstrategy.worker_contract import STARTUP_DIR as STARTUP_DIR  # re-exported: it moved there
+from tfstrategy.worker_contract import hook_environment as hook_environment
 
 if TYPE_CHECKING:
     from tfstrategy.runtime.plan import Plan
     from tfstrategy.runtime.step import Step
 
 __all__ = ["AUDIT_MODES", "hook_environment", "validate_audit_mode", "install"]
-
-#: The directory whose ``sitecustomize`` installs this hook; first on the workers' PYTHONPATH.
-STARTUP_DIR = Path(__file__).resolve().parent / "startup"
-
-
-def hook_environment(
-    *,
-    audit: str = "warn",
-    cpu_replicas: int | None = None,
-    devices: str | None = None,
-    summary: bool = False,
-    env: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """The environment that runs a process with this hook (what ``run`` and ``launch`` set).
-
-    Raises:
-        TFStrategyError: ``audit`` is not one of :data:`AUDIT_MODES`.
-    """
-    env = dict(os.environ if env is None else env)
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(STARTUP_DIR) + (os.pathsep + path if path else "")
-    env[ENV_HOOK] = "1"
-    env.pop(ENV_HOOK_PID, None)  # the process started with this environment is the one to hook
-    env[ENV_AUDIT] = validate_audit_mode(audit)
-    if cpu_replicas is not None:
-        env[ENV_CPU_REPLICAS] = str(cpu_replicas)
-    if devices is not None:
-        env[ENV_DEVICES] = devices
-    if summary:
-        env[ENV_HOOK_SUMMARY] = "1"
-    return env
-
 
 def install() -> None:
     """Run :func:`on_tensorflow_imported` once TensorFlow is imported (at once if it already is).

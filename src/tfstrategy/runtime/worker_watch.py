@@ -34,12 +34,10 @@ from typing import Any
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.launch.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
 from tfstrategy.runtime.process import RUNTIME
-from tfstrategy.worker_contract import SUPERVISION_VARIABLES, WorkerContract
+from tfstrategy.worker_contract import STACK_SIGNAL, SUPERVISION_VARIABLES, WorkerContract
 
 __all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches"]
 
-#: The signal on which a launched Python worker prints every thread's stack to its stderr.
-STACK_SIGNAL = signal.SIGUSR2
 _PR_SET_PDEATHSIG = 1
 
 
