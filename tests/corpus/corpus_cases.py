@@ -166,10 +166,6 @@ CASES: tuple[Case, ...] = (
         files={"training_checkpoints/checkpoint": 1, "training_checkpoints/ckpt-1.index": 1,
                "training_checkpoints/ckpt-1.data-00000-of-00001": 1, "training_checkpoints/ckpt-2.index": 1,
                "training_checkpoints/ckpt-2.data-00000-of-00001": 1},
-        known={"run": (r"You must feed a value for placeholder tensor",
-                     "Keras 3 builds the optimizer inside the replicated tf.function at its first apply_gradients, "
-                     "which fails on 2+ local replicas as in plain TensorFlow (fix in the script: "
-                     "optimizer.build(model.trainable_variables) in the scope)")},
         plain_tf_two_workers='exit 0, but each worker trains alone and saves the same checkpoint',
     ),
     Case(
@@ -200,9 +196,6 @@ CASES: tuple[Case, ...] = (
         run=Trains(replicas=2),
         launch=Trains(workers=2, replicas=2),
         inputs=("data/*",),
-        known={"run": (r"Inputs to operation AddN of type AddN must have the same size and shape",
-                     "Keras 3's symbolic build averages the first batch over the replicas, which fails when a batch "
-                     "splits unevenly (evaluate's 25 examples on 2 replicas), as in plain TensorFlow")},
         plain_tf_two_workers='exit 0, but each worker trains alone',
     ),
     Case(

@@ -64,6 +64,7 @@ def test_the_default_sentinel_stops_a_drifting_worker_naming_it():
     assert done.returncode != 0
     assert "trained to the end" not in done.stdout
     assert "DivergenceError: Received different weights at step 8: replica 1 (worker 1)" in done.stdout + done.stderr
-    off = _launch("-n", "2", "--timeout", "120", "--sentinel", "off", "--", sys.executable, str(DIVERGE_WORKER))
+    off = _launch("-n", "2", "--console-workers", "all", "--timeout", "120", "--sentinel", "off", "--", sys.executable,
+                  str(DIVERGE_WORKER))
     assert off.returncode == 0, off.stderr[-3000:]
     assert off.stdout.count("trained to the end") == 2

@@ -135,7 +135,7 @@ def test_run_refuses_bad_input_in_one_line(argv, message):
 
 @pytest.mark.multiprocess
 def test_launch_gives_the_seed_script_a_multi_worker_strategy():
-    result, _ = _tfstrategy("launch", "-n", "2", "--timeout", "120", "--", sys.executable,
+    result, _ = _tfstrategy("launch", "-n", "2", "--console-workers", "all", "--timeout", "120", "--", sys.executable,
                             str(ROOT / "examples" / "strategy-demo.py"), timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     for index in (0, 1):
@@ -146,7 +146,7 @@ def test_launch_gives_the_seed_script_a_multi_worker_strategy():
 
 @pytest.mark.multiprocess
 def test_launch_runs_the_keras_tutorial_unchanged_and_workers_agree():
-    result, _ = _tfstrategy("launch", "-n", "2", "--timeout", "120", "--", sys.executable,
+    result, _ = _tfstrategy("launch", "-n", "2", "--console-workers", "all", "--timeout", "120", "--", sys.executable,
                             str(TUTORIALS / "keras_multi_worker.py"), timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     losses = [line.rsplit(" ", 1)[1] for line in result.stdout.splitlines() if "final loss" in line]
@@ -157,7 +157,7 @@ def test_launch_runs_the_keras_tutorial_unchanged_and_workers_agree():
 def test_launch_never_kills_a_healthy_custom_loop_running_longer_than_the_timeout():
     timeout = 40
     result, seconds = _tfstrategy(
-        "launch", "-n", "2", "--timeout", str(timeout), "--", sys.executable, str(TUTORIALS / "custom_loop_multi_worker.py"),
+        "launch", "-n", "2", "--console-workers", "all", "--timeout", str(timeout), "--", sys.executable, str(TUTORIALS / "custom_loop_multi_worker.py"),
         "--epochs", "2", "--steps", "30", "--step-seconds", "0.8", timeout=400,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -170,7 +170,7 @@ def test_launch_never_kills_a_healthy_custom_loop_running_longer_than_the_timeou
 def test_worker_raising_before_joining_is_reported_with_its_exception_and_no_port_talk(tmp_path):
     script = tmp_path / "broken.py"
     script.write_text("import tensorflow as tf\nmodel = tf.keras.Sequential()\nmodel.fitt()\n")
-    result, _ = _tfstrategy("launch", "-n", "2", "--timeout", "120", "--", sys.executable, str(script), timeout=240)
+    result, _ = _tfstrategy("launch", "-n", "2", "--console-workers", "all", "--timeout", "120", "--", sys.executable, str(script), timeout=240)
     assert result.returncode == 1
     # Named as it raises (the process still exiting) or once it exited; either way before joining, with its error.
     headline = next(line for line in result.stderr.splitlines() if re.match(r"tfstrategy launch: worker \d (raised|exited)", line))
@@ -181,7 +181,7 @@ def test_worker_raising_before_joining_is_reported_with_its_exception_and_no_por
 
 @pytest.mark.multiprocess
 def test_non_python_worker_that_never_listens_fails_at_the_timeout():
-    result, seconds = _tfstrategy("launch", "-n", "2", "--timeout", "3", "--", "sleep", "60", timeout=60)
+    result, seconds = _tfstrategy("launch", "-n", "2", "--console-workers", "all", "--timeout", "3", "--", "sleep", "60", timeout=60)
     assert result.returncode == 124
     assert "did not join within --timeout 3 s" in result.stderr
     assert seconds < 20
@@ -226,7 +226,7 @@ def test_ops_before_the_strategy_start_the_collective_server_once_and_join(tmp_p
     """
     script = tmp_path / "ops_first.py"
     script.write_text(_OPS_BEFORE_THE_STRATEGY)
-    result, _ = _tfstrategy("launch", "-n", "2", "--timeout", "120", "--", sys.executable, str(script), timeout=240)
+    result, _ = _tfstrategy("launch", "-n", "2", "--console-workers", "all", "--timeout", "120", "--", sys.executable, str(script), timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = sorted(line.split("] ", 1)[1] for line in result.stdout.splitlines() if "server enabled" in line)
     assert len(lines) == 2 and lines[0] == lines[1], lines  # one job: the same variable on both

@@ -14,6 +14,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from tfstrategy.errors import DeviceError, StrategyError, TFStrategyError
@@ -50,6 +51,22 @@ def _called_by_tfstrategy(depth: int = 2) -> bool:
     """Whether tfstrategy's own code (``select()``, the checks) is creating the strategy: it chose it explicitly."""
     caller = sys._getframe(depth).f_code.co_filename
     return os.path.abspath(caller).startswith(_PACKAGE + os.sep) and "hook_strategies" not in caller
+
+
+def _made_by_a_probe() -> bool:
+    """Whether a patch's probe (``tfstrategy/patches/``) creates the strategy, not the script or ``select()``.
+
+    The first caller outside TensorFlow, Keras and this module's wrappers decides.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    probes = os.path.join(_PACKAGE, "patches") + os.sep
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        parts = name.split(os.sep)
+        if "hook_strategies" not in name and "tensorflow" not in parts and "keras" not in parts:
+            return name.startswith(probes)
+        frame = frame.f_back
+    return False
 
 
 def prepare_collectives(config: ClusterConfig | None) -> str | None:
@@ -133,7 +150,7 @@ def watch_strategies(timeout: float | None) -> str:
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
-            if not _compat.is_default_strategy(self):
+            if not _compat.is_default_strategy(self) and not _made_by_a_probe():
                 RUNTIME.hook.strategies.append(_describe(self))
 
         return __init__
