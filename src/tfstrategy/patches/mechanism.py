@@ -106,6 +106,7 @@ class Patch:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._originals: dict[str, Any] = {}
+        self._owned: dict[str, bool] = {}
         self._probed: ProbeResult | None = None
         self._probe_error: str | None = None
         self._warned = False
@@ -178,13 +179,20 @@ class Patch:
                 broken = [target for target in self.targets if result.get(target)]
             for target in broken:
                 if target not in self._originals:
+                    owner, attribute = self._owner(module, target)
                     # A target the library lacks (a removed API the patch restores) has no original.
-                    original = _compat.get_path(module, target) if self._has(module, target) else _MISSING
-                    self._originals[target] = original
+                    original = getattr(owner, attribute, _MISSING)
                     replacement = self.replacement(target, original)
                     if original is not _MISSING:
-                        setattr(replacement, _ORIGINAL, original)
-                    _compat.set_path(module, target, replacement)
+                        try:
+                            setattr(replacement, _ORIGINAL, original)
+                        except (AttributeError, TypeError):  # a staticmethod or builtin cannot carry attributes
+                            pass
+                    # Whether the owner had its own attribute, or inherited it (or lacked it): remove() puts back
+                    # exactly that, instead of copying an inherited function onto the owner.
+                    self._owned[target] = attribute in vars(owner)
+                    self._originals[target] = original
+                    setattr(owner, attribute, replacement)
             if self._originals:
                 from tfstrategy.runtime.process import RUNTIME
 
@@ -196,10 +204,12 @@ class Patch:
         with self._lock:
             module = self.target_module()
             for target, original in list(self._originals.items()):
-                if module is not None and original is _MISSING:
-                    _compat.del_path(module, target)
-                elif module is not None:
-                    _compat.set_path(module, target, original)
+                if module is not None:
+                    owner, attribute = self._owner(module, target)
+                    if self._owned.pop(target, False):
+                        setattr(owner, attribute, original)
+                    elif attribute in vars(owner):
+                        delattr(owner, attribute)
                 del self._originals[target]
             from tfstrategy.runtime.process import RUNTIME
 
@@ -234,6 +244,12 @@ class Patch:
 
     def installed(self, target: str) -> bool:
         return target in self._originals
+
+    @staticmethod
+    def _owner(module: ModuleType, target: str) -> tuple[Any, str]:
+        """The object holding ``target`` (a module or a class) and the attribute's name."""
+        owner_path, _, attribute = target.rpartition(".")
+        return (_compat.get_path(module, owner_path) if owner_path else module), attribute
 
     def _has(self, module: ModuleType, target: str) -> bool:
         try:

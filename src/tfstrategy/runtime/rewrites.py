@@ -15,14 +15,10 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from tfstrategy import _compat
-from tfstrategy.patches.mechanism import _ORIGINAL, Patch, PatchStatus, ProbeResult
+from tfstrategy.patches.mechanism import _MISSING, Patch, PatchStatus, ProbeResult
 from tfstrategy.runtime.process import RUNTIME
 
 __all__ = ["Rewrite", "install_rewrite", "remove_rewrites", "rewrites"]
-
-_MISSING = object()
-
 
 class Rewrite(Patch):
     """One rewrite of the hook: ``factories`` maps a target path to ``original -> replacement``."""
@@ -38,7 +34,6 @@ class Rewrite(Patch):
         self.targets = tuple(factories)  # type: ignore[misc]
         self._module = module
         self._factories = factories
-        self._owned: dict[str, bool] = {}
         self.detail = detail
 
     def target_module(self) -> ModuleType | None:
@@ -48,52 +43,14 @@ class Rewrite(Patch):
         return ProbeResult({target: True for target in self.targets})
 
     def replacement(self, target: str, original: Any) -> Callable[..., Any]:
-        replacement: Callable[..., Any] = self._factories[target](original)
+        # A target the owner lacks has no original: its factory receives None.
+        replacement: Callable[..., Any] = self._factories[target](None if original is _MISSING else original)
         return replacement
 
     def library(self) -> str:
         root = str(getattr(self.target_module(), "__name__", "?")).split(".", 1)[0]
         version = getattr(sys.modules.get(root), "__version__", None)
         return f"{root} {version}" if version else root
-
-    def apply(self) -> PatchStatus:
-        """Install every target's replacement (idempotent); a target may be an attribute the owner lacks."""
-        with self._lock:
-            module = self.target_module()
-            if module is None:
-                return self.status()
-            for target in self.targets:
-                if target in self._originals:
-                    continue
-                owner_path, _, attribute = target.rpartition(".")
-                owner = _compat.get_path(module, owner_path) if owner_path else module
-                original = getattr(owner, attribute, _MISSING)
-                replacement = self.replacement(target, None if original is _MISSING else original)
-                try:
-                    setattr(replacement, _ORIGINAL, original)
-                except (AttributeError, TypeError):  # a staticmethod or builtin cannot carry attributes
-                    pass
-                self._owned[target] = attribute in vars(owner)
-                self._originals[target] = original
-                setattr(owner, attribute, replacement)
-            if self._originals:
-                RUNTIME.register(self)
-            return self.status()
-
-    def remove(self) -> PatchStatus:
-        """Put back what each target was: the class's own attribute, or nothing (inherited or absent)."""
-        with self._lock:
-            module = self.target_module()
-            for target, original in list(self._originals.items()):
-                owner_path, _, attribute = target.rpartition(".")
-                owner = _compat.get_path(module, owner_path) if owner_path else module
-                if self._owned.pop(target):
-                    setattr(owner, attribute, original)
-                elif attribute in vars(owner):
-                    delattr(owner, attribute)
-                del self._originals[target]
-            RUNTIME.unregister(self)
-            return self.status()
 
     def status(self) -> PatchStatus:
         return PatchStatus(name=self.name, library=self.library(), needed=True, installed=tuple(self._originals),
