@@ -57,7 +57,7 @@ def test_plan(inputs, expected):
 
 def test_a_cluster_environment_that_derives_the_cluster_sets_tf_config_for_a_multi_worker_select():
     assert select_names({**SLURM_STEP, "TFSTRATEGY_JOIN_FILE": "/tmp/j"}) == [
-        "set_tf_config", "record_creation_sites", "signal_launcher", "apply_patches"]
+        "set_tf_config", "record_creation_sites", "ledger", "signal_launcher", "apply_patches"]
     # An explicit single-machine kind does not read the step at all.
     assert select_names(SLURM_STEP, "mirrored") == ["record_creation_sites", "apply_patches"]
     assert "set_tf_config" in [step.name for step in hook_plan(SLURM_STEP)]
@@ -89,7 +89,7 @@ def test_select_and_hook_agree_on_the_shared_steps():
 
 def test_shared_steps_are_the_same_classes():
     shared = set(SELECT_STEPS) & set(HOOK_STEPS)
-    assert {step.name for step in shared} == {"split_cpu", "record_creation_sites", "set_tf_config",
+    assert {step.name for step in shared} == {"split_cpu", "record_creation_sites", "set_tf_config", "ledger",
                                               "apply_patches", "set_precision"}
 
 

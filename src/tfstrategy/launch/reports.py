@@ -139,6 +139,8 @@ class ProgressWriter:
     """The worker's side of the progress file: plain stores into a shared mapping."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        #: The progress file (its ledger is beside it: :func:`tfstrategy.launch.ledger.ledger_path`).
+        self.path = str(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.ftruncate(fd, _SIZE)

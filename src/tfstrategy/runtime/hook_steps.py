@@ -11,7 +11,14 @@ from __future__ import annotations
 from tfstrategy.multiworker.cluster import ClusterConfig
 from tfstrategy.runtime.inputs import PlanInputs
 from tfstrategy.runtime.step import Step
-from tfstrategy.runtime.steps import ApplyPatches, RecordCreationSites, SetPrecision, SetTFConfig, SplitCpu
+from tfstrategy.runtime.steps import (
+    ApplyPatches,
+    KeepLedger,
+    RecordCreationSites,
+    SetPrecision,
+    SetTFConfig,
+    SplitCpu,
+)
 
 __all__ = ["HOOK_STEPS"]
 
@@ -211,6 +218,6 @@ class PerformanceReport(Step):
 #: The hook's steps, in the order it takes them (phase by phase).
 HOOK_STEPS: tuple[type[Step], ...] = (
     SplitCpu, RecordCreationSites, SetTFConfig, PrepareCollectives, WatchStrategies, MirroredDevices,
-    RefuseUnjoinable, CheckpointFiles, DataSharding, ApplyPatches, Keras2Aliases, Audit, RefuseUnjoinedFit,
+    RefuseUnjoinable, CheckpointFiles, DataSharding, KeepLedger, ApplyPatches, Keras2Aliases, Audit, RefuseUnjoinedFit,
     CountBatches, SetPrecision, PerformanceReport,
 )

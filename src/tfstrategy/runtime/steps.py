@@ -102,6 +102,37 @@ class RecordCreationSites(Step):
         return "on in this thread, for the scope audit" if start_recording() else None
 
 
+class KeepLedger(Step):
+    """Under ``tfstrategy launch``: the worker's ledger beside its progress file (:mod:`tfstrategy.runtime.ledger`).
+
+    The start-up hook takes it (and ``select()`` in a worker the hook already serves finds it taken).
+    """
+
+    name = "ledger"
+    phase = "tensorflow"
+    rewrites = True
+
+    @classmethod
+    def applies(cls, inputs: PlanInputs) -> bool:
+        return inputs.under_launcher
+
+    def detail(self) -> str:
+        return ("keep the worker's ledger for the launcher: per-epoch batches and steps, end of data, the user's "
+                "frame, step and input times, a fingerprint of each traced train/eval function")
+
+    def _take(self) -> str | None:
+        from tfstrategy.runtime.ledger import keep_ledger
+
+        return keep_ledger()
+
+    def undo(self) -> None:
+        if self.state == "taken":
+            from tfstrategy.runtime.ledger import stop_ledger
+
+            stop_ledger()
+        super().undo()
+
+
 class SignalLauncher(Step):
     """Under ``tfstrategy launch``: "creating" before the strategy, "joined" after (select() only)."""
 
@@ -195,6 +226,6 @@ class SetPrecision(Step):
 
 
 #: ``select()``'s steps, in the order it takes them.
-SELECT_STEPS: tuple[type[Step], ...] = (SplitCpu, SetTFConfig, RecordCreationSites, SignalLauncher, ApplyPatches,
-                                        SetPrecision)
+SELECT_STEPS: tuple[type[Step], ...] = (SplitCpu, SetTFConfig, RecordCreationSites, KeepLedger, SignalLauncher,
+                                        ApplyPatches, SetPrecision)
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.launch.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
+from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper
 from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.worker_contract import STACK_SIGNAL, SUPERVISION_VARIABLES, WorkerContract
 
@@ -138,10 +139,21 @@ def _heartbeat(contract: WorkerContract) -> str | None:
     def beat() -> None:
         while True:
             writer.beat()
+            _sample_ledger()
             time.sleep(HEARTBEAT_SECONDS)
 
     threading.Thread(target=beat, name="tfstrategy-heartbeat", daemon=True).start()
     return f"heartbeat and batches in {path}"
+
+
+def _sample_ledger() -> None:
+    """Sample the worker's ledger, if kept (it writes its file at most once a second); never raises."""
+    keeper = current_keeper()
+    if keeper is not None:
+        try:
+            keeper.sample()
+        except Exception:  # the heartbeat must go on whatever the ledger does
+            pass
 
 
 def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
@@ -155,6 +167,14 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
     if not RUNTIME.progress:
         return None
     writer = RUNTIME.progress[0]
+    keeper = current_keeper()
+    if keeper is None:
+        return _counting_callbacks(keras, writer)
+    return _ledger_callbacks(keras, writer, keeper)
+
+
+def _counting_callbacks(keras: Any, writer: ProgressWriter) -> tuple[Any, Any]:
+    """The two callbacks without a ledger: the progress file only."""
 
     class BatchEnded(keras.callbacks.Callback):
         """Counts finished batches for ``tfstrategy launch`` (stall detection); added by its start-up hook."""
@@ -186,6 +206,48 @@ def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
     return BatchEnded(), BatchBegins()
 
 
+def _ledger_callbacks(keras: Any, writer: ProgressWriter, keeper: LedgerKeeper) -> tuple[Any, Any]:
+    """The two callbacks with the worker's ledger: its train batches, epochs and end of data too."""
+
+    class BatchEnded(keras.callbacks.Callback):
+        """Counts finished batches for ``tfstrategy launch`` (stall detection, the ledger); added by its start-up hook."""
+
+        _supports_tf_logs = True
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            writer.step_ends()
+            keeper.batch_ends(batch)
+
+        def _end(self, batch: int, logs: Any = None) -> None:
+            writer.step_ends()
+
+        on_test_batch_end = on_predict_batch_end = _end
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            writer.steps_over()
+            keeper.epoch_ends()  # a batch begun and never ended: its data ran out
+
+    class BatchBegins(keras.callbacks.Callback):
+        """Marks "inside a step" for ``tfstrategy launch`` (and the ledger's epochs); added by its start-up hook."""
+
+        _supports_tf_logs = True
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            planned = steps if isinstance(steps := (self.params or {}).get("steps"), int) else None
+            keeper.epoch_begins(epoch, planned)
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            keeper.batch_begins(batch)
+            writer.step_begins()
+
+        def _begin(self, batch: int, logs: Any = None) -> None:
+            writer.step_begins()
+
+        on_test_batch_begin = on_predict_batch_begin = _begin
+
+    return BatchEnded(), BatchBegins()
+
+
 def count_batches(flavours: list[Any]) -> str | None:
     """Make ``Model.fit``/``evaluate``/``predict`` of each Keras in ``flavours`` report batches to the launcher.
 
@@ -196,7 +258,7 @@ def count_batches(flavours: list[Any]) -> str | None:
     from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
     for keras in flavours:
-        factories = {f"Model.{method}": functools.partial(_with_progress, keras=keras,
+        factories = {f"Model.{method}": functools.partial(_with_progress, keras=keras, method=method,
                                                           position=_CALLBACKS_POSITION[method])
                      for method in _CALLBACKS_POSITION}
         install_rewrite(Rewrite(f"count_batches:{keras.__name__}", lambda k=keras: k, factories))
@@ -207,8 +269,11 @@ def count_batches(flavours: list[Any]) -> str | None:
 _CALLBACKS_POSITION = {"fit": 5, "evaluate": 6, "predict": 4}
 
 
-def _with_progress(original: Callable[..., Any], keras: Any, position: int) -> Callable[..., Any]:
+def _with_progress(original: Callable[..., Any], keras: Any, position: int, method: str) -> Callable[..., Any]:
     def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+        keeper = current_keeper()
+        if keeper is not None:
+            keeper.call_begins(method)
         given = args[position] if len(args) > position else kwargs.get("callbacks")
         # A CallbackList is fit's own, handed to its validation's evaluate: already counted.
         pair = progress_callbacks(keras) if given is None or isinstance(given, (list, tuple)) else None
@@ -218,11 +283,16 @@ def _with_progress(original: Callable[..., Any], keras: Any, position: int) -> C
                 args = (*args[:position], [first, *(given or []), last], *args[position + 1:])
             else:
                 kwargs["callbacks"] = [first, *(given or []), last]
+        normally = False
         try:
-            return original(model, *args, **kwargs)
+            result = original(model, *args, **kwargs)
+            normally = True
+            return result
         finally:
             if pair is not None and RUNTIME.progress:  # however it ended, no step of this call is running now
                 RUNTIME.progress[0].steps_over()
+            if keeper is not None:
+                keeper.call_ends(method, normally=normally)
 
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     wrapper.__doc__ = original.__doc__

@@ -1,0 +1,283 @@
+"""The worker's ledger: what this worker trained, kept for its launcher (the start-up hook's ``ledger`` step).
+
+A :class:`LedgerKeeper` has two sides, and they never wait for each other:
+
+- the **training loop's** side, called from the Keras callbacks of
+  :func:`tfstrategy.runtime.worker_watch.progress_callbacks` and from the traced
+  ``Strategy.run`` (:mod:`tfstrategy.runtime.ledger_traces`): plain integer and
+  attribute stores (an epoch begins, a batch begins, a batch ends, the data ran
+  out, a function was traced), a monotonic clock read per batch and nothing else;
+- the **heartbeat's** side, :meth:`LedgerKeeper.sample`, called by the heartbeat
+  thread the launcher already relies on (about 4 times a second): it reads those
+  counters, the process CPU time and the main thread's deepest frame in the
+  user's code, and writes the ledger file (:func:`tfstrategy.launch.ledger.write_ledger`,
+  next to the progress file) at most once a second, only when something changed;
+  :meth:`LedgerKeeper.flush` writes the last state at exit.
+
+The file format is :mod:`tfstrategy.launch.ledger` (a pure module both sides share,
+like :mod:`tfstrategy.launch.reports`). Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import sysconfig
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+
+from tfstrategy.launch.ledger import FunctionTrace, Ledger, ledger_path, write_ledger
+from tfstrategy.runtime.process import RUNTIME
+
+__all__ = ["LedgerKeeper", "current_keeper", "keep_ledger", "stop_ledger", "user_frame_of"]
+
+#: At most one write of the ledger file per this many seconds (plus one at exit).
+WRITE_SECONDS = 1.0
+#: The samples the step statistics span (about two seconds at the heartbeat's 4 per second).
+_WINDOW = 9
+#: The last end-of-data events and traced functions kept.
+_KEPT = 8
+
+
+class LedgerKeeper:
+    """One worker's ledger in memory, its counters fed by the training loop, sampled and written by the heartbeat.
+
+    ``clock`` (monotonic seconds), ``cpu_clock`` (process CPU seconds), ``wall`` (epoch seconds),
+    ``frame`` (the user's frame, as ``file:line in function``) and ``write`` are parameters so
+    tests drive the keeper with fakes.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.perf_counter,
+                 cpu_clock: Callable[[], float] = time.process_time, wall: Callable[[], float] = time.time,
+                 frame: Callable[[], str] | None = None,
+                 write: Callable[[Path, Ledger], None] = write_ledger) -> None:
+        self.path = Path(path)
+        self._clock, self._cpu_clock, self._wall = clock, cpu_clock, wall
+        self._frame = frame if frame is not None else main_thread_user_frame
+        self._write = write
+        # The training loop's side (written by one thread, read by the heartbeat's).
+        self.epoch = -1
+        self.epoch_steps: int | None = None
+        self.batches = 0
+        self.steps = 0
+        self.total_steps = 0
+        self.in_batch = False
+        self.outside_seconds = 0.0
+        self._last_end: float | None = None
+        self.end_of_data: tuple[tuple[int, int], ...] = ()
+        self.functions: tuple[FunctionTrace, ...] = ()
+        self.loop: str | None = None
+        self.calls: list[str] = []
+        # The heartbeat's side.
+        self._samples: deque[tuple[float, int, float, float]] = deque(maxlen=_WINDOW)
+        self._written: Ledger | None = None
+        self._written_at = float("-inf")
+        self.writes = 0
+
+    # -- the training loop's side: cheap stores only ------------------------------------------
+
+    def epoch_begins(self, epoch: int, planned: int | None = None) -> None:
+        """A Keras epoch begins (``planned``: its steps, when Keras knows them)."""
+        self.epoch, self.epoch_steps = epoch, planned
+        self.batches = self.steps = 0
+        self.in_batch = False
+        self.loop = "fit"
+
+    def batch_begins(self, first: int | None = None) -> None:
+        """A train batch begins (its data may still run out); ``first``: Keras' 0-based number of its first step."""
+        now = self._clock()
+        if self._last_end is not None:
+            self.outside_seconds += now - self._last_end  # input, callbacks: everything between two steps
+        self.batches = self.batches + 1 if first is None else first + 1
+        self.in_batch = True
+
+    def batch_ends(self, last: int | None = None) -> None:
+        """A train batch's step ended; ``last``: Keras' 0-based number of its last step (``steps_per_execution``)."""
+        steps = self.steps + 1 if last is None else last + 1
+        self.total_steps += max(steps - self.steps, 1)
+        self.steps = steps
+        self.in_batch = False
+        self._last_end = self._clock()
+
+    def epoch_ends(self) -> None:
+        """The epoch ended: a batch begun and never ended means its data ran out."""
+        self._data_ran_out_if_in_batch()
+        self._last_end = None  # the time until the next epoch's first batch is not input wait
+
+    def call_begins(self, method: str) -> None:
+        """``Model.fit``/``evaluate``/``predict`` begins (``method``: its name)."""
+        self.calls.append(method)
+
+    def call_ends(self, method: str, *, normally: bool) -> None:
+        """The call of ``method`` ended; a begun batch left behind on a normal return means the data ran out."""
+        if method in self.calls:
+            del self.calls[len(self.calls) - 1 - self.calls[::-1].index(method)]
+        if method == "fit":  # (evaluate and predict count no train batches: fit's validation leaves them be)
+            if normally:
+                self._data_ran_out_if_in_batch()
+            self.in_batch = False
+            self._last_end = None
+
+    def _data_ran_out_if_in_batch(self) -> None:
+        if self.in_batch:
+            self.end_of_data = (*self.end_of_data, (self.epoch, self.steps))[-_KEPT:]
+            self.in_batch = False
+
+    def function_kind(self) -> str:
+        """What a function traced now serves: ``train``/``test``/``predict`` inside a Keras call, else ``custom``."""
+        kinds = {"fit": "train", "evaluate": "test", "predict": "predict"}
+        return kinds.get(self.calls[-1], "custom") if self.calls else "custom"
+
+    def traced(self, trace: FunctionTrace) -> None:
+        """A train/eval function was traced (its fingerprint, at this epoch and step)."""
+        if trace.kind == "custom" and self.loop is None:
+            self.loop = "custom"
+        self.functions = (*self.functions, trace)[-_KEPT:]
+
+    # -- the heartbeat's side ------------------------------------------------------------------
+
+    def ledger(self) -> Ledger:
+        """The ledger as of now (its step statistics from the last samples)."""
+        step, inside_input, cpu = self._rates()
+        extra: dict[str, object] = {"loop": self.loop, "epoch_steps": self.epoch_steps,
+                                    "in_batch": self.in_batch, "call": self.calls[-1] if self.calls else None}
+        return Ledger(epoch=self.epoch, batches=self.batches, steps=self.steps, total_steps=self.total_steps,
+                      end_of_data=self.end_of_data, functions=self.functions, frame=self._safe_frame(),
+                      step_seconds=step, input_seconds=inside_input, cpu_seconds=cpu, extra=extra)
+
+    def _safe_frame(self) -> str:
+        try:
+            return self._frame()
+        except Exception:  # a frame that cannot be read must not stop the heartbeat
+            return ""
+
+    def _rates(self) -> tuple[float | None, float | None, float | None]:
+        """Seconds per step, outside-step seconds per step and CPU seconds per step over the window."""
+        if len(self._samples) < 2:
+            return None, None, None
+        first, last = self._samples[0], self._samples[-1]
+        steps = last[1] - first[1]
+        if steps <= 0:
+            return None, None, None
+        return (round((last[0] - first[0]) / steps, 6), round((last[2] - first[2]) / steps, 6),
+                round((last[3] - first[3]) / steps, 6))
+
+    def sample(self) -> bool:
+        """Take one sample; write the ledger if it changed and the last write is old enough. Whether it wrote."""
+        now = self._clock()
+        self._samples.append((now, self.total_steps, self.outside_seconds, self._cpu_clock()))
+        if now - self._written_at < WRITE_SECONDS:
+            return False
+        return self._write_if_changed(now)
+
+    def flush(self) -> bool:
+        """Write the ledger now if it changed since the last write (at exit). Whether it wrote."""
+        return self._write_if_changed(self._clock())
+
+    def _write_if_changed(self, now: float) -> bool:
+        ledger = self.ledger()
+        if ledger == self._written:
+            return False
+        try:
+            self._write(self.path, replace(ledger, time=self._wall()))
+        except OSError:  # a full disk or a removed directory must not stop the worker
+            return False
+        self._written, self._written_at = ledger, now
+        self.writes += 1
+        return True
+
+
+# -- the user's frame ------------------------------------------------------------------------------
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs.add(str(Path(__file__).resolve().parents[1]))  # tfstrategy itself
+    return tuple(sorted(directory + os.sep for directory in dirs if directory))
+
+
+_LIBRARIES = _library_dirs()
+#: Whether each file seen is the user's (not a library's), by its code's file name.
+_USERS: dict[str, bool] = {}
+
+
+def _is_users(filename: str) -> bool:
+    known = _USERS.get(filename)
+    if known is None:
+        path = os.path.abspath(filename)
+        known = not (filename.startswith("<") or "site-packages" in path or path.startswith(_LIBRARIES))
+        _USERS[filename] = known
+    return known
+
+
+def user_frame_of(frame: FrameType | None) -> str:
+    """``file:line in function`` of the innermost frame of ``frame``'s stack in the user's code ("" if none)."""
+    while frame is not None:
+        code = frame.f_code
+        if _is_users(code.co_filename):
+            return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+        frame = frame.f_back
+    return ""
+
+
+def main_thread_user_frame() -> str:
+    """The user's innermost frame on the main thread, now."""
+    return user_frame_of(sys._current_frames().get(threading.main_thread().ident or 0))
+
+
+# -- the keeper of this process --------------------------------------------------------------------
+
+_KEEPER: list[LedgerKeeper] = []
+
+
+def _forget() -> None:
+    _KEEPER.clear()
+
+
+RUNTIME.own_state("ledger", _forget)
+
+
+def current_keeper() -> LedgerKeeper | None:
+    """This process's keeper (``None`` until the ``ledger`` step took it)."""
+    return _KEEPER[0] if _KEEPER else None
+
+
+def keep_ledger() -> str | None:
+    """Keep a ledger beside this worker's progress file (``None`` outside ``tfstrategy launch``).
+
+    The heartbeat thread samples and writes it (:mod:`tfstrategy.runtime.worker_watch`); the
+    fingerprints of traced functions come from :func:`tfstrategy.runtime.ledger_traces.fingerprint_traces`.
+    """
+    if not RUNTIME.progress:
+        return None
+    if _KEEPER:
+        return None  # already kept (the hook took the step before select() did)
+    progress = getattr(RUNTIME.progress[0], "path", None)
+    if progress is None:
+        return None
+    keeper = LedgerKeeper(ledger_path(progress))
+    _KEEPER.append(keeper)
+    atexit.register(_flush_at_exit, keeper)
+    from tfstrategy.runtime.ledger_traces import fingerprint_traces
+
+    traces = fingerprint_traces()
+    return f"per-epoch batches, end of data, the user's frame{traces} in {keeper.path}"
+
+
+def stop_ledger() -> None:
+    """Write the last state and stop keeping the ledger (the ``ledger`` step's undo)."""
+    keeper = current_keeper()
+    if keeper is not None:
+        keeper.flush()
+    _KEEPER.clear()
+
+
+def _flush_at_exit(keeper: LedgerKeeper) -> None:
+    if current_keeper() is keeper:
+        keeper.flush()

@@ -1,0 +1,126 @@
+"""Fingerprints of the train/eval functions a worker traces, for its ledger (:mod:`tfstrategy.runtime.ledger`).
+
+Every synchronous step, Keras' ``train_function`` and a custom loop's ``tf.function`` alike,
+calls ``tf.distribute.Strategy.run`` once per trace. The ``ledger`` step replaces it (an
+undoable :class:`~tfstrategy.runtime.rewrites.Rewrite`) with a wrapper that, only while a
+function is being traced, fingerprints the graph built so far: the counts of its op types
+(nested functions included) and the shapes and dtypes of the variables it reads, hashed to 16
+hex digits. Two workers that trace different steps (another model, another loss, another
+optimizer) get different fingerprints, and their collectives never meet; the same code gives
+the same fingerprint on every worker. The collective ops in the graph are counted too (the
+multi-worker all-reduces and all-gathers; a single-process ``MirroredStrategy`` reduces without
+them). An eager call (no trace) costs one attribute read.
+
+Only public TensorFlow API is read: the default graph, its operations and ``as_graph_def``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tfstrategy.launch.ledger import FunctionTrace
+
+__all__ = ["GraphSummary", "fingerprint_traces", "summarize_graph", "trace_of"]
+
+#: Op types that call a function of the graph's library (their bodies are counted too).
+_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile", "If", "StatelessIf",
+                    "Case", "StatelessCase"})
+#: Collective op types that set up, not exchange, data.
+_NOT_EXCHANGES = frozenset({"CollectiveAssignGroupV2", "CollectiveInitializeCommunicator"})
+
+
+def is_collective(op_type: str) -> bool:
+    """Whether an op of ``op_type`` exchanges data between replicas or workers (all-reduce, all-gather, ...)."""
+    return (op_type.startswith("Collective") or op_type.startswith("Nccl")) and op_type not in _NOT_EXCHANGES
+
+
+class GraphSummary:
+    """What a traced graph computes: op-type counts and the variables it reads, and their hash."""
+
+    def __init__(self, ops: Counter[str], variables: Iterable[tuple[tuple[int | None, ...] | None, str]]) -> None:
+        self.ops = ops
+        self.variables = sorted(variables, key=repr)
+
+    @property
+    def collectives(self) -> int:
+        return sum(count for op_type, count in self.ops.items() if is_collective(op_type))
+
+    def fingerprint(self) -> str:
+        """16 hex digits of a hash of the op-type counts and the variables' shapes and dtypes."""
+        text = repr((sorted(self.ops.items()), self.variables))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        """A few words a user recognises: ``"120 ops, 6 variable reads, 2 collectives"``."""
+        return (f"{sum(self.ops.values())} ops, {len(self.variables)} variable reads, "
+                f"{self.collectives} collective{'s' if self.collectives != 1 else ''}")
+
+
+def summarize_graph(graph: Any) -> GraphSummary:
+    """The summary of ``graph`` (a ``tf.Graph`` or a ``FuncGraph`` being built), nested functions included."""
+    ops: Counter[str] = Counter()
+    variables = []
+    calls = False
+    for op in graph.get_operations():
+        ops[op.type] += 1
+        if op.type in _CALLS:
+            calls = True
+        elif op.type == "ReadVariableOp":
+            shape = op.outputs[0].shape
+            variables.append((tuple(shape.as_list()) if shape.rank is not None else None, op.outputs[0].dtype.name))
+    if calls:  # the bodies of nested functions, loops and conditions live in the graph's library
+        for function in graph.as_graph_def().library.function:
+            ops.update(node.op for node in function.node_def)
+    return GraphSummary(ops, variables)
+
+
+def trace_of(graph: Any, *, kind: str, epoch: int, step: int) -> FunctionTrace:
+    """The ledger's record of the function whose graph is ``graph``."""
+    summary = summarize_graph(graph)
+    return FunctionTrace(kind=kind, fingerprint=summary.fingerprint(), collectives=summary.collectives,
+                         epoch=epoch, step=step, summary=summary.describe())
+
+
+def _fingerprinting(original: Callable[..., Any]) -> Callable[..., Any]:
+    import tensorflow as tf
+
+    def run(self: Any, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> Any:
+        result = original(self, fn, args, kwargs, options)
+        graph = tf.compat.v1.get_default_graph()
+        if getattr(graph, "building_function", False):
+            _record(graph)
+        return result
+
+    run.__wrapped__ = original  # type: ignore[attr-defined]
+    run.__doc__ = original.__doc__
+    return run
+
+
+def _record(graph: Any) -> None:
+    from tfstrategy.runtime.ledger import current_keeper
+
+    keeper = current_keeper()
+    if keeper is None:
+        return
+    try:
+        keeper.traced(trace_of(graph, kind=keeper.function_kind(), epoch=keeper.epoch, step=keeper.total_steps))
+    except Exception:  # the ledger must never break the user's step
+        pass
+
+
+def fingerprint_traces() -> str:
+    """Install the fingerprinting ``Strategy.run`` (a rewrite); what it adds to the ``ledger`` step's line."""
+    from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
+
+    def distribute() -> Any:
+        import tensorflow as tf
+
+        return tf.distribute
+
+    install_rewrite(Rewrite("ledger_traces", distribute, {"Strategy.run": _fingerprinting},
+                            detail="each traced Strategy.run (Keras' train function, a custom loop) is fingerprinted "
+                                   "for the worker's ledger"))
+    return ", the fingerprint of each traced train/eval function"

@@ -1,0 +1,262 @@
+"""The worker's ledger (issue 38): the keeper's counts, end of data, write throttling, and the traced fingerprints.
+
+The keeper runs on fake clocks and a fake writer; the fingerprints and the Keras callbacks on real TensorFlow.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfstrategy.launch.ledger import Ledger, ledger_path, read_ledger
+from tfstrategy.launch.reports import ProgressWriter
+from tfstrategy.runtime import RUNTIME, worker_watch
+from tfstrategy.runtime.inputs import PlanInputs
+from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper, stop_ledger, user_frame_of
+from tfstrategy.runtime.ledger_traces import summarize_graph
+from tfstrategy.runtime.steps import KeepLedger
+
+
+class Clock:
+    """A settable clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def keeper_on_fakes(tmp_path: Path) -> tuple[LedgerKeeper, Clock, Clock, list[Ledger]]:
+    clock, cpu, written = Clock(), Clock(), []
+    keeper = LedgerKeeper(tmp_path / "w.progress.ledger", clock=clock, cpu_clock=cpu, wall=lambda: 1e9,
+                          frame=lambda: "train.py:7 in main", write=lambda path, ledger: written.append(ledger))
+    return keeper, clock, cpu, written
+
+
+def test_batches_and_steps_are_counted_per_epoch_and_in_all(tmp_path):
+    keeper, *_ = keeper_on_fakes(tmp_path)
+    keeper.call_begins("fit")
+    keeper.epoch_begins(0, planned=4)
+    for _ in range(4):
+        keeper.batch_begins()
+        keeper.batch_ends()
+    keeper.epoch_ends()
+    keeper.epoch_begins(1, planned=4)
+    keeper.batch_begins()
+    keeper.batch_ends()
+    keeper.batch_begins()  # inside the second batch of epoch 1
+    ledger = keeper.ledger()
+    assert (ledger.epoch, ledger.batches, ledger.steps, ledger.total_steps) == (1, 2, 1, 5)
+    assert ledger.end_of_data == () and ledger.frame == "train.py:7 in main"
+    assert ledger.extra == {"loop": "fit", "epoch_steps": 4, "in_batch": True, "call": "fit"}
+
+
+def test_keras_step_numbers_count_every_step_of_a_multi_step_batch(tmp_path):
+    keeper, *_ = keeper_on_fakes(tmp_path)
+    keeper.epoch_begins(0)
+    keeper.batch_begins(0)
+    keeper.batch_ends(3)  # steps_per_execution=4: one callback for steps 0-3
+    keeper.batch_begins(4)
+    keeper.batch_ends(7)
+    assert (keeper.batches, keeper.steps, keeper.total_steps) == (5, 8, 8)
+
+
+def test_a_batch_begun_and_never_ended_at_the_epochs_end_is_the_data_running_out(tmp_path):
+    keeper, *_ = keeper_on_fakes(tmp_path)
+    keeper.call_begins("fit")
+    keeper.epoch_begins(2)
+    for _ in range(31):
+        keeper.batch_begins()
+        keeper.batch_ends()
+    keeper.batch_begins()  # batch 32 finds no data
+    keeper.call_begins("evaluate")  # fit's validation runs before the epoch's end: it must not hide that
+    keeper.call_ends("evaluate", normally=True)
+    keeper.epoch_ends()
+    assert keeper.ledger().end_of_data == ((2, 31),)
+    # An epoch whose batches all ended: nothing more.
+    keeper.epoch_begins(3)
+    keeper.batch_begins()
+    keeper.batch_ends()
+    keeper.epoch_ends()
+    assert keeper.ledger().end_of_data == ((2, 31),)
+
+
+def test_fit_returning_inside_a_begun_batch_ran_out_of_data_but_an_abort_did_not(tmp_path):
+    keeper, *_ = keeper_on_fakes(tmp_path)
+    keeper.call_begins("fit")
+    keeper.epoch_begins(0)
+    keeper.batch_begins()
+    keeper.call_ends("fit", normally=False)  # an exception (a collective abort) inside the step
+    assert keeper.end_of_data == () and not keeper.in_batch
+    keeper.call_begins("fit")
+    keeper.epoch_begins(0)
+    keeper.batch_begins()
+    keeper.call_ends("fit", normally=True)
+    assert keeper.end_of_data == ((0, 0),)
+
+
+def test_the_file_is_written_at_most_once_a_second_and_only_on_change(tmp_path):
+    keeper, clock, _, written = keeper_on_fakes(tmp_path)
+    assert keeper.sample() and len(written) == 1  # the first sample writes at once
+    keeper.epoch_begins(0)
+    keeper.batch_begins()
+    for now in (0.25, 0.5, 0.75):  # changed, but written less than a second ago
+        clock.now = now
+        assert not keeper.sample()
+    clock.now = 1.0
+    assert keeper.sample() and written[-1].batches == 1 and written[-1].time == 1e9
+    for now in (2.0, 3.0):  # a second later, nothing changed
+        clock.now = now
+        assert not keeper.sample()
+    keeper.batch_ends()
+    clock.now = 3.1  # changed, and the last write is 2.1 s old: at once
+    assert keeper.sample() and written[-1].steps == 1
+    keeper.batch_begins()
+    clock.now = 3.5
+    assert not keeper.sample()
+    assert keeper.flush() and written[-1].batches == 2  # at exit: at once
+    assert not keeper.flush()
+    assert keeper.writes == len(written) == 4
+
+
+def test_step_input_and_cpu_seconds_per_step_come_from_the_samples(tmp_path):
+    keeper, clock, cpu, _ = keeper_on_fakes(tmp_path)
+    keeper.epoch_begins(0)
+    assert keeper.ledger().step_seconds is None  # no steps sampled yet
+    for _ in range(8):  # each step: 0.03 s waiting for input, 0.07 s inside; 0.05 s of CPU
+        keeper.sample()
+        clock.now += 0.03
+        keeper.batch_begins()
+        clock.now += 0.07
+        cpu.now += 0.05
+        keeper.batch_ends()
+    keeper.sample()
+    ledger = keeper.ledger()
+    assert ledger.step_seconds == pytest.approx(0.1)
+    assert ledger.input_seconds == pytest.approx(0.03 * 7 / 8)  # the first step had no step before it
+    assert ledger.cpu_seconds == pytest.approx(0.05)
+
+
+def test_the_users_frame_is_the_innermost_outside_the_libraries():
+    class Probe:
+        def __deepcopy__(self, memo):
+            return sys._getframe(1)  # a frame of copy.py (the standard library)
+
+    library_frame = copy.deepcopy(Probe())
+    assert library_frame.f_code.co_filename.endswith("copy.py")
+    where = user_frame_of(library_frame)
+    assert where.startswith(f"{__file__}:") and where.endswith("in test_the_users_frame_is_the_innermost_outside_the_libraries")
+    assert user_frame_of(None) == ""
+
+
+def _graph(fn, *specs):
+    return tf.function(fn).get_concrete_function(*specs).graph
+
+
+def test_fingerprints_tell_two_functions_apart_and_the_same_function_alike():
+    w = tf.Variable(tf.ones((4, 2)))
+    v = tf.Variable(tf.ones((4, 3)))
+
+    def step(x):
+        return tf.reduce_sum(tf.matmul(x, w))
+
+    def other_loss(x):
+        return tf.reduce_mean(tf.square(tf.matmul(x, w)))
+
+    def other_model(x):
+        return tf.reduce_sum(tf.matmul(x, v))
+
+    spec = tf.TensorSpec((None, 4), tf.float32)
+    first, again = summarize_graph(_graph(step, spec)), summarize_graph(_graph(step, spec))
+    assert first.fingerprint() == again.fingerprint() and len(first.fingerprint()) == 16
+    assert summarize_graph(_graph(other_loss, spec)).fingerprint() != first.fingerprint()
+    assert summarize_graph(_graph(other_model, spec)).fingerprint() != first.fingerprint()  # same ops, other shape
+    assert first.variables == [((4, 2), "float32")] and first.collectives == 0
+    # Another batch size traces again, but computes the same: the same fingerprint.
+    assert summarize_graph(_graph(step, tf.TensorSpec((8, 4), tf.float32))).fingerprint() == first.fingerprint()
+
+
+@pytest.fixture
+def kept(tmp_path):
+    """The ``ledger`` step taken as under ``tfstrategy launch`` (a progress file), undone afterwards."""
+    RUNTIME.progress.append(ProgressWriter(tmp_path / "worker-0.progress"))
+    step = KeepLedger(PlanInputs(consumer="hook", under_launcher=True))
+    assert step.take() is not None
+    yield step
+    step.undo()
+    RUNTIME.progress.clear()
+
+
+def test_the_step_fingerprints_each_traced_strategy_run_and_is_undone(kept, tmp_path):
+    keeper = current_keeper()
+    assert keeper is not None and keeper.path == ledger_path(tmp_path / "worker-0.progress")
+    assert RUNTIME.replacement("ledger_traces") is not None
+    strategy = tf.distribute.get_strategy()
+    w = tf.Variable(tf.ones((3, 1)))
+
+    def replica_step(x):
+        return tf.reduce_sum(tf.matmul(x, w))
+
+    @tf.function
+    def loop_step(x):
+        return strategy.run(replica_step, args=(x,))
+
+    @tf.function
+    def same_step(x):
+        return strategy.run(replica_step, args=(x,))
+
+    @tf.function
+    def other_step(x):
+        return strategy.run(lambda x: tf.reduce_max(tf.matmul(x, w)), args=(x,))
+
+    x = tf.ones((2, 3))
+    loop_step(x)
+    loop_step(x)  # no new trace: no new record
+    same_step(x)
+    keeper.call_begins("fit")
+    other_step(x)
+    strategy.run(replica_step, args=(x,))  # eager: nothing traced
+    traces = keeper.functions
+    assert [trace.kind for trace in traces] == ["custom", "custom", "train"]
+    assert traces[0].fingerprint == traces[1].fingerprint != traces[2].fingerprint
+    assert traces[0].collectives == 0 and "1 variable read" in traces[0].summary
+    assert keeper.ledger().extra["loop"] == "custom"
+    keeper.flush()
+    assert read_ledger(keeper.path).functions == traces
+    kept.undo()
+    assert current_keeper() is None and RUNTIME.replacement("ledger_traces") is None
+    assert "run" not in vars(tf.distribute.Strategy)  # inherited again, as before the step
+
+
+def test_the_keras_callbacks_feed_the_ledger_in_a_real_fit(kept):
+    keeper = current_keeper()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    first, last = worker_watch.progress_callbacks(keras)
+    x, y = np.zeros((40, 3), "float32"), np.zeros((40, 1), "float32")
+    keeper.call_begins("fit")
+    model.fit(x, y, batch_size=8, epochs=2, callbacks=[first, last], verbose=0)
+    keeper.call_ends("fit", normally=True)
+    ledger = keeper.ledger()
+    assert (ledger.epoch, ledger.batches, ledger.steps, ledger.total_steps) == (1, 5, 5, 10)
+    assert ledger.extra["epoch_steps"] == 5 and ledger.extra["loop"] == "fit" and ledger.end_of_data == ()
+    assert [trace.kind for trace in ledger.functions] == ["train"] and ledger.functions[0].step == 0
+
+    # A generator's dataset has no known length: its first epoch ends inside a begun batch.
+    def batches():
+        for _ in range(3):
+            yield np.zeros((8, 3), "float32"), np.zeros((8, 1), "float32")
+
+    spec = (tf.TensorSpec((None, 3), tf.float32), tf.TensorSpec((None, 1), tf.float32))
+    dataset = tf.data.Dataset.from_generator(batches, output_signature=spec)
+    keeper.call_begins("fit")
+    model.fit(dataset, epochs=1, callbacks=[first, last], verbose=0)
+    keeper.call_ends("fit", normally=True)
+    assert keeper.ledger().end_of_data == ((0, 3),)
