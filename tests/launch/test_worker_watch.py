@@ -104,7 +104,7 @@ def test_fit_counts_train_and_validation_batches_and_keeps_the_users_callbacks(t
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     x, y = np.zeros((12, 2), "float32"), np.zeros((12, 1), "float32")
-    fit = worker_watch._with_progress(keras.Model.fit, keras, worker_watch._CALLBACKS_POSITION["fit"])
+    fit = worker_watch._with_progress(keras.Model.fit, keras, worker_watch._CALLBACKS_POSITION["fit"], "fit")
     fit(model, x, y, batch_size=4, epochs=2, verbose=0, callbacks=[Users()], validation_data=(x, y))
     progress = read_progress(tmp_path / "progress")
     assert progress.steps == 2 * (3 + 3) and not progress.in_step  # 3 train + 3 validation batches per epoch
@@ -131,9 +131,10 @@ def test_a_dataset_of_unknown_length_leaves_no_step_begun_after_each_epoch_and_e
     rows = tf.data.Dataset.from_tensor_slices((np.zeros((12, 2), "float32"), np.zeros((12, 1), "float32")))
     data = rows.filter(lambda x, y: True).batch(4)  # filter: the length is unknown until the data runs out
     assert data.cardinality() == tf.data.UNKNOWN_CARDINALITY
-    fit = worker_watch._with_progress(keras.Model.fit, keras, worker_watch._CALLBACKS_POSITION["fit"])
+    fit = worker_watch._with_progress(keras.Model.fit, keras, worker_watch._CALLBACKS_POSITION["fit"], "fit")
     fit(model, data, epochs=2, verbose=0, callbacks=[Users()])
-    evaluate = worker_watch._with_progress(keras.Model.evaluate, keras, worker_watch._CALLBACKS_POSITION["evaluate"])
+    evaluate = worker_watch._with_progress(keras.Model.evaluate, keras, worker_watch._CALLBACKS_POSITION["evaluate"],
+                                          "evaluate")
     evaluate(model, data, verbose=0)
     assert [(p.steps, p.in_step) for p in at_epoch_end] == [(3, False), (6, False)]
     progress = read_progress(tmp_path / "progress")

@@ -235,28 +235,30 @@ def test_the_step_fingerprints_each_traced_strategy_run_and_is_undone(kept, tmp_
     assert "run" not in vars(tf.distribute.Strategy)  # inherited again, as before the step
 
 
-def test_the_keras_callbacks_feed_the_ledger_in_a_real_fit(kept):
+@pytest.fixture
+def counted(kept):
+    """The hook's ``count_batches`` rewrites of ``Model.fit``/``evaluate``/``predict``, removed afterwards."""
+    assert worker_watch.count_batches([keras]) is not None
+    yield
+    RUNTIME.replacement(f"count_batches:{keras.__name__}").remove()
+
+
+def test_the_keras_callbacks_feed_the_ledger_in_a_real_fit(counted):
     keeper = current_keeper()
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
-    first, last = worker_watch.progress_callbacks(keras)
+    fit = model.fit
     x, y = np.zeros((40, 3), "float32"), np.zeros((40, 1), "float32")
-    keeper.call_begins("fit")
-    model.fit(x, y, batch_size=8, epochs=2, callbacks=[first, last], verbose=0)
-    keeper.call_ends("fit", normally=True)
+    fit(x, y, batch_size=8, epochs=2, verbose=0)
     ledger = keeper.ledger()
     assert (ledger.epoch, ledger.batches, ledger.steps, ledger.total_steps) == (1, 5, 5, 10)
-    assert ledger.extra["epoch_steps"] == 5 and ledger.extra["loop"] == "fit" and ledger.end_of_data == ()
+    assert ledger.extra == {"loop": "fit", "epoch_steps": 5, "in_batch": False, "call": None}
+    assert ledger.end_of_data == ()
     assert [trace.kind for trace in ledger.functions] == ["train"] and ledger.functions[0].step == 0
 
-    # A generator's dataset has no known length: its first epoch ends inside a begun batch.
-    def batches():
-        for _ in range(3):
-            yield np.zeros((8, 3), "float32"), np.zeros((8, 1), "float32")
-
-    spec = (tf.TensorSpec((None, 3), tf.float32), tf.TensorSpec((None, 1), tf.float32))
-    dataset = tf.data.Dataset.from_generator(batches, output_signature=spec)
-    keeper.call_begins("fit")
-    model.fit(dataset, epochs=1, callbacks=[first, last], verbose=0)
-    keeper.call_ends("fit", normally=True)
-    assert keeper.ledger().end_of_data == ((0, 3),)
+    # A dataset of unknown length: each epoch ends inside a begun batch (after fit's validation, too).
+    rows = tf.data.Dataset.from_tensor_slices((x[:12], y[:12]))
+    data = rows.filter(lambda x, y: True).batch(4)
+    fit(data, epochs=2, verbose=0, validation_data=(x, y))
+    assert keeper.ledger().end_of_data == ((0, 3), (1, 3))
+    assert [trace.kind for trace in keeper.functions][-1] == "test"  # the validation's function

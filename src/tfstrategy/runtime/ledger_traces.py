@@ -9,7 +9,8 @@ hex digits. Two workers that trace different steps (another model, another loss,
 optimizer) get different fingerprints, and their collectives never meet; the same code gives
 the same fingerprint on every worker. The collective ops in the graph are counted too (the
 multi-worker all-reduces and all-gathers; a single-process ``MirroredStrategy`` reduces without
-them). An eager call (no trace) costs one attribute read.
+them). An eager call (no trace) costs one attribute read. tfstrategy's own checks (the
+divergence sentinel's, a probe's) are left out: they are the same on every worker by construction.
 
 Only public TensorFlow API is read: the default graph, its operations and ``as_graph_def``.
 """
@@ -17,6 +18,8 @@ Only public TensorFlow API is read: the default graph, its operations and ``as_g
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -90,13 +93,25 @@ def _fingerprinting(original: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> Any:
         result = original(self, fn, args, kwargs, options)
         graph = tf.compat.v1.get_default_graph()
-        if getattr(graph, "building_function", False):
+        if getattr(graph, "building_function", False) and not _tfstrategys_own(sys._getframe(1).f_code.co_filename):
             _record(graph)
         return result
 
     run.__wrapped__ = original  # type: ignore[attr-defined]
     run.__doc__ = original.__doc__
     return run
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PATCHES = os.path.join(_PACKAGE, "patches") + os.sep
+
+
+def _tfstrategys_own(filename: str) -> bool:
+    """Whether a ``Strategy.run`` called from ``filename`` is tfstrategy's own check (the divergence sentinel, a
+    probe): the same on every worker by construction, and no train/eval function of the user's. (A Keras
+    workaround's ``Strategy.run`` is Keras' train function, rebuilt: it counts.)"""
+    path = os.path.abspath(filename)
+    return path.startswith(_PACKAGE) and not path.startswith(_PATCHES)
 
 
 def _record(graph: Any) -> None:
