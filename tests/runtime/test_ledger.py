@@ -156,6 +156,14 @@ def test_the_users_frame_is_the_innermost_outside_the_libraries():
     assert user_frame_of(None) == ""
 
 
+def test_at_exit_the_ledger_keeps_the_last_frame_of_the_script_it_saw(tmp_path):
+    frames = iter(["train.py:7 in main", ""])  # at exit no frame of the script is left
+    keeper = LedgerKeeper(tmp_path / "l", clock=Clock(), cpu_clock=Clock(), frame=lambda: next(frames),
+                          write=lambda path, ledger: None)
+    assert keeper.ledger().frame == "train.py:7 in main"
+    assert keeper.ledger().frame == "train.py:7 in main"
+
+
 def _graph(fn, *specs):
     return tf.function(fn).get_concrete_function(*specs).graph
 

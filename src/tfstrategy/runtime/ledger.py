@@ -21,6 +21,7 @@ like :mod:`tfstrategy.launch.reports`). Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 import sysconfig
@@ -73,10 +74,12 @@ class LedgerKeeper:
         self.end_of_data: tuple[tuple[int, int], ...] = ()
         self.functions: tuple[FunctionTrace, ...] = ()
         self.loop: str | None = None
-        self.calls: list[str] = []
+        #: The Keras calls in progress, innermost last (a tuple: the heartbeat reads it while it changes).
+        self.calls: tuple[str, ...] = ()
         # The heartbeat's side.
         self._samples: deque[tuple[float, int, float, float]] = deque(maxlen=_WINDOW)
         self._written: Ledger | None = None
+        self._last_frame = ""
         self._written_at = float("-inf")
         self.writes = 0
 
@@ -112,12 +115,13 @@ class LedgerKeeper:
 
     def call_begins(self, method: str) -> None:
         """``Model.fit``/``evaluate``/``predict`` begins (``method``: its name)."""
-        self.calls.append(method)
+        self.calls = (*self.calls, method)
 
     def call_ends(self, method: str, *, normally: bool) -> None:
         """The call of ``method`` ended; a begun batch left behind on a normal return means the data ran out."""
         if method in self.calls:
-            del self.calls[len(self.calls) - 1 - self.calls[::-1].index(method)]
+            innermost = len(self.calls) - 1 - self.calls[::-1].index(method)
+            self.calls = self.calls[:innermost] + self.calls[innermost + 1:]
         if method == "fit":  # (evaluate and predict count no train batches: fit's validation leaves them be)
             if normally:
                 self._data_ran_out_if_in_batch()
@@ -132,7 +136,8 @@ class LedgerKeeper:
     def function_kind(self) -> str:
         """What a function traced now serves: ``train``/``test``/``predict`` inside a Keras call, else ``custom``."""
         kinds = {"fit": "train", "evaluate": "test", "predict": "predict"}
-        return kinds.get(self.calls[-1], "custom") if self.calls else "custom"
+        calls = self.calls
+        return kinds.get(calls[-1], "custom") if calls else "custom"
 
     def traced(self, trace: FunctionTrace) -> None:
         """A train/eval function was traced (its fingerprint, at this epoch and step)."""
@@ -145,17 +150,22 @@ class LedgerKeeper:
     def ledger(self) -> Ledger:
         """The ledger as of now (its step statistics from the last samples)."""
         step, inside_input, cpu = self._rates()
+        calls = self.calls
         extra: dict[str, object] = {"loop": self.loop, "epoch_steps": self.epoch_steps,
-                                    "in_batch": self.in_batch, "call": self.calls[-1] if self.calls else None}
+                                    "in_batch": self.in_batch, "call": calls[-1] if calls else None}
         return Ledger(epoch=self.epoch, batches=self.batches, steps=self.steps, total_steps=self.total_steps,
                       end_of_data=self.end_of_data, functions=self.functions, frame=self._safe_frame(),
                       step_seconds=step, input_seconds=inside_input, cpu_seconds=cpu, extra=extra)
 
     def _safe_frame(self) -> str:
+        """The user's frame now; at exit (no frame of the script's left), the last one seen."""
         try:
-            return self._frame()
+            frame = self._frame()
         except Exception:  # a frame that cannot be read must not stop the heartbeat
-            return ""
+            frame = ""
+        if frame:
+            self._last_frame = frame
+        return self._last_frame
 
     def _rates(self) -> tuple[float | None, float | None, float | None]:
         """Seconds per step, outside-step seconds per step and CPU seconds per step over the window."""
@@ -196,13 +206,13 @@ class LedgerKeeper:
 # -- the user's frame ------------------------------------------------------------------------------
 
 
+@functools.cache
 def _library_dirs() -> tuple[str, ...]:
     dirs = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     dirs.add(str(Path(__file__).resolve().parents[1]))  # tfstrategy itself
     return tuple(sorted(directory + os.sep for directory in dirs if directory))
 
 
-_LIBRARIES = _library_dirs()
 #: Whether each file seen is the user's (not a library's), by its code's file name.
 _USERS: dict[str, bool] = {}
 
@@ -211,7 +221,7 @@ def _is_users(filename: str) -> bool:
     known = _USERS.get(filename)
     if known is None:
         path = os.path.abspath(filename)
-        known = not (filename.startswith("<") or "site-packages" in path or path.startswith(_LIBRARIES))
+        known = not (filename.startswith("<") or "site-packages" in path or path.startswith(_library_dirs()))
         _USERS[filename] = known
     return known
 

@@ -7,7 +7,7 @@ and around those takes the steps of its plan (:class:`tfstrategy.runtime.plan.Pl
 the same step objects ``tfstrategy env`` prints), each recorded on the
 :class:`Selection`: ``split_cpu``, ``set_tf_config`` (a cluster environment
 that derives the cluster, e.g. a Slurm job step, sets ``TF_CONFIG``),
-``record_creation_sites``, ``signal_launcher`` (under ``tfstrategy launch``),
+``record_creation_sites``, ``ledger`` and ``signal_launcher`` (under ``tfstrategy launch``),
 ``apply_patches`` and ``set_precision``.
 """
 
