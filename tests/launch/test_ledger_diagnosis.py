@@ -25,6 +25,10 @@ def test_a_healthy_job_has_no_diagnosis():
     # every worker's data ran out at the same batch: the normal end of an epoch without steps_per_epoch
     ended = _ledger(epoch=1, batches=0, steps=0, end_of_data=((0, 9),), extra={"epoch_steps": 8})
     assert diagnose([_running(0, ended, in_step=False), _running(1, ended, in_step=False)]) is None
+    # ... and a peer that failed for another reason after that end is not "ahead" of it
+    last = _ledger(epoch=0, batches=9, steps=8, end_of_data=((0, 9),))
+    failed = WorkerView(index=1, ledger=last, returncode=1, joined=True, error_type="ValueError")
+    assert diagnose([_running(0, last, in_step=False), failed]) is None
 
 
 def test_a_worker_that_exits_0_before_joining_is_named_the_job_cannot_form():

@@ -493,11 +493,13 @@ def test_a_relayed_failure_crosses_the_wire_whole(outcome, exit_status, conseque
 
     sent = Failure(index=3, reason="exited with status 1: ValueError: x", status=1, time=1_700_000_123.25,
                    consequential=consequential, last_lines=("a", "b"), logs=("/logs/w3/stdout.log",),
-                   outcome=Outcome(outcome))
+                   outcome=Outcome(outcome), diagnosis=("worker 3 exited 1 before joining: the job cannot form",
+                                                        "worker 0 joined and waits for it"))
     message = RoundFailed.of(1, failure_to_message(0, sent), restart=False)
     failure = failure_from_event(JobEvent(EventKind.FAILED, {}, message))
     assert failure == Failure(**{**sent.__dict__, "node": 1})
     assert (failure.exit_status, failure.consequential, failure.node) == (exit_status, consequential, 1)
+    assert failure.headline() == "node 1: worker 3 exited 1 before joining: the job cannot form"
 
 
 def test_a_peer_failing_while_a_worker_is_stalled_is_an_echo_of_the_stall():

@@ -144,8 +144,11 @@ def _uneven_shards(views: Sequence[WorkerView]) -> Diagnosis | None:
             continue
         epoch, begun = ledger.end_of_data[-1]
         done = ledger.steps if ledger.epoch == epoch else max(begun - 1, 0)
-        ahead = [(v, _batches_in(v, epoch)) for v in views if v is not worker]
-        ahead = [(v, batches) for v, batches in ahead if batches > done + 1 or (batches > done and v.in_step)]
+        # A peer whose data ran out in the same batch ended its epoch with it (the normal end without steps_per_epoch).
+        ahead = [(v, _batches_in(v, epoch)) for v in views if v is not worker
+                 and not (v.ledger is not None and (epoch, begun) in v.ledger.end_of_data)]
+        ahead = [(v, batches) for v, batches in ahead
+                 if batches > done + 1 or (batches > done and (v.in_step or v.returncode is not None))]
         ran_out = [(v, begun_there) for v in views if v is not worker and v.ledger is not None
                    for e, begun_there in v.ledger.end_of_data[-1:] if e == epoch and begun_there > begun]
         if ran_out and not ahead:
@@ -157,10 +160,11 @@ def _uneven_shards(views: Sequence[WorkerView]) -> Diagnosis | None:
                 _plan_evidence(views, epoch))
         if ahead:
             peer, batches = ahead[0]
+            waits = "waits" if peer.returncode is None else "was"
             return Diagnosis(
                 "uneven-shards", worker.index,
                 f"worker {worker.index} ran out of data after {done} batch(es) of epoch {epoch + 1} while worker "
-                f"{peer.index} waits in batch {batches}: the shards differ by {_batches(batches - done)} "
+                f"{peer.index} {waits} in batch {batches}: the shards differ by {_batches(batches - done)} "
                 f"({PREPARE_HINT})",
                 _plan_evidence(views, epoch) + ("a worker whose data ends leaves its peers inside a collective "
                                                 "that waits for it",))
@@ -278,7 +282,7 @@ def _steps_done(view: WorkerView) -> int:
 def _batches_in(view: WorkerView, epoch: int) -> int:
     """The batches ``view``'s worker has begun in ``epoch`` (0 when it is not there)."""
     ledger = view.ledger
-    if ledger is None or view.returncode is not None:
+    if ledger is None:
         return 0
     if ledger.epoch == epoch:
         return ledger.batches

@@ -134,6 +134,13 @@ class Failure:
             return self.diagnosis[0] if self.node is None else f"node {self.node}: {self.diagnosis[0]}"
         return f"{self.who} {self.reason}"
 
+    def as_dict(self) -> dict[str, object]:
+        """The failure as plain JSON values (``--log-dir``'s ``failure.json``)."""
+        return {"worker": self.index, "node": self.node, "headline": self.headline(), "reason": self.reason,
+                "diagnosis": list(self.diagnosis), "status": self.status, "outcome": self.outcome.value,
+                "exit_status": self.exit_status, "time": self.time, "consequential": self.consequential,
+                "last_lines": list(self.last_lines), "logs": list(self.logs)}
+
     def report(self, consequences: tuple[Failure, ...] = ()) -> str:
         """The failure (its diagnosis and evidence first), its consequences on the peers, its last lines and logs."""
         lines = [self.headline()]
