@@ -8,9 +8,8 @@ and tagged, so each test checks that no process of either node is left behind.
 
 from __future__ import annotations
 
-import dataclasses
-
 import argparse
+import dataclasses
 import os
 import re
 import signal

@@ -112,7 +112,7 @@ def _stopped(views: Sequence[WorkerView]) -> Diagnosis | None:
     peers = [v for v in views if v is not worker and v.returncode is None]
     evidence += [f"worker {v.index} is {'inside' if v.in_step else 'after'} step {max(v.steps, 0) + v.in_step}"
                  for v in peers if v.steps >= 0]
-    evidence.append(f"resume it with 'kill -CONT <pid>' (or continue it in the debugger)")
+    evidence.append("resume it with 'kill -CONT <pid>' (or continue it in the debugger)")
     return Diagnosis("stopped", worker.index,
                      f"worker {worker.index} is stopped (SIGSTOP or a debugger){after}; its peers wait for it",
                      tuple(evidence))
