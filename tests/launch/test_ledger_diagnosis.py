@@ -41,10 +41,12 @@ def test_a_worker_that_exits_0_before_joining_is_named_the_job_cannot_form():
 def test_a_worker_that_raises_before_joining_is_named_with_its_exception():
     creating = WorkerView(index=0, joining=True)
     found = diagnose([creating, WorkerView(index=1, returncode=1, error_type="ValueError",
+                                           error="ValueError: bad flag (at train.py:7 in <module>)",
                                            ledger=Ledger(frame="train.py:7 in <module>"))])
     assert found is not None
     assert found.headline == "worker 1 raised ValueError before joining: the job cannot form"
-    assert "worker 0 is creating its strategy and waits for it" in found.evidence
+    assert found.evidence[:2] == ("worker 1's error: ValueError: bad flag (at train.py:7 in <module>)",
+                                  "worker 0 is creating its strategy and waits for it")
     assert "worker 1's last frame in your code: train.py:7 in <module>" in found.evidence
 
 

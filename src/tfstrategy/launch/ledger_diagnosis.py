@@ -48,8 +48,10 @@ class WorkerView:
     joining: bool = False
     #: State T in ``/proc/PID/stat``.
     stopped: bool = False
-    #: The type of the uncaught exception it recorded, if any (``ValueError``).
+    #: The type of the uncaught exception it recorded, if any (``ValueError``), and the whole of it
+    #: (``ValueError: bad flag (at train.py:7 in main)``).
     error_type: str | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,9 @@ def _early_exit(views: Sequence[WorkerView]) -> Diagnosis | None:
     what = (f"raised {worker.error_type}" if worker.error_type else
             f"exited {worker.returncode}" if worker.returncode is not None and worker.returncode >= 0 else
             f"was killed by signal {-(worker.returncode or 0)}")
-    evidence = [f"worker {v.index} {'joined' if v.joined else 'is creating its strategy'} and waits for it"
-                for v in waiting]
+    evidence = [f"worker {worker.index}'s error: {worker.error}"] if worker.error else []
+    evidence += [f"worker {v.index} {'joined' if v.joined else 'is creating its strategy'} and waits for it"
+                 for v in waiting]
     if worker.ledger is not None and worker.ledger.frame:
         evidence.append(f"worker {worker.index}'s last frame in your code: {worker.ledger.frame}")
     evidence.append("every worker must create the same MultiWorkerMirroredStrategy and train together")

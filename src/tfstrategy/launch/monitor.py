@@ -174,7 +174,8 @@ class GroupMonitor:
             WorkerView(index=w.index, ledger=w.ledger, steps=w.steps, in_step=w.in_step and not w.state.ended,
                        returncode=w.returncode, joined=w.joined, joining=w.state is WorkerState.JOINING,
                        stopped=w.stopped_since is not None and not w.state.ended,
-                       error_type=None if w.error is None else w.error.type.rsplit(".", 1)[-1])
+                       error_type=None if w.error is None else w.error.type.rsplit(".", 1)[-1],
+                       error=None if w.error is None else w.error.describe())
             for w in self.workers.values()])
 
     def _every_worker_joined(self) -> bool:
