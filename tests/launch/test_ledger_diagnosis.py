@@ -167,3 +167,12 @@ def test_an_unchanged_ledger_is_not_a_new_reading():
     watch = StragglerWatch()
     ledgers = {0: _steady(0, 1.0, input_seconds=0.1, cpu=0.1), 1: _steady(1, 1.0, input_seconds=0.001, cpu=0.1)}
     assert all(watch.update(ledgers) == [] for _ in range(30))
+
+
+def test_uneven_shards_come_before_the_retrace_a_shorter_batch_may_cause():
+    retraced = FunctionTrace(kind="train", fingerprint="c0ffee", step=7, summary="Sequential: 2 variables")
+    short = _ledger(epoch=0, batches=8, steps=7, end_of_data=((0, 8),), functions=(TRAIN, retraced))
+    other = FunctionTrace(kind="train", fingerprint="d00d00", step=7, summary="Sequential: 2 variables")
+    waiting = _ledger(epoch=0, batches=8, steps=7, functions=(TRAIN, other))
+    found = diagnose([_running(0, waiting, steps=7), _running(1, short, in_step=False)])
+    assert found is not None and found.cause == "uneven-shards"

@@ -7,8 +7,9 @@ first that fits wins, each one a cause no stack shows):
 
 - a worker exited (any status) before joining: the job cannot form;
 - a worker is stopped (SIGSTOP, a debugger): its peers wait for it;
+- the shards are uneven: one worker ran out of data a batch before its peers;
 - the workers traced different train functions: their collectives never meet;
-- the shards are uneven: one worker ran out of data (or plans fewer steps) a batch before its peers.
+- the shards are uneven: one worker plans fewer steps in the epoch than its peers (Keras knows it).
 
 :class:`StragglerWatch` reads the ledgers while the job runs and names, once, a worker whose input
 wait or CPU per step is persistently above its peers' (a warning: the job goes on). In a synchronous
@@ -72,7 +73,7 @@ class Diagnosis:
 
 def diagnose(views: Sequence[WorkerView]) -> Diagnosis | None:
     """The cause the ledgers and states show, or ``None`` (no cause the launcher can name: say what it saw)."""
-    for check in (_early_exit, _stopped, _different_functions, _uneven_shards):
+    for check in (_early_exit, _stopped, _ran_out_unevenly, _different_functions, _uneven_plans):
         found = check(views)
         if found is not None:
             return found
@@ -139,8 +140,12 @@ def _different_functions(views: Sequence[WorkerView]) -> Diagnosis | None:
     return None
 
 
-def _uneven_shards(views: Sequence[WorkerView]) -> Diagnosis | None:
-    """A worker whose data ran out (or whose epoch is planned) a batch short of a peer's."""
+def _ran_out_unevenly(views: Sequence[WorkerView]) -> Diagnosis | None:
+    """A worker whose data ran out a batch (or more) short of a peer's.
+
+    Checked before the functions: a shorter last batch on one worker may trace its step again, which is
+    a consequence of the uneven shards, not the cause.
+    """
     for worker in views:
         ledger = worker.ledger
         if ledger is None or not ledger.end_of_data:
@@ -171,7 +176,7 @@ def _uneven_shards(views: Sequence[WorkerView]) -> Diagnosis | None:
                 f"({PREPARE_HINT})",
                 _plan_evidence(views, epoch) + ("a worker whose data ends leaves its peers inside a collective "
                                                 "that waits for it",))
-    return _uneven_plans(views)
+    return None
 
 
 def _uneven_plans(views: Sequence[WorkerView]) -> Diagnosis | None:
