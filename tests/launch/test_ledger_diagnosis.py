@@ -176,3 +176,12 @@ def test_uneven_shards_come_before_the_retrace_a_shorter_batch_may_cause():
     waiting = _ledger(epoch=0, batches=8, steps=7, functions=(TRAIN, other))
     found = diagnose([_running(0, waiting, steps=7), _running(1, short, in_step=False)])
     assert found is not None and found.cause == "uneven-shards"
+
+
+def test_a_worker_whose_own_steps_are_slower_is_a_straggler_when_input_and_cpu_do_not_tell():
+    def make(index, written):
+        return Ledger(steps=int(written), step_seconds=0.32 if index == 1 else 0.2, time=written)
+
+    found = _watch(10, make)
+    assert [d.headline for d in found] == ["worker 1 is a straggler: its steps take 1.6x its peers' time (0.32 s "
+                                           "against 0.20 s)"]

@@ -262,6 +262,11 @@ def _slower(ledger: Ledger, peers: Sequence[Ledger], ratio: float, share: float,
         if mine >= ratio * typical and mine - typical >= margin:
             return (f"its steps take {mine / max(typical, 1e-3):.1f}x its peers' CPU ({mine:.2f} s a step against "
                     f"{typical:.2f} s: a slower or busier host, or more work on this worker)")
+    # Where the ledger times a worker's own part of the step (peers' waits apart), the step itself.
+    times = [peer.step_seconds for peer in peers if peer.step_seconds is not None]
+    usual = statistics.median(times) if times else None
+    if usual is not None and step >= ratio * usual and step - usual >= max(share * usual, floor):
+        return f"its steps take {step / max(usual, 1e-3):.1f}x its peers' time ({step:.2f} s against {usual:.2f} s)"
     return None
 
 
