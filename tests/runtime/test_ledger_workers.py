@@ -9,7 +9,7 @@ import pytest
 from helpers import ROOT, run_cli
 from tfstrategy.launch.ledger import read_ledger
 
-WORKER = ROOT / "tests" / "workers" / "ledger_worker.py"
+WORKER = ROOT / "tests" / "workers" / "ledger_fit_worker.py"
 
 
 @pytest.mark.multiprocess
