@@ -79,13 +79,13 @@ def test_a_batch_begun_and_never_ended_at_the_epochs_end_is_the_data_running_out
     keeper.call_begins("evaluate")  # fit's validation runs before the epoch's end: it must not hide that
     keeper.call_ends("evaluate", normally=True)
     keeper.epoch_ends()
-    assert keeper.ledger().end_of_data == ((2, 31),)
+    assert keeper.ledger().end_of_data == ((2, 32),)
     # An epoch whose batches all ended: nothing more.
     keeper.epoch_begins(3)
     keeper.batch_begins()
     keeper.batch_ends()
     keeper.epoch_ends()
-    assert keeper.ledger().end_of_data == ((2, 31),)
+    assert keeper.ledger().end_of_data == ((2, 32),)
 
 
 def test_fit_returning_inside_a_begun_batch_ran_out_of_data_but_an_abort_did_not(tmp_path):
@@ -99,7 +99,7 @@ def test_fit_returning_inside_a_begun_batch_ran_out_of_data_but_an_abort_did_not
     keeper.epoch_begins(0)
     keeper.batch_begins()
     keeper.call_ends("fit", normally=True)
-    assert keeper.end_of_data == ((0, 0),)
+    assert keeper.end_of_data == ((0, 1),)
 
 
 def test_the_file_is_written_at_most_once_a_second_and_only_on_change(tmp_path):
@@ -268,5 +268,5 @@ def test_the_keras_callbacks_feed_the_ledger_in_a_real_fit(counted):
     rows = tf.data.Dataset.from_tensor_slices((x[:12], y[:12]))
     data = rows.filter(lambda x, y: True).batch(4)
     fit(data, epochs=2, verbose=0, validation_data=(x, y))
-    assert keeper.ledger().end_of_data == ((0, 3), (1, 3))
+    assert keeper.ledger().end_of_data == ((0, 4), (1, 4))  # batch 4 found no data
     assert [trace.kind for trace in keeper.functions][-1] == "test"  # the validation's function

@@ -130,7 +130,8 @@ class LedgerKeeper:
 
     def _data_ran_out_if_in_batch(self) -> None:
         if self.in_batch:
-            self.end_of_data = (*self.end_of_data, (self.epoch, self.steps))[-_KEPT:]
+            # (epoch, the batch begun that found no data): "ran out after batches - 1 batches".
+            self.end_of_data = (*self.end_of_data, (self.epoch, self.batches))[-_KEPT:]
             self.in_batch = False
 
     def function_kind(self) -> str:
