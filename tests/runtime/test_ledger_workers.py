@@ -22,7 +22,7 @@ def test_two_workers_ledgers_agree_on_batches_and_fingerprints(tmp_path):
     for ledger in ledgers:
         assert (ledger.epoch, ledger.batches, ledger.steps, ledger.total_steps) == (1, 8, 8, 16)
         assert ledger.extra["epoch_steps"] == 8 and ledger.extra["loop"] == "fit" and ledger.end_of_data == ()
-        assert "ledger_worker.py:" in ledger.frame and ledger.step_seconds is not None
+        assert "ledger_fit_worker.py:" in ledger.frame and ledger.step_seconds is not None
         assert [trace.kind for trace in ledger.functions][:1] == ["train"]
         assert ledger.functions[0].collectives  # the gradients' all-reduce across the two workers
     first, second = ([(trace.kind, trace.fingerprint) for trace in ledger.functions] for ledger in ledgers)
