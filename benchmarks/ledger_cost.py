@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "heartbeat_core_share": heartbeat_share,
         "fingerprint_seconds_per_trace": fingerprint_seconds,
         "trace_cpu_seconds": trace_seconds,
-        "train_graph": summary.describe(),
+        "train_graph": f"{summary.describe()}, {summary.collectives} collectives",
         "same_train_graph_with_ledger": summary.fingerprint() == plain_fingerprint,
         "ledger_written": written is not None and written.total_steps > 0,
     }

@@ -57,9 +57,9 @@ class GraphSummary:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        """A few words a user recognises: ``"120 ops, 6 variable reads, 2 collectives"``."""
-        return (f"{sum(self.ops.values())} ops, {len(self.variables)} variable reads, "
-                f"{self.collectives} collective{'s' if self.collectives != 1 else ''}")
+        """A few words a user recognises: ``"120 ops, 6 variable reads"`` (the collectives have a field of their own)."""
+        reads = len(self.variables)
+        return f"{sum(self.ops.values())} ops, {reads} variable read{'s' if reads != 1 else ''}"
 
 
 def summarize_graph(graph: Any) -> GraphSummary:
