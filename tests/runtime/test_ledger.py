@@ -55,7 +55,8 @@ def test_batches_and_steps_are_counted_per_epoch_and_in_all(tmp_path):
     ledger = keeper.ledger()
     assert (ledger.epoch, ledger.batches, ledger.steps, ledger.total_steps) == (1, 2, 1, 5)
     assert ledger.end_of_data == () and ledger.frame == "train.py:7 in main"
-    assert ledger.extra == {"loop": "fit", "epoch_steps": 4, "in_batch": True, "call": "fit"}
+    assert ledger.extra == {"loop": "fit", "epoch_steps": 4, "in_batch": True, "call": "fit",
+                            "tracing": None}
 
 
 def test_keras_step_numbers_count_every_step_of_a_multi_step_batch(tmp_path):
@@ -209,7 +210,10 @@ def test_the_step_fingerprints_each_traced_strategy_run_and_is_undone(kept, tmp_
     strategy = tf.distribute.get_strategy()
     w = tf.Variable(tf.ones((3, 1)))
 
+    tracing = []
+
     def replica_step(x):
+        tracing.append(keeper.ledger().extra["tracing"])  # (runs while the function is traced)
         return tf.reduce_sum(tf.matmul(x, w))
 
     @tf.function
@@ -232,6 +236,7 @@ def test_the_step_fingerprints_each_traced_strategy_run_and_is_undone(kept, tmp_
     other_step(x)
     strategy.run(replica_step, args=(x,))  # eager: nothing traced
     traces = keeper.functions
+    assert tracing == ["custom", "custom", None] and keeper.tracing is None  # a trace in progress says so
     assert [trace.kind for trace in traces] == ["custom", "custom", "train"]
     assert traces[0].fingerprint == traces[1].fingerprint != traces[2].fingerprint
     assert traces[0].collectives == 0 and traces[0].summary.endswith(" ops, 1 variable read")
@@ -260,7 +265,8 @@ def test_the_keras_callbacks_feed_the_ledger_in_a_real_fit(counted):
     fit(x, y, batch_size=8, epochs=2, verbose=0)
     ledger = keeper.ledger()
     assert (ledger.epoch, ledger.batches, ledger.steps, ledger.total_steps) == (1, 5, 5, 10)
-    assert ledger.extra == {"loop": "fit", "epoch_steps": 5, "in_batch": False, "call": None}
+    assert ledger.extra == {"loop": "fit", "epoch_steps": 5, "in_batch": False, "call": None,
+                            "tracing": None}
     assert ledger.end_of_data == ()
     assert [trace.kind for trace in ledger.functions] == ["train"] and ledger.functions[0].step == 0
 

@@ -76,6 +76,9 @@ class LedgerKeeper:
         self.loop: str | None = None
         #: The Keras calls in progress, innermost last (a tuple: the heartbeat reads it while it changes).
         self.calls: tuple[str, ...] = ()
+        #: The kind of function being traced now (``None``: none): a worker stuck in its trace (creating a
+        #: variable the other workers never create, which waits on them) has no fingerprint, but this.
+        self.tracing: str | None = None
         # The heartbeat's side.
         self._samples: deque[tuple[float, int, float, float]] = deque(maxlen=_WINDOW)
         self._written: Ledger | None = None
@@ -153,7 +156,8 @@ class LedgerKeeper:
         step, inside_input, cpu = self._rates()
         calls = self.calls
         extra: dict[str, object] = {"loop": self.loop, "epoch_steps": self.epoch_steps,
-                                    "in_batch": self.in_batch, "call": calls[-1] if calls else None}
+                                    "in_batch": self.in_batch, "call": calls[-1] if calls else None,
+                                    "tracing": self.tracing}
         return Ledger(epoch=self.epoch, batches=self.batches, steps=self.steps, total_steps=self.total_steps,
                       end_of_data=self.end_of_data, functions=self.functions, frame=self._safe_frame(),
                       step_seconds=step, input_seconds=inside_input, cpu_seconds=cpu, extra=extra)

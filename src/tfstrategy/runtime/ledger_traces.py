@@ -90,11 +90,21 @@ def trace_of(graph: Any, *, kind: str, epoch: int, step: int) -> FunctionTrace:
 def _fingerprinting(original: Callable[..., Any]) -> Callable[..., Any]:
     import tensorflow as tf
 
+    from tfstrategy.runtime.ledger import current_keeper
+
     def run(self: Any, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> Any:
-        result = original(self, fn, args, kwargs, options)
         graph = tf.compat.v1.get_default_graph()
-        if getattr(graph, "building_function", False) and not _tfstrategys_own(sys._getframe(1).f_code.co_filename):
-            _record(graph)
+        if not getattr(graph, "building_function", False) or _tfstrategys_own(sys._getframe(1).f_code.co_filename):
+            return original(self, fn, args, kwargs, options)  # eager, or tfstrategy's own check
+        keeper = current_keeper()
+        if keeper is not None:
+            keeper.tracing = keeper.function_kind()  # a trace that never returns (it waits on a peer) says so
+        try:
+            result = original(self, fn, args, kwargs, options)
+        finally:
+            if keeper is not None:
+                keeper.tracing = None
+        _record(graph)
         return result
 
     run.__wrapped__ = original  # type: ignore[attr-defined]
