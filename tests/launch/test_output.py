@@ -373,3 +373,13 @@ def test_console_workers_names_the_lead(text, lead, every, workers):
     options = options_from_args(build_parser().parse_args(["launch", "-n", "3", "--debug", *flag, "--", "true"]))
     assert options.console_view == dataclasses.replace(view, debug=True)
     assert options.console_workers == (frozenset({0, 1, 2}) if every else workers)  # all: with --log-dir too
+
+
+def test_a_workers_stop_line_stays_off_the_console_the_launchers_headline_says_it_once():
+    console, stream, clock = _console(every_line=True)
+    line = "tfstrategy refused OneDeviceStrategy under a multi-worker TF_CONFIG (2 workers): it places ..."
+    console.line(0, "[worker 0] ", "loading data")
+    console.line(0, "[worker 0] ", line)
+    console.line(1, "[worker 1] ", line)
+    _later(console, clock, 5)
+    assert stream.getvalue().splitlines() == ["[worker 0] loading data"]

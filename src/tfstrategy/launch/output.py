@@ -77,6 +77,7 @@ _ENDINGS = {
     "interrupted": "was interrupted",
     "preempted": "was preempted (every worker saved; requeue it)",
     "lost": "lost its connection to node 0",
+    "stopped": "was stopped by a worker (the line above)",
 }
 
 
