@@ -66,7 +66,10 @@ def test_a_logical_devices_name_is_what_messages_show():
 # -- under `tfstrategy run`: plain TensorFlow's answer, a stop for a missing device, a note only when true ---------
 
 
-def _run(devices, *, chosen=None, host=HostInfo(cpus=4), settings=(), warn_only=False):
+FOUR_CPU_HOST = HostInfo(cpus=4)
+
+
+def _run(devices, *, chosen=None, host=FOUR_CPU_HOST, settings=(), warn_only=False):
     return decide_listed(read_device_list(devices), where="train.py:7", chosen=chosen, host=host, settings=settings,
                          warn_only=warn_only)
 
