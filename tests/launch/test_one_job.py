@@ -91,3 +91,21 @@ def test_stop_refuses_a_line_the_launcher_would_not_recognise():
 
     with pytest.raises(ValueError, match="a stop line starts with"):
         stop("something went wrong")
+
+
+def test_list_logical_devices_in_a_launched_worker_lists_its_own_devices_until_it_joins():
+    """The hook configures the cluster at import; plain TensorFlow lists local devices until the strategy starts it."""
+    import tensorflow as tf
+
+    from tfstrategy.runtime import RUNTIME
+    from tfstrategy.runtime.hook_strategies import _local_devices
+
+    cluster = [tf.config.LogicalDevice(f"/job:worker/replica:0/task:{task}/device:CPU:0", "CPU") for task in (0, 1)]
+    listed = _local_devices(lambda device_type=None: cluster, ("worker", 1))
+    assert listed("CPU") == [tf.config.LogicalDevice("/job:localhost/replica:0/task:0/device:CPU:0", "CPU")]
+    joined = RUNTIME.hook.joined
+    try:
+        RUNTIME.hook.joined = True
+        assert listed("CPU") == cluster
+    finally:
+        RUNTIME.hook.joined = joined

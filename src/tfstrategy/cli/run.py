@@ -26,7 +26,8 @@ DESCRIPTION = textwrap.dedent(
 
       - --cpu-replicas N splits the CPU into N logical devices before the script's
         TensorFlow starts, and MirroredStrategy() without devices uses all N;
-      - --devices SPEC restricts MirroredStrategy() to those devices;
+      - --devices SPEC restricts MirroredStrategy() to those devices (checked
+        against this host before COMMAND starts: one line and exit 2 if absent);
       - the Keras workarounds the installed release needs are applied (e.g.
         compile(steps_per_execution=8) on 2+ replicas);
       - Model.fit/evaluate first audit that the model's variables were created in
