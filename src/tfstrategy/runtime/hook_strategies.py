@@ -100,7 +100,8 @@ def prepare_collectives(config: ClusterConfig | None) -> str | None:
     task = (config.task_type, config.task_index)
     install_rewrite(Rewrite("local_logical_devices", lambda: __import__("tensorflow").config,
                             {"list_logical_devices": lambda original: _local_devices(original, task)}))
-    return f"{config.task_type} {config.task_index} of {config.num_workers}: collectives configured before the first op"
+    return (f"{config.task_type} {config.task_index} of {config.num_workers}: collectives configured before the first "
+            "op; list_logical_devices() lists this worker's devices until it joins")
 
 
 def _local_devices(original: Callable[..., Any], task: device_lists.Task) -> Callable[..., Any]:
