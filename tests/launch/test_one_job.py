@@ -12,6 +12,7 @@ import pytest
 from tfstrategy.runtime import one_job
 from tfstrategy.runtime.device_lists import read_device_list
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite, remove_rewrites
+from tfstrategy.selection.host import HostInfo
 from tfstrategy.worker_contract import EXIT_STOPPED, STOP_PREFIXES
 
 
@@ -109,3 +110,27 @@ def test_list_logical_devices_in_a_launched_worker_lists_its_own_devices_until_i
         assert listed("CPU") == cluster
     finally:
         RUNTIME.hook.joined = joined
+
+
+@pytest.mark.parametrize(
+    ("devices", "host", "has"),
+    [
+        pytest.param(["/gpu:0"], HostInfo(cpus=1), "this host has ['/cpu:0']", id="a-gpu-on-a-cpu-worker"),
+        pytest.param([0, 1, 2], HostInfo(cpus=1, gpus=2), "this host has ['/cpu:0', '/gpu:0', '/gpu:1']",
+                     id="a-gpu-past-the-last"),
+    ],
+)
+def test_launch_says_a_listed_device_the_worker_lacks_as_run_does(devices, host, has):
+    decision = one_job.decide_mirrored(read_device_list(devices, ("worker", 0)), one_job.worker_devices(host.gpus), 2,
+                                       host=host, where="train.py:5")
+    assert decision.action == one_job.REFUSE
+    assert decision.message.startswith("tfstrategy stopped MirroredStrategy(devices=") and "\n" not in decision.message
+    assert " at train.py:5: Received devices=" in decision.message and has in decision.message
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_a_cpu_list_is_decided_by_the_job_not_the_host(cpus):
+    """Logical CPUs are refused as a list the job cannot honour (--cpu-replicas cannot help a multi-worker job)."""
+    listed = read_device_list(["/cpu:0", "/cpu:1"], ("worker", 0))
+    decision = one_job.decide_mirrored(listed, one_job.worker_devices(0), 2, host=HostInfo(cpus=cpus), where="t.py:1")
+    assert decision.message.startswith("tfstrategy refused MirroredStrategy(devices=['/cpu:0', '/cpu:1'])")

@@ -248,6 +248,8 @@ def mirrored_devices(inputs: PlanInputs) -> str:
     config = inputs.cluster if inputs.multi_worker else None
     cls = distribute.MirroredStrategy
     if config is not None:
+        from tfstrategy.selection.host import HostInfo
+
         multi_worker = type("MultiWorkerMirroredStrategy", (distribute.MultiWorkerMirroredStrategy,),
                             {"__module__": __name__})
         gpus = len(__import__("tensorflow").config.list_physical_devices("GPU"))
@@ -259,7 +261,8 @@ def mirrored_devices(inputs: PlanInputs) -> str:
                     return object.__new__(klass)
                 task = (config.task_type, config.task_index)
                 listed = None if devices is None else device_lists.read_device_list(devices, task)
-                decision = one_job.decide_mirrored(listed, local, config.num_workers)
+                decision = one_job.decide_mirrored(listed, local, config.num_workers, host=HostInfo.detect(),
+                                                   where=_script_line())
                 if decision.action == one_job.REFUSE:
                     stop(decision.message)
                 return multi_worker()

@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tfstrategy.runtime.device_lists import DeviceList
+from tfstrategy.runtime.device_lists import DeviceList, decide_listed
 from tfstrategy.selection.devices import Device
+from tfstrategy.selection.host import HostInfo
 
 __all__ = ["JOIN", "REFUSE", "Decision", "decide_mirrored", "refusal", "REFUSED_CLASSES"]
 
@@ -88,7 +89,8 @@ def refusal(what: str, num_workers: int) -> str:
     return f"tfstrategy refused {what} {_where(num_workers)}: {why}. {fix}."
 
 
-def decide_mirrored(listed: DeviceList | None, worker_devices: Sequence[Device], num_workers: int) -> Decision:
+def decide_mirrored(listed: DeviceList | None, worker_devices: Sequence[Device], num_workers: int, *,
+                    host: HostInfo | None = None, where: str = "an unknown line") -> Decision:
     """Whether ``MirroredStrategy(devices)`` can join a job whose workers each replicate over ``worker_devices``.
 
     Args:
@@ -96,9 +98,16 @@ def decide_mirrored(listed: DeviceList | None, worker_devices: Sequence[Device],
             ``None`` when it gave none.
         worker_devices: what MultiWorkerMirroredStrategy uses on this worker (every GPU, else CPU:0).
         num_workers: workers in the job.
+        host: this worker's devices: a listed GPU it lacks is said as such (what was asked, what it has, the fix);
+            a CPU list is the job's question (``--cpu-replicas`` cannot help a multi-worker job).
+        where: the script's ``file:line``, for that line.
     """
     if listed is None or listed.every_local_device:  # [], list_logical_devices('GPU') on a CPU host
         return Decision(action=JOIN)
+    if host is not None and any(device.kind == "GPU" for device in listed.local):
+        missing = decide_listed(listed, where=where, chosen=None, host=host)
+        if missing.stop:
+            return Decision(action=REFUSE, message=missing.stop)
     if listed.readable_local and sorted(set(listed.local)) == sorted(set(worker_devices)):
         return Decision(action=JOIN)
     local = ",".join(str(device) for device in worker_devices)
