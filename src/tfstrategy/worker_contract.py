@@ -61,7 +61,9 @@ STARTUP_DIR = Path(__file__).resolve().parent / "runtime" / "startup"
 STACK_SIGNAL = signal.SIGUSR2
 #: How a worker's one line begins when the hook stops it on a user error (a refused strategy, a missing device),
 #: and its exit status: the launcher makes that line its headline, once, and does not restart the job.
-STOP_PREFIXES = ("tfstrategy refused ", "tfstrategy stopped ")
+#: (The scope audit's "tfstrategy stopped fit() ..." is an exception the script sees, not one of these.)
+STOP_PREFIXES = ("tfstrategy refused ", "tfstrategy stopped MirroredStrategy(", "tfstrategy stopped Model.fit() ",
+                 "tfstrategy stopped the script ")
 EXIT_STOPPED = 2
 
 

@@ -392,7 +392,7 @@ def test_the_tail_keeps_a_workers_stop_line_whole_for_the_headline_and_bounds_it
     stop = "tfstrategy refused OneDeviceStrategy " + "x" * (TAIL_LINE_CHARS + 100) + " Run the script as one process."
     tail.add(stop)
     tail.add("y" * (TAIL_LINE_CHARS + 1))
-    tail.add("tfstrategy stopped " + "z" * 3 * STOP_LINE_CHARS)
+    tail.add("tfstrategy stopped MirroredStrategy(" + "z" * 3 * STOP_LINE_CHARS)
     kept = tail.lines()
     assert kept[0] == stop
     assert kept[1].endswith("[... 1 more characters]")

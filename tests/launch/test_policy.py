@@ -586,6 +586,8 @@ def test_the_stop_line_is_recognised_only_with_exit_2_and_a_stop_prefix():
         == "tfstrategy stopped MirroredStrategy(devices=['/gpu:0']) at x.py:3: Received ..."
     assert stop_line(1, (REFUSED,)) is None
     assert stop_line(2, ("tfstrategy: note ...", "ValueError: x")) is None
+    # The scope audit's message is an exception the script sees, not a stop line.
+    assert stop_line(2, ("tfstrategy stopped fit() before its first step (--audit stop):",)) is None
 
 
 def test_a_stop_is_never_restarted_by_the_local_coordinator():
