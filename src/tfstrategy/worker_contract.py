@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -53,12 +53,25 @@ from tfstrategy.settings import (
 )
 
 __all__ = ["WorkerSettings", "WorkerContract", "SUPERVISION_VARIABLES", "PRECISIONS", "STACK_SIGNAL", "STARTUP_DIR",
-           "hook_environment"]
+           "hook_environment", "STOP_PREFIXES", "EXIT_STOPPED", "stop_line"]
 
 #: The directory whose ``sitecustomize`` installs the start-up hook; first on the workers' PYTHONPATH.
 STARTUP_DIR = Path(__file__).resolve().parent / "runtime" / "startup"
 #: The signal on which a launched Python worker prints every thread's stack to its stderr.
 STACK_SIGNAL = signal.SIGUSR2
+#: How a worker's one line begins when the hook stops it on a user error (a refused strategy, a missing device),
+#: and its exit status: the launcher makes that line its headline, once, and does not restart the job.
+#: (The scope audit's "tfstrategy stopped fit() ..." is an exception the script sees, not one of these.)
+STOP_PREFIXES = ("tfstrategy refused ", "tfstrategy stopped MirroredStrategy(", "tfstrategy stopped Model.fit() ",
+                 "tfstrategy stopped the script ")
+EXIT_STOPPED = 2
+
+
+def stop_line(returncode: int | None, lines: Sequence[str]) -> str | None:
+    """The hook's stop line of a worker that exited :data:`EXIT_STOPPED`, or ``None``."""
+    if returncode != EXIT_STOPPED:
+        return None
+    return next((line.strip() for line in reversed(lines) if line.strip().startswith(STOP_PREFIXES)), None)
 
 #: The values of ``TFSTRATEGY_PRECISION`` (as :func:`tfstrategy.training.precision.parse_precision` accepts them).
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")

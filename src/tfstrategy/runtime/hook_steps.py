@@ -32,7 +32,8 @@ class PrepareCollectives(_MultiWorkerStep):
 
     def detail(self) -> str:
         return (f"configure the multi-worker runtime of {self.inputs.cluster_tasks} workers before the script's first "
-                "op, so ops before the strategy do not stop it joining")
+                "op, so ops before the strategy do not stop it joining; list_logical_devices() lists this worker's "
+                "own devices until it joins, as in plain TensorFlow")
 
     def _take(self) -> str | None:
         from tfstrategy.runtime.hook_strategies import prepare_collectives
