@@ -148,7 +148,7 @@ def test_checker_accepts_a_correct_launch(tmp_path):
                      "expected 1 file(s) out/*.log", id="second-copy"),
         pytest.param({0: (0.5, 10.0), 1: (0.5, 10.0)}, {}, "", "expected 1 file(s) out/*.log", id="file-missing"),
         pytest.param({0: (0.5, 10.0), 1: (0.5, 10.0)}, {"out/a.log": b"x\n"},
-                     "tfstrategy: audit: 3 of 7 variables were not created in the scope of _DefaultDistributionStrategy",
+                     "tfstrategy: audit: 3 of 7 variables were not created in the scope of the default strategy",
                      "the audit reported a finding", id="false-audit-finding"),
     ],
 )

@@ -34,6 +34,7 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import ScopeError
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+from tfstrategy.selection.names import strategy_name
 
 TARGET = "Trainer.compile"
 
@@ -99,7 +100,7 @@ class CompileScopePatch(Patch):
                 result = original(*bound.args, **bound.kwargs)
             warnings.warn(
                 f"tfstrategy: model.compile() ran outside strategy.scope(); compiled in the model's "
-                f"{type(strategy).__name__} scope, as tf_keras did"
+                f"{strategy_name(strategy)} scope, as tf_keras did"
                 + (f"; re-created there from its config: {', '.join(renewed)}" if renewed else ""),
                 UserWarning, stacklevel=2)
             return result

@@ -38,6 +38,7 @@ from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
 from tfstrategy.patches.keras_uneven_batches import probe_devices
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+from tfstrategy.selection.names import strategy_name
 
 TARGET = "Trainer.jit_compile"
 #: Collective keys of the probe's own MirroredStrategy, apart from the user's and the other probes'.
@@ -103,7 +104,7 @@ class JitCompilePatch(Patch):
                 where = (f"{strategy.num_replicas_in_sync} replicas across workers on CPUs"
                          if _compat.in_multi_worker_mode(strategy) else f"{local_replicas(model)} devices on this host")
                 warnings.warn(
-                    f"tfstrategy: jit_compile=True under {type(strategy).__name__} with {where}: XLA turned off "
+                    f"tfstrategy: jit_compile=True under {strategy_name(strategy)} with {where}: XLA turned off "
                     "(jit_compile=False); Keras 3 compiles the whole strategy.run with XLA, which cannot reach the other "
                     "devices' variables or compile a cross-worker collective on CPUs (keras-team/keras#21366, #19005), "
                     "and its default, jit_compile='auto', turns XLA off under any tf.distribute strategy too",

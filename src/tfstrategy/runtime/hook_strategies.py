@@ -23,6 +23,7 @@ from tfstrategy.runtime import one_job
 from tfstrategy.runtime.inputs import PlanInputs
 from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
+from tfstrategy.selection.names import strategy_name
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES
 
 __all__ = ["chosen_devices", "keras_flavours", "prepare_collectives", "watch_strategies", "mirrored_devices",
@@ -134,8 +135,8 @@ def _describe(strategy: Any) -> str:
     try:
         replicas = int(strategy.num_replicas_in_sync)
     except Exception:  # e.g. a ParameterServerStrategy before its cluster answers
-        return type(strategy).__name__
-    return f"{type(strategy).__name__}, {replicas} replica{'' if replicas == 1 else 's'}"
+        return strategy_name(strategy)
+    return f"{strategy_name(strategy)}, {replicas} replica{'' if replicas == 1 else 's'}"
 
 
 def watch_strategies(timeout: float | None) -> str:
