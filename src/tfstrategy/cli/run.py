@@ -80,7 +80,8 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     if args.devices is not None:
         parse_devices(args.devices)
     validate_launch_options(LaunchOptions(command=tuple(program), num_workers=1, audit=args.audit))
-    env = hook_environment(audit=args.audit, cpu_replicas=replicas, devices=args.devices, summary=True)
+    env = hook_environment(audit=args.audit, cpu_replicas=replicas, devices=args.devices, summary=True,
+                           debug=args.debug)
     env.update(precision_environment(args.precision, env))
     from tfstrategy.performance.environment import profile_environment
 

@@ -63,6 +63,7 @@ class CompileScopePatch(Patch):
     """``compile()`` outside any scope runs in the model's strategy scope."""
 
     name = "keras_compile_scope"
+    change_text = "compile() run in the model's strategy scope"
     upstream = "TensorFlow's MirroredStrategy migration guide: compile() after the scope (tf_keras entered the model's)"
     verified_up_to = "3.15.1"
     targets = (TARGET,)
@@ -89,6 +90,7 @@ class CompileScopePatch(Patch):
             strategy = _compat.model_strategy(model)
             if strategy is None or tf().distribute.has_strategy() or PATCH.needed() is not True:
                 return original(model, *args, **kwargs)
+            PATCH.acted()
             bound = signature.bind(model, *args, **kwargs)
             renewed: list[str] = []
             tree = _compat.keras3_tree()

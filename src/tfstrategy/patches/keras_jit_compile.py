@@ -69,6 +69,7 @@ class JitCompilePatch(Patch):
     """``jit_compile=True`` on 2+ local replicas becomes ``False``, with one line saying why."""
 
     name = "keras_jit_compile"
+    change_text = 'jit_compile turned off on 2+ replicas (keras#21366)'
     upstream = "keras-team/keras#21366, keras-team/keras#19005, keras-team/tf-keras#194"
     verified_up_to = "3.15.1"
     targets = (TARGET,)
@@ -100,6 +101,7 @@ class JitCompilePatch(Patch):
     def replacement(self, target: str, original: Any) -> Any:
         def set_jit_compile(model: Any, value: Any) -> None:
             if value is True and turned_off(model):
+                PATCH.acted()
                 strategy = _compat.model_strategy(model)
                 where = (f"{strategy.num_replicas_in_sync} replicas across workers on CPUs"
                          if _compat.in_multi_worker_mode(strategy) else f"{local_replicas(model)} devices on this host")

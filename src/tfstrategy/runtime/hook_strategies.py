@@ -208,6 +208,7 @@ def mirrored_devices(inputs: PlanInputs) -> str:
                 if decision.action == one_job.REFUSE:
                     RUNTIME.hook.strategies.append("MirroredStrategy with a device list (refused)")
                     raise StrategyError(decision.message)
+                RUNTIME.hook.changed("mirrored_devices", "MirroredStrategy() made the job's MultiWorkerMirroredStrategy")
                 return multi_worker()
 
             return __new__
@@ -222,6 +223,8 @@ def mirrored_devices(inputs: PlanInputs) -> str:
         @functools.wraps(original)
         def __init__(self: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
             if devices is None:
+                if chosen is not None:
+                    RUNTIME.hook.changed("mirrored_devices", f"MirroredStrategy() given {len(chosen)} devices")
                 original(self, chosen, cross_device_ops)
                 return
             if not _called_by_tfstrategy():  # select() and the patches' probes list their devices on purpose
