@@ -119,7 +119,7 @@ def _result(tmp_path: Path, mode: str, returncode: int = 0, stdout: str = "", st
 
 CASE = Case(id="t", script="t.py", source="s", plain=Trains(), run=Trains(same_as="plain"),
             launch=Trains(workers=2, replicas=2, same_as="run"), files={"out/*.log": 1})
-SUMMARY = "tfstrategy: MirroredStrategy (2 replicas); patches: none needed; audit: 1 audit(s), every variable in its strategy's scope"
+SUMMARY = "tfstrategy: MirroredStrategy, 2 replicas; the CPU split into 2 logical devices; scope audit clean"
 
 
 def test_checker_accepts_a_correct_launch(tmp_path):

@@ -39,7 +39,7 @@ import importlib.abc
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import TFStrategyError
@@ -174,18 +174,18 @@ def reset() -> None:
     RUNTIME.reset()
 
 
-def changes() -> tuple[str, ...]:
-    """What the hook's steps (and the patches) changed for the script, in plan order, in the user's terms."""
-    from tfstrategy.runtime.inputs import HOOK
-
-    plan = RUNTIME.plans.get(HOOK)
-    found = [] if plan is None else [step.change() for step in plan.steps]
-    return tuple(text for text in found if text)
+def changes(steps: Iterable[Step]) -> tuple[str, ...]:
+    """What ``steps`` (and, through ``apply_patches``, the patches) changed for the script, in the user's terms."""
+    return tuple(text for text in (step.change() for step in steps) if text)
 
 
 def _print_summary() -> None:
     if "tensorflow" not in sys.modules:
         return  # a process that never imported TensorFlow (a shell helper, a data tool): the hook did nothing
+    from tfstrategy.runtime.inputs import HOOK
+
+    plan = RUNTIME.plans.get(HOOK)
     debug = os.environ.get(ENV_DEBUG, "").strip() == "1"
-    line = RUNTIME.hook.summary(changes(), debug=debug, replacements=tuple(item.name for item in RUNTIME.unowned()))
+    line = RUNTIME.hook.summary(changes(plan.steps if plan is not None else ()), debug=debug,
+                                replacements=tuple(item.name for item in RUNTIME.unowned()))
     print(line, file=sys.stderr, flush=True)
