@@ -30,7 +30,10 @@ DESCRIPTION = textwrap.dedent(
         its strategy's scope: --audit warn (default) reports offenders once with
         their file:line and trains on; stop refuses to train; off skips it.
 
-    At exit one line sums up: strategies, replicas, patches, audit findings.
+    At exit one line sums up, in the script's terms: the strategies and replicas,
+    what changed for the script ("nothing changed" if nothing did), the scope
+    audit; --debug adds the hook's steps and patches. An error of the script's
+    own is shown from its frames (tfstrategy's wrappers only with --debug).
     The exit status is the command's."""
 )
 
