@@ -32,7 +32,7 @@ TEST_WORKERS ?= 2
 TEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: setup lint
-	$(BIN)/python -m pytest $(TEST_PARALLEL)
+	$(BIN)/python -m pytest $(TEST_PARALLEL) --durations=25
 
 test-extended: setup
 	$(BIN)/python -m pytest -m extended

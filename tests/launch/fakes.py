@@ -6,6 +6,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tfstrategy.launch.ledger import Ledger
 from tfstrategy.launch.monitor import Observation
 from tfstrategy.launch.processes import WorkerSpec
 from tfstrategy.launch.reports import ErrorRecord, Progress
@@ -50,6 +51,7 @@ class FakeWorker:
     beating: bool = False
     steps: int = 0
     in_step: bool = False
+    ledger: Ledger | None = None
 
     def __post_init__(self) -> None:
         self.index, self.port, self.pid = self.spec.index, self.spec.port, 10_000 + self.spec.index
@@ -64,7 +66,7 @@ class FakeWorker:
             self._beat += 1
         progress = Progress(self._beat, self.steps, self.in_step) if self.beating or self._beat else None
         return Observation(returncode=self.returncode, starting=self.starting, joined=self.joined,
-                           progress=progress, error=self.error, stopped=self.stopped)
+                           progress=progress, error=self.error, stopped=self.stopped, ledger=self.ledger)
 
     def signal_group(self, signum: int) -> None:
         self.signals.append(signum)

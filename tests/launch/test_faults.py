@@ -66,28 +66,34 @@ def test_a_worker_exiting_0_before_joining_fails_the_job_at_once_not_at_the_time
     assert code == 1, err[-3000:]
     headline = _headline(err)
     print(headline, f"({seconds:.1f} s)")
-    assert headline.startswith("tfstrategy launch: worker 1 exited with status 0 before joining, while worker(s) 0 "
-                               "wait for it")
+    assert headline == "tfstrategy launch: worker 1 exited 0 before joining: the job cannot form"
+    assert "  worker 0 is creating its strategy and waits for it" in err or "  worker 0 joined and waits for it" in err
+    assert "  what the launcher saw: worker 1 exited with status 0 before joining, while worker(s) 0 wait for it" in err
     assert seconds < 120  # the --timeout; it fails as soon as worker 0 is creating its strategy
 
 
-def _stall(mode: str) -> tuple[str, str, float]:
+def _stall(mode: str, headline: str = "tfstrategy launch: worker 1 stalled: it ") -> tuple[str, str, float]:
+    """The stall's note (its diagnosis, if any, then what the launcher saw), the output, when it was found."""
     code, out, err, _ = _fault(mode, "--stall-report", "5", "--stall-timeout", "20")
     assert code == 125, err[-3000:]
-    note = next(line for line in err.splitlines() if line.startswith("tfstrategy launch: stall: worker 1"))
+    lines = err.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("tfstrategy launch: stall: worker 1"))
+    note = "\n".join([lines[start], *(line for line in lines[start + 1:start + 12] if line.startswith("  "))])
     found = float(re.search(r"found ([0-9.]+) s after its last progress", note).group(1))
     print(f"{mode}: {note}\n{mode}: found {found:.1f} s after the last progress; collective timeout "
           f"{COLLECTIVE_TIMEOUT} s; headline: {_headline(err)}")
     assert found < COLLECTIVE_TIMEOUT / 4
-    assert _headline(err).startswith("tfstrategy launch: worker 1 stalled: it ")
+    assert _headline(err).startswith(headline)
     return note, out, found
 
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_a_sigstopped_worker_is_named_as_stopped_with_its_peers_stacks():
-    note, out, _ = _stall("sigstop")
-    assert "is stopped (state T: SIGSTOP" in note
+    note, out, _ = _stall("sigstop", "tfstrategy launch: worker 1 is stopped (SIGSTOP or a debugger) after step ")
+    assert re.match(r"tfstrategy launch: stall: worker 1 is stopped \(SIGSTOP or a debugger\) after step \d+; its "
+                    r"peers wait for it", note)
+    assert "  what the launcher saw: worker 1 is stopped (state T: SIGSTOP" in note
     assert "[worker 0] Thread 0x" in out or "[worker 0] Current thread 0x" in out  # faulthandler's dump
 
 

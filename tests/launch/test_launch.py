@@ -374,9 +374,13 @@ def test_port_conflict_fails_the_job_with_a_clear_message(tmp_path):
     code, _, err, _ = _launch("-n", "2", "--timeout", "60", "--", sys.executable, str(FIT_WORKER), "--out", str(tmp_path), "--steal-port", timeout=120)
     assert code == 1  # the conflict itself ended the job, not --timeout (124)
     # Named as it raises (the process still exiting) or once it exited; either way with the port held.
+    # The headline (the diagnosis when worker 0 already waits for it: "... the job cannot form"), then what the
+    # launcher saw: the error and the port held.
     headline = next(line for line in err.splitlines() if re.match(r"tfstrategy launch: worker 1 (raised|exited)", line))
-    assert "before joining" in headline and "tfstrategy.errors.StrategyError: Received TF_CONFIG placing worker-1 at 127.0.0.1:" in headline
-    assert "held by another process" in headline or "which another process holds" in headline
+    assert "before joining" in headline
+    report = err[err.index(headline):]
+    assert "tfstrategy.errors.StrategyError: Received TF_CONFIG placing worker-1 at 127.0.0.1:" in report
+    assert "held by another process" in report or "which another process holds" in report
 
 
 @pytest.mark.multiprocess
@@ -582,3 +586,20 @@ def test_on_a_terminal_worker_0s_progress_bar_is_live_and_worker_1s_repeats_are_
     assert "[worker 0] trained" in out and "[worker 1]" not in out, out
     worker_1 = (tmp_path / "logs" / "attempt-0" / "worker-1" / "stdout.log").read_text()
     assert "trained" in worker_1 and "\x1b" not in worker_1  # the file keeps every line, without colour codes
+
+
+LEDGER_WORKER = ROOT / "tests" / "workers" / "ledger_worker.py"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("mode", ["straggler", "healthy"])
+def test_a_straggler_is_named_from_the_workers_ledger_files_while_the_job_runs_on(mode):
+    """Issue 38: the launcher reads each worker's ledger file beside its progress file; the job is never stopped."""
+    code, _, err, _ = _launch("-n", "3", "--timeout", "60", "--", sys.executable, str(LEDGER_WORKER), mode, timeout=120)
+    assert code == 0, err
+    named = [line for line in err.splitlines() if "straggler" in line]
+    if mode == "healthy":
+        assert named == []
+    else:
+        assert len(named) == 1 and named[0].startswith("tfstrategy launch: warning: worker 1 is a straggler: it waits "
+                                                       "0.10 s a step for its input"), err

@@ -9,6 +9,7 @@ and tagged, so each test checks that no process of either node is left behind.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import signal
@@ -169,6 +170,30 @@ def test_node_0_relays_the_earliest_root_cause_whole_not_the_first_to_arrive(con
             assert (failure.node, failure.index, failure.reason, failure.time) == (0, 0, "ValueError: bad", 1000.0)
             assert (failure.consequential, failure.last_lines, failure.logs) == (False, ("line of worker 0",),
                                                                                  ("/logs/worker-0.log",))
+    finally:
+        for client in (c0, c1):
+            client.close()
+        server.close()
+
+
+def test_node_0_relays_the_diagnosed_failure_over_an_earlier_undiagnosed_one():
+    """Node 1's ledgers named the cause (its worker ran out of data); node 0's worker only failed first."""
+    server, (c0, c1) = _running_job(ServerLimits(settle_seconds=600))
+    diagnosed = dataclasses.replace(_failed(1, 1005.0, consequential=False, reason="exited with status 0"),
+                                    diagnosis=["worker 1 ran out of data after 7 batch(es) of epoch 1 while worker 0 "
+                                               "waits in batch 8: the shards differ by one batch", "evidence"])
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            second = pool.submit(c1.report_failure, diagnosed)
+            while not server._failures:
+                time.sleep(0.01)
+            first = pool.submit(c0.report_failure, _failed(0, 1000.0, consequential=False, reason="exited 1"))
+            verdicts = [first.result(30), second.result(30)]
+        for event in verdicts:
+            assert event is not None
+            failure = failure_from_event(event)
+            assert (failure.node, failure.index, failure.diagnosis) == (1, 1, tuple(diagnosed.diagnosis))
+            assert failure.headline().startswith("node 1: worker 1 ran out of data after 7 batch(es)")
     finally:
         for client in (c0, c1):
             client.close()

@@ -134,8 +134,9 @@ def test_exit_0_before_joining_while_a_peer_waits_fails_at_once_not_at_the_timeo
 
     result, err, _, clock = _run(scenario, join_timeout=300)
     assert result.returncode == 1
-    assert _headline(err).startswith("tfstrategy launch: worker 1 exited with status 0 before joining, while worker(s) 0 "
-                                     "wait for it")
+    assert _headline(err) == "tfstrategy launch: worker 1 exited 0 before joining: the job cannot form"
+    assert "  worker 0 is creating its strategy and waits for it" in err
+    assert "  what the launcher saw: worker 1 exited with status 0 before joining, while worker(s) 0 wait for it" in err
     assert clock.now < 1.5
 
 
@@ -150,7 +151,9 @@ def test_exit_before_joining_while_a_peer_joined_and_waits_ends_the_job_at_once(
 
     result, err, fleet, clock = _run(scenario, join_timeout=20, stall_report=5, stall_timeout=None)
     assert (result.returncode, result.reason) == (1, EndReason.FAILED), err
-    assert _headline(err).startswith(f"tfstrategy launch: worker 1 exited with status {code} before joining")
+    assert _headline(err) == f"tfstrategy launch: worker 1 exited {code} before joining: the job cannot form"
+    assert "  worker 0 joined and waits for it" in err
+    assert f"  what the launcher saw: worker 1 exited with status {code} before joining" in err
     assert fleet.at(0, 0).returncode == -signal.SIGKILL
     assert clock.now < 1.5  # the tick after the exit: neither --timeout nor a stall decided it
 
@@ -163,7 +166,8 @@ def test_exit_0_before_joining_while_a_peer_is_still_starting_fails_once_the_pee
             fleet.at(0, 0).starting = True
 
     result, err, _, clock = _run(scenario, join_timeout=300)
-    assert _headline(err).startswith("tfstrategy launch: worker 1 exited with status 0 before joining, while worker(s) 0 ")
+    assert _headline(err) == "tfstrategy launch: worker 1 exited 0 before joining: the job cannot form"
+    assert "what the launcher saw: worker 1 exited with status 0 before joining, while worker(s) 0 " in err
     assert 4 < clock.now < 4.5
 
 
@@ -295,9 +299,12 @@ def test_a_stopped_worker_is_named_its_peers_stacks_requested_then_the_group_fai
 
     result, err, fleet, clock = _run(scenario, stall_report=5, stall_timeout=20)
     assert (result.returncode, result.reason) == (125, EndReason.STALLED)
-    assert "stall: worker 1 is stopped (state T: SIGSTOP" in err
+    assert ("stall: worker 1 is stopped (SIGSTOP or a debugger) after step 5; its peers wait for it\n"
+            "  worker 0 is inside step 6\n") in err
+    assert "  what the launcher saw: worker 1 is stopped (state T: SIGSTOP" in err
     assert all(worker.stacks_dumped == 1 for worker in fleet.attempts[0])
-    assert _headline(err).startswith("tfstrategy launch: worker 1 stalled: it is stopped")
+    assert _headline(err) == "tfstrategy launch: worker 1 is stopped (SIGSTOP or a debugger) after step 5; its peers wait for it"
+    assert "  what the launcher saw: worker 1 stalled: it is stopped" in err
     assert result.stall_seconds and result.stall_seconds[0] < 2.5
 
 
@@ -486,11 +493,13 @@ def test_a_relayed_failure_crosses_the_wire_whole(outcome, exit_status, conseque
 
     sent = Failure(index=3, reason="exited with status 1: ValueError: x", status=1, time=1_700_000_123.25,
                    consequential=consequential, last_lines=("a", "b"), logs=("/logs/w3/stdout.log",),
-                   outcome=Outcome(outcome))
+                   outcome=Outcome(outcome), diagnosis=("worker 3 exited 1 before joining: the job cannot form",
+                                                        "worker 0 joined and waits for it"))
     message = RoundFailed.of(1, failure_to_message(0, sent), restart=False)
     failure = failure_from_event(JobEvent(EventKind.FAILED, {}, message))
     assert failure == Failure(**{**sent.__dict__, "node": 1})
     assert (failure.exit_status, failure.consequential, failure.node) == (exit_status, consequential, 1)
+    assert failure.headline() == "node 1: worker 3 exited 1 before joining: the job cannot form"
 
 
 def test_a_peer_failing_while_a_worker_is_stalled_is_an_echo_of_the_stall():
@@ -506,7 +515,8 @@ def test_a_peer_failing_while_a_worker_is_stalled_is_an_echo_of_the_stall():
 
     result, err, _, clock = _run(scenario, stall_report=5, stall_timeout=60)
     assert (result.returncode, result.reason) == (125, EndReason.STALLED)
-    assert _headline(err).startswith("tfstrategy launch: worker 1 stalled: it is stopped")
+    assert _headline(err) == "tfstrategy launch: worker 1 is stopped (SIGSTOP or a debugger) after step 5; its peers wait for it"
+    assert "  what the launcher saw: worker 1 stalled: it is stopped" in err
     assert "then, as a consequence: worker 0 exited with status 1: tensorflow" in err
     assert clock.now < 12 + 3.5
 

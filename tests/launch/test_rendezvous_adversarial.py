@@ -328,7 +328,7 @@ def _sealed(sealer: wire.Sealer, payload: dict) -> bytes:
 
 
 FAILED = {"type": "failed", "round": 0, "worker": 0, "reason": "x", "status": 1, "time": 1.5e9, "consequential": False,
-          "outcome": "failed", "lines": [], "logs": []}
+          "outcome": "failed", "lines": [], "logs": [], "diagnosis": []}
 
 
 @pytest.mark.parametrize(
@@ -351,6 +351,10 @@ FAILED = {"type": "failed", "round": 0, "worker": 0, "reason": "x", "status": 1,
                      id="failed-outcome-not-a-failure"),
         pytest.param({**FAILED, "logs": ["a"] * 5}, r"failed\.logs is .*; expected a list of at most 4",
                      id="failed-too-many-logs"),
+        pytest.param({**FAILED, "diagnosis": ["a line"] * 21}, r"failed\.diagnosis is .*; expected a list of at most 20",
+                     id="failed-diagnosis-too-long"),
+        pytest.param({**FAILED, "diagnosis": [3]}, r"failed\.diagnosis\[0\] is '3'; expected text",
+                     id="failed-diagnosis-not-text"),
         pytest.param({key: value for key, value in FAILED.items() if key != "time"},
                      r"sent a failed message with fields .*; expected \['round', 'worker', 'reason', 'status', 'time'",
                      id="failed-without-time"),

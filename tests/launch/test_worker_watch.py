@@ -25,6 +25,17 @@ if sys.argv[1] == "child":
     child = subprocess.run([sys.executable, "-c", "import os; print('child env', os.environ.get('TFSTRATEGY_ERROR_FILE'))"],
                            capture_output=True, text=True)
     print(child.stdout.strip(), flush=True)
+if sys.argv[1] == "busy":
+    import threading
+    def churn(n):
+        return n if n == 0 else churn(n - 1)
+    def forever():
+        while True:
+            churn(40)
+    for _ in range(2):
+        threading.Thread(target=forever, daemon=True).start()
+    print("busy", flush=True)
+    forever()
 if sys.argv[1] == "wait":
     print("waiting", flush=True)
     time.sleep(60)
@@ -76,6 +87,37 @@ def test_the_heartbeat_beats_and_a_stack_signal_prints_every_threads_stack(tmp_p
     _, err = process.communicate(timeout=30)
     assert "tfstrategy-heartbeat" in err or "Thread 0x" in err
     assert 'script.py", line' in err and "in <module>" in err
+
+
+def test_stacks_are_printed_by_a_thread_holding_the_gil_and_a_busy_worker_survives_many_requests(tmp_path):
+    # faulthandler's own handler read the other threads' frames while they ran: a worker tracing
+    # its step died of SIGSEGV after the launcher asked for its stacks.
+    import queue
+    import threading
+
+    process = _worker(tmp_path, "busy")
+    dumps: queue.Queue[str] = queue.Queue()
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in process.stderr:
+            lines.append(line)
+            if line.startswith("Current thread"):
+                dumps.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert process.stdout.readline().startswith("env") and process.stdout.readline() == "busy\n"
+        for _ in range(25):
+            process.send_signal(signal.SIGUSR2)
+            dumps.get(timeout=60)  # each request answered before the next
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    err = "".join(lines)
+    assert "in _print_stacks_on_request" in err  # printed by our thread, not inside the signal handler
+    assert "in churn" in err and "in forever" in err
 
 
 @pytest.fixture

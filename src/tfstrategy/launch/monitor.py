@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
+from tfstrategy.launch.ledger import Ledger
+from tfstrategy.launch.ledger_diagnosis import Diagnosis, StragglerWatch, WorkerView, diagnose
 from tfstrategy.launch.reports import ErrorRecord, Progress
 from tfstrategy.launch.states import EXIT_PREEMPTED, Failure, Outcome, WorkerState
 
@@ -70,6 +72,8 @@ class Observation:
     stopped: bool = False
     #: Its TensorFlow server's port accepts connections (how a program without the hook joins).
     listening: bool = False
+    #: Its ledger as last written (:mod:`tfstrategy.launch.ledger`), if it keeps one.
+    ledger: Ledger | None = None
 
 
 @dataclass
@@ -107,6 +111,7 @@ class _Worker:
     stall: str | None = None
     stall_wall: float = 0.0
     left_early: str | None = None
+    ledger: Ledger | None = None
 
 
 class GroupMonitor:
@@ -133,6 +138,7 @@ class GroupMonitor:
         #: Seconds from the last progress to each stall's report.
         self.stall_seconds: list[float] = []
         self._first_batch_said = False
+        self._stragglers = StragglerWatch()
 
     # --- observations -> worker states ------------------------------------------------------------
 
@@ -154,11 +160,23 @@ class GroupMonitor:
         if not self.all_joined:
             timeout = self.policy.join_timeout
             if timeout is not None and now - self.started > timeout:
-                decision.failure = self._join_timeout(timeout, wall)
+                decision.failure = self._diagnosed(self._join_timeout(timeout, wall))
                 decision.outcome = decision.failure.outcome
             return decision
         self._stalls(now, wall, decision)
+        for found in self._stragglers.update({w.index: w.ledger for w in self._alive()}):
+            decision.notes.append("warning: " + "\n  ".join(found.lines()) + "\n  the job goes on")
         return decision
+
+    def diagnosis(self) -> Diagnosis | None:
+        """The cause the workers' ledgers and states show (:func:`~tfstrategy.launch.ledger_diagnosis.diagnose`)."""
+        return diagnose([
+            WorkerView(index=w.index, ledger=w.ledger, steps=w.steps, in_step=w.in_step and not w.state.ended,
+                       returncode=w.returncode, joined=w.joined, joining=w.state is WorkerState.JOINING,
+                       stopped=w.stopped_since is not None and not w.state.ended,
+                       error_type=None if w.error is None else w.error.type.rsplit(".", 1)[-1],
+                       error=None if w.error is None else w.error.describe())
+            for w in self.workers.values()])
 
     def _every_worker_joined(self) -> bool:
         workers = list(self.workers.values())
@@ -172,6 +190,7 @@ class GroupMonitor:
         if worker.state.ended:
             return
         worker.error = seen.error or worker.error
+        worker.ledger = seen.ledger or worker.ledger
         worker.listening = worker.listening or seen.listening
         if seen.joined and not worker.joined:
             worker.joined, worker.state = True, WorkerState.RUNNING
@@ -259,6 +278,11 @@ class GroupMonitor:
                              time=w.stall_wall, outcome=Outcome.STALLED)
                      for w in self._alive() if w.stall is not None and failed]
         cause, consequences = root_cause(failures)
+        found = self.diagnosis()
+        if found is not None:  # the ledgers name the cause: it is the root, whoever failed first
+            named = next((f for f in failures if f.index == found.index), cause)
+            cause = dataclasses.replace(named, diagnosis=found.lines(), consequential=False)
+            consequences = tuple(sorted((f for f in failures if f is not named), key=lambda f: f.time))
         first = self._first_failure_at if self._first_failure_at is not None else now
         if cause.consequential and now - first < self.policy.settle:
             return None  # the real failure is probably about to show (its process is still exiting)
@@ -269,6 +293,14 @@ class GroupMonitor:
             cause = dataclasses.replace(cause, reason=cause.reason + " (a consequence of a failure elsewhere: no "
                                         "worker here failed first; on several nodes, see the other nodes' reports)")
         return cause.outcome, cause, consequences
+
+    def _diagnosed(self, failure: Failure) -> Failure:
+        """``failure`` with the cause the ledgers show, if any (its worker named: the diagnosed one)."""
+        found = self.diagnosis()
+        if found is None:
+            return failure
+        index = failure.index if found.index is None else found.index
+        return dataclasses.replace(failure, index=index, diagnosis=found.lines())
 
     def _join_timeout(self, timeout: float, wall: float) -> Failure:
         """Name the worker holding the job up: one that never started joining, else the first not joined."""
@@ -313,6 +345,12 @@ class GroupMonitor:
             return
         self._first_batch_said = True
         decision.dump_stacks = True
+        found = self.diagnosis()
+        if found is not None:
+            decision.notes.append("stall: " + "\n  ".join(found.lines()) + f"\n  what the launcher saw: every worker "
+                                  f"has been inside its first batch for {waited:.0f} s; every worker's Python stack "
+                                  "follows in its output")
+            return
         later = [str(w.index) for w in counted if not w.in_step]
         if later:  # a peer slower to start (a loaded machine, a large input pipeline), or stuck before fit
             decision.notes.append(
@@ -380,8 +418,14 @@ class GroupMonitor:
                 limit = self.policy.stall_timeout
                 then = (f"; the job fails if it does not advance within {max(limit, threshold) - (now - since):.0f} s"
                         if limit is not None else "")
-                decision.notes.append(f"stall: worker {w.index} {why} (found {now - since:.1f} s after its last "
-                                      f"progress); every worker's Python stack follows in its output{then}")
+                saw = (f"worker {w.index} {why} (found {now - since:.1f} s after its last progress); every worker's "
+                       f"Python stack follows in its output{then}")
+                found_cause = self.diagnosis()
+                if found_cause is None:
+                    decision.notes.append(f"stall: {saw}")
+                else:
+                    decision.notes.append("stall: " + "\n  ".join(found_cause.lines())
+                                          + f"\n  what the launcher saw: {saw}")
         limit = self.policy.stall_timeout
         stalled = [w for w in alive if w.stall is not None]
         if limit is None or not stalled:
@@ -390,10 +434,10 @@ class GroupMonitor:
             since = w.beat_at if now - w.beat_at > self.policy.heartbeat_timeout or w.stopped_since else last_advance
             if now - since > max(limit, threshold):
                 decision.outcome = Outcome.STALLED
-                decision.failure = Failure(
+                decision.failure = self._diagnosed(Failure(
                     index=w.index, time=wall, status=Outcome.STALLED.exit_status(), outcome=Outcome.STALLED,
                     reason=f"stalled: it {w.stall}; no progress for {now - since:.0f} s (--stall-timeout "
                            f"{limit:g} s). Its Python stack is in its output above",
-                )
+                ))
                 return
 

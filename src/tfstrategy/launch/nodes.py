@@ -128,10 +128,11 @@ class RendezvousCoordinator:
 
 
 def failure_to_message(attempt: int, failure: Failure) -> Failed:
-    """A failure as this node reports it to node 0: whole (time, cause, consequential, outcome, lines, logs)."""
+    """A failure as this node reports it to node 0: whole (time, cause, consequential, outcome, lines, logs,
+    diagnosis)."""
     return Failed.bounded(round=attempt, worker=failure.index, reason=failure.reason, status=failure.status,
                           time=failure.time, consequential=failure.consequential, outcome=failure.outcome.value,
-                          lines=failure.last_lines, logs=failure.logs)
+                          lines=failure.last_lines, logs=failure.logs, diagnosis=failure.diagnosis)
 
 
 def failure_from_event(event: JobEvent) -> Failure:
@@ -146,7 +147,7 @@ def failure_from_event(event: JobEvent) -> Failure:
                           "(a bug in tfstrategy's rendezvous: please report it).")
     return Failure(index=message.worker, node=message.node, reason=message.reason, status=message.status,
                    last_lines=tuple(message.lines), time=message.time, consequential=message.consequential,
-                   outcome=Outcome(message.outcome), logs=tuple(message.logs))
+                   outcome=Outcome(message.outcome), logs=tuple(message.logs), diagnosis=tuple(message.diagnosis))
 
 
 def _nodes_of(options: LaunchOptions) -> NodeOptions:

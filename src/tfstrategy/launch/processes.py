@@ -28,6 +28,7 @@ from typing import BinaryIO, Protocol
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch import reaper as reaper_script
 from tfstrategy.launch.diagnosis import LOOPBACK, describe_status, exception_line, exit_status, failure_reason
+from tfstrategy.launch.ledger import Ledger, ledger_path, read_ledger
 from tfstrategy.launch.monitor import Observation
 from tfstrategy.launch.output import Console, Pump, Tail
 from tfstrategy.launch.reports import read_error, read_progress
@@ -229,6 +230,8 @@ class LocalProcess:
         self._next_port_check = 0.0
         self._drained = False
         self._listening = False
+        self._ledger_file = ledger_path(spec.progress_file)
+        self._ledger: tuple[int, Ledger | None] = (-1, None)
         env = dict(spec.env)
         fds: tuple[int, ...] = ()
         if lifeline is not None:
@@ -287,7 +290,18 @@ class LocalProcess:
             progress=read_progress(self.spec.progress_file),
             error=read_error(self.spec.error_file) if code is not None or self.spec.error_file.exists() else None,
             stopped=code is None and _is_stopped(self.process.pid),
+            ledger=self._read_ledger(),
         )
+
+    def _read_ledger(self) -> Ledger | None:
+        """The worker's ledger, read again only when the worker replaced it."""
+        try:
+            changed = os.stat(self._ledger_file).st_mtime_ns
+        except OSError:
+            return self._ledger[1]
+        if changed != self._ledger[0]:
+            self._ledger = (changed, read_ledger(self._ledger_file) or self._ledger[1])
+        return self._ledger[1]
 
     def signal_group(self, signum: int) -> None:
         try:

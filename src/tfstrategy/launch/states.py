@@ -112,6 +112,9 @@ class Failure:
     logs: tuple[str, ...] = ()
     #: How the job ends if this failure ends it.
     outcome: Outcome = Outcome.FAILED
+    #: The cause the workers' ledgers show (:mod:`tfstrategy.launch.ledger_diagnosis`): its headline, then its
+    #: evidence; empty when the launcher could only say what it saw (``reason``).
+    diagnosis: tuple[str, ...] = ()
 
     @property
     def exit_status(self) -> int:
@@ -126,11 +129,24 @@ class Failure:
         return f"node {self.node}'s launcher" if self.index is None else f"node {self.node} {worker}"
 
     def headline(self) -> str:
+        """The diagnosis' one line (naming the worker and the reason) if there is one, else what the launcher saw."""
+        if self.diagnosis:
+            return self.diagnosis[0] if self.node is None else f"node {self.node}: {self.diagnosis[0]}"
         return f"{self.who} {self.reason}"
 
+    def as_dict(self) -> dict[str, object]:
+        """The failure as plain JSON values (``--log-dir``'s ``failure.json``)."""
+        return {"worker": self.index, "node": self.node, "headline": self.headline(), "reason": self.reason,
+                "diagnosis": list(self.diagnosis), "status": self.status, "outcome": self.outcome.value,
+                "exit_status": self.exit_status, "time": self.time, "consequential": self.consequential,
+                "last_lines": list(self.last_lines), "logs": list(self.logs)}
+
     def report(self, consequences: tuple[Failure, ...] = ()) -> str:
-        """The failure, its consequences on the peers, its last lines and where its logs are."""
+        """The failure (its diagnosis and evidence first), its consequences on the peers, its last lines and logs."""
         lines = [self.headline()]
+        if self.diagnosis:
+            lines.extend(f"  {line}" for line in self.diagnosis[1:])
+            lines.append(f"  what the launcher saw: {self.who} {self.reason}")
         for other in consequences:
             lines.append(f"  then, as a consequence: {other.headline()}")
         if self.last_lines:

@@ -26,6 +26,7 @@ lifeline and the reaper stops the job if the launcher dies (:mod:`tfstrategy.lau
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -300,6 +301,7 @@ class Launcher:
             self._stop(grace=0.0)
             failure = event.failure
             result.failures.append(failure)
+            self._keep_failure(attempt, failure, consequences)
             whose = "every worker" if coordinator.rank is None else "this node's workers"
             self._say(f"{failure.report(consequences)}\nstopped {whose} {self._clock() - failed_at:.1f} s after the "
                       "failure")
@@ -309,6 +311,20 @@ class Launcher:
                 return result.end(failure.outcome)
             attempt += 1
             result.restarts = attempt
+
+    def _keep_failure(self, attempt: int, failure: Failure, consequences: tuple[Failure, ...]) -> None:
+        """With ``--log-dir``: the attempt's failure as reported (``failure.txt``) and as JSON (``failure.json``)."""
+        if self.options.log_dir is None:
+            return
+        where = self.options.log_dir / f"attempt-{attempt}"
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            (where / "failure.txt").write_text(failure.report(consequences) + "\n")
+            record = {**failure.as_dict(), "attempt": attempt,
+                      "consequences": [other.as_dict() for other in consequences]}
+            (where / "failure.json").write_text(json.dumps(record, indent=2) + "\n")
+        except OSError as error:
+            self._say(f"could not write the failure's report under {where} ({error.strerror}); it is above")
 
     def _with_output(self, failure: Failure) -> Failure:
         """``failure`` with its worker's last lines and log files."""

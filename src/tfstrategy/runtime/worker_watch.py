@@ -9,8 +9,11 @@ Each part is one small named step, recorded in ``RUNTIME.supervision`` (:mod:`tf
   (:mod:`tfstrategy.launch.reaper`) stops whatever escaped both.
 - ``record_errors``: the first uncaught exception goes to ``TFSTRATEGY_ERROR_FILE``
   (:func:`tfstrategy.launch.reports.write_error`), so the launcher names the root cause.
-- ``dump_stacks``: ``faulthandler`` prints every thread's Python stack to stderr on
-  :data:`STACK_SIGNAL` (the launcher sends it to every worker when one stalls) and on a crash.
+- ``dump_stacks``: every thread's Python stack goes to stderr on :data:`STACK_SIGNAL` (the
+  launcher sends it to every worker when one stalls) and on a crash. On the signal, a thread of
+  ours prints them while holding the GIL (woken by the signal's wakeup byte), because
+  ``faulthandler``'s own handler reads the other threads' frames from inside the signal, while
+  they run: a worker tracing its step was seen to die of SIGSEGV there.
 - ``heartbeat``: a thread bumps the progress file's heartbeat (a frozen or stopped process
   stops beating); :func:`progress_callbacks` count batches and marks "inside a step".
 
@@ -123,9 +126,47 @@ def _record_errors(contract: WorkerContract) -> str | None:
 def _dump_stacks(contract: WorkerContract) -> str | None:
     if contract.progress_file is None:
         return None
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+    faulthandler.enable(file=sys.stderr, all_threads=True)  # a crash: the process is ending anyway
+    stderr_fd = sys.stderr.fileno()
+    if threading.current_thread() is not threading.main_thread():
+        # Only the main thread can set the wakeup descriptor: faulthandler's handler, unsafe as it is.
+        faulthandler.register(STACK_SIGNAL, file=stderr_fd, all_threads=True, chain=False)
+        return f"every thread's stack on {STACK_SIGNAL.name} (from the signal handler) and on a crash"
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.signal(STACK_SIGNAL, _stack_request)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    if previous != -1:  # somebody's event loop owns the wakeup descriptor: leave it theirs
+        signal.set_wakeup_fd(previous)
+        os.close(read_end)
+        os.close(write_end)
+        faulthandler.register(STACK_SIGNAL, file=stderr_fd, all_threads=True, chain=False)
+        return f"every thread's stack on {STACK_SIGNAL.name} (from the signal handler) and on a crash"
+    threading.Thread(target=_print_stacks_on_request, args=(read_end, stderr_fd),
+                     name="tfstrategy-stacks", daemon=True).start()
     return f"every thread's stack on {STACK_SIGNAL.name} and on a crash"
+
+
+def _stack_request(signum: int, frame: object) -> None:
+    """The Python-level handler the wakeup descriptor needs; the printing is done by our thread."""
+
+
+def _print_stacks_on_request(read_end: int, stderr_fd: int) -> None:
+    """Print every thread's stack each time :data:`STACK_SIGNAL`'s number arrives on ``read_end``.
+
+    Python writes each caught signal's number to the wakeup descriptor from its C handler, at
+    once, even while the main thread is blocked in TensorFlow; this thread then takes the GIL, so
+    no other thread's frames change while they are read.
+    """
+    while True:
+        try:
+            numbers = os.read(read_end, 512)
+        except OSError:
+            return
+        if not numbers:
+            return
+        if int(STACK_SIGNAL) in numbers:
+            faulthandler.dump_traceback(file=stderr_fd, all_threads=True)
 
 
 def _heartbeat(contract: WorkerContract) -> str | None:

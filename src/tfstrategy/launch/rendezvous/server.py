@@ -425,8 +425,9 @@ class RendezvousServer:
     def _decide_locked(self, now: float) -> None:
         """Once every node reported (or ``settle_seconds`` passed), relay the round's root cause and the decision.
 
-        The root cause is the earliest failure that is not a consequence of another, else the earliest:
-        a node whose workers only echo a peer's loss (``UnavailableError``) often reports first.
+        The root cause is the earliest diagnosed failure (its node's ledgers name the cause), else the earliest
+        that is not a consequence of another, else the earliest: a node whose workers only echo a peer's loss
+        (``UnavailableError``) often reports first.
         """
         if self.state is not JobState.RUNNING or self._first_failure_at is None:
             return
@@ -434,7 +435,9 @@ class RendezvousServer:
         if not (heard >= set(range(self.node.nnodes)) or now - self._first_failure_at >= self.limits.settle_seconds):
             return
         reported = sorted(self._failures.items(), key=lambda item: item[1].time)
-        rank, cause = next(((r, f) for r, f in reported if not f.consequential), reported[0])
+        # A failure its node's ledgers diagnosed names the cause; else the earliest that is not an echo.
+        rank, cause = next(((r, f) for r, f in reported if f.diagnosis),
+                           next(((r, f) for r, f in reported if not f.consequential), reported[0]))
         restart = self.round < self.job["max_restarts"] and not self._done
         self._broadcast(RoundFailed.of(rank, cause, restart=restart))
         self._failures, self._first_failure_at = {}, None

@@ -41,7 +41,7 @@ __all__ = [
     "Finished", "Closing", "Message", "parse_message", "OUTCOMES",
 ]
 
-PROTOCOL = "tfstrategy-rendezvous/3"
+PROTOCOL = "tfstrategy-rendezvous/4"
 #: Longest line before authentication (a hello is ~300 bytes) and after it (a failure's last lines).
 HANDSHAKE_LINE = 4096
 MAX_LINE = 4 << 20
@@ -228,7 +228,8 @@ class Join(Message):
 @dataclass(frozen=True)
 class Failed(Message):
     """node -> node 0: a local worker failed in ``round``, whole: when (wall clock), why, whether it only
-    echoes a failure elsewhere, how it ends the job (``outcome``), its last lines and log files."""
+    echoes a failure elsewhere, how it ends the job (``outcome``), its last lines and log files, and the
+    cause its workers' ledgers show (``diagnosis``: headline then evidence; empty if none)."""
 
     kind: ClassVar[str] = "failed"
     round: int
@@ -240,15 +241,18 @@ class Failed(Message):
     outcome: str
     lines: list[str]
     logs: list[str]
+    diagnosis: list[str]
 
     @classmethod
     def bounded(cls, *, round: int, worker: int | None, reason: str, status: int, time: float, consequential: bool,
-                outcome: str, lines: tuple[str, ...] | list[str], logs: tuple[str, ...] | list[str]) -> Failed:
+                outcome: str, lines: tuple[str, ...] | list[str], logs: tuple[str, ...] | list[str],
+                diagnosis: tuple[str, ...] | list[str] = ()) -> Failed:
         """A failure cut to what the wire carries (the newest lines, the first log files), so it never breaks the protocol."""
         return cls(round=round, worker=worker, reason=reason[:_TEXT], status=min(max(status, 0), 1023),
                    time=time if math.isfinite(time) and 0 <= time <= _WALL else 0.0, consequential=consequential,
                    outcome=outcome if outcome in OUTCOMES else "failed",
-                   lines=[line[:LINE_CHARS] for line in lines][-LINES:], logs=[path[:_PATH] for path in logs][:_LOGS])
+                   lines=[line[:LINE_CHARS] for line in lines][-LINES:], logs=[path[:_PATH] for path in logs][:_LOGS],
+                   diagnosis=[line[:LINE_CHARS] for line in diagnosis][:DIAGNOSIS_LINES])
 
 
 @dataclass(frozen=True)
@@ -303,6 +307,7 @@ class RoundFailed(Message):
     outcome: str
     lines: list[str]
     logs: list[str]
+    diagnosis: list[str]
     restart: bool
 
     @classmethod
@@ -351,6 +356,8 @@ _TEXT = 10_000
 #: A failure's last lines: at most this many, each at most LINE_CHARS characters.
 LINES = 100
 LINE_CHARS = 2_000
+#: A failure's diagnosis: its headline and evidence, at most this many lines (each at most LINE_CHARS).
+DIAGNOSIS_LINES = 20
 #: A failure's log files: at most this many paths, each at most this long.
 _LOGS = 4
 _PATH = 4096
@@ -420,6 +427,7 @@ _FIELDS: dict[str, Check] = {
     "lines": _list(_text(LINE_CHARS), LINES), "logs": _list(_text(_PATH), _LOGS), "signal": _int(1, 64),
     "workers": _list(_text(300, _HOST_PORT), 1 << 16), "node": _int(0, 1 << 16), "restart": _bool,
     "missing": _list(_int(0, 1 << 16), 1 << 16), "arrived": _addresses,
+    "diagnosis": _list(_text(LINE_CHARS), DIAGNOSIS_LINES),
 }
 
 

@@ -1,0 +1,335 @@
+"""Why a synchronous job hangs or aborts, from the workers' ledgers: one line naming the worker and the reason.
+
+Pure: the launcher hands :func:`diagnose` what it knows of every worker (:class:`WorkerView`: its
+ledger, its live progress, its process state) when a worker stalls, an attempt fails or times out,
+and prints the :class:`Diagnosis` before what it saw itself. The causes, in the order checked (the
+first that fits wins, each one a cause no stack shows):
+
+- a worker exited (any status) before joining: the job cannot form;
+- a worker is stopped (SIGSTOP, a debugger): its peers wait for it;
+- the shards are uneven: one worker ran out of data a batch before its peers;
+- the workers traced different train functions: their collectives never meet;
+- the shards are uneven: one worker plans fewer steps in the epoch than its peers (Keras knows it).
+
+:class:`StragglerWatch` reads the ledgers while the job runs and names, once, a worker whose input
+wait or CPU per step is persistently above its peers' (a warning: the job goes on). In a synchronous
+job every worker's step takes the same wall time (the fast ones wait for the slow one inside the
+collectives), so a straggler shows in what it does on its own: the time it waits for its input, or
+the CPU its step burns, which its waiting peers do not spend.
+
+Epochs and batches are said as Keras prints them (epoch 1 is the first). Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tfstrategy.launch.ledger import FunctionTrace, Ledger
+
+__all__ = ["WorkerView", "Diagnosis", "diagnose", "StragglerWatch", "PREPARE_HINT"]
+
+PREPARE_HINT = "batch with drop_remainder=True, or use tfstrategy.prepare_dataset"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerView:
+    """What the launcher knows of one worker when it asks for a diagnosis."""
+
+    index: int
+    ledger: Ledger | None = None
+    #: Batches done and whether it is inside one (the progress file; -1: no progress file).
+    steps: int = -1
+    in_step: bool = False
+    #: Its exit status as Popen gives it (``None``: alive).
+    returncode: int | None = None
+    joined: bool = False
+    #: Creating its strategy (``<join file>.starting``) or joined: it waits for the others to form the job.
+    joining: bool = False
+    #: State T in ``/proc/PID/stat``.
+    stopped: bool = False
+    #: The type of the uncaught exception it recorded, if any (``ValueError``), and the whole of it
+    #: (``ValueError: bad flag (at train.py:7 in main)``).
+    error_type: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The cause of a hang or an abort: one line naming the worker and the reason, then the evidence."""
+
+    #: ``early-exit``, ``stopped``, ``different-functions``, ``uneven-shards`` or ``straggler``.
+    cause: str
+    #: The worker named (``None`` when it names several).
+    index: int | None
+    headline: str
+    evidence: tuple[str, ...] = ()
+
+    def lines(self) -> tuple[str, ...]:
+        """The headline, then each piece of evidence."""
+        return (self.headline, *self.evidence)
+
+
+def diagnose(views: Sequence[WorkerView]) -> Diagnosis | None:
+    """The cause the ledgers and states show, or ``None`` (no cause the launcher can name: say what it saw)."""
+    for check in (_early_exit, _stopped, _ran_out_unevenly, _different_functions, _uneven_plans):
+        found = check(views)
+        if found is not None:
+            return found
+    return None
+
+
+# --- the causes -------------------------------------------------------------------------------------
+
+
+def _early_exit(views: Sequence[WorkerView]) -> Diagnosis | None:
+    """A worker that ended before joining while a peer waits to form the job with it."""
+    waiting = [v for v in views if v.returncode is None and (v.joined or v.joining)]
+    gone = [v for v in views if v.returncode is not None and not v.joined]
+    if not waiting or not gone:
+        return None
+    worker = gone[0]
+    what = (f"raised {worker.error_type}" if worker.error_type else
+            f"exited {worker.returncode}" if worker.returncode is not None and worker.returncode >= 0 else
+            f"was killed by signal {-(worker.returncode or 0)}")
+    evidence = [f"worker {worker.index}'s error: {worker.error}"] if worker.error else []
+    evidence += [f"worker {v.index} {'joined' if v.joined else 'is creating its strategy'} and waits for it"
+                 for v in waiting]
+    if worker.ledger is not None and worker.ledger.frame:
+        evidence.append(f"worker {worker.index}'s last frame in your code: {worker.ledger.frame}")
+    evidence.append("every worker must create the same MultiWorkerMirroredStrategy and train together")
+    return Diagnosis("early-exit", worker.index, f"worker {worker.index} {what} before joining: the job cannot form",
+                     tuple(evidence))
+
+
+def _stopped(views: Sequence[WorkerView]) -> Diagnosis | None:
+    """A live worker the kernel stopped (SIGSTOP, SIGTSTP, a debugger's breakpoint)."""
+    worker = next((v for v in views if v.stopped and v.returncode is None), None)
+    if worker is None:
+        return None
+    steps = _steps_done(worker)
+    after = f" after step {steps}" if steps >= 0 else ""
+    evidence = []
+    if worker.ledger is not None and worker.ledger.frame:
+        evidence.append(f"worker {worker.index}'s last frame in your code: {worker.ledger.frame}")
+    peers = [v for v in views if v is not worker and v.returncode is None]
+    evidence += [f"worker {v.index} is {'inside' if v.in_step else 'after'} step {max(v.steps, 0) + v.in_step}"
+                 for v in peers if v.steps >= 0]
+    evidence.append("resume it with 'kill -CONT <pid>' (or continue it in the debugger)")
+    return Diagnosis("stopped", worker.index,
+                     f"worker {worker.index} is stopped (SIGSTOP or a debugger){after}; its peers wait for it",
+                     tuple(evidence))
+
+
+def _different_functions(views: Sequence[WorkerView]) -> Diagnosis | None:
+    """Two workers whose n-th traced function of one kind differs: their collectives never meet."""
+    ledgers = [(v.index, v.ledger) for v in views if v.ledger is not None and v.ledger.functions]
+    for (first, mine), (second, theirs) in zip(ledgers, ledgers[1:]):
+        for kind in _kinds(mine.functions):
+            pairs = zip(_of_kind(mine.functions, kind), _of_kind(theirs.functions, kind))
+            for a, b in pairs:
+                if a.fingerprint == b.fingerprint:
+                    continue
+                evidence = (f"worker {first}: {_describe(a)}", f"worker {second}: {_describe(b)}",
+                            "their collectives never meet: every worker must build the same model and train "
+                            "function (look for code that depends on the worker's index or on its data)")
+                what = "train functions" if kind == "train" else f"{kind} functions"
+                return Diagnosis("different-functions", None,
+                                 f"workers {first} and {second} traced different {what} (step {a.step + 1})", evidence)
+    return None
+
+
+def _ran_out_unevenly(views: Sequence[WorkerView]) -> Diagnosis | None:
+    """A worker whose data ran out a batch (or more) short of a peer's.
+
+    Checked before the functions: a shorter last batch on one worker may trace its step again, which is
+    a consequence of the uneven shards, not the cause.
+    """
+    for worker in views:
+        ledger = worker.ledger
+        if ledger is None or not ledger.end_of_data:
+            continue
+        epoch, begun = ledger.end_of_data[-1]
+        done = ledger.steps if ledger.epoch == epoch else max(begun - 1, 0)
+        # A peer whose data ran out in the same batch ended its epoch with it (the normal end without steps_per_epoch).
+        ahead = [(v, _batches_in(v, epoch)) for v in views if v is not worker
+                 and not (v.ledger is not None and (epoch, begun) in v.ledger.end_of_data)]
+        ahead = [(v, batches) for v, batches in ahead
+                 if batches > done + 1 or (batches > done and (v.in_step or v.returncode is not None))]
+        ran_out = [(v, begun_there) for v in views if v is not worker and v.ledger is not None
+                   for e, begun_there in v.ledger.end_of_data[-1:] if e == epoch and begun_there > begun]
+        if ran_out and not ahead:
+            peer, later = ran_out[0]
+            return Diagnosis(
+                "uneven-shards", worker.index,
+                f"worker {worker.index} ran out of data after {begun - 1} batch(es) of epoch {epoch + 1}, worker "
+                f"{peer.index} after {later - 1}: the shards differ by {_batches(later - begun)} ({PREPARE_HINT})",
+                _plan_evidence(views, epoch))
+        if ahead:
+            peer, batches = ahead[0]
+            waits = "waits" if peer.returncode is None else "was"
+            return Diagnosis(
+                "uneven-shards", worker.index,
+                f"worker {worker.index} ran out of data after {done} batch(es) of epoch {epoch + 1} while worker "
+                f"{peer.index} {waits} in batch {batches}: the shards differ by {_batches(batches - done)} "
+                f"({PREPARE_HINT})",
+                _plan_evidence(views, epoch) + ("a worker whose data ends leaves its peers inside a collective "
+                                                "that waits for it",))
+    return None
+
+
+def _uneven_plans(views: Sequence[WorkerView]) -> Diagnosis | None:
+    """Workers in one epoch whose planned steps differ (Keras knows it): the one with fewer runs out first."""
+    plans = [(v, _planned(v)) for v in views]
+    known = [(v, steps) for v, steps in plans if steps is not None and v.ledger is not None]
+    epochs = {v.ledger.epoch for v, _ in known if v.ledger is not None}
+    if len(known) < 2 or len(epochs) != 1 or len({steps for _, steps in known}) < 2:
+        return None
+    short, fewest = min(known, key=lambda item: item[1])
+    peer, most = max(known, key=lambda item: item[1])
+    epoch = epochs.pop()
+    return Diagnosis(
+        "uneven-shards", short.index,
+        f"worker {short.index} plans {fewest} batch(es) in epoch {epoch + 1} while worker {peer.index} plans "
+        f"{most}: the shards differ by {_batches(most - fewest)} ({PREPARE_HINT})",
+        _plan_evidence(views, epoch))
+
+
+# --- stragglers -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Readings:
+    written: float = -1.0
+    slow: int = 0
+
+
+@dataclass
+class StragglerWatch:
+    """Names, once, a worker whose input wait or CPU per step stays above its peers' while the job runs.
+
+    Feed it every worker's latest ledger each tick (:meth:`update`); a reading is a ledger newly
+    written. A worker is slow in a reading when what it does on its own per step (its input wait,
+    else its CPU) is at least ``ratio`` times its peers' median, and the difference is at least
+    ``share`` of the step (and ``floor`` seconds): jitter on a healthy job stays below. It is named
+    after ``readings`` slow readings in a row.
+    """
+
+    ratio: float = 1.5
+    readings: int = 10
+    share: float = 0.1
+    floor: float = 0.005
+    _seen: dict[int, _Readings] = field(default_factory=dict)
+    _named: set[int] = field(default_factory=set)
+
+    def update(self, ledgers: dict[int, Ledger | None]) -> list[Diagnosis]:
+        """The stragglers found by this tick's ledgers (each worker named at most once)."""
+        found = []
+        current = {index: ledger for index, ledger in ledgers.items() if ledger is not None}
+        for index, ledger in current.items():
+            readings = self._seen.setdefault(index, _Readings())
+            if ledger.time == readings.written or len(current) < 2:
+                continue
+            readings.written = ledger.time
+            peers = [other for other_index, other in current.items() if other_index != index]
+            slow = _slower(ledger, peers, self.ratio, self.share, self.floor)
+            readings.slow = readings.slow + 1 if slow is not None else 0
+            if slow is not None and readings.slow >= self.readings and index not in self._named:
+                self._named.add(index)
+                found.append(Diagnosis("straggler", index, f"worker {index} is a straggler: {slow}", (
+                    f"{self.readings} readings in a row; its peers wait for it inside every step's collectives, "
+                    "so the whole job runs at its pace",)))
+        return found
+
+
+def _slower(ledger: Ledger, peers: Sequence[Ledger], ratio: float, share: float, floor: float) -> str | None:
+    """How ``ledger``'s worker is slower than its peers (input wait, else CPU per step), or ``None``."""
+    step = ledger.step_seconds
+    if step is None or step <= 0:
+        return None
+    margin = max(share * step, floor)
+    mine, theirs = _input_wait(ledger), [value for value in map(_input_wait, peers) if value is not None]
+    if mine is not None and theirs:
+        typical = statistics.median(theirs)
+        if mine >= ratio * typical and mine - typical >= margin:
+            return (f"it waits {mine:.2f} s a step for its input, {mine / max(typical, 1e-3):.1f}x its peers' "
+                    "(a slower input pipeline or host: more parallel reads, prefetch, or a cache)")
+    mine = ledger.cpu_seconds
+    theirs = [peer.cpu_seconds for peer in peers if peer.cpu_seconds is not None]
+    if mine is not None and theirs:
+        typical = statistics.median(theirs)
+        if mine >= ratio * typical and mine - typical >= margin:
+            return (f"its steps take {mine / max(typical, 1e-3):.1f}x its peers' CPU ({mine:.2f} s a step against "
+                    f"{typical:.2f} s: a slower or busier host, or more work on this worker)")
+    # Where the ledger times a worker's own part of the step (peers' waits apart), the step itself.
+    times = [peer.step_seconds for peer in peers if peer.step_seconds is not None]
+    usual = statistics.median(times) if times else None
+    if usual is not None and step >= ratio * usual and step - usual >= max(share * usual, floor):
+        return f"its steps take {step / max(usual, 1e-3):.1f}x its peers' time ({step:.2f} s against {usual:.2f} s)"
+    return None
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def _input_wait(ledger: Ledger) -> float | None:
+    """Seconds a step spends waiting for its input (the ledger's field, else the worker's ``outside_seconds``)."""
+    if ledger.input_seconds is not None:
+        return ledger.input_seconds
+    value = ledger.extra.get("outside_seconds")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _planned(view: WorkerView) -> int | None:
+    value = None if view.ledger is None else view.ledger.extra.get("epoch_steps")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _steps_done(view: WorkerView) -> int:
+    if view.steps >= 0:
+        return view.steps
+    return view.ledger.total_steps if view.ledger is not None else -1
+
+
+def _batches_in(view: WorkerView, epoch: int) -> int:
+    """The batches ``view``'s worker has begun in ``epoch`` (0 when it is not there)."""
+    ledger = view.ledger
+    if ledger is None:
+        return 0
+    if ledger.epoch == epoch:
+        return ledger.batches
+    return 0
+
+
+def _plan_evidence(views: Sequence[WorkerView], epoch: int) -> tuple[str, ...]:
+    lines = []
+    for view in views:
+        ledger = view.ledger
+        if ledger is None:
+            continue
+        planned = _planned(view) if ledger.epoch == epoch else None
+        ran_out = [f"{begun}" for e, begun in ledger.end_of_data if e == epoch]
+        lines.append(f"worker {view.index}: epoch {ledger.epoch + 1}, {ledger.batches} batch(es) begun, "
+                     f"{ledger.steps} done" + (f", {planned} planned" if planned else "")
+                     + (f", data ran out in batch {ran_out[-1]}" if ran_out else ""))
+    return tuple(lines)
+
+
+def _batches(count: int) -> str:
+    return "one batch" if count == 1 else f"{count} batches"
+
+
+def _kinds(functions: Sequence[FunctionTrace]) -> list[str]:
+    return list(dict.fromkeys(trace.kind for trace in functions))
+
+
+def _of_kind(functions: Sequence[FunctionTrace], kind: str) -> list[FunctionTrace]:
+    return [trace for trace in functions if trace.kind == kind]
+
+
+def _describe(trace: FunctionTrace) -> str:
+    parts = [trace.summary or f"{trace.kind} function"]
+    if trace.collectives is not None:
+        parts.append(f"{trace.collectives} collective(s) a step")
+    return ", ".join(parts) + f" [fingerprint {trace.fingerprint}]"

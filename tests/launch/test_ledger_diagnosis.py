@@ -1,0 +1,187 @@
+"""The launcher's diagnosis from the workers' ledgers (pure): each cause named, a healthy job left alone."""
+
+from __future__ import annotations
+
+import random
+
+from tfstrategy.launch.ledger import FunctionTrace, Ledger
+from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, StragglerWatch, WorkerView, diagnose
+
+TRAIN = FunctionTrace(kind="train", fingerprint="a1b2c3", collectives=2, summary="Sequential: 2 variables")
+
+
+def _ledger(**fields) -> Ledger:
+    base = dict(epoch=0, batches=3, steps=3, total_steps=3, functions=(TRAIN,), frame="train.py:30 in main")
+    return Ledger(**{**base, **fields})
+
+
+def _running(index: int, ledger: Ledger | None = None, **fields) -> WorkerView:
+    return WorkerView(index=index, ledger=ledger if ledger is not None else _ledger(), joined=True, joining=True,
+                      **{"steps": 3, "in_step": True, **fields})
+
+
+def test_a_healthy_job_has_no_diagnosis():
+    assert diagnose([_running(0), _running(1)]) is None
+    # every worker's data ran out at the same batch: the normal end of an epoch without steps_per_epoch
+    ended = _ledger(epoch=1, batches=0, steps=0, end_of_data=((0, 9),), extra={"epoch_steps": 8})
+    assert diagnose([_running(0, ended, in_step=False), _running(1, ended, in_step=False)]) is None
+    # ... and a peer that failed for another reason after that end is not "ahead" of it
+    last = _ledger(epoch=0, batches=9, steps=8, end_of_data=((0, 9),))
+    failed = WorkerView(index=1, ledger=last, returncode=1, joined=True, error_type="ValueError")
+    assert diagnose([_running(0, last, in_step=False), failed]) is None
+
+
+def test_a_worker_that_exits_0_before_joining_is_named_the_job_cannot_form():
+    found = diagnose([_running(0), WorkerView(index=1, returncode=0)])
+    assert found is not None and found.index == 1 and found.cause == "early-exit"
+    assert found.headline == "worker 1 exited 0 before joining: the job cannot form"
+    assert "worker 0 joined and waits for it" in found.evidence
+
+
+def test_a_worker_that_raises_before_joining_is_named_with_its_exception():
+    creating = WorkerView(index=0, joining=True)
+    found = diagnose([creating, WorkerView(index=1, returncode=1, error_type="ValueError",
+                                           error="ValueError: bad flag (at train.py:7 in <module>)",
+                                           ledger=Ledger(frame="train.py:7 in <module>"))])
+    assert found is not None
+    assert found.headline == "worker 1 raised ValueError before joining: the job cannot form"
+    assert found.evidence[:2] == ("worker 1's error: ValueError: bad flag (at train.py:7 in <module>)",
+                                  "worker 0 is creating its strategy and waits for it")
+    assert "worker 1's last frame in your code: train.py:7 in <module>" in found.evidence
+
+
+def test_an_exit_before_joining_with_no_peer_waiting_is_no_diagnosis():
+    # both ended before joining (a script without a strategy): nobody waits, nothing to explain
+    assert diagnose([WorkerView(index=0, returncode=0), WorkerView(index=1, returncode=0)]) is None
+
+
+def test_a_stopped_worker_is_named_with_its_step_and_frame():
+    found = diagnose([_running(0, steps=5), _running(1, steps=4, in_step=False, stopped=True)])
+    assert found is not None and found.cause == "stopped" and found.index == 1
+    assert found.headline == "worker 1 is stopped (SIGSTOP or a debugger) after step 4; its peers wait for it"
+    assert "worker 1's last frame in your code: train.py:30 in main" in found.evidence
+    assert "worker 0 is inside step 6" in found.evidence
+
+
+def test_different_train_functions_are_named_with_both_fingerprints():
+    other = FunctionTrace(kind="train", fingerprint="ffee99", collectives=3, summary="Sequential: 4 variables")
+    found = diagnose([_running(0, steps=0), _running(1, _ledger(functions=(other,)), steps=0)])
+    assert found is not None and found.cause == "different-functions"
+    assert found.headline == "workers 0 and 1 traced different train functions (step 1)"
+    assert found.evidence[0] == "worker 0: Sequential: 2 variables, 2 collective(s) a step [fingerprint a1b2c3]"
+    assert found.evidence[1] == "worker 1: Sequential: 4 variables, 3 collective(s) a step [fingerprint ffee99]"
+
+
+def test_the_same_function_traced_again_on_every_worker_is_no_diagnosis():
+    again = FunctionTrace(kind="train", fingerprint="0d0d0d", epoch=2, step=40)
+    ledger = _ledger(functions=(TRAIN, again))
+    assert diagnose([_running(0, ledger), _running(1, ledger)]) is None
+
+
+def test_a_worker_whose_data_ran_out_a_batch_early_is_named_while_its_peer_waits():
+    short = _ledger(epoch=0, batches=8, steps=7, end_of_data=((0, 8),))
+    waiting = _ledger(epoch=0, batches=8, steps=7)
+    found = diagnose([_running(0, waiting, steps=7), _running(1, short, steps=7, in_step=False)])
+    assert found is not None and found.cause == "uneven-shards" and found.index == 1
+    assert found.headline == (
+        "worker 1 ran out of data after 7 batch(es) of epoch 1 while worker 0 waits in batch 8: the shards differ by "
+        f"one batch ({PREPARE_HINT})")
+
+
+def test_a_worker_that_left_after_its_shorter_shard_is_named_while_its_peer_waits():
+    # worker 1 ran out in the last epoch and exited 0; worker 0 waits inside batch 8 of that epoch
+    gone = WorkerView(index=1, returncode=0, joined=True, steps=7,
+                      ledger=_ledger(epoch=2, batches=8, steps=7, end_of_data=((0, 8), (1, 8), (2, 8))))
+    found = diagnose([_running(0, _ledger(epoch=2, batches=8, steps=7), steps=23), gone])
+    assert found is not None and found.index == 1
+    assert found.headline.startswith("worker 1 ran out of data after 7 batch(es) of epoch 3 while worker 0 waits in "
+                                     "batch 8")
+
+
+def test_workers_whose_data_ran_out_at_different_batches_are_uneven():
+    one = _ledger(epoch=1, batches=1, steps=0, end_of_data=((0, 9),))
+    other = _ledger(epoch=1, batches=1, steps=0, end_of_data=((0, 8),))
+    found = diagnose([_running(0, one), _running(1, other)])
+    assert found is not None and found.index == 1
+    assert found.headline.startswith("worker 1 ran out of data after 7 batch(es) of epoch 1, worker 0 after 8: the "
+                                     "shards differ by one batch")
+
+
+def test_planned_epoch_steps_that_differ_are_uneven_before_the_data_runs_out():
+    found = diagnose([_running(0, _ledger(extra={"epoch_steps": 8})), _running(1, _ledger(extra={"epoch_steps": 7}))])
+    assert found is not None and found.cause == "uneven-shards" and found.index == 1
+    assert found.headline == (f"worker 1 plans 7 batch(es) in epoch 1 while worker 0 plans 8: the shards differ by "
+                              f"one batch ({PREPARE_HINT})")
+
+
+def _steady(index: int, written: float, *, input_seconds: float, cpu: float, step: float = 0.2) -> Ledger:
+    return Ledger(epoch=0, batches=int(written), steps=int(written), step_seconds=step, input_seconds=input_seconds,
+                  cpu_seconds=cpu, time=written)
+
+
+def _watch(readings: int, make) -> list:
+    watch, found = StragglerWatch(), []
+    for reading in range(readings):
+        found += watch.update({index: make(index, float(reading + 1)) for index in range(3)})
+    return found
+
+
+def test_a_worker_waiting_for_its_input_is_a_straggler_after_ten_readings():
+    def make(index, written):
+        return _steady(index, written, input_seconds=0.10 if index == 2 else 0.002, cpu=0.1)
+
+    assert _watch(9, make) == []
+    found = _watch(12, make)
+    assert len(found) == 1 and found[0].index == 2 and found[0].cause == "straggler"
+    assert found[0].headline.startswith("worker 2 is a straggler: it waits 0.10 s a step for its input, 50.0x its "
+                                        "peers'")
+
+
+def test_a_worker_whose_steps_burn_more_cpu_is_a_straggler_on_compute():
+    def make(index, written):
+        return _steady(index, written, input_seconds=0.001, cpu=0.5 if index == 0 else 0.05, step=0.6)
+
+    found = _watch(10, make)
+    assert len(found) == 1 and found[0].index == 0
+    assert found[0].headline.startswith("worker 0 is a straggler: its steps take 10.0x its peers' CPU")
+
+
+def test_a_slow_reading_between_fast_ones_starts_the_count_again():
+    def make(index, written):
+        slow = index == 1 and int(written) % 5 != 0  # every fifth reading is normal
+        return _steady(index, written, input_seconds=0.1 if slow else 0.002, cpu=0.1)
+
+    assert _watch(40, make) == []
+
+
+def test_a_healthy_job_with_jitter_has_no_straggler():
+    rng = random.Random(7)
+
+    def make(index, written):
+        return _steady(index, written, input_seconds=0.002 * rng.uniform(0.2, 3.0), cpu=0.1 * rng.uniform(0.8, 1.25))
+
+    assert _watch(500, make) == []
+
+
+def test_an_unchanged_ledger_is_not_a_new_reading():
+    watch = StragglerWatch()
+    ledgers = {0: _steady(0, 1.0, input_seconds=0.1, cpu=0.1), 1: _steady(1, 1.0, input_seconds=0.001, cpu=0.1)}
+    assert all(watch.update(ledgers) == [] for _ in range(30))
+
+
+def test_uneven_shards_come_before_the_retrace_a_shorter_batch_may_cause():
+    retraced = FunctionTrace(kind="train", fingerprint="c0ffee", step=7, summary="Sequential: 2 variables")
+    short = _ledger(epoch=0, batches=8, steps=7, end_of_data=((0, 8),), functions=(TRAIN, retraced))
+    other = FunctionTrace(kind="train", fingerprint="d00d00", step=7, summary="Sequential: 2 variables")
+    waiting = _ledger(epoch=0, batches=8, steps=7, functions=(TRAIN, other))
+    found = diagnose([_running(0, waiting, steps=7), _running(1, short, in_step=False)])
+    assert found is not None and found.cause == "uneven-shards"
+
+
+def test_a_worker_whose_own_steps_are_slower_is_a_straggler_when_input_and_cpu_do_not_tell():
+    def make(index, written):
+        return Ledger(steps=int(written), step_seconds=0.32 if index == 1 else 0.2, time=written)
+
+    found = _watch(10, make)
+    assert [d.headline for d in found] == ["worker 1 is a straggler: its steps take 1.6x its peers' time (0.32 s "
+                                           "against 0.20 s)"]
