@@ -30,6 +30,7 @@ from tfstrategy.settings import (
     ENV_AUDIT,
     ENV_BACKUP_DIR,
     ENV_CPU_REPLICAS,
+    ENV_DEBUG,
     ENV_DEVICES,
     ENV_ERROR_FILE,
     ENV_HOOK,
@@ -144,6 +145,8 @@ class WorkerSettings:
     audit: str | None = None
     #: Print the hook's one summary line at exit.
     summary: bool = False
+    #: ``--debug``: the summary names the hook's steps, tracebacks keep tfstrategy's own frames.
+    debug: bool = False
     #: The Keras global dtype policy (one of :data:`PRECISIONS`).
     precision: str | None = None
     #: The divergence sentinel: ``"epoch"``, a step interval (``"100"``) or ``"off"``.
@@ -161,7 +164,7 @@ class WorkerSettings:
     def to_environ(self) -> dict[str, str]:
         """The variables of the settings that are set."""
         environ: dict[str, str] = {}
-        for name, value in ((ENV_AUDIT, self.audit), (ENV_HOOK_SUMMARY, self.summary or None),
+        for name, value in ((ENV_AUDIT, self.audit), (ENV_HOOK_SUMMARY, self.summary or None), (ENV_DEBUG, self.debug or None),
                             (ENV_PRECISION, self.precision), (ENV_SENTINEL, self.sentinel),
                             (ENV_PROFILE, self.profile_dir),
                             (ENV_PROFILE_EVERY, None if self.profile_every is None else f"{self.profile_every:g}"),
@@ -181,6 +184,7 @@ class WorkerSettings:
         return cls(
             audit=_read(environ, ENV_AUDIT, _one_of(AUDIT_MODES), f"one of {', '.join(AUDIT_MODES)}"),
             summary=environ.get(ENV_HOOK_SUMMARY, "").strip() == "1",
+            debug=environ.get(ENV_DEBUG, "").strip() == "1",
             precision=_read(environ, ENV_PRECISION, _precision, f"one of {', '.join(PRECISIONS)}"),
             sentinel=_read(environ, ENV_SENTINEL, _sentinel, "epoch, a step interval such as 100, or off"),
             profile_dir=None if profile is None or profile.lower() == "off" else Path(profile),
@@ -272,6 +276,7 @@ def hook_environment(
     cpu_replicas: int | None = None,
     devices: str | None = None,
     summary: bool = False,
+    debug: bool = False,
     env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment that runs a process with the start-up hook (what ``run`` and ``launch`` set).
@@ -291,4 +296,6 @@ def hook_environment(
         env[ENV_DEVICES] = devices
     if summary:
         env[ENV_HOOK_SUMMARY] = "1"
+    if debug:
+        env[ENV_DEBUG] = "1"
     return env

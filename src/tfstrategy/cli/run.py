@@ -34,7 +34,10 @@ DESCRIPTION = textwrap.dedent(
         its strategy's scope: --audit warn (default) reports offenders once with
         their file:line and trains on; stop refuses to train; off skips it.
 
-    At exit one line sums up: strategies, replicas, patches, audit findings.
+    At exit one line sums up, in the script's terms: the strategies and replicas,
+    what changed for the script ("nothing changed" if nothing did), the scope
+    audit; --debug adds the hook's steps and patches. An error of the script's
+    own is shown from its frames (tfstrategy's wrappers only with --debug).
     The exit status is the command's."""
 )
 
@@ -143,7 +146,8 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     if args.devices is not None:
         check_device_flag(args.devices, replicas)
     validate_launch_options(LaunchOptions(command=tuple(program), num_workers=1, audit=args.audit))
-    env = hook_environment(audit=args.audit, cpu_replicas=replicas, devices=args.devices, summary=True)
+    env = hook_environment(audit=args.audit, cpu_replicas=replicas, devices=args.devices, summary=True,
+                           debug=args.debug)
     env.update(precision_environment(args.precision, env))
     from tfstrategy.performance.environment import profile_environment
 

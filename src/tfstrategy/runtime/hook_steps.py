@@ -50,6 +50,13 @@ class WatchStrategies(Step):
         return ("name every strategy created in the summary; MultiWorkerMirroredStrategy signals the launcher and "
                 "gets the collective timeout")
 
+    def change(self) -> str | None:
+        from tfstrategy.runtime.process import RUNTIME
+
+        if not (self.inputs.multi_worker and RUNTIME.hook.joined):
+            return None
+        return f"{self.inputs.cluster_tasks} workers joined one MultiWorkerMirroredStrategy"
+
     def _take(self) -> str | None:
         from tfstrategy.runtime.hook_strategies import watch_strategies
 

@@ -23,6 +23,7 @@ from tfstrategy.runtime import device_lists, one_job
 from tfstrategy.runtime.inputs import PlanInputs
 from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
+from tfstrategy.selection.names import strategy_name
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES
 from tfstrategy.worker_contract import EXIT_STOPPED, STOP_PREFIXES
 
@@ -198,8 +199,8 @@ def _describe(strategy: Any) -> str:
     try:
         replicas = int(strategy.num_replicas_in_sync)
     except Exception:  # e.g. a ParameterServerStrategy before its cluster answers
-        return type(strategy).__name__
-    return f"{type(strategy).__name__}, {replicas} replica{'' if replicas == 1 else 's'}"
+        return strategy_name(strategy)
+    return f"{strategy_name(strategy)}, {replicas} replica{'' if replicas == 1 else 's'}"
 
 
 def watch_strategies(timeout: float | None) -> str:
@@ -265,6 +266,7 @@ def mirrored_devices(inputs: PlanInputs) -> str:
                                                    where=_script_line())
                 if decision.action == one_job.REFUSE:
                     stop(decision.message)
+                RUNTIME.hook.changed("mirrored_devices", "MirroredStrategy() made the job's MultiWorkerMirroredStrategy")
                 return multi_worker()
 
             return __new__
@@ -282,6 +284,8 @@ def mirrored_devices(inputs: PlanInputs) -> str:
         @functools.wraps(original)
         def __init__(self: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
             if devices is None:
+                if chosen is not None:
+                    RUNTIME.hook.changed("mirrored_devices", f"MirroredStrategy() given {len(chosen)} devices")
                 original(self, chosen, cross_device_ops)
                 return
             if not _called_by_tfstrategy():  # select() and the patches' probes list their devices on purpose
