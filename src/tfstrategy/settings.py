@@ -72,8 +72,10 @@ ENV_AUDIT = "TFSTRATEGY_AUDIT"
 #: The values of ``--audit`` / ``TFSTRATEGY_AUDIT`` (here, not in the hook's module, so the CLI's parser
 #: offers them without loading the hook).
 AUDIT_MODES = ("warn", "stop", "off")
-#: "1": print one summary line (strategy, replicas, patches, audit) when the process exits.
+#: "1": print one summary line (strategies, what changed for the script, the audit) when the process exits.
 ENV_HOOK_SUMMARY = "TFSTRATEGY_HOOK_SUMMARY"
+#: "1" (``run``/``launch --debug``): the summary names the hook's steps, tracebacks keep tfstrategy's frames.
+ENV_DEBUG = "TFSTRATEGY_DEBUG"
 #: Set by the hook to the pid it installed in: a Python child of the script (which inherits it) stays unhooked.
 ENV_HOOK_PID = "TFSTRATEGY_HOOK_PID"
 #: What the hook does with a script's device list naming a device the host lacks: stop (default) or warn.

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -30,6 +30,7 @@ from tfstrategy.settings import (
     ENV_AUDIT,
     ENV_BACKUP_DIR,
     ENV_CPU_REPLICAS,
+    ENV_DEBUG,
     ENV_DEVICES,
     ENV_ERROR_FILE,
     ENV_HOOK,
@@ -53,12 +54,25 @@ from tfstrategy.settings import (
 )
 
 __all__ = ["WorkerSettings", "WorkerContract", "SUPERVISION_VARIABLES", "PRECISIONS", "STACK_SIGNAL", "STARTUP_DIR",
-           "hook_environment"]
+           "hook_environment", "STOP_PREFIXES", "EXIT_STOPPED", "stop_line"]
 
 #: The directory whose ``sitecustomize`` installs the start-up hook; first on the workers' PYTHONPATH.
 STARTUP_DIR = Path(__file__).resolve().parent / "runtime" / "startup"
 #: The signal on which a launched Python worker prints every thread's stack to its stderr.
 STACK_SIGNAL = signal.SIGUSR2
+#: How a worker's one line begins when the hook stops it on a user error (a refused strategy, a missing device),
+#: and its exit status: the launcher makes that line its headline, once, and does not restart the job.
+#: (The scope audit's "tfstrategy stopped fit() ..." is an exception the script sees, not one of these.)
+STOP_PREFIXES = ("tfstrategy refused ", "tfstrategy stopped MirroredStrategy(", "tfstrategy stopped Model.fit() ",
+                 "tfstrategy stopped the script ")
+EXIT_STOPPED = 2
+
+
+def stop_line(returncode: int | None, lines: Sequence[str]) -> str | None:
+    """The hook's stop line of a worker that exited :data:`EXIT_STOPPED`, or ``None``."""
+    if returncode != EXIT_STOPPED:
+        return None
+    return next((line.strip() for line in reversed(lines) if line.strip().startswith(STOP_PREFIXES)), None)
 
 #: The values of ``TFSTRATEGY_PRECISION`` (as :func:`tfstrategy.training.precision.parse_precision` accepts them).
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -131,6 +145,8 @@ class WorkerSettings:
     audit: str | None = None
     #: Print the hook's one summary line at exit.
     summary: bool = False
+    #: ``--debug``: the summary names the hook's steps, tracebacks keep tfstrategy's own frames.
+    debug: bool = False
     #: The Keras global dtype policy (one of :data:`PRECISIONS`).
     precision: str | None = None
     #: The divergence sentinel: ``"epoch"``, a step interval (``"100"``) or ``"off"``.
@@ -148,7 +164,7 @@ class WorkerSettings:
     def to_environ(self) -> dict[str, str]:
         """The variables of the settings that are set."""
         environ: dict[str, str] = {}
-        for name, value in ((ENV_AUDIT, self.audit), (ENV_HOOK_SUMMARY, self.summary or None),
+        for name, value in ((ENV_AUDIT, self.audit), (ENV_HOOK_SUMMARY, self.summary or None), (ENV_DEBUG, self.debug or None),
                             (ENV_PRECISION, self.precision), (ENV_SENTINEL, self.sentinel),
                             (ENV_PROFILE, self.profile_dir),
                             (ENV_PROFILE_EVERY, None if self.profile_every is None else f"{self.profile_every:g}"),
@@ -168,6 +184,7 @@ class WorkerSettings:
         return cls(
             audit=_read(environ, ENV_AUDIT, _one_of(AUDIT_MODES), f"one of {', '.join(AUDIT_MODES)}"),
             summary=environ.get(ENV_HOOK_SUMMARY, "").strip() == "1",
+            debug=environ.get(ENV_DEBUG, "").strip() == "1",
             precision=_read(environ, ENV_PRECISION, _precision, f"one of {', '.join(PRECISIONS)}"),
             sentinel=_read(environ, ENV_SENTINEL, _sentinel, "epoch, a step interval such as 100, or off"),
             profile_dir=None if profile is None or profile.lower() == "off" else Path(profile),
@@ -259,6 +276,7 @@ def hook_environment(
     cpu_replicas: int | None = None,
     devices: str | None = None,
     summary: bool = False,
+    debug: bool = False,
     env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment that runs a process with the start-up hook (what ``run`` and ``launch`` set).
@@ -278,4 +296,6 @@ def hook_environment(
         env[ENV_DEVICES] = devices
     if summary:
         env[ENV_HOOK_SUMMARY] = "1"
+    if debug:
+        env[ENV_DEBUG] = "1"
     return env

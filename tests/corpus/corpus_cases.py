@@ -43,6 +43,10 @@ RUN_SECONDS = 420
 #: The class names of one multi-worker job's strategy (TensorFlow's MWMS is a CollectiveAllReduceStrategy).
 ONE_JOB = ("MultiWorkerMirroredStrategy", "CollectiveAllReduceStrategy")
 STARTING = re.compile(r"tfstrategy launch: starting \d+ worker")
+#: The hook's exit summary: the strategies created first (``MirroredStrategy, 2 replicas``, ``X (refused)``,
+#: ``no strategy created``), then what changed, each part after "; ".
+_STRATEGY = r"[A-Z]\w*(?: with a device list)?(?:, \d+ replicas?)?(?: \(refused\))?"
+SUMMARY_LINE = re.compile(rf"^tfstrategy: (?:no strategy created|{_STRATEGY}(?:, {_STRATEGY})*)(?:; |$)")
 FINAL = re.compile(r"^(?:\[worker (\d+)\] )?final loss (\S+) weights (\S+) replicas (\d+) strategy (\w+)\s*$")
 
 
@@ -338,8 +342,8 @@ class Result:
 
     @property
     def summaries(self) -> list[str]:
-        """The run's exit summary lines (``tfstrategy: <strategies>; patches: ...``)."""
-        return [line for line in self.stderr.splitlines() if line.startswith("tfstrategy: ") and "; patches: " in line]
+        """The run's exit summary lines (``tfstrategy: <strategies>; <what changed>; ...``)."""
+        return [line for line in self.stderr.splitlines() if SUMMARY_LINE.match(line)]
 
 
 def clean_environment() -> dict[str, str]:

@@ -119,7 +119,7 @@ def _result(tmp_path: Path, mode: str, returncode: int = 0, stdout: str = "", st
 
 CASE = Case(id="t", script="t.py", source="s", plain=Trains(), run=Trains(same_as="plain"),
             launch=Trains(workers=2, replicas=2, same_as="run"), files={"out/*.log": 1})
-SUMMARY = "tfstrategy: MirroredStrategy (2 replicas); patches: none needed; audit: 1 audit(s), every variable in its strategy's scope"
+SUMMARY = "tfstrategy: MirroredStrategy, 2 replicas; the CPU split into 2 logical devices; scope audit clean"
 
 
 def test_checker_accepts_a_correct_launch(tmp_path):
@@ -148,7 +148,7 @@ def test_checker_accepts_a_correct_launch(tmp_path):
                      "expected 1 file(s) out/*.log", id="second-copy"),
         pytest.param({0: (0.5, 10.0), 1: (0.5, 10.0)}, {}, "", "expected 1 file(s) out/*.log", id="file-missing"),
         pytest.param({0: (0.5, 10.0), 1: (0.5, 10.0)}, {"out/a.log": b"x\n"},
-                     "tfstrategy: audit: 3 of 7 variables were not created in the scope of _DefaultDistributionStrategy",
+                     "tfstrategy: audit: 3 of 7 variables were not created in the scope of the default strategy",
                      "the audit reported a finding", id="false-audit-finding"),
     ],
 )

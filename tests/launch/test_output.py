@@ -373,3 +373,27 @@ def test_console_workers_names_the_lead(text, lead, every, workers):
     options = options_from_args(build_parser().parse_args(["launch", "-n", "3", "--debug", *flag, "--", "true"]))
     assert options.console_view == dataclasses.replace(view, debug=True)
     assert options.console_workers == (frozenset({0, 1, 2}) if every else workers)  # all: with --log-dir too
+
+
+def test_a_workers_stop_line_stays_off_the_console_the_launchers_headline_says_it_once():
+    console, stream, clock = _console(every_line=True)
+    line = "tfstrategy refused OneDeviceStrategy under a multi-worker TF_CONFIG (2 workers): it places ..."
+    console.line(0, "[worker 0] ", "loading data")
+    console.line(0, "[worker 0] ", line)
+    console.line(1, "[worker 1] ", line)
+    _later(console, clock, 5)
+    assert stream.getvalue().splitlines() == ["[worker 0] loading data"]
+
+
+def test_the_tail_keeps_a_workers_stop_line_whole_for_the_headline_and_bounds_it():
+    from tfstrategy.launch.output import STOP_LINE_CHARS
+
+    tail = Tail()
+    stop = "tfstrategy refused OneDeviceStrategy " + "x" * (TAIL_LINE_CHARS + 100) + " Run the script as one process."
+    tail.add(stop)
+    tail.add("y" * (TAIL_LINE_CHARS + 1))
+    tail.add("tfstrategy stopped MirroredStrategy(" + "z" * 3 * STOP_LINE_CHARS)
+    kept = tail.lines()
+    assert kept[0] == stop
+    assert kept[1].endswith("[... 1 more characters]")
+    assert len(kept[2]) < STOP_LINE_CHARS + 50 and kept[2].endswith("more characters]")

@@ -483,6 +483,7 @@ def test_exit_0_is_the_root_cause_when_the_peer_already_failed_with_an_echo():
     pytest.param("join-timeout", 124, False, id="join"),
     pytest.param("failed", 1, True, id="echo"),
     pytest.param("failed", 1, False, id="plain"),
+    pytest.param("stopped", 2, False, id="stopped"),
 ])
 def test_a_relayed_failure_crosses_the_wire_whole(outcome, exit_status, consequential):
     """Node 1's failure as node 0 relays it: the fields it sent, none re-derived from its text."""
@@ -499,7 +500,10 @@ def test_a_relayed_failure_crosses_the_wire_whole(outcome, exit_status, conseque
     failure = failure_from_event(JobEvent(EventKind.FAILED, {}, message))
     assert failure == Failure(**{**sent.__dict__, "node": 1})
     assert (failure.exit_status, failure.consequential, failure.node) == (exit_status, consequential, 1)
-    assert failure.headline() == "node 1: worker 3 exited 1 before joining: the job cannot form"
+    if outcome == "stopped":  # a worker's stop line is its own headline, on every node
+        assert failure.headline() == "exited with status 1: ValueError: x"
+    else:
+        assert failure.headline() == "node 1: worker 3 exited 1 before joining: the job cannot form"
 
 
 def test_a_peer_failing_while_a_worker_is_stalled_is_an_echo_of_the_stall():
@@ -548,5 +552,62 @@ def test_every_worker_state_is_entered_and_every_outcome_has_its_exit_status():
     assert seen == set(WorkerState)
     assert {outcome: outcome.exit_status() for outcome in Outcome if outcome is not Outcome.INTERRUPTED} == {
         Outcome.SUCCEEDED: 0, Outcome.FAILED: 1, Outcome.JOIN_TIMEOUT: 124, Outcome.STALLED: 125,
-        Outcome.PREEMPTED: 75, Outcome.LOST: 1}
+        Outcome.PREEMPTED: 75, Outcome.LOST: 1, Outcome.STOPPED: 2}
     assert (Outcome.INTERRUPTED.exit_status(signal.SIGINT), Outcome.INTERRUPTED.exit_status(signal.SIGTERM)) == (130, 143)
+
+
+REFUSED = ("tfstrategy refused OneDeviceStrategy under a multi-worker TF_CONFIG (2 workers, e.g. tfstrategy launch -n 2): "
+           "it places everything on one device of this worker. Use tf.distribute.MirroredStrategy().")
+
+
+def test_a_worker_the_hook_stopped_ends_the_job_with_its_one_line_exit_2_and_no_restart():
+    """A refusal or a missing device repeats on every try: exit 2, the line once as the headline, never restarted."""
+    def scenario(fleet, now, launcher):
+        attempt = len(fleet.attempts) - 1
+        if now > 1 + attempt * 10:
+            fleet.at(attempt, 1).exit(2, lines=("2026-12-04 I tensorflow start-up", REFUSED))
+        if now > 1.5 + attempt * 10:
+            fleet.at(attempt, 0).exit(2, lines=(REFUSED,))
+
+    result, err, fleet, _ = _run(scenario, max_restarts=3)
+    assert (result.returncode, result.reason, result.restarts, len(fleet.attempts)) == (2, EndReason.STOPPED, 0, 1), err
+    assert err.count(REFUSED) == 1, err
+    assert f"tfstrategy launch: {REFUSED}" in err.splitlines()
+    assert "as a consequence" not in err and "giving up" not in err and "last " not in err, err
+
+
+def test_exit_2_without_a_stop_line_is_an_ordinary_failure_and_restarts():
+    def scenario(fleet, now, launcher):
+        attempt = len(fleet.attempts) - 1
+        _joined_and_training(fleet, attempt)
+        if attempt == 0 and now > 2:
+            fleet.at(0, 1).exit(2, lines=("usage: train.py [-h]", "train.py: error: unrecognized arguments: --x"))
+        if attempt == 1 and now > 4:
+            for worker in fleet.attempts[1]:
+                worker.exit(0)
+
+    result, err, fleet, _ = _run(scenario, max_restarts=1)
+    assert (result.returncode, result.restarts) == (0, 1), err
+    assert "worker 1 exited with status 2" in err
+
+
+def test_the_stop_line_is_recognised_only_with_exit_2_and_a_stop_prefix():
+    from tfstrategy.worker_contract import stop_line
+
+    assert stop_line(2, ("noise", REFUSED, "")) == REFUSED
+    assert stop_line(2, ("tfstrategy stopped MirroredStrategy(devices=['/gpu:0']) at x.py:3: Received ...",)) \
+        == "tfstrategy stopped MirroredStrategy(devices=['/gpu:0']) at x.py:3: Received ..."
+    assert stop_line(1, (REFUSED,)) is None
+    assert stop_line(2, ("tfstrategy: note ...", "ValueError: x")) is None
+    # The scope audit's message is an exception the script sees, not a stop line.
+    assert stop_line(2, ("tfstrategy stopped fit() before its first step (--audit stop):",)) is None
+
+
+def test_a_stop_is_never_restarted_by_the_local_coordinator():
+    from tfstrategy.launch.states import Outcome
+
+    coordinator = LocalCoordinator(max_restarts=5)
+    stopped = Failure(index=0, reason=REFUSED, status=2, outcome=Outcome.STOPPED)
+    failed = Failure(index=0, reason="exited with status 1", status=1)
+    assert (coordinator.decide(0, stopped).restart, coordinator.decide(0, failed).restart) == (False, True)
+    assert stopped.headline() == REFUSED and stopped.report((failed,)) == REFUSED

@@ -80,7 +80,9 @@ def test_run_gives_the_seed_script_four_replicas():
                             timeout=180)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[:4] == ["strategy MirroredStrategy", "replicas 4", "model_strategy True", "train_on_batch True"]
-    assert "tfstrategy: MirroredStrategy, 4 replicas; patches:" in result.stderr
+    assert ("tfstrategy: MirroredStrategy, 4 replicas; the CPU split into 4 logical devices; MirroredStrategy() given "
+            "4 devices;") in result.stderr
+    assert "steps: " not in result.stderr and "patches: " not in result.stderr  # step names only with --debug
 
 
 @pytest.mark.slow
@@ -112,7 +114,7 @@ def test_run_audit_warn_reports_once_and_trains_on():
     script = SCRIPTS / "stray_optimizer_script.py"
     result, _ = _tfstrategy("run", "--cpu-replicas", "2", "--", sys.executable, str(script), timeout=180)
     assert result.stderr.count("scope audit before fit() (--audit warn, training goes on)") == 1
-    assert "1 of 1 audit(s) found variables outside the scope" in result.stderr
+    assert "scope audit: 1 of 1 found variables outside the scope" in result.stderr
 
 
 @pytest.mark.parametrize(

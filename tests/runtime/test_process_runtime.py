@@ -40,7 +40,7 @@ def clean_runtime():
     tfstrategy.apply_patches()  # as any select() leaves the process for the tests after this one
 
 
-def test_two_different_jobs_in_one_process(clean_runtime, capsys):
+def test_two_different_jobs_in_one_process(clean_runtime, capsys, monkeypatch):
     # Job A: 2 CPU replicas in mixed precision, a hook rewrite, an instance override of one model's fit.
     a = tfstrategy.select(cpu_replicas=2, precision="mixed_float16")
     assert [name for name, _ in a.steps] == ["split_cpu", "record_creation_sites", "apply_patches", "set_precision"]
@@ -57,6 +57,7 @@ def test_two_different_jobs_in_one_process(clean_runtime, capsys):
     listed = preview_steps(os.environ)["replacements"]
     assert "keras2_aliases: installed (metrics.Metric.reset_states); keras" in "\n".join(listed)
     assert f"steps_per_execution_auto:{id(model)}: installed (Sequential.fit); instance override" in "\n".join(listed)
+    monkeypatch.setenv("TFSTRATEGY_DEBUG", "1")  # the summary names replacements only under --debug
     worker_hook._print_summary()
     assert f"; replaced: keras2_aliases, steps_per_execution_auto:{id(model)}" in capsys.readouterr().err
 

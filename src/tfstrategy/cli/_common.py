@@ -107,7 +107,9 @@ def add_program_arguments(parser: argparse.ArgumentParser, *, where: str) -> Non
                         help="where --profile writes worker-<i>.json and .txt (default: ./tfstrategy-profile)")
     parser.add_argument("--profile-every", type=float, default=10.0, metavar="MIN",
                         help="minutes between --profile reports on long jobs, at an epoch's end (default: 10)")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
+    parser.add_argument("--debug", action="store_true",
+                        help="show TensorFlow's own log lines, the hook's steps in the exit summary and tfstrategy's "
+                        "frames in tracebacks (env TFSTRATEGY_DEBUG for the workers)")
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help=f"the program to run{where}, after '--'")
 

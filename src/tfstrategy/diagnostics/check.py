@@ -14,6 +14,7 @@ from typing import Any
 
 from tfstrategy._tf import tf
 from tfstrategy.scope.audit import audit_scope
+from tfstrategy.selection.names import strategy_name
 from tfstrategy.selection.select import Selection, select
 
 #: The seed's smoke-test batch; rounded up to a multiple of the replicas.
@@ -142,7 +143,7 @@ def run_check(selection: Selection | None = None, **select_args: Any) -> CheckRe
     loss = float(logs["loss"])
 
     report = CheckReport()
-    report.add("strategy", strategy.__class__.__name__)
+    report.add("strategy", strategy_name(strategy))
     report.add("replicas", replicas)
     model_strategy = model.distribute_strategy is strategy
     report.add("model_strategy", model_strategy, model_strategy)

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from tfstrategy.worker_contract import STOP_PREFIXES
+
 __all__ = ["ConsoleView", "Console", "stopped_line", "HOLD_SECONDS", "PLAIN_PROGRESS_SECONDS"]
 
 #: Seconds another worker's line waits for the lead's identical line.
@@ -152,6 +154,8 @@ class Console:
                 return
             if not self.view.debug and _visible(text).strip() == _ABSL_NOTICE:
                 return
+            if _visible(text).strip().startswith(STOP_PREFIXES):
+                return  # a worker's stop line: the launcher's headline says it, once
             noise = self._noise_kind(index, _visible(text))
             queue = self._held.setdefault(index, collections.deque())
             if not queue and not noise and (index == self._lead or self.view.every_line):

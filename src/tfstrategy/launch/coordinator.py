@@ -118,7 +118,7 @@ class LocalCoordinator:
         return None
 
     def decide(self, attempt: int, failure: Failure) -> Event:
-        return Event.failed(failure, restart=attempt < self.max_restarts)
+        return Event.failed(failure, restart=failure.outcome.restartable and attempt < self.max_restarts)
 
     def finish(self, attempt: int) -> Event:
         return Event(outcome=Outcome.SUCCEEDED)

@@ -36,6 +36,7 @@ from tfstrategy.launch.ledger import Ledger
 from tfstrategy.launch.ledger_diagnosis import Diagnosis, StragglerWatch, WorkerView, diagnose
 from tfstrategy.launch.reports import ErrorRecord, Progress
 from tfstrategy.launch.states import EXIT_PREEMPTED, Failure, Outcome, WorkerState
+from tfstrategy.worker_contract import stop_line
 
 __all__ = ["Policy", "Observation", "Decision", "GroupMonitor"]
 
@@ -253,6 +254,10 @@ class GroupMonitor:
             return Failure(index=worker.index, reason=worker.left_early, status=0, time=worker.wall_ended)
         code = worker.returncode if worker.returncode is not None else 1
         lines = tuple(self._lines(worker.index))
+        stopped = stop_line(code, lines)
+        if stopped is not None:  # the hook's one line on a user error: the headline as it is, never restarted
+            return Failure(index=worker.index, reason=stopped, status=code, time=worker.wall_ended,
+                           outcome=Outcome.STOPPED)
         reason = failure_reason(code, lines, self._ports.get(worker.index), worker.joined, worker.error)
         when = min(worker.error.time, worker.wall_ended) if worker.error is not None else worker.wall_ended
         return Failure(index=worker.index, reason=reason, status=128 - code if code < 0 else code, time=when,

@@ -147,6 +147,7 @@ def worker_settings(options: LaunchOptions, environ: Mapping[str, str]) -> Worke
         profile_every = None if tracker is None else float(tracker["every_minutes"])
     return dataclasses.replace(
         given, audit=validate_audit_mode(options.audit), summary=True, precision=precision,
+        debug=options.console_view.debug or given.debug,
         sentinel="off" if sentinel is None else str(sentinel), profile_dir=profile_dir, profile_every=profile_every,
         backup_dir=options.backup_dir if options.backup_dir is not None else given.backup_dir,
     )

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tfstrategy.launch.console import Console
+from tfstrategy.worker_contract import STOP_PREFIXES
 
 __all__ = ["Console", "Tail", "Pump", "AnsiStripper", "status_line", "MAX_LINE", "TAIL_LINES", "TAIL_LINE_CHARS"]
 
@@ -30,6 +31,8 @@ MAX_LINE = 16 * 1024
 #: Lines of a failed worker's output repeated in the failure report, and their longest.
 TAIL_LINES = 15
 TAIL_LINE_CHARS = 400
+#: Characters of a worker's stop line (``STOP_PREFIXES``) kept for the headline.
+STOP_LINE_CHARS = 2000
 _CHUNK = 64 * 1024
 #: Seconds a pump waits for output before letting the console decide its held lines.
 _TICK = 0.2
@@ -77,6 +80,7 @@ _ENDINGS = {
     "interrupted": "was interrupted",
     "preempted": "was preempted (every worker saved; requeue it)",
     "lost": "lost its connection to node 0",
+    "stopped": "was stopped by a worker (the line above)",
 }
 
 
@@ -115,8 +119,10 @@ class Tail:
         self._lock = threading.Lock()
 
     def add(self, line: str) -> None:
-        if len(line) > self._chars:
-            line = f"{line[:self._chars]} [... {len(line) - self._chars} more characters]"
+        # A worker's stop line is the launcher's headline: kept whole (its fix comes last), within a bound of its own.
+        limit = STOP_LINE_CHARS if line.startswith(STOP_PREFIXES) else self._chars
+        if len(line) > limit:
+            line = f"{line[:limit]} [... {len(line) - limit} more characters]"
         with self._lock:
             self._lines.append(line)
 

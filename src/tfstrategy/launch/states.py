@@ -20,7 +20,8 @@ status  outcome       meaning
 124     join-timeout  not every worker (or node) joined within ``--timeout``
 125     stalled       a worker stalled: alive but not advancing past ``--stall-timeout``
 128+N   interrupted   the launcher itself received signal N (130 Ctrl-C, 143 SIGTERM) and stopped the job
-2       -             invalid options (nothing started)
+2       stopped       invalid options (nothing started), or a worker stopped the job with one line (a refused
+                      strategy, a missing device: ``STOP_PREFIXES``); never restarted
 ======  ============  ==============================================================
 """
 
@@ -76,6 +77,7 @@ class Outcome(str, Enum):
     PREEMPTED = "preempted"  # every worker saved and exited 75
     INTERRUPTED = "interrupted"  # the launcher (or another node's) received SIGINT/SIGTERM
     LOST = "lost"  # the connection to node 0 broke
+    STOPPED = "stopped"  # a worker stopped the job with one line (a user error: refused, missing device)
 
     def exit_status(self, signum: int | None = None) -> int:
         """The launcher's exit status for this outcome (``signum``: the signal that interrupted it)."""
@@ -83,9 +85,15 @@ class Outcome(str, Enum):
             return signal_status(signum if signum is not None else signal.SIGTERM)
         return _EXIT_STATUS[self]
 
+    @property
+    def restartable(self) -> bool:
+        """Whether ``--max-restarts`` may start the group again: not after a user error, which would repeat."""
+        return self is not Outcome.STOPPED
+
 
 _EXIT_STATUS = {Outcome.SUCCEEDED: EXIT_SUCCESS, Outcome.FAILED: EXIT_FAILURE, Outcome.JOIN_TIMEOUT: EXIT_JOIN_TIMEOUT,
-                Outcome.STALLED: EXIT_STALL, Outcome.PREEMPTED: EXIT_PREEMPTED, Outcome.LOST: EXIT_FAILURE}
+                Outcome.STALLED: EXIT_STALL, Outcome.PREEMPTED: EXIT_PREEMPTED, Outcome.LOST: EXIT_FAILURE,
+                Outcome.STOPPED: EXIT_INVALID}
 #: The name of :class:`Outcome` in tfstrategy 0.2 (removed in 0.4).
 EndReason = Outcome
 
@@ -129,7 +137,12 @@ class Failure:
         return f"node {self.node}'s launcher" if self.index is None else f"node {self.node} {worker}"
 
     def headline(self) -> str:
-        """The diagnosis' one line (naming the worker and the reason) if there is one, else what the launcher saw."""
+        """The diagnosis' one line (naming the worker and the reason) if there is one, else what the launcher saw.
+
+        A worker's stop line is its own headline, the same whichever worker said it first.
+        """
+        if self.outcome is Outcome.STOPPED:
+            return self.reason
         if self.diagnosis:
             return self.diagnosis[0] if self.node is None else f"node {self.node}: {self.diagnosis[0]}"
         return f"{self.who} {self.reason}"
@@ -142,8 +155,13 @@ class Failure:
                 "last_lines": list(self.last_lines), "logs": list(self.logs)}
 
     def report(self, consequences: tuple[Failure, ...] = ()) -> str:
-        """The failure (its diagnosis and evidence first), its consequences on the peers, its last lines and logs."""
+        """The failure (its diagnosis and evidence first), its consequences on the peers, its last lines and logs.
+
+        A worker's stop line is the whole report (and where its logs are): the peers stopped with it.
+        """
         lines = [self.headline()]
+        if self.outcome is Outcome.STOPPED:
+            return "\n".join([*lines, *([f"full output of {self.who}: {', '.join(self.logs)}"] if self.logs else [])])
         if self.diagnosis:
             lines.extend(f"  {line}" for line in self.diagnosis[1:])
             lines.append(f"  what the launcher saw: {self.who} {self.reason}")

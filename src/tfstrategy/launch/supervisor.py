@@ -303,10 +303,13 @@ class Launcher:
             result.failures.append(failure)
             self._keep_failure(attempt, failure, consequences)
             whose = "every worker" if coordinator.rank is None else "this node's workers"
-            self._say(f"{failure.report(consequences)}\nstopped {whose} {self._clock() - failed_at:.1f} s after the "
-                      "failure")
+            if failure.outcome is Outcome.STOPPED:  # the worker's one line, once: its peers stopped with it
+                self._say(failure.report())
+            else:
+                self._say(f"{failure.report(consequences)}\nstopped {whose} {self._clock() - failed_at:.1f} s after "
+                          "the failure")
             if not event.restart:
-                if self.options.max_restarts:
+                if self.options.max_restarts and failure.outcome.restartable:
                     self._say(f"giving up after {attempt} restart(s)")
                 return result.end(failure.outcome)
             attempt += 1

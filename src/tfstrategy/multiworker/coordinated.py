@@ -42,6 +42,7 @@ from tfstrategy.environments import restart_count
 from tfstrategy.errors import BackupError, CheckpointError, TFStrategyError
 from tfstrategy.multiworker import commit
 from tfstrategy.multiworker.cluster import load_cluster_config
+from tfstrategy.selection.names import strategy_name
 
 __all__ = ["ResumePoint", "CoordinatedBackup", "FAULT_ENV"]
 
@@ -130,7 +131,7 @@ class CoordinatedBackup:
         if len(by_worker) != self.num_workers:
             raise BackupError(
                 f"TF_CONFIG names {self.num_workers} workers, but the model's strategy "
-                f"({type(self.strategy).__name__}) reaches {len(by_worker)}; the workers' backups can only be agreed "
+                f"({strategy_name(self.strategy)}) reaches {len(by_worker)}; the workers' backups can only be agreed "
                 "on under the MultiWorkerMirroredStrategy of the whole job. Build the model in its scope "
                 "(tfstrategy.select() or MultiWorkerMirroredStrategy()).")
         return [by_worker[i] for i in range(self.num_workers)]

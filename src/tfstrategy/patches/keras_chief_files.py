@@ -275,6 +275,7 @@ class ChiefFilesPatch(Patch):
     """Keras 3's file writers: only the chief of a multi-worker job writes the named path."""
 
     name = "keras_chief_files"
+    change_text = "Keras' files written by the chief only"
     upstream = "keras-team/keras: Keras 3 has no distributed_file_utils (tf_keras wrote non-chief files to temp copies)"
     verified_up_to = "3.15.1"
     targets = tuple(_REPLACEMENTS)
@@ -351,7 +352,15 @@ class ChiefFilesPatch(Patch):
         return any(seen)
 
     def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        return _REPLACEMENTS[target](original)
+        fixed = _REPLACEMENTS[target](original)
+
+        @functools.wraps(fixed)
+        def noting(*args: Any, **kwargs: Any) -> Any:
+            if chief_files.shared_job() is not None:  # a multi-worker job: the writer now acts as the chief's
+                self.acted()
+            return fixed(*args, **kwargs)
+
+        return noting
 
 
 PATCH = ChiefFilesPatch()

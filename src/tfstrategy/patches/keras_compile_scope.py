@@ -34,6 +34,7 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import ScopeError
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+from tfstrategy.selection.names import strategy_name
 
 TARGET = "Trainer.compile"
 
@@ -62,6 +63,7 @@ class CompileScopePatch(Patch):
     """``compile()`` outside any scope runs in the model's strategy scope."""
 
     name = "keras_compile_scope"
+    change_text = "compile() run in the model's strategy scope"
     upstream = "TensorFlow's MirroredStrategy migration guide: compile() after the scope (tf_keras entered the model's)"
     verified_up_to = "3.15.1"
     targets = (TARGET,)
@@ -88,6 +90,7 @@ class CompileScopePatch(Patch):
             strategy = _compat.model_strategy(model)
             if strategy is None or tf().distribute.has_strategy() or PATCH.needed() is not True:
                 return original(model, *args, **kwargs)
+            PATCH.acted()
             bound = signature.bind(model, *args, **kwargs)
             renewed: list[str] = []
             tree = _compat.keras3_tree()
@@ -99,7 +102,7 @@ class CompileScopePatch(Patch):
                 result = original(*bound.args, **bound.kwargs)
             warnings.warn(
                 f"tfstrategy: model.compile() ran outside strategy.scope(); compiled in the model's "
-                f"{type(strategy).__name__} scope, as tf_keras did"
+                f"{strategy_name(strategy)} scope, as tf_keras did"
                 + (f"; re-created there from its config: {', '.join(renewed)}" if renewed else ""),
                 UserWarning, stacklevel=2)
             return result

@@ -85,6 +85,7 @@ class EndOfDataPatch(Patch):
     """``steps_per_execution=1``: the step runs only when the iterator had a batch."""
 
     name = "keras_end_of_data"
+    change_text = "fit on data of unknown size stops its optimizer at the data's end"
     upstream = "keras-team/keras: fit on data of unknown size counts optimizer steps past the end of the data"
     verified_up_to = "3.15.1"
     targets = (_TARGET,)
@@ -127,6 +128,8 @@ class EndOfDataPatch(Patch):
             if model.train_function is not None and not force:
                 return model.train_function
             if fix_needed(model):
+                # Not reported as a change (PATCH.acted): on data of known size, the common case, the
+                # guarded loop trains exactly as Keras' own, and which data comes is not known here.
                 model.train_function = _multi_step_function(model, model.train_step)
                 return None  # as Keras' own, which only sets train_function
             return original(model, force)

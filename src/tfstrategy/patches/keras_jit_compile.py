@@ -38,6 +38,7 @@ from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
 from tfstrategy.patches.keras_uneven_batches import probe_devices
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+from tfstrategy.selection.names import strategy_name
 
 TARGET = "Trainer.jit_compile"
 #: Collective keys of the probe's own MirroredStrategy, apart from the user's and the other probes'.
@@ -68,6 +69,7 @@ class JitCompilePatch(Patch):
     """``jit_compile=True`` on 2+ local replicas becomes ``False``, with one line saying why."""
 
     name = "keras_jit_compile"
+    change_text = 'jit_compile turned off on 2+ replicas (keras#21366)'
     upstream = "keras-team/keras#21366, keras-team/keras#19005, keras-team/tf-keras#194"
     verified_up_to = "3.15.1"
     targets = (TARGET,)
@@ -99,11 +101,12 @@ class JitCompilePatch(Patch):
     def replacement(self, target: str, original: Any) -> Any:
         def set_jit_compile(model: Any, value: Any) -> None:
             if value is True and turned_off(model):
+                PATCH.acted()
                 strategy = _compat.model_strategy(model)
                 where = (f"{strategy.num_replicas_in_sync} replicas across workers on CPUs"
                          if _compat.in_multi_worker_mode(strategy) else f"{local_replicas(model)} devices on this host")
                 warnings.warn(
-                    f"tfstrategy: jit_compile=True under {type(strategy).__name__} with {where}: XLA turned off "
+                    f"tfstrategy: jit_compile=True under {strategy_name(strategy)} with {where}: XLA turned off "
                     "(jit_compile=False); Keras 3 compiles the whole strategy.run with XLA, which cannot reach the other "
                     "devices' variables or compile a cross-worker collective on CPUs (keras-team/keras#21366, #19005), "
                     "and its default, jit_compile='auto', turns XLA off under any tf.distribute strategy too",

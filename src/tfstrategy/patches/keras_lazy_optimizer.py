@@ -41,6 +41,7 @@ class LazyOptimizerPatch(Patch):
     """``TFOptimizer.add_variable`` creates its variable under ``tf.init_scope()``."""
 
     name = "keras_lazy_optimizer"
+    change_text = 'optimizer variables created outside the traced step (keras#23085)'
     upstream = "keras-team/keras#23085 (fixed by keras-team/keras#23087 after 3.15), keras-team/keras#20164"
     verified_up_to = "3.15.1"
     targets = (TARGET,)
@@ -78,6 +79,7 @@ class LazyOptimizerPatch(Patch):
             tf_ = tf()
             if not tf_.inside_function() or PATCH.needed() is not True:
                 return original(optimizer, *args, **kwargs)
+            PATCH.acted()
             with tf_.init_scope():
                 return original(optimizer, *args, **kwargs)
 

@@ -77,6 +77,7 @@ def _keras3_optimizer(name: str, package: str) -> Any:
     def legacy_optimizer(*args: Any, **kwargs: Any) -> Any:
         import keras
 
+        PATCH.acted()
         arguments, notes = _translate(name, args, kwargs)
         optimizer = getattr(keras.optimizers, name)(**arguments)
         shown = ", ".join(f"{key}={value!r}" for key, value in arguments.items()
@@ -95,6 +96,7 @@ class LegacyOptimizersPatch(Patch):
     """``keras.optimizers.legacy.SGD``/``Adam`` build Keras 3's ``SGD``/``Adam``."""
 
     name = "keras_legacy_optimizers"
+    change_text = "tf.keras.optimizers.legacy optimizers given as Keras 3's"
     upstream = "tensorflow/tensorflow#72686: tf.keras.optimizers.legacy raises ImportError under Keras 3"
     verified_up_to = "3.15.1"
     targets = tuple(f"{package}.{name}" for package in PACKAGES for name in NAMES)

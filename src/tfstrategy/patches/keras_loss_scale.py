@@ -62,6 +62,7 @@ class LossScalePatch(Patch):
     """``LossScaleOptimizer.check_finite`` answers for all replicas, not replica 0's alone."""
 
     name = "keras_loss_scale"
+    change_text = 'LossScaleOptimizer skips a step that overflowed on any replica'
     upstream = "keras-team/keras: LossScaleOptimizer applies a step that overflowed on another replica (inf weights)"
     verified_up_to = "3.15.1"
     targets = (_TARGET,)
@@ -93,6 +94,7 @@ class LossScalePatch(Patch):
             context = tf_.distribute.get_replica_context()
             if context is None or context.num_replicas_in_sync < 2 or PATCH.needed() is not True:
                 return finite
+            PATCH.acted()
             overflowed = context.all_reduce(tf_.distribute.ReduceOp.SUM, tf_.cast(tf_.logical_not(finite), tf_.float32))
             return tf_.equal(overflowed, 0.0)
 

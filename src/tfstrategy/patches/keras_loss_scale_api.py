@@ -70,6 +70,7 @@ class LossScaleApiPatch(Patch):
     """Keras 2's ``get_scaled_loss``/``get_unscaled_gradients``, and no step from gradients of an unscaled loss."""
 
     name = "keras_loss_scale_api"
+    change_text = "Keras 2's get_scaled_loss/get_unscaled_gradients restored on LossScaleOptimizer"
     upstream = "tensorflow/tensorflow#64124, keras-team/keras#20894, keras-team/keras#19479"
     verified_up_to = "3.15.1"
     targets = (GET_SCALED, GET_UNSCALED, SCALE, APPLY)
@@ -93,6 +94,7 @@ class LossScaleApiPatch(Patch):
 def _get_scaled_loss(original: Any) -> Any:
     def get_scaled_loss(optimizer: Any, loss: Any) -> Any:
         """Keras 2's name for ``scale_loss`` (restored by tfstrategy)."""
+        PATCH.acted()
         if callable(loss):
             return lambda: optimizer.scale_loss(loss())
         return optimizer.scale_loss(loss)
@@ -104,6 +106,7 @@ def _get_scaled_loss(original: Any) -> Any:
 def _get_unscaled_gradients(original: Any) -> Any:
     def get_unscaled_gradients(optimizer: Any, grads: Any) -> list[Any]:
         """Keras 2's unscaling: ``grads`` divided by the loss scale (``apply`` then does not divide again)."""
+        PATCH.acted()
         tf_ = tf()
         scale = _current_scale(optimizer)
         unscaled = [None if g is None else g / tf_.cast(scale, g.dtype) for g in grads]

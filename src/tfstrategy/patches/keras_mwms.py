@@ -160,6 +160,7 @@ def _fixed_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
                 return original(self, *args, **kwargs)
             with _reduce_unless_uneven(strategy):
                 return original(self, *args, **kwargs)
+        PATCH.acted()
         steps = int(getattr(self, "steps_per_execution", 1) or 1)
         if steps > 1:
             _require_multi_step_loop(self, steps)
@@ -191,6 +192,7 @@ def _fixed_reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any
     def reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
         # MWMS is never a TPUStrategy, so Keras' "auto" means "mean" here.
         if reduction in ("auto", "mean", "sum") and _compat.in_multi_worker_mode(strategy):
+            PATCH.acted()
             return _reduce_across_workers(strategy, "SUM" if reduction == "sum" else "MEAN", values)
         return original(values, strategy, reduction)
 
@@ -231,6 +233,7 @@ class MWMSPatch(Patch):
     """Keras 3 ``fit``/``evaluate`` under a multi-worker MultiWorkerMirroredStrategy."""
 
     name = "keras_mwms"
+    change_text = "Keras 3's training step fixed for MultiWorkerMirroredStrategy (keras#20585)"
     upstream = "keras-team/keras#20585, keras-team/keras#20329"
     verified_up_to = "3.15.1"
     targets = (BUILD, REDUCE)

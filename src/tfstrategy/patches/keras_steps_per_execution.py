@@ -188,6 +188,7 @@ class StepsPerExecutionPatch(Patch):
     """Keras' multi-step loop with 2+ replicas: one ``while_loop`` with the step traced inline."""
 
     name = "keras_steps_per_execution"
+    change_text = 'compile(steps_per_execution>1) made to work on 2+ replicas'
     upstream = "keras-team/keras: compile(steps_per_execution>1) fails on MirroredStrategy with 2+ replicas"
     verified_up_to = "3.15.1"
     targets = (_MAKE_FUNCTION,)
@@ -224,6 +225,7 @@ class StepsPerExecutionPatch(Patch):
             # Decided each time Keras (re)builds a function, so a later compile()
             # with other settings is honoured.
             if fix_needed(model):
+                PATCH.acted()
                 return _multi_step_function(model, step_function)
             return original(model, step_function)
 

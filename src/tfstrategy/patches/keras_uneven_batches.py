@@ -102,6 +102,7 @@ class UnevenBatchesPatch(Patch):
     """Keras' ``train_step`` weights each replica's loss by its share of the global batch."""
 
     name = "keras_uneven_batches"
+    change_text = "each replica's loss weighted by its share of the batch, as uneven batches need (keras#19246)"
     upstream = "keras-team/keras#19246, tensorflow/tensorflow#58809: uneven last batch on 2+ replicas"
     verified_up_to = "3.15.1"
     targets = (STEP, SCALE, UNSCALE)
@@ -149,6 +150,7 @@ def _weighted_train_step(original: Any) -> Any:
         context = tf_.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync < 2 or not fix_needed(model):
             return original(model, data)
+        PATCH.acted()
         local = tf_.cast(local_batch_size(data), tf_.float32)
         total = context.all_reduce(tf_.distribute.ReduceOp.SUM, local)
         with _batch_share(tf_.math.divide_no_nan(local, total)):

@@ -102,6 +102,8 @@ class Patch:
     targets: ClassVar[tuple[str, ...]]
     #: Probe lazily, the first time a model needs it (the probe runs TensorFlow ops).
     probe_on_first_use: ClassVar[bool] = False
+    #: What the fix changed for a script that needed it, in the user's terms (the hook's exit summary).
+    change_text: ClassVar[str] = ""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -110,6 +112,7 @@ class Patch:
         self._probed: ProbeResult | None = None
         self._probe_error: str | None = None
         self._warned = False
+        self._acted = False
 
     # -- to implement -----------------------------------------------------------------
 
@@ -222,6 +225,7 @@ class Patch:
             self._probed = None
             self._probe_error = None
             self._warned = False
+            self._acted = False
 
     def status(self) -> PatchStatus:
         """What this patch found and installed, without probing anew."""
@@ -241,6 +245,14 @@ class Patch:
             notes.append(f"{version} is newer than verified ({self.verified_up_to}); the probe decides")
         return PatchStatus(name=self.name, library=library, needed=needed, installed=tuple(self._originals),
                            verified_up_to=self.verified_up_to, note="; ".join(notes))
+
+    def acted(self) -> None:
+        """Called by a replacement each time it takes the fixed path instead of the library's own code."""
+        self._acted = True
+
+    def change(self) -> str | None:
+        """What this fix changed for the script so far (``None``: installed, but never needed by it)."""
+        return (self.change_text or f"{self.name} applied") if self._acted else None
 
     def installed(self, target: str) -> bool:
         return target in self._originals

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfstrategy import _compat
+from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 
 __all__ = ["checkpoint_files"]
@@ -51,6 +52,7 @@ def _written_once(original: Callable[..., Any]) -> Callable[..., Any]:
             with chief_files.chief_write(file_prefix) as target:
                 return original(self, target, options)
         real = os.fspath(file_prefix)
+        RUNTIME.hook.changed("checkpoint_files", "tf.train.Checkpoint files written by the chief only")
         callbacks = list(getattr(options, "experimental_write_callbacks", None) or [])
         private_options = copy.copy(options) if options is not None else None
         if private_options is not None:

@@ -70,6 +70,7 @@ def _by_element_when_too_few_files(original: Callable[..., Any]) -> Callable[...
                 by_element = tf.data.Options()
                 by_element.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
                 dataset = dataset.with_options(by_element)
+                RUNTIME.hook.changed("data_sharding", f"a dataset of {files} file(s) sharded by element")
                 if RUNTIME.once("data_sharding"):
                     print(f"tfstrategy: a dataset reads {files} file(s) for {workers} workers, too few for "
                           "TensorFlow's sharding by file: each worker keeps its share of every batch instead "

@@ -29,6 +29,7 @@ def keras2_aliases() -> str | None:
     def alias(original: Any) -> Callable[..., Any]:
         def reset_states(self: Any) -> None:
             """Keras 2's name of :meth:`reset_state` (added back by tfstrategy's start-up hook)."""
+            RUNTIME.hook.changed("keras2_aliases", "Metric.reset_states() (Keras 2) ran as reset_state()")
             self.reset_state()
 
         return reset_states

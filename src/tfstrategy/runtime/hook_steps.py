@@ -39,7 +39,8 @@ class PrepareCollectives(_MultiWorkerStep):
 
     def detail(self) -> str:
         return (f"configure the multi-worker runtime of {self.inputs.cluster_tasks} workers before the script's first "
-                "op, so ops before the strategy do not stop it joining")
+                "op, so ops before the strategy do not stop it joining; list_logical_devices() lists this worker's "
+                "own devices until it joins, as in plain TensorFlow")
 
     def _take(self) -> str | None:
         from tfstrategy.runtime.hook_strategies import prepare_collectives
@@ -55,6 +56,13 @@ class WatchStrategies(Step):
     def detail(self) -> str:
         return ("name every strategy created in the summary; MultiWorkerMirroredStrategy signals the launcher and "
                 "gets the collective timeout")
+
+    def change(self) -> str | None:
+        from tfstrategy.runtime.process import RUNTIME
+
+        if not (self.inputs.multi_worker and RUNTIME.hook.joined):
+            return None
+        return f"{self.inputs.cluster_tasks} workers joined one MultiWorkerMirroredStrategy"
 
     def _take(self) -> str | None:
         from tfstrategy.runtime.hook_strategies import watch_strategies

@@ -15,18 +15,20 @@ import os
 import sys
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
-from tfstrategy.errors import DeviceError, StrategyError, TFStrategyError
+from tfstrategy.errors import DeviceError, TFStrategyError
 from tfstrategy.multiworker.cluster import ClusterConfig
-from tfstrategy.runtime import one_job
+from tfstrategy.runtime import device_lists, one_job
 from tfstrategy.runtime.inputs import PlanInputs
 from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
+from tfstrategy.selection.names import strategy_name
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES
+from tfstrategy.worker_contract import EXIT_STOPPED, STOP_PREFIXES
 
 __all__ = ["chosen_devices", "keras_flavours", "prepare_collectives", "watch_strategies", "mirrored_devices",
-           "refuse_unjoinable", "refuse_unjoined_fit"]
+           "refuse_unjoinable", "refuse_unjoined_fit", "stop"]
 
 
 def _distribute() -> Any:
@@ -69,6 +71,20 @@ def _made_by_a_probe() -> bool:
     return False
 
 
+def stop(message: str) -> NoReturn:
+    """End the process on a user error: ``message`` as one line on stderr, exit status 2, nothing after it.
+
+    A refused strategy or a missing device would fail the same way on every try, so the
+    launcher makes this line its headline and does not restart the job (``STOP_PREFIXES``);
+    no traceback, exit summary or second line follows, and the script cannot catch it.
+    """
+    if not message.startswith(STOP_PREFIXES):
+        raise ValueError(f"a stop line starts with one of {STOP_PREFIXES}, not {message[:40]!r}")
+    sys.stdout.flush()
+    print(message, file=sys.stderr, flush=True)
+    os._exit(EXIT_STOPPED)
+
+
 def prepare_collectives(config: ClusterConfig | None) -> str | None:
     """Configure collectives and the collective server before the first op, as MultiWorkerMirroredStrategy would."""
     from tfstrategy import _compat
@@ -82,7 +98,31 @@ def prepare_collectives(config: ClusterConfig | None) -> str | None:
                             {"Context.enable_collective_ops": _enable_once}))
     install_rewrite(Rewrite("collective_keys_per_strategy", _compat.collective_strategy_module,
                             {_compat.initialize_multi_worker_target(): _keys_of_its_own}))
-    return f"{config.task_type} {config.task_index} of {config.num_workers}: collectives configured before the first op"
+    task = (config.task_type, config.task_index)
+    install_rewrite(Rewrite("local_logical_devices", lambda: __import__("tensorflow").config,
+                            {"list_logical_devices": lambda original: _local_devices(original, task)}))
+    return (f"{config.task_type} {config.task_index} of {config.num_workers}: collectives configured before the first "
+            "op; list_logical_devices() lists this worker's devices until it joins")
+
+
+def _local_devices(original: Callable[..., Any], task: device_lists.Task) -> Callable[..., Any]:
+    """``tf.config.list_logical_devices`` lists this worker's devices only, as in plain TensorFlow, until it joins.
+
+    The cluster configured at import would otherwise show every worker's devices, and a
+    script's ``MirroredStrategy(tf.config.list_logical_devices('CPU'))`` could not join.
+    """
+
+    @functools.wraps(original)
+    def list_logical_devices(device_type: str | None = None) -> list[Any]:
+        found = original(device_type)
+        if RUNTIME.hook.joined:
+            return list(found)
+        import tensorflow as tf
+
+        pairs = device_lists.local_view([(device.name, device.device_type) for device in found], task)
+        return [tf.config.LogicalDevice(name=name, device_type=kind) for name, kind in pairs]
+
+    return list_logical_devices
 
 
 def _enable_once(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -130,12 +170,37 @@ def _keys_of_its_own(original: Callable[..., Any]) -> Callable[..., Any]:
     return _initialize_multi_worker
 
 
+def _note_unused_replicas(strategy: Any) -> None:
+    """``--cpu-replicas`` with a strategy it cannot change (OneDevice, MultiWorkerMirrored): said once."""
+    distribute = _distribute()
+    kind = next((name for name in device_lists.FIXED_DEVICE_STRATEGIES
+                 if isinstance(strategy, getattr(distribute, name))), None)
+    if kind is None or _created_by_tfstrategy():
+        return
+    note = device_lists.replicas_note(kind, os.environ.get(ENV_CPU_REPLICAS), _script_line())
+    if note and not any(known.startswith(f"{kind} at ") for known in RUNTIME.hook.notes):  # once per kind
+        RUNTIME.hook.notes.append(note)
+        print(f"tfstrategy: {note}", file=sys.stderr, flush=True)
+
+
+def _created_by_tfstrategy() -> bool:
+    """Whether the first caller outside TensorFlow, Keras and this module is tfstrategy's own code (``select()``)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        parts = name.split(os.sep)
+        if "hook_strategies" not in name and "tensorflow" not in parts and "keras" not in parts:
+            return name.startswith(_PACKAGE + os.sep)
+        frame = frame.f_back
+    return False
+
+
 def _describe(strategy: Any) -> str:
     try:
         replicas = int(strategy.num_replicas_in_sync)
     except Exception:  # e.g. a ParameterServerStrategy before its cluster answers
-        return type(strategy).__name__
-    return f"{type(strategy).__name__}, {replicas} replica{'' if replicas == 1 else 's'}"
+        return strategy_name(strategy)
+    return f"{strategy_name(strategy)}, {replicas} replica{'' if replicas == 1 else 's'}"
 
 
 def watch_strategies(timeout: float | None) -> str:
@@ -152,6 +217,7 @@ def watch_strategies(timeout: float | None) -> str:
             original(self, *args, **kwargs)
             if not _compat.is_default_strategy(self) and not _made_by_a_probe():
                 RUNTIME.hook.strategies.append(_describe(self))
+                _note_unused_replicas(self)
 
         return __init__
 
@@ -177,21 +243,14 @@ def watch_strategies(timeout: float | None) -> str:
            f"timeout {timeout or 'none'}"
 
 
-def _parse(devices: Any) -> Any:
-    from tfstrategy.selection.devices import parse_devices
-
-    try:
-        return parse_devices(list(devices) if not isinstance(devices, str) else devices)
-    except (DeviceError, TypeError):
-        return None  # a form tfstrategy does not parse (a remote job's device): TensorFlow decides
-
-
 def mirrored_devices(inputs: PlanInputs) -> str:
     """``MirroredStrategy``: join the job or be refused (multi-worker), else defaults and a checked device list."""
     distribute = _distribute()
     config = inputs.cluster if inputs.multi_worker else None
     cls = distribute.MirroredStrategy
     if config is not None:
+        from tfstrategy.selection.host import HostInfo
+
         multi_worker = type("MultiWorkerMirroredStrategy", (distribute.MultiWorkerMirroredStrategy,),
                             {"__module__": __name__})
         gpus = len(__import__("tensorflow").config.list_physical_devices("GPU"))
@@ -201,12 +260,13 @@ def mirrored_devices(inputs: PlanInputs) -> str:
             def __new__(klass: type, devices: Any = None, cross_device_ops: Any = None) -> Any:
                 if klass is not cls or (devices is not None and _called_by_tfstrategy()):
                     return object.__new__(klass)
-                request = None if devices is None else _parse(devices)
-                listed = None if devices is None else (request.devices if request is not None else ())
-                decision = one_job.decide_mirrored(listed, local, config.num_workers)
+                task = (config.task_type, config.task_index)
+                listed = None if devices is None else device_lists.read_device_list(devices, task)
+                decision = one_job.decide_mirrored(listed, local, config.num_workers, host=HostInfo.detect(),
+                                                   where=_script_line())
                 if decision.action == one_job.REFUSE:
-                    RUNTIME.hook.strategies.append("MirroredStrategy with a device list (refused)")
-                    raise StrategyError(decision.message)
+                    stop(decision.message)
+                RUNTIME.hook.changed("mirrored_devices", "MirroredStrategy() made the job's MultiWorkerMirroredStrategy")
                 return multi_worker()
 
             return __new__
@@ -215,16 +275,21 @@ def mirrored_devices(inputs: PlanInputs) -> str:
         return f"MirroredStrategy() is a MultiWorkerMirroredStrategy over {config.num_workers} workers; other device " \
                "lists are refused"
 
-    chosen = chosen_devices(inputs)
+    try:
+        chosen = chosen_devices(inputs)
+    except DeviceError as error:  # TFSTRATEGY_DEVICES naming a device this host lacks: never the CPU instead
+        stop(f"tfstrategy stopped the script before its strategy: {error}")
 
     def init(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def __init__(self: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
             if devices is None:
+                if chosen is not None:
+                    RUNTIME.hook.changed("mirrored_devices", f"MirroredStrategy() given {len(chosen)} devices")
                 original(self, chosen, cross_device_ops)
                 return
             if not _called_by_tfstrategy():  # select() and the patches' probes list their devices on purpose
-                _check_listed(devices, chosen)
+                devices = _check_listed(devices, chosen)
             original(self, devices, cross_device_ops)
 
         return __init__
@@ -247,35 +312,33 @@ def chosen_devices(inputs: PlanInputs) -> list[str] | None:
     return [device.tf_name for device in choice.devices]
 
 
-def _check_listed(devices: Any, chosen: list[str] | None) -> None:
-    """A listed device the host lacks is the error select(devices=...) raises; overridden settings are reported."""
-    from tfstrategy.selection.devices import resolve_devices
+def _check_listed(devices: Any, chosen: list[str] | None) -> Any:
+    """The devices a script's ``MirroredStrategy(devices)`` gets under ``run``: the policy of :func:`device_lists.decide_listed`.
+
+    ``[]`` is every device tfstrategy would use; a listed device the host lacks stops the
+    script with one line (``TFSTRATEGY_DEVICE_CHECK=warn``: a note, and it goes on); a list
+    that differs from ``--devices``/``--cpu-replicas`` is noted once.
+    """
+    from tfstrategy.selection.devices import parse_devices
     from tfstrategy.selection.host import HostInfo
 
     mode = (os.environ.get(ENV_DEVICE_CHECK) or "stop").strip().lower()
     if mode not in ("stop", "warn"):
         raise TFStrategyError(f"Received {ENV_DEVICE_CHECK}={os.environ[ENV_DEVICE_CHECK]!r}; expected stop (a device "
                               "list naming a device this host lacks is an error) or warn (report it and go on).")
-    request = _parse(devices)
-    where = _script_line()
-    if request is not None and request.devices:
-        try:
-            resolve_devices(request, HostInfo.detect())
-        except DeviceError as error:
-            message = f"MirroredStrategy(devices={list(devices)!r}) at {where}: {error}"
-            if mode == "stop":
-                raise DeviceError(f"{message} ({ENV_DEVICE_CHECK}=warn lets the script go on as plain TensorFlow "
-                                  "would, placing ops where it can)") from None
-            RUNTIME.hook.notes.append(message)
-            print(f"tfstrategy: {message} ({ENV_DEVICE_CHECK}=warn: going on as plain TensorFlow would)",
-                  file=sys.stderr, flush=True)
     settings = [f"{flag} {os.environ[name]}" for flag, name in (("--devices", ENV_DEVICES), ("--cpu-replicas", ENV_CPU_REPLICAS))
                 if os.environ.get(name)]
-    if settings:
-        note = (f"MirroredStrategy(devices={list(devices)!r}) at {where} names its own devices, so "
-                f"{' and '.join(settings)} had no effect on it; remove the list from the script to use them")
-        RUNTIME.hook.notes.append(note)
-        print(f"tfstrategy: {note}", file=sys.stderr, flush=True)
+    chosen_parsed = parse_devices(chosen) if chosen else None
+    decision = device_lists.decide_listed(
+        device_lists.read_device_list(devices), where=_script_line(), host=HostInfo.detect(), settings=settings,
+        chosen=chosen_parsed.devices if chosen_parsed is not None else None, warn_only=mode == "warn")
+    if decision.stop:
+        stop(f"{decision.stop} ({ENV_DEVICE_CHECK}=warn lets the script go on as plain TensorFlow would)")
+    if decision.note:
+        warned = f" ({ENV_DEVICE_CHECK}=warn: going on as plain TensorFlow would)" if mode == "warn" else ""
+        RUNTIME.hook.notes.append(decision.note)
+        print(f"tfstrategy: {decision.note}{warned}", file=sys.stderr, flush=True)
+    return list(decision.use) if decision.use is not None else devices
 
 
 def refuse_unjoinable(config: ClusterConfig | None) -> str | None:
@@ -296,8 +359,7 @@ def refuse_unjoinable(config: ClusterConfig | None) -> str | None:
             def refused(self: Any, *args: Any, **kwargs: Any) -> Any:  # __init__, or ClusterCoordinator's __new__
                 if _called_by_tfstrategy():
                     return original(self, *args, **kwargs)
-                RUNTIME.hook.strategies.append(f"{what} (refused)")
-                raise StrategyError(one_job.refusal(what, config.num_workers))
+                stop(one_job.refusal(what, config.num_workers))
 
             return refused
 
@@ -336,7 +398,7 @@ def refuse_unjoined_fit(config: ClusterConfig | None) -> str | None:
                 import tensorflow as tf
 
                 if not tf.distribute.has_strategy():
-                    raise StrategyError(one_job.refusal("fit", config.num_workers))
+                    stop(one_job.refusal("fit", config.num_workers))
             return original(model, *args, **kwargs)
 
         return fit

@@ -10,7 +10,7 @@ strategy the script creates     outcome  why
 ============================== ======= ==========================================================
 ``MultiWorkerMirroredStrategy`` joins    it is the job
 ``MirroredStrategy()``          joins    becomes a MultiWorkerMirroredStrategy over the workers
-``MirroredStrategy(devices)``   joins    if the list is this worker's devices (all its GPUs, or its CPU)
+``MirroredStrategy(devices)``   joins    if the list is this worker's devices (all its GPUs, or its CPU; ``[]``)
 ``MirroredStrategy(devices)``   refused  other lists: MultiWorkerMirroredStrategy cannot honour them
 ``OneDeviceStrategy``           refused  one device of one worker: each worker would train alone
 ``CentralStorageStrategy``      refused  one machine's variables: each worker would train alone
@@ -26,7 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tfstrategy.runtime.device_lists import DeviceList, decide_listed
 from tfstrategy.selection.devices import Device
+from tfstrategy.selection.host import HostInfo
 
 __all__ = ["JOIN", "REFUSE", "Decision", "decide_mirrored", "refusal", "REFUSED_CLASSES"]
 
@@ -87,22 +89,32 @@ def refusal(what: str, num_workers: int) -> str:
     return f"tfstrategy refused {what} {_where(num_workers)}: {why}. {fix}."
 
 
-def decide_mirrored(devices: Sequence[Device] | None, worker_devices: Sequence[Device], num_workers: int) -> Decision:
+def decide_mirrored(listed: DeviceList | None, worker_devices: Sequence[Device], num_workers: int, *,
+                    host: HostInfo | None = None, where: str = "an unknown line") -> Decision:
     """Whether ``MirroredStrategy(devices)`` can join a job whose workers each replicate over ``worker_devices``.
 
     Args:
-        devices: the script's parsed device list, ``None`` when it gave none.
+        listed: the script's device list, read (:func:`~tfstrategy.runtime.device_lists.read_device_list`),
+            ``None`` when it gave none.
         worker_devices: what MultiWorkerMirroredStrategy uses on this worker (every GPU, else CPU:0).
         num_workers: workers in the job.
+        host: this worker's devices: a listed GPU it lacks is said as such (what was asked, what it has, the fix);
+            a CPU list is the job's question (``--cpu-replicas`` cannot help a multi-worker job).
+        where: the script's ``file:line``, for that line.
     """
-    if devices is None or sorted(set(devices)) == sorted(set(worker_devices)):
+    if listed is None or listed.every_local_device:  # [], list_logical_devices('GPU') on a CPU host
         return Decision(action=JOIN)
-    listed = [str(device) for device in devices]
+    if host is not None and any(device.kind == "GPU" for device in listed.local):
+        missing = decide_listed(listed, where=where, chosen=None, host=host)
+        if missing.stop:
+            return Decision(action=REFUSE, message=missing.stop)
+    if listed.readable_local and sorted(set(listed.local)) == sorted(set(worker_devices)):
+        return Decision(action=JOIN)
     local = ",".join(str(device) for device in worker_devices)
     return Decision(
         action=REFUSE,
         message=(
-            f"tfstrategy refused MirroredStrategy(devices={listed}) {_where(num_workers)}: "
+            f"tfstrategy refused MirroredStrategy(devices={listed.shown()}) {_where(num_workers)}: "
             f"MultiWorkerMirroredStrategy replicates over each worker's own devices ({local} here), so this list "
             "cannot join the job and each worker would train alone. Omit devices (MirroredStrategy()) to train as one "
             "job, or run the script as one process (python or tfstrategy run --cpu-replicas N)."

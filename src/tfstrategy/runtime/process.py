@@ -125,22 +125,40 @@ class HookState:
     audited: int = 0
     findings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: What changed for the script, in its terms, by the step that changed it (the first text of each).
+    changes: dict[str, str] = field(default_factory=dict)
 
-    def summary(self, replacements: tuple[str, ...] = ()) -> str:
-        strategies = ", ".join(self.strategies) or "no strategy created"
-        patches = ", ".join(self.patches) or "none needed"
+    def changed(self, step: str, text: str) -> None:
+        """Record that ``step`` acted on the script: ``text`` says what changed, in the user's terms."""
+        self.changes.setdefault(step, text)
+
+    def audit_phrase(self) -> str | None:
+        """The scope audit's outcome in a few words (``None``: nothing was audited)."""
         if not self.audited:
-            audit = "no fit/evaluate audited"
-        elif self.findings:
-            audit = f"{len(self.findings)} of {self.audited} audit(s) found variables outside the scope"
-        else:
-            audit = f"{self.audited} audit(s), every variable in its strategy's scope"
-        line = f"tfstrategy: {strategies}; patches: {patches}; audit: {audit}"
-        line += f"; steps: {', '.join(name for name, _ in self.steps) or 'none'}"
-        if replacements:
-            line += f"; replaced: {', '.join(replacements)}"
-        line += "".join(f"; note: {note}" for note in self.notes)
-        return line + (f"; hook errors: {'; '.join(self.errors)}" if self.errors else "")
+            return None
+        if self.findings:
+            return f"scope audit: {len(self.findings)} of {self.audited} found variables outside the scope"
+        return "scope audit clean"
+
+    def summary(self, changes: tuple[str, ...] = (), *, debug: bool = False,
+                replacements: tuple[str, ...] = ()) -> str:
+        """The exit line: strategies, what changed for the script, the audit; the step names only with ``debug``.
+
+        ``changes`` are the steps' and patches' own :meth:`change` texts, in plan order.
+        """
+        parts = [", ".join(self.strategies) or "no strategy created", "; ".join(changes) or "nothing changed"]
+        audit = self.audit_phrase()
+        if audit:
+            parts.append(audit)
+        parts += [f"note: {note}" for note in self.notes]
+        if debug:
+            parts.append(f"steps: {', '.join(name for name, _ in self.steps) or 'none'}")
+            parts.append(f"patches: {', '.join(self.patches) or 'none needed'}")
+            if replacements:
+                parts.append(f"replaced: {', '.join(replacements)}")
+        if self.errors:
+            parts.append(f"hook errors: {'; '.join(self.errors)}")
+        return "tfstrategy: " + "; ".join(parts)
 
 
 class ProcessRuntime:

@@ -53,6 +53,14 @@ class Step:
         self.state = "taken" if self.done else "nothing to do"
         return self.done
 
+    def change(self) -> str | None:
+        """What this step changed for the script, in the user's terms (``None``: it did not act on it).
+
+        The exit summary's words. By default what the step's code recorded the moment it acted
+        (:meth:`~tfstrategy.runtime.process.HookState.changed`); a step that acts by being taken says so itself.
+        """
+        return RUNTIME.hook.changes.get(self.name)
+
     def after_build(self) -> str | None:
         """Called by ``select()`` once the strategy exists (steps of the ``strategy`` phase); else nothing."""
         return None

@@ -42,6 +42,11 @@ class SplitCpu(Step):
     def detail(self) -> str:
         return f"split the CPU into {self.inputs.cpu_replicas} logical devices"
 
+    def change(self) -> str | None:
+        if self.state != "taken" or self.inputs.consumer == SELECT:
+            return None
+        return f"the CPU split into {self.inputs.cpu_replicas} logical devices"
+
     def _take(self) -> str | None:
         from tfstrategy.selection.cpu_split import configure_cpu_replicas
 
@@ -72,6 +77,9 @@ class SetTFConfig(Step):
 
     def detail(self) -> str:
         return f"set TF_CONFIG from the {self.inputs.cluster_source}'s cluster"
+
+    def change(self) -> str | None:
+        return self.done if self.state == "taken" and self.inputs.consumer != SELECT else None
 
     def _take(self) -> str | None:
         if self.inputs.cluster is None or self.inputs.environment is None:
@@ -178,6 +186,13 @@ class ApplyPatches(Step):
     def detail(self) -> str:
         return "the Keras workarounds the installed release needs"
 
+    def change(self) -> str | None:
+        """What each workaround fixed in this script (installed ones that never acted say nothing)."""
+        from tfstrategy.patches import PATCHES
+
+        fixed = [text for text in (patch.change() for patch in PATCHES.values()) if text]
+        return "; ".join(fixed) or None
+
     def _take(self) -> str | None:
         from tfstrategy.patches import apply_patches
         from tfstrategy.runtime.process import RUNTIME
@@ -204,6 +219,11 @@ class SetPrecision(Step):
 
     def detail(self) -> str:
         return f"set the Keras global dtype policy to {self.inputs.precision} before the model is built"
+
+    def change(self) -> str | None:
+        if self.state != "taken" or self.inputs.consumer == SELECT:
+            return None
+        return f"Keras' dtype policy set to {self.inputs.precision}"
 
     def _take(self) -> str | None:
         from tfstrategy.training.precision import global_policy, set_precision

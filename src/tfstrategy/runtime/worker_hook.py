@@ -25,8 +25,11 @@ The hook acts only in the process it was installed for: it records its pid in
 ``TFSTRATEGY_HOOK_PID``, and a Python child of the script (a data loader, a
 converter), which inherits the variable, stays unhooked.
 
-With ``TFSTRATEGY_HOOK_SUMMARY=1`` (``tfstrategy run``) one summary line goes to
-stderr at exit.
+With ``TFSTRATEGY_HOOK_SUMMARY=1`` (``tfstrategy run`` and ``launch``) one summary line goes to
+stderr at exit, in the user's terms: the strategies, what changed for the script (each
+step's and patch's ``change()``, "nothing changed" if none acted), the scope audit; the
+step names, patches and replacements only with ``TFSTRATEGY_DEBUG=1`` (``--debug``). An
+uncaught exception is shown from the script's frames (:mod:`tfstrategy.runtime.tracebacks`).
 """
 
 from __future__ import annotations
@@ -36,14 +39,15 @@ import importlib.abc
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import TFStrategyError
-from tfstrategy.runtime import worker_watch
+from tfstrategy.runtime import tracebacks, worker_watch
 from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.settings import (
     AUDIT_MODES,
+    ENV_DEBUG,
     ENV_HOOK_PID,
     ENV_HOOK_SUMMARY,
     validate_audit_mode,
@@ -73,6 +77,7 @@ def install() -> None:
     with RUNTIME.taking("supervision"):  # listed by patch_status() and env; the summary names the steps
         worker_watch.install()  # die with the launcher, error file, stacks, heartbeat
         install_excepthook()  # one line naming a path two workers wrote, after the traceback
+        tracebacks.install()  # last, so the error file and the line above get the trimmed traceback too
     if "tensorflow" in sys.modules:
         on_tensorflow_imported()
     else:
@@ -169,7 +174,18 @@ def reset() -> None:
     RUNTIME.reset()
 
 
+def changes(steps: Iterable[Step]) -> tuple[str, ...]:
+    """What ``steps`` (and, through ``apply_patches``, the patches) changed for the script, in the user's terms."""
+    return tuple(text for text in (step.change() for step in steps) if text)
+
+
 def _print_summary() -> None:
     if "tensorflow" not in sys.modules:
         return  # a process that never imported TensorFlow (a shell helper, a data tool): the hook did nothing
-    print(RUNTIME.hook.summary(tuple(item.name for item in RUNTIME.unowned())), file=sys.stderr, flush=True)
+    from tfstrategy.runtime.inputs import HOOK
+
+    plan = RUNTIME.plans.get(HOOK)
+    debug = os.environ.get(ENV_DEBUG, "").strip() == "1"
+    line = RUNTIME.hook.summary(changes(plan.steps if plan is not None else ()), debug=debug,
+                                replacements=tuple(item.name for item in RUNTIME.unowned()))
+    print(line, file=sys.stderr, flush=True)

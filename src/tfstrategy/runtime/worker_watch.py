@@ -319,6 +319,7 @@ def _with_progress(original: Callable[..., Any], keras: Any, position: int, meth
         # A CallbackList is fit's own, handed to its validation's evaluate: already counted.
         pair = progress_callbacks(keras) if given is None or isinstance(given, (list, tuple)) else None
         if pair is not None:
+            RUNTIME.hook.changed("count_batches", f"{getattr(original, '__name__', 'fit')}'s batches counted for the launcher")
             first, last = pair
             if len(args) > position:  # callbacks passed positionally
                 args = (*args[:position], [first, *(given or []), last], *args[position + 1:])

@@ -25,6 +25,7 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import BuildError, ScopeError
 from tfstrategy.scope.creation_sites import site_of
+from tfstrategy.selection.names import strategy_name
 from tfstrategy.training.precision import float16_output_message
 
 __all__ = ["VariableRecord", "AuditReport", "strategy_of", "audit_scope", "require_scope", "guard_model", "scope_guard"]
@@ -197,19 +198,19 @@ def _in_scope(strategy: Any, variable: Any) -> bool:
 def _object_problems(strategy: Any, model: Any, optimizer: Any, records: list[VariableRecord]) -> list[str]:
     problems = []
     stray_owners = {record.owner for record in records if not record.in_scope}
-    name = type(strategy).__name__
+    name = strategy_name(strategy)
     if model is not None and MODEL not in stray_owners:
         owner = _compat.model_strategy(model)
         if (owner is None and not _compat.is_default_strategy(strategy)) or (owner is not None and owner is not strategy):
             problems.append(
-                f"model {model.name!r} was created under {type(owner).__name__ if owner else 'no strategy'}, "
-                f"not this {name}; {FIXES[MODEL]}"
+                f"model {model.name!r} was created under {strategy_name(owner) if owner else 'no strategy'}, "
+                f"not under {name}; {FIXES[MODEL]}"
             )
     if optimizer is not None and OPTIMIZER not in stray_owners:
         owner = _compat.optimizer_strategy(optimizer, strategy)
         if owner is not strategy and not (_compat.is_default_strategy(owner) and _compat.is_default_strategy(strategy)):
             problems.append(
-                f"optimizer {type(optimizer).__name__} was created under {type(owner).__name__}, not this {name}; "
+                f"optimizer {type(optimizer).__name__} was created under {strategy_name(owner)}, not under {name}; "
                 f"{FIXES[OPTIMIZER]}"
             )
     return problems
@@ -263,7 +264,7 @@ def audit_scope(
         )
     half_outputs = float16_output_message(model)
     return AuditReport(
-        strategy=type(strategy).__name__,
+        strategy=strategy_name(strategy),
         replicas=int(strategy.num_replicas_in_sync),
         variables=tuple(records),
         problems=tuple(problems),

@@ -20,6 +20,7 @@ from tfstrategy.errors import BuildError, CheckpointError
 from tfstrategy.scope.audit import AuditReport, guard_model, require_scope, strategy_of
 from tfstrategy.scope.creation_sites import recording
 from tfstrategy.scope.restore import RestoreReport, load_keras_model, restore_checkpoint
+from tfstrategy.selection.names import strategy_name
 
 ModelSource = Callable[[], Any] | str | os.PathLike[str]
 
@@ -238,7 +239,7 @@ def build_in_scope(
 
         tune_at_first_fit(built)
     report = BuildReport(
-        strategy=type(strategy).__name__,
+        strategy=strategy_name(strategy),
         replicas=int(strategy.num_replicas_in_sync),
         audit=audit,
         restore=restored,

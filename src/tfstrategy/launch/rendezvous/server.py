@@ -438,7 +438,7 @@ class RendezvousServer:
         # A failure its node's ledgers diagnosed names the cause; else the earliest that is not an echo.
         rank, cause = next(((r, f) for r, f in reported if f.diagnosis),
                            next(((r, f) for r, f in reported if not f.consequential), reported[0]))
-        restart = self.round < self.job["max_restarts"] and not self._done
+        restart = self.round < self.job["max_restarts"] and not self._done and cause.outcome != "stopped"
         self._broadcast(RoundFailed.of(rank, cause, restart=restart))
         self._failures, self._first_failure_at = {}, None
         if restart:

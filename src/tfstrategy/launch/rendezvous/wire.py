@@ -364,7 +364,7 @@ _PATH = 4096
 #: The latest wall-clock second a failure may carry (the year 5138).
 _WALL = 1e11
 #: How a failure ends the job (:class:`tfstrategy.launch.states.Outcome`'s values a failure can have).
-OUTCOMES = ("failed", "join-timeout", "stalled", "preempted")
+OUTCOMES = ("failed", "join-timeout", "stalled", "preempted", "stopped")
 
 #: A field check: the value (of the type the message declares) or :class:`ProtocolError`.
 Check = Callable[[object, str], Any]
