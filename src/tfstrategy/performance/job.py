@@ -170,7 +170,7 @@ class JobReport:
 
 def _split_text(shares: dict[str, float], bottleneck: str) -> str:
     if bottleneck == UNSPLIT:
-        return "not split (the probes did not run: see the cost line)"
+        return "not split (the probes did not run: see the last line)"
     return ", ".join(f"{part} {shares[part]:.0%}" for part in PARTS) + f" -> {bottleneck}-bound"
 
 
@@ -178,7 +178,8 @@ def _worker_line(job: JobReport, figures: WorkerFigures) -> str:
     share = figures.replicas / max(job.replicas, 1)
     line = (f"  worker {figures.worker}: {figures.replicas} replica{'s' if figures.replicas != 1 else ''}, "
             f"{share:.0%} of the examples ({job.worker_examples_per_second(figures):,.0f} examples/s); "
-            f"step {figures.median * 1000:.3g} ms median; {_split_text(figures.shares, figures.bottleneck)}")
+            f"step {figures.median * 1000:.3g} ms median"
+            + (f"; {_split_text(figures.shares, figures.bottleneck)}" if figures.split else ""))
     waited = job.waited(figures)
     if waited >= 0.05 * job.seconds:
         line += f"; {waited:.1f} s more in its steps than the job (waiting for another worker)"

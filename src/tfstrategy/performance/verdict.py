@@ -246,7 +246,7 @@ def recommendations(split: dict[str, float], m: Measurements, step: float,
             part="dispatch", action=f"compile with steps_per_execution={k}",
             why=f"per-call costs are {split['dispatch']:.0%} of a step at K={m.steps_per_execution}: {evidence}",
             expected_gain=step / (step - saved) if 0 < saved < step else None)))
-    if (split["reduction"] >= WORTH_FIXING or bottleneck == "reduction") and (m.replicas > 1 or m.workers > 1):
+    if split["reduction"] >= WORTH_FIXING and (m.replicas > 1 or m.workers > 1) or bottleneck == "reduction":
         found += _reduction_fixes(split, m, step)
     if bottleneck == "compute" or not found and split["compute"] >= 0.5:
         others = [part for part, _ in found]
@@ -289,10 +289,11 @@ def is_split(m: Measurements) -> bool:
 
 def unsplit_recommendation(m: Measurements) -> Recommendation:
     """What to do when the probes did not run: let them."""
-    why = "; ".join(f"{name}: {reason}" for name, reason in m.not_probed.items()) or "the probes did not run"
+    budget = [reason for reason in m.not_probed.values() if "budget" in reason]
+    why = ("the probes would have cost more than they may" if budget else "the probes did not run")
     return Recommendation(part=UNSPLIT, action="let the probes run: train longer before the report, or allow them a "
                           "larger share of it (TFSTRATEGY_PROFILE_PROBES, performance_report(probe_share=...))",
-                          why=f"the step was timed but not split ({why})")
+                          why=f"the step was timed but not split: {why} (the report's last line says why)")
 
 
 def verdict(m: Measurements) -> Report:
