@@ -49,7 +49,7 @@ def profile_environment(profile: bool, directory: str | os.PathLike[str], every_
     path = Path(directory).expanduser().resolve()
     if path.exists() and not path.is_dir():
         raise TrainingError(f"Received --profile-dir {str(directory)!r}, which is a file; expected a directory "
-                            "(made if missing) for the reports' worker-<i>.json. Name another one.")
+                            "(made if missing) for the report's files. Name another one.")
     return {ENV_PROFILE: str(path), ENV_PROFILE_EVERY: f"{every_minutes:g}"}
 
 
