@@ -23,7 +23,7 @@ from typing import Any
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.performance.timing import ProbePlan, alternating, mean_seconds
-from tfstrategy.training.no_trace import dataset_copy, pipeline_ops, skip_build_peek, snapshot
+from tfstrategy.training.no_trace import dataset_copy, pipeline_batch, pipeline_ops, skip_build_peek, snapshot
 
 #: The larger-K probe traces a new train function; it runs only once this much has been trained.
 LARGER_K_AFTER_SECONDS = 30.0
@@ -68,9 +68,9 @@ def probe(model: Any, dataset: Any, *, plan: ProbePlan, steps_per_execution: int
     function: Any = getattr(model, "train_function", None)
     if function is None and no_copy is None:
         no_copy = "a custom loop: its input wait is timed directly"
-    if no_copy is None:  # cheap: the pipeline's graph, and one batch of a local iterator
+    if no_copy is None:  # cheap: read from the pipeline's graph
         found["pipeline_ops"] = pipeline_ops(copy)
-        found["global_batch"] = _leading_dimension(next(iter(copy.take(1))))
+        found["global_batch"] = pipeline_batch(copy)
     replicas = int(strategy.num_replicas_in_sync)
     run_input, run_reduction = no_copy is None and plan.input, replicas > 1 and plan.reduction
     larger_k = larger_k if plan.larger_k and run_input else None
@@ -115,6 +115,8 @@ def _input_probes(model: Any, strategy: Any, function: Any, copy: Any, plan: Pro
                   larger_k: int | None, found: dict[str, Any]) -> None:
     """The step on one cached batch (and at the larger K), then on the data, then the input alone."""
     tf_ = tf()
+    if found.get("global_batch") is None:  # not in the graph: one batch tells
+        found["global_batch"] = _leading_dimension(next(iter(copy.take(1))))
     executions = plan.executions
     options = tf_.data.Options()
     options.experimental_distribute.auto_shard_policy = tf_.data.experimental.AutoShardPolicy.OFF

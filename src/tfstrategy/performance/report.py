@@ -51,6 +51,7 @@ from tfstrategy.performance.picture import html
 from tfstrategy.performance.probes import LARGER_K_AFTER_SECONDS, probe
 from tfstrategy.performance.timing import ProbePlan, StepTimes, median_seconds, plan_probes
 from tfstrategy.performance.verdict import Measurements, Report, verdict
+from tfstrategy.settings import ENV_PROFILE_PROBES
 from tfstrategy.training.no_trace import snapshot
 from tfstrategy.training.steps_per_execution import job_mean
 
@@ -97,12 +98,20 @@ def _cores() -> int:
     return len(affinity(0)) if affinity else (os.cpu_count() or 1)
 
 
+def _probe_share(given: float | None) -> float:
+    """The argument, else ``TFSTRATEGY_PROFILE_PROBES``, else :data:`PROBE_SHARE` (checked)."""
+    if given is not None:
+        return valid_probe_share(given)
+    variable = (os.environ.get(ENV_PROFILE_PROBES) or "").strip()
+    return valid_probe_share(variable, ENV_PROFILE_PROBES) if variable else PROBE_SHARE
+
+
 class Tracker:
     """When a report is due, and making it: one per model (kept on it), shared by each ``fit``'s callback."""
 
     def __init__(self, *, every_minutes: float | None = EVERY_MINUTES, directory: str | os.PathLike[str] | None = None,
                  larger_k: bool | None = None, probe_share: float | None = None) -> None:
-        self.probe_share = PROBE_SHARE if probe_share is None else valid_probe_share(probe_share)
+        self.probe_share = _probe_share(probe_share)
         if every_minutes is not None and (isinstance(every_minutes, bool) or not isinstance(every_minutes, (int, float))
                                           or not every_minutes > 0):
             raise TrainingError(f"Received every_minutes={every_minutes!r}; expected a number of minutes above 0, "
