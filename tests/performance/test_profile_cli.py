@@ -64,9 +64,10 @@ def test_launch_profile_writes_one_report_for_the_job(tmp_path):
         assert report["job_examples_per_second"] == job["examples_per_second"]
         assert report["probes"]["allreduce"] > 0
     # The all-reduce probe (of zeros, after training) can under-measure the step's own on a loaded machine
-    # (benchmarks/README.md): the reduction must be a large share, and the verdict reduction or compute.
-    assert job["bottleneck"] in ("reduction", "compute") and job["shares"]["reduction"] >= 0.25, job
-    assert job["recommendations"][0]["part"] == job["bottleneck"]
+    # (benchmarks/README.md): the reduction must be a share worth a recommendation, the verdict reduction or
+    # compute, and the recommendations the verdict's first, then the reduction's.
+    assert job["bottleneck"] in ("reduction", "compute") and job["shares"]["reduction"] >= 0.2, job
+    assert [r["part"] for r in job["recommendations"]][:2] in (["reduction"] * 2, ["compute", "reduction"]), job
     output = result.stdout + result.stderr
     assert output.count("tfstrategy performance report (") == 1 and output.count(" examples/s;") == 1, output
     assert "[worker 0] tfstrategy performance report (2 workers, 2 replicas in sync" in output
