@@ -66,7 +66,8 @@ def svg(job: JobReport) -> str:
     for index, (label, median_ms, shares, split) in enumerate(rows):
         body += _bar(_TOP + index * (_BAR + _GAP), label, median_ms, shares, split, scale)
     x = float(_LEFT)
-    for part in (*PARTS, UNSPLIT):
+    unsplit = any(not row[3] for row in rows)
+    for part in (*PARTS, UNSPLIT) if unsplit else PARTS:
         body.append(f'<rect x="{x:.1f}" y="{bottom + 30}" width="12" height="12" '
                     f'fill="{COLOURS.get(part, UNSPLIT_COLOUR)}"/>')
         name = "not split" if part == UNSPLIT else part
