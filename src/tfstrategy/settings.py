@@ -40,6 +40,8 @@ ENV_SENTINEL = "TFSTRATEGY_SENTINEL"
 ENV_PROFILE = "TFSTRATEGY_PROFILE"
 #: Minutes between performance reports on long jobs (`--profile-every`).
 ENV_PROFILE_EVERY = "TFSTRATEGY_PROFILE_EVERY"
+#: The share of the time trained since the last report its probes may take (default 0.1; `probe_share=`).
+ENV_PROFILE_PROBES = "TFSTRATEGY_PROFILE_PROBES"
 
 # The launch protocol: set by `tfstrategy launch` for each worker it starts.
 ENV_NUM_WORKERS = "TFSTRATEGY_NUM_WORKERS"

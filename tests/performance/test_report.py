@@ -19,11 +19,17 @@ import profile_script  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def _fit(strategy, kind, *, report=None, epochs=1):
+#: These fits train a second or less: every probe may run, however long it takes against that (by default the
+#: probes may take a tenth of the time trained).
+ALLOW = 10_000
+
+
+def _fit(strategy, kind, *, report=None, epochs=1, probe_share=ALLOW):
     with strategy.scope():
         model = profile_script.model(kind)
     data = profile_script.dataset(kind, int(strategy.num_replicas_in_sync))
-    model.fit(data, epochs=epochs, verbose=0, callbacks=[tfstrategy.performance_report(data)] if report else None)
+    callbacks = [tfstrategy.performance_report(data, probe_share=probe_share)] if report else None
+    model.fit(data, epochs=epochs, verbose=0, callbacks=callbacks)
     return model
 
 
@@ -38,6 +44,9 @@ def test_the_report_names_the_bottleneck(kind, replicas, bottleneck, capsys):
     assert report.measurements.replicas == replicas and report.measurements.steps > 0
     text = capsys.readouterr().err
     assert text.startswith("tfstrategy performance report (one worker") and f"-> {bottleneck}-bound" in text
+    (job,) = tracker_for(model).job_reports
+    assert job.bottleneck == bottleneck and job.recommendations[0].part == bottleneck
+    assert job.examples_per_second == pytest.approx(report.examples_per_second)
     if kind == "input":  # a sequential map: the fix names it
         assert "map(..., num_parallel_calls=tf.data.AUTOTUNE)" in report.recommendations[0].action
     else:  # 4 replicas: the all-reduce was probed
@@ -60,7 +69,8 @@ def _seeded_run(report: bool):
     data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).shuffle(512, seed=5).batch(32)
     with mirrored(2).scope():
         model = _dropout_model()
-    callbacks = [tfstrategy.performance_report(data, every_minutes=1e-9, larger_k=True)] if report else None
+    callbacks = ([tfstrategy.performance_report(data, every_minutes=1e-9, larger_k=True, probe_share=ALLOW)]
+                 if report else None)
     first = model.fit(data, epochs=1, verbose=0, callbacks=callbacks).history
     second = model.fit(data, epochs=3, verbose=0, callbacks=callbacks).history  # a report at every epoch's end
     return model, first["loss"] + second["loss"], second["mae"]
@@ -76,9 +86,11 @@ def test_probes_in_the_middle_of_fit_leave_weights_data_order_and_metrics_as_the
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
     assert int(reported.optimizer.iterations.numpy()) == int(plain.optimizer.iterations.numpy()) == 64
     assert tracker_for(reported).reports[-1].measurements.larger_k[0] == 4
+    assert all(report.measurements.synthetic is not None for report in tracker_for(reported).reports)  # probed
 
 
-def test_a_custom_loop_times_its_wait_for_input_directly(tmp_path):
+def test_a_custom_loop_times_its_wait_for_input_directly(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFSTRATEGY_PROFILE_PROBES", str(ALLOW))
     strategy = mirrored(2)
     with strategy.scope():
         model = profile_script.model("input")
@@ -90,3 +102,13 @@ def test_a_custom_loop_times_its_wait_for_input_directly(tmp_path):
     assert report.bottleneck == "input", report.text()
     assert report.measurements.waited is not None and report.measurements.synthetic is not None  # on its last batch
     assert report.measurements.allreduce is not None  # 2 replicas: the reduction is probed
+
+
+def test_at_the_default_share_a_short_fit_is_timed_but_not_probed(capsys):
+    model = _fit(mirrored(1), "input", report=True, probe_share=None)
+    (report,) = tracker_for(model).reports
+    (job,) = tracker_for(model).job_reports
+    m = report.measurements
+    assert m.synthetic is None and "probes' budget" in m.not_probed["synthetic and input"]
+    assert job.bottleneck == "unsplit" and job.probe_cost() <= 0.1 and job.probe_share == 0.1
+    assert "allowed 10%" in capsys.readouterr().err

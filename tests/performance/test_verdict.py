@@ -88,6 +88,24 @@ def test_a_compute_bound_step_says_nothing_needs_fixing():
     report = verdict(measured(synthetic=0.0099, input_batch=0.001))
     assert report.bottleneck == "compute"
     assert [r.action.split(":")[0] for r in report.recommendations] == ["nothing in the input or the reduction to fix"]
+    assert [r.part for r in report.recommendations] == ["compute"]
+
+
+def test_a_compute_bound_step_with_a_large_input_share_recommends_for_compute_first():
+    # Today's contradiction: compute 70%, input 30%: "compute-bound", and the only recommendation was input's.
+    report = verdict(measured(synthetic=0.007, data_step=0.010, input_batch=0.004))
+    assert report.bottleneck == "compute" and report.shares["input"] == pytest.approx(0.3)
+    assert [r.part for r in report.recommendations] == ["compute", "input"]
+    assert report.recommendations[0].action.startswith("the model's own work is the largest part")
+
+
+def test_an_unprobed_step_has_no_bottleneck_and_says_how_to_get_one():
+    report = verdict(measured(not_probed={"synthetic and input": "would cost about 3 s, past the probes' budget"}))
+    assert report.bottleneck == "unsplit"
+    (only,) = report.recommendations
+    assert only.part == "unsplit" and "TFSTRATEGY_PROFILE_PROBES" in only.action
+    assert only.why.startswith("the step was timed but not split: the probes would have cost more than they may")
+    assert "where a step goes: not split" in report.text()
 
 
 def test_the_text_and_json_say_the_same():
@@ -97,13 +115,17 @@ def test_the_text_and_json_say_the_same():
     text = report.text().splitlines()
     assert text[0] == ("tfstrategy performance report (worker 1 of 2, 2 replicas in sync, steps_per_execution=1): "
                        "900 steps in 9.0 s")
-    assert text[1] == "  6,400 examples/s for the job (3,200 on this worker); step 10 ms median, 10 ms p90 (global batch 64)"
+    # A worker's own pace, named as such: the job's throughput, once, is the job report's (test_job_report.py).
+    assert text[1] == "  6,400 examples/s as this worker timed its steps; step 10 ms median, 10 ms p90 (global batch 64)"
     assert text[2] == "  where a step goes: input 80%, reduction 0%, dispatch 0%, compute 20% -> input-bound"
     assert text[-1] == "  report cost: probes 0.45 s (5.0% of the 9.0 s trained); not probed: larger K: a short job"
+    assert text[3].startswith("  recommendation (input): map(..., num_parallel_calls")
     data = json.loads(report.json())
-    assert data["bottleneck"] == "input" and data["worker"] == 1 and data["examples_per_second"] == 6400
+    assert data["bottleneck"] == "input" and data["worker"] == 1 and data["timed_examples_per_second"] == 6400
+    assert "examples_per_second" not in data and "worker_examples_per_second" not in data
     assert data["cost"] == {"probe_seconds": 0.45, "share_of_training": 0.05}
     assert data["recommendations"][0]["action"].startswith("map(..., num_parallel_calls")
+    assert data["recommendations"][0]["part"] == "input"
 
 
 def test_percentile_interpolates_and_refuses_nothing():

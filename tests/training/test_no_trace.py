@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import mirrored
-from tfstrategy.training.no_trace import dataset_copy, snapshot
+from tfstrategy.training.no_trace import dataset_copy, pipeline_batch, snapshot
 
 
 def _epochs(dataset, count=2):
@@ -102,8 +102,25 @@ def test_the_performance_report_works_on_this_keras():
     with mirrored(1).scope():
         model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-    report = tfstrategy.performance_report(data, larger_k=True)
+    report = tfstrategy.performance_report(data, larger_k=True, probe_share=10_000)  # every probe, on 0.3 s trained
     model.fit(data, epochs=2, verbose=0, callbacks=[report])
     (result,) = report.tracker.reports
     assert result.measurements.steps == 31 and result.measurements.synthetic is not None
     assert result.measurements.larger_k[0] == 4 and sum(result.shares.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("pipeline", "size"), [
+    pytest.param(lambda d: d.batch(64).map(lambda x: x * 2).prefetch(2), 64, id="batch-map-prefetch"),
+    pytest.param(lambda d: d.batch(7).unbatch().batch(5, drop_remainder=True).prefetch(1), 5, id="the-outermost"),
+    pytest.param(lambda d: d.map(lambda x: tf.fill([2], x)).padded_batch(9, padded_shapes=[3]), 9, id="padded"),
+    pytest.param(lambda d: d, None, id="unbatched"),
+])
+def test_the_batch_size_is_read_from_the_pipelines_graph_without_running_it(pipeline, size):
+    ran = []
+
+    def count(x):
+        ran.append(1)
+        return x
+
+    dataset = pipeline(tf.data.Dataset.range(100).map(lambda x: tf.py_function(count, [x], tf.int64)))
+    assert pipeline_batch(dataset) == size and ran == []

@@ -102,9 +102,11 @@ def add_program_arguments(parser: argparse.ArgumentParser, *, where: str) -> Non
     parser.add_argument("--profile", action="store_true",
                         help="report where each training step's time goes (input, reduction, dispatch, compute), "
                         "with recommendations: at the end of each model's first fit and every --profile-every "
-                        "minutes, per worker, on stderr and in --profile-dir (env TFSTRATEGY_PROFILE)")
+                        "minutes, one report for the job (worker 0's stderr) and a picture in --profile-dir; the probes take at most "
+                        "a tenth of the time trained (env TFSTRATEGY_PROFILE, TFSTRATEGY_PROFILE_PROBES)")
     parser.add_argument("--profile-dir", default="tfstrategy-profile", metavar="DIR",
-                        help="where --profile writes worker-<i>.json and .txt (default: ./tfstrategy-profile)")
+                        help="where --profile writes report.txt, report.json, report.html and worker-<i>.json "
+                        "(default: ./tfstrategy-profile)")
     parser.add_argument("--profile-every", type=float, default=10.0, metavar="MIN",
                         help="minutes between --profile reports on long jobs, at an epoch's end (default: 10)")
     parser.add_argument("--debug", action="store_true",

@@ -7,10 +7,32 @@ from pathlib import Path
 from typing import Any
 
 from tfstrategy.errors import TrainingError
-from tfstrategy.settings import ENV_PROFILE, ENV_PROFILE_EVERY
+from tfstrategy.settings import ENV_PROFILE, ENV_PROFILE_EVERY, ENV_PROFILE_PROBES
 
 #: A report every this many minutes on long jobs (at an epoch's end), besides the first fit's.
 EVERY_MINUTES = 10.0
+#: The probes may take this share of the time trained since the last report (``TFSTRATEGY_PROFILE_PROBES``).
+PROBE_SHARE = 0.10
+
+
+def valid_probe_share(value: object, source: str = "probe_share") -> float:
+    """A share of the time trained the probes may take: a number above 0 (above 1: more than the training).
+
+    Raises:
+        TrainingError: anything else, naming ``source``.
+    """
+    number: float | None = None
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    if number is None or not number > 0 or number != number or number == float("inf"):
+        raise TrainingError(f"Received {source}={value!r}; expected the share of the time trained the report's probes "
+                            "may take, a number above 0 (0.1: a tenth; 2: twice the training), e.g. 0.25.")
+    return number
 
 
 def profile_environment(profile: bool, directory: str | os.PathLike[str], every_minutes: float) -> dict[str, str]:
@@ -27,7 +49,7 @@ def profile_environment(profile: bool, directory: str | os.PathLike[str], every_
     path = Path(directory).expanduser().resolve()
     if path.exists() and not path.is_dir():
         raise TrainingError(f"Received --profile-dir {str(directory)!r}, which is a file; expected a directory "
-                            "(made if missing) for the reports' worker-<i>.json. Name another one.")
+                            "(made if missing) for the report's files. Name another one.")
     return {ENV_PROFILE: str(path), ENV_PROFILE_EVERY: f"{every_minutes:g}"}
 
 
@@ -45,4 +67,8 @@ def tracker_from_environment(env: dict[str, str] | None = None) -> dict[str, Any
     if not minutes > 0:
         raise TrainingError(f"Received {ENV_PROFILE_EVERY}={every!r}; expected a number of minutes above 0 "
                             "(tfstrategy run/launch --profile-every).")
-    return {"directory": directory, "every_minutes": minutes}
+    settings: dict[str, Any] = {"directory": directory, "every_minutes": minutes}
+    share = (env.get(ENV_PROFILE_PROBES) or "").strip()
+    if share:
+        settings["probe_share"] = valid_probe_share(share, ENV_PROFILE_PROBES)
+    return settings

@@ -9,10 +9,15 @@ It rests on three modules:
   state they changed.
 - :mod:`~tfstrategy.performance.verdict`: the shares, the bottleneck and the
   recommendations (pure).
+- :mod:`~tfstrategy.performance.job`, :mod:`~tfstrategy.performance.picture`:
+  every worker's figures made one job report, and its picture (pure).
 
 :class:`Tracker` decides when a report is due (a model's first ``fit``, then
-every ``every_minutes``; agreed across workers), builds it, prints it and
-writes ``worker-<i>.json`` and ``worker-<i>.txt`` into its directory.
+every ``every_minutes``; agreed across workers), plans the probes within
+``probe_share`` of the time trained, builds the worker's report, gathers every
+worker's figures (one all-gather, at the report's time) into the job's report;
+worker 0 prints it and writes ``report.txt``, ``report.json`` and
+``report.html`` into its directory, and each worker its ``worker-<i>.json``.
 :func:`performance_report` is the Keras callback; ``make_train_step(...,
 report=...)`` and :meth:`Tracker.steps` serve custom loops. The ``--profile``
 variables are read and made in :mod:`~tfstrategy.performance.environment`,
@@ -22,6 +27,7 @@ which imports none of the rest, so a process without ``--profile`` loads none of
 from __future__ import annotations
 
 import functools
+import json
 import os
 import statistics
 import sys
@@ -33,10 +39,19 @@ from typing import Any, TypedDict
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
-from tfstrategy.performance.environment import EVERY_MINUTES, profile_environment, tracker_from_environment
+from tfstrategy.performance.environment import (
+    EVERY_MINUTES,
+    PROBE_SHARE,
+    profile_environment,
+    tracker_from_environment,
+    valid_probe_share,
+)
+from tfstrategy.performance.job import JobReport, combine, figures_of, figures_row, from_row
+from tfstrategy.performance.picture import html
 from tfstrategy.performance.probes import LARGER_K_AFTER_SECONDS, probe
-from tfstrategy.performance.timing import StepTimes, median_seconds, probe_count
+from tfstrategy.performance.timing import ProbePlan, StepTimes, median_seconds, plan_probes
 from tfstrategy.performance.verdict import Measurements, Report, verdict
+from tfstrategy.settings import ENV_PROFILE_PROBES
 from tfstrategy.training.no_trace import snapshot
 from tfstrategy.training.steps_per_execution import job_mean
 
@@ -52,16 +67,51 @@ def _worker(strategy: Any) -> tuple[int, int]:
     return int(resolver.task_id or 0), max(1, int(strategy.num_replicas_in_sync) // local)
 
 
+def _local_replicas(strategy: Any) -> int:
+    return max(1, len(strategy.extended.worker_devices))
+
+
+def gather_rows(strategy: Any, row: list[float]) -> list[list[float]]:
+    """Every worker's ``row``, in worker order (an all-gather: one all-reduce of a table where each worker fills
+    its own line; NaN travels as a mask). One process: its own row."""
+    if not _compat.in_multi_worker_mode(strategy):
+        return [row]
+    tf_ = tf()
+    worker, workers = _worker(strategy)
+    local, width = _local_replicas(strategy), len(row)
+    table = [0.0] * (workers * 2 * width)
+    line = [0.0 if value != value else value for value in row] + [float(value != value) for value in row]
+    table[worker * 2 * width:(worker + 1) * 2 * width] = line
+    mine, nothing = tf_.constant(table, tf_.float64), tf_.zeros([len(table)], tf_.float64)
+    per_replica = strategy.experimental_distribute_values_from_function(
+        lambda context: mine if context.replica_id_in_sync_group % local == 0 else nothing)
+    summed = [float(value) for value in strategy.reduce(tf_.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()]
+    rows = []
+    for index in range(workers):
+        values, missing = (summed[(2 * index + half) * width:(2 * index + half + 1) * width] for half in (0, 1))
+        rows.append([float("nan") if gone else value for value, gone in zip(values, missing)])
+    return rows
+
+
 def _cores() -> int:
     affinity = getattr(os, "sched_getaffinity", None)
     return len(affinity(0)) if affinity else (os.cpu_count() or 1)
+
+
+def _probe_share(given: float | None) -> float:
+    """The argument, else ``TFSTRATEGY_PROFILE_PROBES``, else :data:`PROBE_SHARE` (checked)."""
+    if given is not None:
+        return valid_probe_share(given)
+    variable = (os.environ.get(ENV_PROFILE_PROBES) or "").strip()
+    return valid_probe_share(variable, ENV_PROFILE_PROBES) if variable else PROBE_SHARE
 
 
 class Tracker:
     """When a report is due, and making it: one per model (kept on it), shared by each ``fit``'s callback."""
 
     def __init__(self, *, every_minutes: float | None = EVERY_MINUTES, directory: str | os.PathLike[str] | None = None,
-                 larger_k: bool | None = None) -> None:
+                 larger_k: bool | None = None, probe_share: float | None = None) -> None:
+        self.probe_share = _probe_share(probe_share)
         if every_minutes is not None and (isinstance(every_minutes, bool) or not isinstance(every_minutes, (int, float))
                                           or not every_minutes > 0):
             raise TrainingError(f"Received every_minutes={every_minutes!r}; expected a number of minutes above 0, "
@@ -70,7 +120,9 @@ class Tracker:
         self.directory = Path(directory) if directory is not None else None
         self.larger_k = larger_k
         self.times = StepTimes()
+        #: This worker's reports, and the job's (every worker has them; worker 0 prints and writes them).
         self.reports: list[Report] = []
+        self.job_reports: list[JobReport] = []
         self._trained = 0.0
         self._last_report = time.monotonic()
         #: The train function timed last (a new one traces at its first execution).
@@ -104,26 +156,23 @@ class Tracker:
             raise TrainingError("Received a report request with no step timed; expected due() to say it was due.")
         k = steps_per_execution or _compat.steps_per_execution(model)
         per_step = [call / steps for call, steps in zip(times.calls, times.steps)]
-        (step,) = job_mean(strategy, [statistics.median(per_step)])
         self._trained += times.seconds()
-        (trained,) = job_mean(strategy, [self._trained])
+        # Every worker plans the same probes (their collectives must match): from figures they all agreed on.
+        step, trained, since, warm_up = job_mean(strategy, [statistics.median(per_step), self._trained,
+                                                            times.seconds(), times.warm_up_seconds])
         larger = None
         wanted = self.larger_k if self.larger_k is not None else trained >= LARGER_K_AFTER_SECONDS
         if wanted and dataset is not None and getattr(model, "train_function", None) is not None:
             larger = min(4 * k, cap) if cap is not None else 4 * k
             larger = larger if larger > k else None
-        probes = probe(model, None if times.waits else dataset, step=step, steps_per_execution=k, larger_k=larger)
-        if times.waits:  # a custom loop: the wait for each batch was timed directly
-            probes["waited"] = statistics.median(w / s for w, s in zip(times.waits, times.steps))
-            probes["not_probed"].pop("synthetic and input", None)
-            if step_function is not None and self.last_batch is not None:
-                started, batch = time.perf_counter(), self.last_batch
-                saved = snapshot(model, metrics=True)
-                try:
-                    probes["synthetic"] = median_seconds(lambda: step_function(batch), probe_count(step, 3, 20))
-                finally:
-                    saved.restore()
-                probes["probe_seconds"] += time.perf_counter() - started
+        custom = bool(times.waits)  # a custom loop: the wait for each batch was timed directly
+        plan = plan_probes(trained=since, share=self.probe_share, step=step, steps_per_execution=k, setup=warm_up,
+                           input_setups=0 if custom else 3,
+                           input_wanted=step_function is not None if custom else dataset is not None,
+                           reduction_wanted=int(strategy.num_replicas_in_sync) > 1, larger_k_wanted=larger is not None)
+        probes = probe(model, None if custom else dataset, plan=plan, steps_per_execution=k, larger_k=larger)
+        if custom:
+            self._probe_custom_loop(model, probes, plan, step_function)
         seen_batch = probes.pop("global_batch", None)  # read from the probes' copy of the data
         worker, workers = _worker(strategy)
         total = [(c + g + w) / s for c, g, w, s in zip(times.calls, times.gaps, times.waits or [0.0] * len(times.calls),
@@ -134,21 +183,49 @@ class Tracker:
             replicas=int(strategy.num_replicas_in_sync), workers=workers, worker=worker, steps_per_execution=k,
             outside=statistics.median(g / s for g, s in zip(times.gaps, times.steps)), cores=_cores(), **probes)
         result = verdict(measurements)
+        rows = gather_rows(strategy, figures_row(figures_of(result, _local_replicas(strategy))))
+        job = combine([from_row(row, measurements) for row in rows], probe_share=self.probe_share)
         self.reports.append(result)
+        self.job_reports.append(job)
         self.times.clear()
         self._last_report = time.monotonic()
-        self._write(result)
+        self._write(result, job)
         return result
 
-    def _write(self, result: Report) -> None:
-        text = result.text()
+    def _probe_custom_loop(self, model: Any, probes: dict[str, Any], plan: ProbePlan, step_function: Any) -> None:
+        """A custom loop's probes: its timed wait, and its step on its last batch, again and again (no input)."""
+        times = self.times
+        probes["waited"] = statistics.median(w / s for w, s in zip(times.waits, times.steps))
+        probes["not_probed"].pop("synthetic and input", None)
+        if step_function is None or self.last_batch is None:
+            return
+        if not plan.input:
+            probes["not_probed"]["step without input"] = plan.skipped.get("input", "left out")
+            return
+        started, batch = time.perf_counter(), self.last_batch
+        saved = snapshot(model, metrics=True)
+        try:
+            probes["synthetic"] = median_seconds(lambda: step_function(batch), plan.executions)
+        finally:
+            saved.restore()
+        probes["probe_seconds"] += time.perf_counter() - started
+
+    def _write(self, result: Report, job: JobReport) -> None:
+        """Worker 0 prints the job's report and writes report.txt, .json and .html; each worker its worker-<i>.json."""
+        worker = result.measurements.worker
+        text = job.text()
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
-            name = f"worker-{result.measurements.worker}"
-            (self.directory / f"{name}.json").write_text(result.json(), encoding="utf-8")
-            (self.directory / f"{name}.txt").write_text(text + "\n", encoding="utf-8")
-            text += f"\n  written to {self.directory / name}.json (and .txt)"
-        print(text, file=sys.stderr, flush=True)
+            own = result.as_dict() | {"job_examples_per_second": job.examples_per_second}
+            (self.directory / f"worker-{worker}.json").write_text(json.dumps(own, indent=2) + "\n", encoding="utf-8")
+            if worker == 0:
+                (self.directory / "report.json").write_text(job.json(), encoding="utf-8")
+                (self.directory / "report.txt").write_text(text + "\n", encoding="utf-8")
+                (self.directory / "report.html").write_text(html(job), encoding="utf-8")
+                text += (f"\n  written to {self.directory / 'report.html'} (a picture; report.txt, report.json, "
+                         "and each worker's worker-<i>.json beside it)")
+        if worker == 0:
+            print(text, file=sys.stderr, flush=True)
 
     def steps(self, batches: Iterable[Any]) -> Iterator[Any]:
         """Time a custom loop: ``for batch in tracker.steps(dataset): step(batch)``.
@@ -180,6 +257,7 @@ class _Settings(TypedDict):
     every_minutes: float | None
     directory: str | os.PathLike[str] | None
     larger_k: bool | None
+    probe_share: float | None
 
 
 def tracker_for(model: Any, **settings: Any) -> Tracker:
@@ -204,10 +282,11 @@ def _callback_class(base: type) -> type:
 
         def __init__(self, dataset: Any = None, *, every_minutes: float | None = EVERY_MINUTES,
                      directory: str | os.PathLike[str] | None = None, larger_k: bool | None = None,
-                     global_batch: int | None = None) -> None:
+                     global_batch: int | None = None, probe_share: float | None = None) -> None:
             super().__init__()
             self.dataset, self.global_batch = dataset, global_batch
-            self.settings = _Settings(every_minutes=every_minutes, directory=directory, larger_k=larger_k)
+            self.settings = _Settings(every_minutes=every_minutes, directory=directory, larger_k=larger_k,
+                                      probe_share=probe_share)
             # Made now to validate the settings where the user passed them; the model's own replaces it.
             self.tracker = Tracker(**self.settings)
             self._first_batch = 0
@@ -254,15 +333,19 @@ def _callback_class(base: type) -> type:
 
 def performance_report(dataset: Any = None, *, every_minutes: float | None = EVERY_MINUTES,
                        directory: str | os.PathLike[str] | None = None, larger_k: bool | None = None,
-                       global_batch: int | None = None) -> Any:
+                       global_batch: int | None = None, probe_share: float | None = None) -> Any:
     """A Keras callback that reports where each step's time goes: input, reduction, dispatch, compute.
 
     At the end of the model's first ``fit`` (and at an epoch's end every
-    ``every_minutes`` after) it prints, per worker, examples/s, the step's
-    median and p90, each part's share, the bottleneck and one or two
-    recommendations with their expected gain; with ``directory``, it also
-    writes ``worker-<i>.json`` and ``.txt`` there. Its probes run on a copy of
-    ``dataset`` and leave the model and the data as they were.
+    ``every_minutes`` after) worker 0 prints one report for the job: its
+    examples/s, the step's median and p90, each part's share, each worker's
+    share, the bottleneck and one or two recommendations (the bottleneck's
+    first) with their expected gain, and what the probes cost; with
+    ``directory``, it writes ``report.txt``, ``report.json`` and
+    ``report.html`` (a picture of each worker's step) there, and each worker
+    its ``worker-<i>.json``. Its probes run on a copy of ``dataset``, within
+    ``probe_share`` of the time trained, and leave the model and the data as
+    they were.
 
     Args:
         dataset: the dataset ``fit`` trains on (for the probes of input and of a step without it);
@@ -272,12 +355,15 @@ def performance_report(dataset: Any = None, *, every_minutes: float | None = EVE
         larger_k: probe a larger ``steps_per_execution`` (traces one more train function);
             default: once the job has trained 30 s.
         global_batch: the examples per step; default: read from the dataset's first batch.
+        probe_share: the share of the time trained since the last report the probes may take (a probe that
+            would go past it does not run, and the report says so); default: ``TFSTRATEGY_PROFILE_PROBES``, else 0.1.
 
     Example:
         >>> model.fit(train_ds, epochs=5, callbacks=[tfstrategy.performance_report(train_ds)])
     """
     return _callback_class(tf().keras.callbacks.Callback)(dataset, every_minutes=every_minutes, directory=directory,
-                                                          larger_k=larger_k, global_batch=global_batch)
+                                                          larger_k=larger_k, global_batch=global_batch,
+                                                          probe_share=probe_share)
 
 
 

@@ -31,6 +31,8 @@ class StepTimes:
     _begun: float | None = None
     _last_end: float | None = None
     _warm_up: bool = True
+    #: Seconds of the longest untimed first execution (it traced): the probes' estimate of a fixed cost.
+    warm_up_seconds: float = 0.0
 
     def new_run(self, warm_up: bool = True) -> None:
         """A new ``fit`` (or loop); with ``warm_up`` its first execution traces, so it is not timed."""
@@ -54,6 +56,7 @@ class StepTimes:
             return
         if self._warm_up:
             self._warm_up = False
+            self.warm_up_seconds = max(self.warm_up_seconds, now - begun)
             return
         self.calls.append(now - begun)
         self.gaps.append(begun - last_end if last_end is not None else 0.0)
@@ -72,11 +75,11 @@ class StepTimes:
             timings.clear()
 
 
-def probe_count(seconds_each: float, low: int, high: int) -> int:
-    """How many calls of ``seconds_each`` make a probe of :data:`PROBE_SECONDS`, within ``low`` and ``high``."""
+def probe_count(seconds_each: float, low: int, high: int, aim: float = PROBE_SECONDS) -> int:
+    """How many calls of ``seconds_each`` make a probe of ``aim`` seconds, within ``low`` and ``high``."""
     if seconds_each <= 0:
         return high
-    return max(low, min(high, math.ceil(PROBE_SECONDS / seconds_each)))
+    return max(low, min(high, math.ceil(aim / seconds_each)))
 
 
 def median_seconds(call: Callable[[], object], count: int) -> float:
@@ -113,3 +116,72 @@ def alternating(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str
             calls[name]()
             timed[name].append(time.perf_counter() - start)
     return timed
+
+
+#: A probe's fixed cost (making a distributed iterator, releasing one, tracing the all-reduce) as a share of the
+#: traced first execution of the job's train function. Measured on 2 workers of examples/train.py (2 shared
+#: cores): a 4 s traced first execution; two iterators made in 0.8 s, released in 1.2 s, the all-reduce's two
+#: functions traced and timed in 0.7 s.
+SETUP_SHARE = 1 / 3
+#: ... and at least this many seconds.
+SETUP_FLOOR = 0.05
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbePlan:
+    """Which probes run, how many calls each makes, and what they may cost: the budget, agreed by every worker."""
+
+    #: Seconds the probes may take: ``share`` of the ``trained`` seconds.
+    budget: float
+    share: float
+    trained: float
+    #: Calls of each train-function probe, batches of the input probe, rounds of the all-reduce probe.
+    executions: int
+    input_batches: int
+    reduce_rounds: int
+    input: bool
+    reduction: bool
+    larger_k: bool
+    #: The probes' estimated cost, and why each probe left out was.
+    estimate: float = 0.0
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def plan_probes(*, trained: float, share: float, step: float, steps_per_execution: int = 1, setup: float = 0.0,
+                input_setups: int = 3, input_wanted: bool = True, reduction_wanted: bool = False,
+                larger_k_wanted: bool = False) -> ProbePlan:
+    """The probes that fit in ``share`` of ``trained`` seconds, most telling first: input, reduction, larger K.
+
+    Pure, and fed with figures every worker agreed on, so every worker runs the same probes (their collectives
+    must match). Each probe's estimated cost is its calls at the job's ``step`` plus its fixed costs, ``setup``
+    each (``input_setups`` for the input probes: two iterators made and released; one for the all-reduce and
+    for the larger K), a fixed cost being :data:`SETUP_SHARE` of ``setup``, the seconds of the job's traced first
+    execution. A probe that would take the probes past the budget is left out, and says so.
+    """
+    budget = max(share * trained, 0.0)
+    call = step * steps_per_execution
+    setup = max(setup * SETUP_SHARE, SETUP_FLOOR)
+    aim = min(PROBE_SECONDS, budget / 6)  # about six timed series share the budget
+    executions = probe_count(call, 3, 20, aim)
+    input_batches = probe_count(step, 3, 50, aim)
+    reduce_rounds = probe_count(step, 3, 20, aim)
+    costs = {
+        "input": input_setups * setup + 2 * (executions + 1) * call + (input_batches + 1) * step,
+        "reduction": setup + 2 * (reduce_rounds + 1) * step,
+        "larger K": setup + (executions + 1) * call,
+    }
+    wanted = {"input": input_wanted, "reduction": reduction_wanted, "larger K": larger_k_wanted}
+    chosen: dict[str, bool] = {}
+    skipped: dict[str, str] = {}
+    spent = 0.0
+    for name, cost in costs.items():
+        wanted["larger K"] = larger_k_wanted and chosen.get("input", False)  # it times against the cached step
+        chosen[name] = wanted[name] and spent + cost <= budget
+        if chosen[name]:
+            spent += cost
+        elif wanted[name]:
+            skipped[name] = (f"would cost about {cost:.2g} s, past the probes' budget of {budget:.2g} s "
+                             f"({share:.0%} of the {trained:.3g} s trained)")
+    return ProbePlan(budget=budget, share=share, trained=trained, executions=executions, input_batches=input_batches,
+                     reduce_rounds=reduce_rounds, input=chosen["input"], reduction=chosen["reduction"],
+                     larger_k=chosen["larger K"], estimate=spent, skipped=skipped)

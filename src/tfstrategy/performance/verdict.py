@@ -86,8 +86,14 @@ class Measurements:
     not_probed: dict[str, str] = field(default_factory=dict)
 
 
+#: The verdict when the probes did not run: the step is timed but not split.
+UNSPLIT = "unsplit"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Recommendation:
+    #: The part of a step it addresses: one of :data:`PARTS`, or :data:`UNSPLIT` (let the probes run).
+    part: str
     action: str
     why: str
     #: Expected speed-up of examples per second (an upper bound where it says "up to").
@@ -113,8 +119,9 @@ class Report:
         return {
             "worker": m.worker, "workers": m.workers, "replicas": m.replicas, "global_batch": m.global_batch,
             "steps_per_execution": m.steps_per_execution, "steps": m.steps, "seconds": m.seconds,
-            "examples_per_second": self.examples_per_second,
-            "worker_examples_per_second": self.examples_per_second / m.workers,
+            # This worker's steps times the global batch over its own seconds in them: the job's throughput,
+            # once, is in the job's report (performance.job).
+            "timed_examples_per_second": self.examples_per_second,
             "step_seconds": {"median": self.median, "p90": self.p90},
             "shares": self.shares, "bottleneck": self.bottleneck,
             "recommendations": [asdict(r) for r in self.recommendations],
@@ -136,13 +143,14 @@ class Report:
             f"tfstrategy performance report ({who}, {m.replicas} replica{'s' if m.replicas != 1 else ''} in sync, "
             f"steps_per_execution={m.steps_per_execution}): {m.steps} steps in {m.seconds:.1f} s",
             f"  {self.examples_per_second:,.0f} examples/s"
-            + (f" for the job ({self.examples_per_second / m.workers:,.0f} on this worker)" if m.workers > 1 else "")
+            + (" as this worker timed its steps" if m.workers > 1 else "")
             + f"; step {self.median * 1000:.3g} ms median, {self.p90 * 1000:.3g} ms p90 "
             f"(global batch {m.global_batch})",
-            "  where a step goes: " + ", ".join(f"{part} {self.shares[part]:.0%}" for part in PARTS)
-            + f" -> {self.bottleneck}-bound",
+            "  where a step goes: " + (", ".join(f"{part} {self.shares[part]:.0%}" for part in PARTS)
+                                       + f" -> {self.bottleneck}-bound" if self.bottleneck != UNSPLIT
+                                       else "not split (the probes did not run)"),
         ]
-        lines += [f"  recommendation: {r.line()}" for r in self.recommendations]
+        lines += [f"  recommendation ({r.part}): {r.line()}" for r in self.recommendations]
         skipped = "; ".join(f"{name}: {why}" for name, why in m.not_probed.items())
         cost = f"  report cost: probes {m.probe_seconds:.2f} s"
         if m.seconds > 0:
@@ -210,21 +218,23 @@ def _input_fix(ops: Sequence[str]) -> str:
     return "cache() the data after its expensive steps if it fits in memory, or give the input more CPU"
 
 
-def recommendations(split: dict[str, float], m: Measurements, step: float) -> tuple[Recommendation, ...]:
-    """At most two, the largest share first, each with its expected gain."""
+def recommendations(split: dict[str, float], m: Measurements, step: float,
+                    bottleneck: str | None = None) -> tuple[Recommendation, ...]:
+    """At most two, each with its expected gain: the bottleneck's first, then the largest other share."""
+    bottleneck = bottleneck or max(PARTS, key=lambda part: split[part])
     found: list[tuple[float, Recommendation]] = []
-    if split["input"] >= WORTH_FIXING:
+    if split["input"] >= WORTH_FIXING or bottleneck == "input":
         rest = step * (1 - split["input"])
         # Input spread over every core and overlapped with the step: the step then takes the longer of the two.
         floor = max(rest, (m.input_batch or 0.0) / max(m.cores, 1))
         found.append((split["input"], Recommendation(
-            action=_input_fix(m.pipeline_ops),
+            part="input", action=_input_fix(m.pipeline_ops),
             why=f"each step waits {split['input']:.0%} of its time for input"
                 + (f" (the pipeline alone takes {m.input_batch * 1000:.3g} ms a batch)"
                    if m.input_batch else "")
                 + f"; run in parallel on the {m.cores} core(s) and overlapped with the step, at best",
             expected_gain=step / floor if floor > 0 else None)))
-    if split["dispatch"] >= WORTH_FIXING / 2:
+    if split["dispatch"] >= WORTH_FIXING / 2 or bottleneck == "dispatch":
         k = m.larger_k[0] if m.larger_k else 4 * m.steps_per_execution
         saved = m.outside * (1 - m.steps_per_execution / k)
         evidence = f"{m.outside * 1000:.3g} ms a step go between calls (Keras' loop and callbacks)"
@@ -233,37 +243,68 @@ def recommendations(split: dict[str, float], m: Measurements, step: float) -> tu
             evidence += (f"; a step on one cached batch took {m.synthetic_fastest * 1000:.3g} ms at "
                          f"K={m.steps_per_execution} and {m.larger_k[1] * 1000:.3g} ms at K={k}")
         found.append((split["dispatch"], Recommendation(
-            action=f"compile with steps_per_execution={k}",
+            part="dispatch", action=f"compile with steps_per_execution={k}",
             why=f"per-call costs are {split['dispatch']:.0%} of a step at K={m.steps_per_execution}: {evidence}",
             expected_gain=step / (step - saved) if 0 < saved < step else None)))
-    if split["reduction"] >= WORTH_FIXING and (m.replicas > 1 or m.workers > 1):
-        r, c = split["reduction"] * step, split["compute"] * step
-        if m.workers > 1 and r > (m.workers - 1) * c:
-            found.append((split["reduction"], Recommendation(
-                action=f"train on fewer workers (one worker with the same global batch: {m.workers}x its compute, "
-                       "no cross-worker reduction)",
-                why=f"the model is latency-bound: the all-reduce ({r * 1000:.3g} ms) outweighs {m.workers - 1}x the "
-                    f"compute of a step ({c * 1000:.3g} ms)",
-                expected_gain=(r + c) / (m.workers * c) if c > 0 else None)))
-        found.append((split["reduction"] * 0.99, Recommendation(
-            action="double the per-replica batch (and the global batch with it)",
-            why=f"the all-reduce of the gradients is {split['reduction']:.0%} of a step and costs the same at any "
-                "batch, so twice the examples per step pay it half as often",
-            expected_gain=2 * (r + c) / (r + 2 * c))))
-    if not found and split["compute"] >= 0.5:
+    if split["reduction"] >= WORTH_FIXING and (m.replicas > 1 or m.workers > 1) or bottleneck == "reduction":
+        found += _reduction_fixes(split, m, step)
+    if bottleneck == "compute" or not found and split["compute"] >= 0.5:
+        others = [part for part, _ in found]
         found.append((split["compute"], Recommendation(
-            action="nothing in the input or the reduction to fix: more replicas or workers at the same "
-                   "per-replica batch, a faster device, or mixed precision on GPUs (--precision mixed_float16)",
+            part="compute",
+            action=("the model's own work is the largest part: " if others else
+                    "nothing in the input or the reduction to fix: ")
+            + "more replicas or workers at the same per-replica batch, a faster device, or mixed precision on "
+              "GPUs (--precision mixed_float16)",
             why=f"compute is {split['compute']:.0%} of a step")))
-    found.sort(key=lambda pair: -pair[0])
+    # The bottleneck's recommendations first (the verdict names it), then the others by the share they address.
+    found.sort(key=lambda pair: (pair[1].part != bottleneck, -pair[0]))
     return tuple(recommendation for _, recommendation in found[:2])
+
+
+def _reduction_fixes(split: dict[str, float], m: Measurements, step: float) -> list[tuple[float, Recommendation]]:
+    """Fewer workers when the all-reduce outweighs the compute it splits; a larger batch, always."""
+    r, c = split["reduction"] * step, split["compute"] * step
+    found: list[tuple[float, Recommendation]] = []
+    if m.workers > 1 and r > (m.workers - 1) * c:
+        found.append((split["reduction"], Recommendation(
+            part="reduction",
+            action=f"train on fewer workers (one worker with the same global batch: {m.workers}x its compute, "
+                   "no cross-worker reduction)",
+            why=f"the model is latency-bound: the all-reduce ({r * 1000:.3g} ms) outweighs {m.workers - 1}x the "
+                f"compute of a step ({c * 1000:.3g} ms)",
+            expected_gain=(r + c) / (m.workers * c) if c > 0 else None)))
+    found.append((split["reduction"] * 0.99, Recommendation(
+        part="reduction", action="double the per-replica batch (and the global batch with it)",
+        why=f"the all-reduce of the gradients is {split['reduction']:.0%} of a step and costs the same at any "
+            "batch, so twice the examples per step pay it half as often",
+        expected_gain=2 * (r + c) / (r + 2 * c) if r + 2 * c > 0 else None)))
+    return found
+
+
+def is_split(m: Measurements) -> bool:
+    """Whether the probes split the step: a step on one cached batch, or a custom loop's timed wait."""
+    return m.synthetic is not None or m.waited is not None
+
+
+def unsplit_recommendation(m: Measurements) -> Recommendation:
+    """What to do when the probes did not run: let them."""
+    budget = [reason for reason in m.not_probed.values() if "budget" in reason]
+    why = ("the probes would have cost more than they may" if budget else "the probes did not run")
+    return Recommendation(part=UNSPLIT, action="let the probes run: train longer before the report, or allow them a "
+                          "larger share of it (TFSTRATEGY_PROFILE_PROBES, performance_report(probe_share=...))",
+                          why=f"the step was timed but not split: {why} (the report's last line says why)")
 
 
 def verdict(m: Measurements) -> Report:
     """The report: step statistics, shares, the bottleneck and the recommendations."""
     median = statistics.median(m.step_seconds)
     split = shares(median, m)
-    bottleneck = max(PARTS, key=lambda part: split[part])
     per_second = m.steps * m.global_batch / m.seconds if m.seconds > 0 else 0.0
+    if is_split(m):
+        bottleneck = max(PARTS, key=lambda part: split[part])
+        advice = recommendations(split, m, median, bottleneck)
+    else:
+        bottleneck, advice = UNSPLIT, (unsplit_recommendation(m),)
     return Report(measurements=m, median=median, p90=percentile(m.step_seconds, 90), examples_per_second=per_second,
-                  shares=split, bottleneck=bottleneck, recommendations=recommendations(split, m, median))
+                  shares=split, bottleneck=bottleneck, recommendations=advice)

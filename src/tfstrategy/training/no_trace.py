@@ -89,6 +89,35 @@ def pipeline_ops(dataset: Any) -> tuple[str, ...]:
         return ()
 
 
+#: ``tf.data`` operations that batch, their batch size the second input.
+_BATCH_OPS = ("BatchDataset", "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2", "ParallelBatchDataset")
+
+
+def _name(reference: str) -> str:
+    return reference.lstrip("^").split(":")[0]
+
+
+def pipeline_batch(dataset: Any) -> int | None:
+    """The batch size of a ``tf.data`` pipeline's outermost batch, read from its graph (no element made), or None.
+
+    Reading a batch would run the pipeline (on a slow ``map``, a fifth of a second to make its iterator and batch).
+    """
+    try:
+        graph = _graph(dataset)
+        nodes = {node.name: node for node in graph.node}
+        consumed = {_name(reference) for node in graph.node for reference in node.input}
+        node = next((node for node in graph.node if node.op == "_Retval" or "Dataset" in node.op
+                     and node.name not in consumed), None)  # the pipeline's output, then down its inputs
+        while node is not None and node.op not in _BATCH_OPS:
+            node = nodes.get(_name(node.input[0])) if node.input else None
+        if node is None:
+            return None
+        size = int(tf().make_ndarray(nodes[_name(node.input[1])].attr["value"].tensor))
+        return size if size > 0 else None
+    except Exception:  # noqa: BLE001 - no graph, no batch size: the caller reads a batch when it probes
+        return None
+
+
 def dataset_copy(dataset: Any) -> tuple[Any, str | None]:
     """A copy of ``dataset`` whose iteration leaves the original's shuffle order alone, or why there is none.
 
