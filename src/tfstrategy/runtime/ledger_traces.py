@@ -148,4 +148,42 @@ def fingerprint_traces() -> str:
     install_rewrite(Rewrite("ledger_traces", distribute, {"Strategy.run": _fingerprinting},
                             detail="each traced Strategy.run (Keras' train function, a custom loop) is fingerprinted "
                                    "for the worker's ledger"))
+    install_rewrite(Rewrite("ledger_weights", _keras_layers, {"Layer.add_weight": _recording_weights},
+                            detail="each Keras weight's name and shape, for the worker's ledger (workers that build "
+                                   "different models are told apart before their first trace)"))
+    return ", the fingerprints of traced functions and the model's weights"
+
+
+def _keras_layers() -> Any:
+    """``keras.layers`` when Keras 3 runs on TensorFlow (a ``tf_keras`` model's weights are not recorded)."""
+    try:
+        import keras
+
+        return keras.layers if keras.backend.backend() == "tensorflow" else None
+    except ImportError:
+        return None
+
+
+def _recording_weights(original: Callable[..., Any]) -> Callable[..., Any]:
+    import inspect
+
+    signature = inspect.signature(original)
+
+    def add_weight(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from tfstrategy.runtime.ledger import current_keeper
+
+        keeper = current_keeper()
+        if keeper is not None:
+            try:
+                bound = signature.bind(self, *args, **kwargs).arguments
+                shape = bound.get("shape")
+                keeper.weight_created(f"{getattr(self, 'name', '?')}/{bound.get('name') or 'weight'}",
+                                      str(tuple(shape) if shape is not None else ()))
+            except Exception:  # the ledger must never break the user's model
+                pass
+        return original(self, *args, **kwargs)
+
+    add_weight.__wrapped__ = original  # type: ignore[attr-defined]
+    add_weight.__doc__ = original.__doc__
+    return add_weight
     return ", the fingerprint of each traced train/eval function"
