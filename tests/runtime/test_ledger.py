@@ -184,6 +184,8 @@ def test_the_models_weights_are_in_the_ledger_as_keras_creates_them(tmp_path, mo
     monkeypatch.setattr(ledger_module, "_KEEPER", [keeper])
     fingerprint_traces()
     try:
+        with tf.distribute.get_strategy().scope():  # the first scope() hooks Keras' weights
+            pass
         keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="hidden"), keras.layers.Dense(1, name="out")])
     finally:
         remove_rewrites()
@@ -306,7 +308,8 @@ def counted(kept):
 
 def test_the_keras_callbacks_feed_the_ledger_in_a_real_fit(counted):
     keeper = current_keeper()
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="dense")])
+    with tf.distribute.get_strategy().scope():  # where a model is built (the first scope() hooks its weights)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="dense")])
     model.compile(optimizer="sgd", loss="mse")
     fit = model.fit
     x, y = np.zeros((40, 3), "float32"), np.zeros((40, 1), "float32")
