@@ -151,7 +151,7 @@ def test_input_read_inside_the_step_is_the_time_the_heartbeat_saw_tf_data_run_th
     keeper = LedgerKeeper(tmp_path / "w.progress.ledger", clock=clock, cpu_clock=cpu, wall=lambda: 1e9,
                           frame=lambda: "", reading_input=lambda: reading[0], write=lambda path, ledger: None)
     keeper.epoch_begins(0)
-    for step in range(8):  # fit: the next batch is read inside the step, no time between steps
+    for _ in range(8):  # fit: the next batch is read inside the step, no time between steps
         keeper.batch_begins()
         for tick in range(4):  # 4 samples a step, 0.1 s apart; the generator seen in 3 of them
             reading[0] = tick > 0
