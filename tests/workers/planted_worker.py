@@ -30,6 +30,11 @@ BATCHES, SLOW_SECONDS = 8, 0.2
 SLOW_EPOCHS = 10
 
 
+def planted_now(cause: str) -> None:
+    """Say when the cause happens (wall clock), for the time from the cause to the launcher's diagnosis."""
+    print(f"planted {cause} at {time.time():.3f}", flush=True)
+
+
 def main() -> None:
     cause = sys.argv[1]
     if cause not in CAUSES:
@@ -37,7 +42,7 @@ def main() -> None:
     index = int(os.environ["TFSTRATEGY_WORKER_INDEX"])
     planted = index == 1
     if planted and cause in ("exit0", "exit1"):
-        print(f"worker 1 leaves before joining ({cause})", flush=True)
+        planted_now(cause)
         raise SystemExit(int(cause[-1]))
 
     import keras
@@ -81,11 +86,22 @@ def main() -> None:
         return value
 
     hidden = 16 if planted and cause == "different-model" else 8
+    if planted and cause == "different-model":
+        planted_now(cause)
     with strategy.scope():
         model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(hidden), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss=loss)
     epochs = SLOW_EPOCHS if cause in ("slow-input", "slow-step") else 1
-    model.fit(dataset, epochs=epochs, verbose=0)
+
+    class Planted(keras.callbacks.Callback):
+        """Worker 1 says when its cause begins to act: its first step (its last, for uneven shards)."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            if planted and batch == (batches - 1 if cause == "uneven" else 0) and not hasattr(self, "said"):
+                self.said = True
+                planted_now(cause)
+
+    model.fit(dataset, epochs=epochs, verbose=0, callbacks=[Planted()])
     print(f"worker {index} trained ({cause})", flush=True)
 
 
