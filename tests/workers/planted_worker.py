@@ -96,8 +96,13 @@ def main() -> None:
     class Planted(keras.callbacks.Callback):
         """Worker 1 says when its cause begins to act: its first step (its last, for uneven shards)."""
 
+        def on_train_begin(self, logs=None):
+            if planted and cause == "different-step":  # it acts in the first step's trace
+                planted_now(cause)
+
         def on_train_batch_end(self, batch, logs=None):
-            if planted and batch == (batches - 1 if cause == "uneven" else 0) and not hasattr(self, "said"):
+            if planted and cause in ("uneven", "slow-input", "slow-step") and not hasattr(self, "said") \
+                    and batch == (batches - 1 if cause == "uneven" else 0):
                 self.said = True
                 planted_now(cause)
 
