@@ -185,3 +185,23 @@ def test_a_worker_whose_own_steps_are_slower_is_a_straggler_when_input_and_cpu_d
     found = _watch(10, make)
     assert [d.headline for d in found] == ["worker 1 is a straggler: its steps take 1.6x its peers' time (0.32 s "
                                            "against 0.20 s)"]
+
+
+def _built(*weights: tuple[str, str], count: int | None = None) -> Ledger:
+    """A worker still building its model: its last weights (ordinals from 1), no function traced."""
+    last = [[ordinal, name, shape] for ordinal, (name, shape) in enumerate(weights, start=1)]
+    return Ledger(frame="train.py:12 in build", extra={"weights": {"count": count or len(weights), "last": last}})
+
+
+def test_workers_that_build_different_models_are_named_with_the_first_weight_that_differs():
+    same = ("dense/kernel", "(4, 8)"), ("dense/bias", "(8,)")
+    zero = WorkerView(index=0, ledger=_built(*same, ("dense_1/kernel", "(8, 1)")), joined=True)
+    one = WorkerView(index=1, ledger=_built(*same, ("dense_1/kernel", "(16, 1)")), joined=True)
+    found = diagnose([zero, one])
+    assert found is not None and found.cause == "different-models" and found.index is None
+    assert found.headline == ("workers 0 and 1 built different models: weight 3 is dense_1/kernel (8, 1) on worker 0 "
+                              "and dense_1/kernel (16, 1) on worker 1")
+    assert found.evidence[1] == "worker 1: 1: dense/kernel (4, 8), 2: dense/bias (8,), 3: dense_1/kernel (16, 1)"
+    # the same weights, one worker further along: no diagnosis (it waits in the next weight's broadcast)
+    ahead = WorkerView(index=1, ledger=_built(*same, ("dense_1/kernel", "(8, 1)"), ("dense_1/bias", "(1,)")))
+    assert diagnose([zero, ahead]) is None

@@ -18,7 +18,7 @@ from tfstrategy.launch.ledger import Ledger, ledger_path, read_ledger
 from tfstrategy.launch.reports import ProgressWriter
 from tfstrategy.runtime import RUNTIME, worker_watch
 from tfstrategy.runtime.inputs import PlanInputs
-from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper, user_frame_of
+from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper, runs_users_code_for_tf_data, user_frame_of
 from tfstrategy.runtime.ledger_traces import summarize_graph
 from tfstrategy.runtime.steps import KeepLedger
 
@@ -145,6 +145,56 @@ def test_step_input_and_cpu_seconds_per_step_come_from_the_samples(tmp_path):
     assert ledger.cpu_seconds == pytest.approx(0.05)
 
 
+def test_input_read_inside_the_step_is_the_time_the_heartbeat_saw_tf_data_run_the_users_code(tmp_path):
+    reading = [False]
+    clock, cpu = Clock(), Clock()
+    keeper = LedgerKeeper(tmp_path / "w.progress.ledger", clock=clock, cpu_clock=cpu, wall=lambda: 1e9,
+                          frame=lambda: "", reading_input=lambda: reading[0], write=lambda path, ledger: None)
+    keeper.epoch_begins(0)
+    for _ in range(8):  # fit: the next batch is read inside the step, no time between steps
+        keeper.batch_begins()
+        for tick in range(4):  # 4 samples a step, 0.1 s apart; the generator seen in 3 of them
+            reading[0] = tick > 0
+            clock.now += 0.1
+            keeper.sample()
+        cpu.now += 0.01
+        keeper.batch_ends()
+    ledger = keeper.ledger()
+    assert ledger.step_seconds == pytest.approx(0.4)
+    assert ledger.input_seconds == pytest.approx(0.3)  # inside the step: the time between steps is 0
+    assert ledger.cpu_seconds == pytest.approx(0.01)
+
+
+def test_a_from_generator_generator_runs_the_users_code_for_tf_data_and_a_plain_call_does_not():
+    def examples():
+        for _ in range(2):
+            yield runs_users_code_for_tf_data(sys._getframe())
+
+    dataset = tf.data.Dataset.from_generator(examples, output_signature=tf.TensorSpec((), tf.bool))
+    assert [bool(value) for value in dataset] == [True, True]
+    assert not runs_users_code_for_tf_data(sys._getframe())
+
+
+def test_the_models_weights_are_in_the_ledger_as_keras_creates_them(tmp_path, monkeypatch):
+    from tfstrategy.runtime import ledger as ledger_module
+    from tfstrategy.runtime.ledger_traces import fingerprint_traces
+    from tfstrategy.runtime.rewrites import remove_rewrites
+
+    keeper, _, _, written = keeper_on_fakes(tmp_path)
+    monkeypatch.setattr(ledger_module, "_KEEPER", [keeper])
+    fingerprint_traces()
+    try:
+        with tf.distribute.get_strategy().scope():  # the first scope() hooks Keras' weights
+            pass
+        keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="hidden"), keras.layers.Dense(1, name="out")])
+    finally:
+        remove_rewrites()
+    assert keeper.sample()  # a new weight is written at the next sample, not a second later
+    weights = written[-1].extra["weights"]
+    assert weights == {"count": 4, "last": [[1, "hidden/kernel", "(4, 8)"], [2, "hidden/bias", "(8,)"],
+                                            [3, "out/kernel", "(8, 1)"], [4, "out/bias", "(1,)"]]}
+
+
 def test_the_users_frame_is_the_innermost_outside_the_libraries():
     class Probe:
         def __deepcopy__(self, memo):
@@ -258,7 +308,8 @@ def counted(kept):
 
 def test_the_keras_callbacks_feed_the_ledger_in_a_real_fit(counted):
     keeper = current_keeper()
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    with tf.distribute.get_strategy().scope():  # where a model is built (the first scope() hooks its weights)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="dense")])
     model.compile(optimizer="sgd", loss="mse")
     fit = model.fit
     x, y = np.zeros((40, 3), "float32"), np.zeros((40, 1), "float32")
@@ -266,7 +317,8 @@ def test_the_keras_callbacks_feed_the_ledger_in_a_real_fit(counted):
     ledger = keeper.ledger()
     assert (ledger.epoch, ledger.batches, ledger.steps, ledger.total_steps) == (1, 5, 5, 10)
     assert ledger.extra == {"loop": "fit", "epoch_steps": 5, "in_batch": False, "call": None,
-                            "tracing": None}
+                            "tracing": None, "weights": {"count": 2, "last": [[1, "dense/kernel", "(3, 1)"],
+                                                                              [2, "dense/bias", "(1,)"]]}}
     assert ledger.end_of_data == ()
     assert [trace.kind for trace in ledger.functions] == ["train"] and ledger.functions[0].step == 0
 

@@ -7,6 +7,7 @@ first that fits wins, each one a cause no stack shows):
 
 - a worker exited (any status) before joining: the job cannot form;
 - a worker is stopped (SIGSTOP, a debugger): its peers wait for it;
+- the workers built different models: a weight differs (its broadcast, before any trace, never meets);
 - the shards are uneven: one worker ran out of data a batch before its peers;
 - the workers traced different train functions: their collectives never meet;
 - the shards are uneven: one worker plans fewer steps in the epoch than its peers (Keras knows it).
@@ -59,7 +60,7 @@ class WorkerView:
 class Diagnosis:
     """The cause of a hang or an abort: one line naming the worker and the reason, then the evidence."""
 
-    #: ``early-exit``, ``stopped``, ``different-functions``, ``uneven-shards`` or ``straggler``.
+    #: ``early-exit``, ``stopped``, ``different-models``, ``different-functions``, ``uneven-shards`` or ``straggler``.
     cause: str
     #: The worker named (``None`` when it names several).
     index: int | None
@@ -73,7 +74,7 @@ class Diagnosis:
 
 def diagnose(views: Sequence[WorkerView]) -> Diagnosis | None:
     """The cause the ledgers and states show, or ``None`` (no cause the launcher can name: say what it saw)."""
-    for check in (_early_exit, _stopped, _ran_out_unevenly, _different_functions, _uneven_plans):
+    for check in (_early_exit, _stopped, _different_models, _ran_out_unevenly, _different_functions, _uneven_plans):
         found = check(views)
         if found is not None:
             return found
@@ -137,6 +138,23 @@ def _different_functions(views: Sequence[WorkerView]) -> Diagnosis | None:
                 what = "train functions" if kind == "train" else f"{kind} functions"
                 return Diagnosis("different-functions", None,
                                  f"workers {first} and {second} traced different {what} (step {a.step + 1})", evidence)
+    return None
+
+
+def _different_models(views: Sequence[WorkerView]) -> Diagnosis | None:
+    """Two workers whose n-th model weight differs in name or shape: its broadcast (at creation) never meets."""
+    built = [(v.index, weights) for v in views if (weights := _weights(v))]
+    for (first, mine), (second, theirs) in zip(built, built[1:]):
+        for ordinal in sorted(mine.keys() & theirs.keys()):
+            if mine[ordinal] == theirs[ordinal]:
+                continue
+            (name, shape), (other_name, other_shape) = mine[ordinal], theirs[ordinal]
+            what = (f"weight {ordinal} is {name} {shape} on worker {first} and {other_name} {other_shape} on worker "
+                    f"{second}")
+            return Diagnosis("different-models", None, f"workers {first} and {second} built different models: {what}", (
+                f"worker {first}: {_weights_line(mine)}", f"worker {second}: {_weights_line(theirs)}",
+                "each weight is broadcast from worker 0 when it is created: every worker must build the same "
+                "model (look for code that depends on the worker's index, its host or its data)"))
     return None
 
 
@@ -279,6 +297,20 @@ def _input_wait(ledger: Ledger) -> float | None:
         return ledger.input_seconds
     value = ledger.extra.get("outside_seconds")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _weights(view: WorkerView) -> dict[int, tuple[str, str]]:
+    """The last model weights ``view``'s worker created, by ordinal: ``{3: ("dense/kernel", "(4, 8)")}``."""
+    record = None if view.ledger is None else view.ledger.extra.get("weights")
+    last = record.get("last") if isinstance(record, dict) else None
+    if not isinstance(last, list):
+        return {}
+    return {int(item[0]): (str(item[1]), str(item[2])) for item in last
+            if isinstance(item, list) and len(item) == 3 and isinstance(item[0], int)}
+
+
+def _weights_line(weights: dict[int, tuple[str, str]]) -> str:
+    return ", ".join(f"{ordinal}: {name} {shape}" for ordinal, (name, shape) in sorted(weights.items()))
 
 
 def _planned(view: WorkerView) -> int | None:

@@ -56,11 +56,12 @@ class LedgerKeeper:
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.perf_counter,
                  cpu_clock: Callable[[], float] = time.process_time, wall: Callable[[], float] = time.time,
-                 frame: Callable[[], str] | None = None,
+                 frame: Callable[[], str] | None = None, reading_input: Callable[[], bool] | None = None,
                  write: Callable[[Path, Ledger], None] = write_ledger) -> None:
         self.path = Path(path)
         self._clock, self._cpu_clock, self._wall = clock, cpu_clock, wall
         self._frame = frame if frame is not None else main_thread_user_frame
+        self._reading_input = reading_input if reading_input is not None else tf_data_runs_users_code
         self._write = write
         # The training loop's side (written by one thread, read by the heartbeat's).
         self.epoch = -1
@@ -79,8 +80,18 @@ class LedgerKeeper:
         #: The kind of function being traced now (``None``: none): a worker stuck in its trace (creating a
         #: variable the other workers never create, which waits on them) has no fingerprint, but this.
         self.tracing: str | None = None
-        # The heartbeat's side.
-        self._samples: deque[tuple[float, int, float, float]] = deque(maxlen=_WINDOW)
+        #: The model's weights created so far: their count and the last few ``(ordinal, name, shape)``.
+        #: Workers that build different models abort (or hang) in the broadcast of the first weight that
+        #: differs, before any function is traced: the last weight each created names the difference.
+        self.weights = 0
+        self.last_weights: tuple[tuple[int, str, str], ...] = ()
+        self._urgent = False
+        # The heartbeat's side: samples of (clock, total steps, outside seconds, CPU seconds, input seconds).
+        self._samples: deque[tuple[float, int, float, float, float]] = deque(maxlen=_WINDOW)
+        #: Seconds the heartbeat saw tf.data run the user's code (a ``from_generator`` generator): the input
+        #: a ``tf.function`` reads inside the step (Keras' ``fit``), which no batch callback can time.
+        self.input_seconds = 0.0
+        self._sampled_at: float | None = None
         self._written: Ledger | None = None
         self._last_frame = ""
         self._written_at = float("-inf")
@@ -149,6 +160,12 @@ class LedgerKeeper:
             self.loop = "custom"
         self.functions = (*self.functions, trace)[-_KEPT:]
 
+    def weight_created(self, name: str, shape: str) -> None:
+        """A model's weight ``name`` of ``shape`` (``"(4, 8)"``) is being created (written at the next sample)."""
+        self.weights += 1
+        self.last_weights = (*self.last_weights, (self.weights, name, shape))[-_KEPT:]
+        self._urgent = True  # its creation may be the one that waits forever (or aborts): say it at once
+
     # -- the heartbeat's side ------------------------------------------------------------------
 
     def ledger(self) -> Ledger:
@@ -158,6 +175,8 @@ class LedgerKeeper:
         extra: dict[str, object] = {"loop": self.loop, "epoch_steps": self.epoch_steps,
                                     "in_batch": self.in_batch, "call": calls[-1] if calls else None,
                                     "tracing": self.tracing}
+        if self.weights:
+            extra["weights"] = {"count": self.weights, "last": [list(weight) for weight in self.last_weights]}
         return Ledger(epoch=self.epoch, batches=self.batches, steps=self.steps, total_steps=self.total_steps,
                       end_of_data=self.end_of_data, functions=self.functions, frame=self._safe_frame(),
                       step_seconds=step, input_seconds=inside_input, cpu_seconds=cpu, extra=extra)
@@ -173,22 +192,40 @@ class LedgerKeeper:
         return self._last_frame
 
     def _rates(self) -> tuple[float | None, float | None, float | None]:
-        """Seconds per step, outside-step seconds per step and CPU seconds per step over the window."""
+        """Seconds per step, input seconds per step and CPU seconds per step over the window.
+
+        The input seconds are the larger of the time between steps (a custom loop's ``next()``, Keras'
+        callbacks) and the time the heartbeat saw tf.data run the user's code (a generator read inside the
+        step): one of the two sees a slow input, whichever loop reads it.
+        """
         if len(self._samples) < 2:
             return None, None, None
         first, last = self._samples[0], self._samples[-1]
         steps = last[1] - first[1]
         if steps <= 0:
             return None, None, None
-        return (round((last[0] - first[0]) / steps, 6), round((last[2] - first[2]) / steps, 6),
+        waited = max(last[2] - first[2], last[4] - first[4])
+        return (round((last[0] - first[0]) / steps, 6), round(waited / steps, 6),
                 round((last[3] - first[3]) / steps, 6))
+
+    def _sample_input(self, now: float) -> None:
+        """Count the time since the last sample as input if tf.data runs the user's code now."""
+        try:
+            reading = self._reading_input()
+        except Exception:  # a stack that cannot be read must not stop the heartbeat
+            reading = False
+        if reading and self._sampled_at is not None:
+            self.input_seconds += now - self._sampled_at
+        self._sampled_at = now
 
     def sample(self) -> bool:
         """Take one sample; write the ledger if it changed and the last write is old enough. Whether it wrote."""
         now = self._clock()
-        self._samples.append((now, self.total_steps, self.outside_seconds, self._cpu_clock()))
-        if now - self._written_at < WRITE_SECONDS:
+        self._sample_input(now)
+        self._samples.append((now, self.total_steps, self.outside_seconds, self._cpu_clock(), self.input_seconds))
+        if now - self._written_at < WRITE_SECONDS and not self._urgent:
             return False
+        self._urgent = False
         return self._write_if_changed(now)
 
     def flush(self) -> bool:
@@ -239,6 +276,28 @@ def user_frame_of(frame: FrameType | None) -> str:
             return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
         frame = frame.f_back
     return ""
+
+
+#: Where tf.data's Python code lives (``from_generator`` calls the user's generator from there).
+_TF_DATA = os.sep + os.path.join("tensorflow", "python", "data") + os.sep
+
+
+def runs_users_code_for_tf_data(frame: FrameType | None) -> bool:
+    """Whether ``frame``'s stack is the user's code called by tf.data (a ``from_generator`` generator)."""
+    users = False
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if _is_users(filename):
+            users = True
+        elif users and _TF_DATA in filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def tf_data_runs_users_code() -> bool:
+    """Whether a thread runs the user's code for tf.data now: the worker waits for its input inside the step."""
+    return any(runs_users_code_for_tf_data(frame) for frame in sys._current_frames().values())
 
 
 def main_thread_user_frame() -> str:

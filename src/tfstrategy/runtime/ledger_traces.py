@@ -145,7 +145,67 @@ def fingerprint_traces() -> str:
 
         return tf.distribute
 
-    install_rewrite(Rewrite("ledger_traces", distribute, {"Strategy.run": _fingerprinting},
+    install_rewrite(Rewrite("ledger_traces", distribute,
+                            {"Strategy.run": _fingerprinting, "Strategy.scope": _recording_weights_in_scope},
                             detail="each traced Strategy.run (Keras' train function, a custom loop) is fingerprinted "
-                                   "for the worker's ledger"))
+                                   "for the worker's ledger, and each Keras weight created in the strategy's scope "
+                                   "recorded"))
+    return ", the fingerprints of traced functions and the model's weights"
+
+
+def _recording_weights_in_scope(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Strategy.scope`` that, once Keras is imported, records each Keras weight created (models are built there).
+
+    The ledger step runs while TensorFlow is imported, often from inside Keras' own import: Keras'
+    layers are hooked at the first ``scope()`` instead, where the user's model is about to be built.
+    """
+
+    from tfstrategy.runtime.process import RUNTIME
+
+    def scope(self: Any) -> Any:
+        if RUNTIME.replacement("ledger_weights") is None:
+            _record_weights()
+        return original(self)
+
+    scope.__wrapped__ = original  # type: ignore[attr-defined]
+    scope.__doc__ = original.__doc__
+    return scope
+
+
+def _record_weights() -> None:
+    """Hook Keras 3's ``Layer.add_weight`` if Keras is imported and runs on TensorFlow (tf_keras: not recorded)."""
+    from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
+
+    keras = sys.modules.get("keras")
+    layers = getattr(keras, "layers", None)
+    backend = getattr(keras, "backend", None)
+    if layers is None or backend is None or backend.backend() != "tensorflow":
+        return
+    install_rewrite(Rewrite("ledger_weights", lambda: layers, {"Layer.add_weight": _recording_weights},
+                            detail="each Keras weight's name and shape, for the worker's ledger (workers that build "
+                                   "different models are told apart before their first trace)"))
+
+
+def _recording_weights(original: Callable[..., Any]) -> Callable[..., Any]:
+    import inspect
+
+    signature = inspect.signature(original)
+
+    def add_weight(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from tfstrategy.runtime.ledger import current_keeper
+
+        keeper = current_keeper()
+        if keeper is not None:
+            try:
+                bound = signature.bind(self, *args, **kwargs).arguments
+                shape = bound.get("shape")
+                keeper.weight_created(f"{getattr(self, 'name', '?')}/{bound.get('name') or 'weight'}",
+                                      str(tuple(shape) if shape is not None else ()))
+            except Exception:  # the ledger must never break the user's model
+                pass
+        return original(self, *args, **kwargs)
+
+    add_weight.__wrapped__ = original  # type: ignore[attr-defined]
+    add_weight.__doc__ = original.__doc__
+    return add_weight
     return ", the fingerprint of each traced train/eval function"
