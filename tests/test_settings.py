@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tfstrategy.errors import SettingsConflictError, StrategyError
 from tfstrategy.cli.check import _check_collective_timeout
+from tfstrategy.errors import SettingsConflictError, StrategyError
 from tfstrategy.runtime.hook_steps import WatchStrategies
 from tfstrategy.runtime.inputs import PlanInputs
 from tfstrategy.runtime.process import RUNTIME
