@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import pytest
 
+from tfstrategy.cli.check import _check_collective_timeout
 from tfstrategy.errors import SettingsConflictError, StrategyError
-from tfstrategy.selection.select import resolve_request
-from tfstrategy.settings import DEFAULT_COLLECTIVE_TIMEOUT, ENV_COLLECTIVE_TIMEOUT, resolve_collective_timeout
+from tfstrategy.runtime.hook_steps import WatchStrategies
+from tfstrategy.runtime.inputs import PlanInputs
+from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.selection.choose import Choice
+from tfstrategy.selection.select import Selection, resolve_request
+from tfstrategy.settings import (
+    DEFAULT_COLLECTIVE_TIMEOUT,
+    ENV_COLLECTIVE_TIMEOUT,
+    StrategyKind,
+    resolve_collective_timeout,
+)
+
+TWO_WORKERS = '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}'
 
 
 @pytest.mark.parametrize(
@@ -54,3 +66,54 @@ def test_request_records_where_the_timeout_came_from():
     request = resolve_request(env={ENV_COLLECTIVE_TIMEOUT: "60"})
     assert request.collective_timeout == 60.0
     assert request.sources["collective_timeout"] == f"env {ENV_COLLECTIVE_TIMEOUT}"
+
+
+def test_no_collective_timeout_by_default():
+    """TensorFlow holds a thread per collective for the timeout: a default one aborted fast jobs (upstream-bugs.md)."""
+    assert DEFAULT_COLLECTIVE_TIMEOUT is None
+    assert resolve_collective_timeout(None, {}) == (None, "default")
+    request = resolve_request(env={"TF_CONFIG": TWO_WORKERS})
+    assert request.collective_timeout is None and "collective_timeout" not in request.sources
+
+
+
+@pytest.mark.parametrize(
+    ("kind", "timeout", "cost"),
+    [
+        pytest.param(StrategyKind.MULTI_WORKER, 120.0, "collective timeout 120 s: TensorFlow keeps a thread per "
+                     "collective op alive for 120 s", id="multi-worker-timeout"),
+        pytest.param(StrategyKind.MULTI_WORKER, None, None, id="multi-worker-none"),
+        pytest.param(StrategyKind.MIRRORED, 120.0, None, id="mirrored-has-no-collective-timeout"),
+    ],
+)
+def test_explain_names_the_cost_of_a_chosen_collective_timeout(kind, timeout, cost):
+    selection = Selection(strategy=None, choice=Choice(kind=kind, reasons=("why",)), collective_timeout=timeout)
+    if cost is None:
+        assert "collective timeout" not in selection.explain()
+    else:
+        assert cost in selection.explain()
+
+
+@pytest.mark.parametrize(("timeout", "cost"), [(45.0, True), (None, False)])
+def test_exit_summary_names_the_cost_of_a_chosen_collective_timeout(timeout, cost, monkeypatch):
+    monkeypatch.setattr(RUNTIME.hook, "joined", True)
+    step = WatchStrategies(PlanInputs(consumer="hook", cluster_tasks=2, cluster_source="TF_CONFIG",
+                                      collective_timeout=timeout))
+    change = step.change()
+    assert change is not None and change.startswith("2 workers joined one MultiWorkerMirroredStrategy")
+    assert ("TensorFlow keeps a thread per collective op alive for 45 s" in change) is cost
+
+
+@pytest.mark.parametrize(
+    ("tasks", "env_value", "expected"),
+    [
+        pytest.param(2, None, 60.0, id="multi-worker-bounded-by-join-timeout"),
+        pytest.param(1, None, None, id="one-task-no-collectives-to-bound"),
+        pytest.param(2, "30", None, id="variable-decides-through-select"),
+    ],
+)
+def test_check_bounds_its_few_collectives(tasks, env_value, expected, monkeypatch):
+    monkeypatch.delenv(ENV_COLLECTIVE_TIMEOUT, raising=False)
+    if env_value is not None:
+        monkeypatch.setenv(ENV_COLLECTIVE_TIMEOUT, env_value)
+    assert _check_collective_timeout(tasks, 60.0) == expected

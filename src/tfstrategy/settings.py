@@ -83,8 +83,10 @@ ENV_HOOK_PID = "TFSTRATEGY_HOOK_PID"
 #: What the hook does with a script's device list naming a device the host lacks: stop (default) or warn.
 ENV_DEVICE_CHECK = "TFSTRATEGY_DEVICE_CHECK"
 
-#: Seconds a collective may wait for a peer when neither code nor environment says.
-DEFAULT_COLLECTIVE_TIMEOUT = 300.0
+#: Seconds a collective may wait for a peer when neither code nor environment says: none (wait, as TensorFlow
+#: does). A per-op timeout costs a thread per collective for that long (:func:`collective_timeout_cost`); a hang is
+#: caught by the launcher's stall detection instead, a dead peer by TensorFlow's coordination service heartbeat.
+DEFAULT_COLLECTIVE_TIMEOUT: float | None = None
 
 
 class StrategyKind(str, Enum):
@@ -228,7 +230,7 @@ def parse_collective_timeout(value: Any, *, name: str = "collective_timeout") ->
 def resolve_collective_timeout(
     argument: float | str | None, env: Mapping[str, str] | None = None
 ) -> tuple[float | None, str]:
-    """The collective timeout by argument > ``TFSTRATEGY_COLLECTIVE_TIMEOUT`` > 300 s, and its source.
+    """The collective timeout by argument > ``TFSTRATEGY_COLLECTIVE_TIMEOUT`` > none (wait), and its source.
 
     Raises:
         StrategyError: a value is not a valid timeout (the message names the variable if it came from there).
@@ -244,6 +246,17 @@ def resolve_collective_timeout(
     )
     name = ENV_COLLECTIVE_TIMEOUT if setting.source.startswith("env") else "collective_timeout"
     return parse_collective_timeout(setting.value, name=name), setting.source
+
+
+def collective_timeout_cost(seconds: float) -> str:
+    """The one line a chosen collective timeout adds to ``explain()`` and the exit summary: what it costs.
+
+    TensorFlow (``BaseCollectiveExecutor``) schedules a closure that sleeps out the timeout on its own thread for
+    each collective it resolves and each it runs, so a training step holds a few threads for ``seconds``: a fast
+    loop reaches thousands of threads and the process aborts (``Resource temporarily unavailable``).
+    """
+    return (f"collective timeout {seconds:g} s: TensorFlow keeps a thread per collective op alive for {seconds:g} s "
+            f"(a long, fast job can run out of threads)")
 
 
 def validate_audit_mode(mode: object, *, name: str = "--audit") -> str:

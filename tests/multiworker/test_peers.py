@@ -90,3 +90,5 @@ def test_two_checks_waiting_for_each_other_both_pass():
     for process, (stdout, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr
         assert "replicas 2" in stdout.splitlines()
+        # A job has no collective timeout by default; the check's few collectives are bounded by --join-timeout.
+        assert "collective timeout 60 s" in stdout

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import math
+import os
 import sys
 from collections.abc import Iterator
 
@@ -39,7 +40,8 @@ TensorFlow starts, so rehearse N replicas with --cpu-replicas N.
 
 With a TF_CONFIG of several tasks (MultiWorkerMirroredStrategy), the check first
 waits for the other tasks to start, at most --join-timeout seconds, and fails
-naming each task that did not.
+naming each task that did not; each of its collectives then waits at most as
+long (unless TFSTRATEGY_COLLECTIVE_TIMEOUT says otherwise).
 
 exit status: 0 every check passed, 1 a check failed (or a peer never started), 2 bad input.
 
@@ -81,6 +83,20 @@ def check_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     add_output_arguments(parser, json_help="print one JSON object instead of key value lines")
     parser.set_defaults(command=check_command)
     return parser
+
+
+def _check_collective_timeout(cluster_tasks: int, join_timeout: float) -> float | None:
+    """Bound each of the check's collectives by ``--join-timeout`` under a multi-worker cluster.
+
+    A job has no collective timeout by default (TensorFlow holds a thread per collective for that long); the
+    check runs a few collectives only, so it bounds them and fails rather than hang on a peer that died.
+    ``TFSTRATEGY_COLLECTIVE_TIMEOUT`` still decides when set (``None`` here: select() reads it).
+    """
+    from tfstrategy.settings import ENV_COLLECTIVE_TIMEOUT
+
+    if cluster_tasks <= 1 or (os.environ.get(ENV_COLLECTIVE_TIMEOUT) or "").strip():
+        return None
+    return join_timeout
 
 
 def _join_timeout(text: str) -> float:
@@ -169,8 +185,9 @@ def _check(args: argparse.Namespace) -> int:
         except PeerTimeoutError as error:
             print(f"tfstrategy check: failed: {error}", file=sys.stderr)
             return 1
+    timeout = _check_collective_timeout(request.cluster_tasks, args.join_timeout)
     selection = select(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas,
-                       precision=args.precision)
+                       precision=args.precision, collective_timeout=timeout)
     report = run_check(selection)
     if args.equivalence:
         from tfstrategy.diagnostics.equivalence import add_equivalence

@@ -42,7 +42,7 @@ DESCRIPTION = textwrap.dedent(
     TF_CONFIG naming free ports on 127.0.0.1, so tf.distribute.MultiWorkerMirroredStrategy()
     (or tfstrategy.select()) in it forms the job, and a start-up hook gives every
     Python worker tfstrategy's side: the Keras workarounds its release needs, the
-    "joined" signal, a collective timeout, and a scope audit before fit (--audit).
+    "joined" signal, and a scope audit before fit (--audit).
     Output lines are prefixed '[worker i]'. Worker 0's progress bar is live (on a
     terminal), a line every worker prints is shown once, and TensorFlow's shutdown
     noise stays in the log files (--console-workers, --debug).

@@ -21,8 +21,9 @@ Under Ray, stopping and restarting workers is Ray's: after a failure the group
 restarts from the last committed checkpoint (within ``max_failures``). So
 :func:`tfstrategy.preemption_callbacks` is not used there; it refuses to run in
 the non-main thread Ray trains in. A SIGTERM sent to one worker process is not
-acted on while it trains (Ray handles it in the worker's main thread); the
-collective timeout of :func:`tfstrategy.select` bounds how long its peers wait.
+acted on while it trains (Ray handles it in the worker's main thread); its peers
+wait for it unless ``collective_timeout`` bounds the wait (none by default: TensorFlow
+holds a thread per collective for that long, so keep it for slow steps).
 
 Install with ``pip install 'tfstrategy[ray]'``. Importing tfstrategy never
 imports Ray; this module imports it when called.

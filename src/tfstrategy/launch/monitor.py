@@ -339,7 +339,7 @@ class GroupMonitor:
         """Every worker inside its first batch, or not yet begun it, for long: said once, with stacks; never a failure.
 
         The first batch traces and compiles the step, which may take minutes on a large model, so
-        nobody is blamed and nothing is stopped (the collective timeout still ends a real hang). But
+        nobody is blamed and nothing is stopped (only a collective timeout, if the user set one, ends it). But
         workers that built different train functions wait there forever for collectives that never
         meet, and their stacks show it at once.
         """
@@ -381,7 +381,7 @@ class GroupMonitor:
         alive = self._alive()
         tracked = [w for w in alive if w.heartbeat >= 0]
         if not tracked:
-            return  # no worker reports progress (not Python, or no hook): the collective timeout decides
+            return  # no worker reports progress (not Python, or no hook): TensorFlow's heartbeats (or a set timeout) decide
         found: list[tuple[_Worker, str, float]] = []
         for w in tracked:
             if w.stopped_since is not None and now - w.stopped_since > 1.0:

@@ -54,15 +54,20 @@ class WatchStrategies(Step):
     rewrites = True
 
     def detail(self) -> str:
-        return ("name every strategy created in the summary; MultiWorkerMirroredStrategy signals the launcher and "
-                "gets the collective timeout")
+        return ("name every strategy created in the summary; MultiWorkerMirroredStrategy signals the launcher (and "
+                "gets the collective timeout, if one is set)")
 
     def change(self) -> str | None:
         from tfstrategy.runtime.process import RUNTIME
 
         if not (self.inputs.multi_worker and RUNTIME.hook.joined):
             return None
-        return f"{self.inputs.cluster_tasks} workers joined one MultiWorkerMirroredStrategy"
+        joined = f"{self.inputs.cluster_tasks} workers joined one MultiWorkerMirroredStrategy"
+        if self.inputs.collective_timeout is None:
+            return joined
+        from tfstrategy.settings import collective_timeout_cost
+
+        return f"{joined}; {collective_timeout_cost(self.inputs.collective_timeout)}"
 
     def _take(self) -> str | None:
         from tfstrategy.runtime.hook_strategies import watch_strategies

@@ -227,7 +227,8 @@ def watch_strategies(timeout: float | None) -> str:
             bound = signature.bind(self, *args, **kwargs)
             options = bound.arguments.get("communication_options")
             if timeout is not None and getattr(options, "timeout_seconds", None) is None:
-                # A stalled peer then fails the job after the timeout instead of hanging it forever.
+                # Only when asked for (TFSTRATEGY_COLLECTIVE_TIMEOUT): TensorFlow holds a thread per collective for
+                # the timeout, so a default one would exhaust a fast job's threads (docs/reference/upstream-bugs.md).
                 default = distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
                 bound.arguments["communication_options"] = default if options is None else options.merge(default)
             signal_starting()

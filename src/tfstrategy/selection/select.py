@@ -26,7 +26,7 @@ from tfstrategy.selection.choose import Choice, choose
 from tfstrategy.selection.devices import DeviceSpec
 from tfstrategy.selection.host import HostInfo
 from tfstrategy.selection.strategies import build
-from tfstrategy.settings import StrategyKind
+from tfstrategy.settings import StrategyKind, collective_timeout_cost
 
 __all__ = ["Request", "Selection", "resolve_request", "select"]
 
@@ -42,6 +42,8 @@ class Selection:
     steps: tuple[tuple[str, str], ...] = ()
     #: What each Keras workaround found and installed (see :mod:`tfstrategy.patches`).
     patches: tuple[PatchStatus, ...] = ()
+    #: The multi-worker collective timeout asked for (seconds), ``None`` when collectives wait without one.
+    collective_timeout: float | None = None
 
     @property
     def kind(self) -> StrategyKind:
@@ -63,6 +65,8 @@ class Selection:
         if settings:
             parts.append(settings)
         parts.extend(f"{name}: {done}" for name, done in self.steps)
+        if self.collective_timeout is not None and self.kind is StrategyKind.MULTI_WORKER:
+            parts.append(collective_timeout_cost(self.collective_timeout))
         return "; ".join(parts)
 
 
@@ -106,7 +110,7 @@ def select(
     Each argument left as ``None`` falls back to its ``TFSTRATEGY_*`` variable
     (``TFSTRATEGY_STRATEGY``, ``TFSTRATEGY_DEVICES``, ``TFSTRATEGY_CPU_REPLICAS``,
     ``TFSTRATEGY_COLLECTIVE_TIMEOUT``), then to the default: ``auto`` on every
-    visible GPU or the CPU, and a 300 s collective timeout. Inside a Slurm job
+    visible GPU or the CPU, and no collective timeout. Inside a Slurm job
     step of 2+ tasks without ``TF_CONFIG`` (``srun python train.py``), ``auto``
     is MultiWorkerMirroredStrategy over the step's tasks.
 
@@ -118,7 +122,8 @@ def select(
             them as replicas. Must come before anything runs a TensorFlow op
             (importing TensorFlow first is fine).
         collective_timeout: seconds a multi-worker collective may wait for a
-            peer before raising; ``"none"`` waits forever.
+            peer before raising; ``"none"`` (the default) waits, as TensorFlow
+            does: TensorFlow keeps a thread per collective op for that long.
         precision: the Keras global dtype policy to set before the model is
             built: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``
             (``TFSTRATEGY_PRECISION``; default: leave Keras' policy alone).
@@ -152,4 +157,5 @@ def select(
     steps += plan.take("keras")
     patched = plan.step("apply_patches")
     patches = patched.statuses if isinstance(patched, ApplyPatches) else ()
-    return Selection(strategy=strategy, choice=choice, sources=request.sources, steps=tuple(steps), patches=patches)
+    return Selection(strategy=strategy, choice=choice, sources=request.sources, steps=tuple(steps), patches=patches,
+                     collective_timeout=request.collective_timeout)
