@@ -320,7 +320,10 @@ def test_the_keras_callbacks_feed_the_ledger_in_a_real_fit(counted):
                             "tracing": None, "weights": {"count": 2, "last": [[1, "dense/kernel", "(3, 1)"],
                                                                               [2, "dense/bias", "(1,)"]]}}
     assert ledger.end_of_data == ()
-    assert [trace.kind for trace in ledger.functions] == ["train"] and ledger.functions[0].step == 0
+    # One train function, or two when an earlier select() applied the steps_per_execution patch
+    # (it traces a one-step and a multi-step function): all traced before the first step.
+    assert {trace.kind for trace in ledger.functions} == {"train"}
+    assert all(trace.step == 0 for trace in ledger.functions)
 
     # A dataset of unknown length: each epoch ends inside a begun batch (after fit's validation, too).
     rows = tf.data.Dataset.from_tensor_slices((x[:12], y[:12]))
