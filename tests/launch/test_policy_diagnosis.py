@@ -68,6 +68,20 @@ def test_different_train_functions_are_named_when_every_worker_waits_in_its_firs
     assert "  worker 1: Sequential: 4 variables, 4 collective(s) a step [fingerprint f1]" in err
 
 
+def test_different_train_functions_in_the_first_batch_fail_the_job_at_the_stall_timeout():
+    """No collective timeout ends it (TensorFlow's threads, see upstream-bugs): the launcher does."""
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet, steps=0)
+        for worker in fleet.attempts[0]:
+            worker.ledger = Ledger(epoch=0, batches=1, functions=(FunctionTrace(
+                kind="train", fingerprint=f"f{worker.index}", collectives=2 + worker.index, summary="Sequential"),))
+
+    result, err, fleet, clock = _run(scenario, stall_report=5, stall_timeout=20)
+    assert (result.returncode, result.reason) == (125, EndReason.STALLED)
+    assert _headline(err) == "tfstrategy launch: workers 0 and 1 traced different train functions (step 1)"
+    assert all(worker.stacks_dumped == 1 for worker in fleet.attempts[0])
+
+
 def _pace(fleet: Fleet, now: float, *, slow_input: float) -> None:
     """Every worker trains; worker 1 waits ``slow_input`` s a step for its input, its peers 2 ms."""
     steps = int(now * 5)

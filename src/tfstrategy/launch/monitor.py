@@ -40,6 +40,9 @@ from tfstrategy.worker_contract import stop_line
 
 __all__ = ["Policy", "Observation", "Decision", "GroupMonitor"]
 
+#: Diagnoses whose workers wait for collectives that never meet: no longer tracing, a stall.
+NEVER_MEET = frozenset({"different-functions", "different-models"})
+
 #: Every worker inside the first batch this many stall thresholds long is said (tracing takes long).
 FIRST_BATCH_FACTOR = 3
 
@@ -334,14 +337,14 @@ class GroupMonitor:
 
     # --- stalls -----------------------------------------------------------------------------------
 
-    def _first_batch(self, now: float, decision: Decision, counted: list[_Worker], since: float,
+    def _first_batch(self, now: float, wall: float, decision: Decision, counted: list[_Worker], since: float,
                      threshold: float) -> None:
-        """Every worker inside its first batch, or not yet begun it, for long: said once, with stacks; never a failure.
+        """Every worker inside its first batch, or not yet begun it, for long: said once, with stacks.
 
         The first batch traces and compiles the step, which may take minutes on a large model, so
-        nobody is blamed and nothing is stopped (only a collective timeout, if the user set one, ends it). But
-        workers that built different train functions wait there forever for collectives that never
-        meet, and their stacks show it at once.
+        nobody is blamed and nothing is stopped. But workers whose ledgers show different train
+        functions or models wait there forever for collectives that never meet: that is a stall,
+        which fails the job at ``--stall-timeout`` (TensorFlow has no collective timeout by default).
         """
         waited = now - since
         if self._first_batch_said or waited <= FIRST_BATCH_FACTOR * threshold:
@@ -355,6 +358,11 @@ class GroupMonitor:
             decision.notes.append("stall: " + "\n  ".join(found.lines()) + f"\n  what the launcher saw: every worker "
                                   f"has been inside its first batch for {waited:.0f} s; every worker's Python stack "
                                   "follows in its output")
+            if found.cause in NEVER_MEET:
+                named = next((w for w in counted if w.index == found.index), counted[0])
+                named.stall = f"waits inside its first batch for collectives that never meet ({found.headline})"
+                named.state, named.stall_wall = WorkerState.STALLED, wall - waited
+                self.stall_seconds.append(waited)
             return
         later = [str(w.index) for w in counted if not w.in_step]
         if later:  # a peer slower to start (a loaded machine, a large input pipeline), or stuck before fit
@@ -414,7 +422,7 @@ class GroupMonitor:
                             "with no progress (a stuck input pipeline or collective)")
                     found.append((w, what, last_advance))
         if not found and counted and len(counted) == len(tracked):
-            self._first_batch(now, decision, counted, last_advance, threshold)
+            self._first_batch(now, wall, decision, counted, last_advance, threshold)
         for w, why, since in found:
             if w.stall is None:
                 w.stall, w.state, w.stall_wall = why, WorkerState.STALLED, wall - (now - since)
