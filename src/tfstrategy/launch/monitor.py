@@ -11,8 +11,9 @@ transitions (ARCHITECTURE.md has the table):
 - running -> stalled: no heartbeat for ``heartbeat_timeout`` (stopped, frozen), or outside its
   step while a peer waits inside one, with no progress for ``max(stall_report, stall_factor x
   step time)``; stalled -> running when it advances again. Before any batch is done, every worker
-  inside its first batch (or not yet begun it) for 3 thresholds is said once, with stacks, and never
-  failed (tracing, and a slow start on a loaded machine, may take that long);
+  inside its first batch (or not yet begun it) for 3 thresholds is said once, with stacks, and not
+  failed (tracing, and a slow start on a loaded machine, may take that long), unless the ledgers show
+  different train functions or models: then it is a stall;
 - any -> succeeded / failed on exit. A worker that exits 0 while a peer waits for it is a failure
   at once: "left the job early". Before it joined, every peer creating its strategy or past it
   waits (the job can never form); after, a peer inside a step past the ones it ran. A peer
