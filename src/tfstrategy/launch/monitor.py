@@ -113,6 +113,8 @@ class _Worker:
     stall_wall: float = 0.0
     left_early: str | None = None
     ledger: Ledger | None = None
+    #: It signalled that it creates its strategy (the hook's ``.starting`` marker): it signals joining too.
+    hooked: bool = False
 
 
 class GroupMonitor:
@@ -184,8 +186,9 @@ class GroupMonitor:
         if all(w.joined or w.state is WorkerState.SUCCEEDED for w in workers) and any(w.joined for w in workers):
             return True
         # A program the start-up hook cannot reach (not Python) signals nothing; every TensorFlow
-        # server accepting connections is the next best sign of a formed job.
-        return all(w.joined or (w.listening and not w.state.ended) for w in workers)
+        # server accepting connections is the next best sign of a formed job. A hooked worker's server
+        # listens while its strategy waits for peers (on another node, perhaps): only its join file counts.
+        return all(w.joined or (w.listening and not w.state.ended and not w.hooked) for w in workers)
 
     def _observe(self, worker: _Worker, seen: Observation, now: float, wall: float, decision: Decision) -> None:
         if worker.state.ended:
@@ -193,6 +196,7 @@ class GroupMonitor:
         worker.error = seen.error or worker.error
         worker.ledger = seen.ledger or worker.ledger
         worker.listening = worker.listening or seen.listening
+        worker.hooked = worker.hooked or seen.starting
         if seen.joined and not worker.joined:
             worker.joined, worker.state = True, WorkerState.RUNNING
         elif (seen.starting or seen.listening) and worker.state is WorkerState.STARTING:
@@ -377,6 +381,15 @@ class GroupMonitor:
         step = self.step_seconds()
         return max(self.policy.stall_report, self.policy.stall_factor * step) if step else self.policy.stall_report
 
+    @staticmethod
+    def _joined_here(worker: _Worker) -> bool:
+        """Whether ``worker``'s heartbeat should beat: not while it creates its strategy.
+
+        TensorFlow holds Python's lock while a strategy waits for its peers (on other nodes, under
+        ``--nnodes``): a still heartbeat then is expected, and the join timeout covers that wait.
+        """
+        return worker.joined or not worker.hooked
+
     def _stalls(self, now: float, wall: float, decision: Decision) -> None:
         alive = self._alive()
         tracked = [w for w in alive if w.heartbeat >= 0]
@@ -386,7 +399,7 @@ class GroupMonitor:
         for w in tracked:
             if w.stopped_since is not None and now - w.stopped_since > 1.0:
                 found.append((w, "is stopped (state T: SIGSTOP, SIGTSTP or a debugger) and does not run", w.beat_at))
-            elif now - w.beat_at > self.policy.heartbeat_timeout:
+            elif now - w.beat_at > self.policy.heartbeat_timeout and self._joined_here(w):
                 found.append((w, f"has not beaten its heartbeat for {now - w.beat_at:.0f} s: frozen (a C extension "
                               "holding Python's lock, or the machine swapping)", w.beat_at))
         threshold = self.stall_threshold()
