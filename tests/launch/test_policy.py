@@ -467,6 +467,28 @@ def test_a_joined_worker_whose_heartbeat_stops_is_still_frozen():
     assert any("has not beaten its heartbeat for 11 s: frozen" in note for note in decision.notes)
 
 
+@pytest.mark.parametrize("code", [0, 1])
+def test_a_worker_ending_before_joining_ends_a_multi_node_job_though_no_worker_here_waits(code):
+    """Under --nnodes the peers that wait are on other nodes: this node reports the early exit, diagnosed."""
+    from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
+    from tfstrategy.launch.reports import Progress
+    from tfstrategy.launch.states import Outcome
+
+    def run(peers_elsewhere: bool):
+        monitor = GroupMonitor([1], Policy(join_timeout=60), started=0.0, peers_elsewhere=peers_elsewhere)
+        monitor.update(1.0, 1.0, {1: Observation(progress=Progress(1, -1, False))})
+        return monitor.update(2.0, 2.0, {1: Observation(returncode=code)})
+
+    decision = run(peers_elsewhere=True)
+    assert decision.outcome is Outcome.FAILED and decision.failure is not None
+    assert decision.failure.index == 1 and decision.failure.diagnosis[0] == (
+        f"worker 1 exited {code} before joining: the job cannot form")
+    assert "the workers on the other nodes wait for it to create its strategy (--nnodes)" in decision.failure.diagnosis
+    alone = run(peers_elsewhere=False)  # the only worker of the job: nobody waits for it
+    assert alone.outcome is (Outcome.SUCCEEDED if code == 0 else Outcome.FAILED)
+    assert alone.failure is None or not alone.failure.diagnosis
+
+
 def test_a_stall_past_the_stall_timeout_restarts_the_group_with_max_restarts():
     def scenario(fleet, now, launcher):
         attempt = len(fleet.attempts) - 1

@@ -72,8 +72,16 @@ class Diagnosis:
         return (self.headline, *self.evidence)
 
 
-def diagnose(views: Sequence[WorkerView]) -> Diagnosis | None:
-    """The cause the ledgers and states show, or ``None`` (no cause the launcher can name: say what it saw)."""
+def diagnose(views: Sequence[WorkerView], *, peers_elsewhere: bool = False) -> Diagnosis | None:
+    """The cause the ledgers and states show, or ``None`` (no cause the launcher can name: say what it saw).
+
+    ``peers_elsewhere``: the job has workers on other nodes (``--nnodes``), which wait for every worker
+    here to form the job with them, though the views do not show them.
+    """
+    if peers_elsewhere:
+        found = _early_exit(views, peers_elsewhere=True)
+        if found is not None:
+            return found
     for check in (_early_exit, _stopped, _different_models, _ran_out_unevenly, _different_functions, _uneven_plans):
         found = check(views)
         if found is not None:
@@ -84,11 +92,11 @@ def diagnose(views: Sequence[WorkerView]) -> Diagnosis | None:
 # --- the causes -------------------------------------------------------------------------------------
 
 
-def _early_exit(views: Sequence[WorkerView]) -> Diagnosis | None:
-    """A worker that ended before joining while a peer waits to form the job with it."""
+def _early_exit(views: Sequence[WorkerView], *, peers_elsewhere: bool = False) -> Diagnosis | None:
+    """A worker that ended before joining while a peer (here, or on another node) waits to form the job with it."""
     waiting = [v for v in views if v.returncode is None and (v.joined or v.joining)]
     gone = [v for v in views if v.returncode is not None and not v.joined]
-    if not waiting or not gone:
+    if not (waiting or peers_elsewhere) or not gone:
         return None
     worker = gone[0]
     what = (f"raised {worker.error_type}" if worker.error_type else
@@ -97,6 +105,8 @@ def _early_exit(views: Sequence[WorkerView]) -> Diagnosis | None:
     evidence = [f"worker {worker.index}'s error: {worker.error}"] if worker.error else []
     evidence += [f"worker {v.index} {'joined' if v.joined else 'is creating its strategy'} and waits for it"
                  for v in waiting]
+    if peers_elsewhere:
+        evidence.append("the workers on the other nodes wait for it to create its strategy (--nnodes)")
     if worker.ledger is not None and worker.ledger.frame:
         evidence.append(f"worker {worker.index}'s last frame in your code: {worker.ledger.frame}")
     evidence.append("every worker must create the same MultiWorkerMirroredStrategy and train together")

@@ -126,12 +126,15 @@ class GroupMonitor:
         started: the monotonic second the group started.
         lines: a worker's last output lines (for headlines read from output).
         ports: the workers' TensorFlow ports (to name a port conflict), by index.
+        peers_elsewhere: the job has workers on other nodes (``--nnodes``): they wait for every worker
+            here to join, so one that ends before joining ends the job, though no worker here waits.
     """
 
     def __init__(self, indices: Sequence[int], policy: Policy, *, started: float,
                  lines: Callable[[int], Sequence[str]] = lambda index: (),
-                 ports: dict[int, int] | None = None) -> None:
+                 ports: dict[int, int] | None = None, peers_elsewhere: bool = False) -> None:
         self.policy, self.started = policy, started
+        self.peers_elsewhere = peers_elsewhere
         self.workers = {index: _Worker(index) for index in indices}
         for worker in self.workers.values():
             worker.beat_at = worker.steps_at = started
@@ -179,7 +182,7 @@ class GroupMonitor:
                        stopped=w.stopped_since is not None and not w.state.ended,
                        error_type=None if w.error is None else w.error.type.rsplit(".", 1)[-1],
                        error=None if w.error is None else w.error.describe())
-            for w in self.workers.values()])
+            for w in self.workers.values()], peers_elsewhere=self.peers_elsewhere)
 
     def _every_worker_joined(self) -> bool:
         workers = list(self.workers.values())
@@ -239,10 +242,15 @@ class GroupMonitor:
             # A peer that failed after it with an error that only echoes a lost peer was waiting for it too.
             waiting += [w for w in self.workers.values() if w.state is WorkerState.FAILED
                         and w.ended_at >= worker.ended_at and is_consequence(w.error, self._lines(w.index))]
-            if not waiting:
+            elsewhere = self.peers_elsewhere and not worker.joined
+            if not waiting and not elsewhere:
                 continue
             names = ", ".join(str(w.index) for w in waiting)
-            if not worker.joined:
+            if not waiting:
+                worker.left_early = ("exited with status 0 before joining, while the workers on the other nodes wait "
+                                     "for it to create its strategy: the job cannot form (its script ended without "
+                                     "creating a MultiWorkerMirroredStrategy; every worker must run the same training)")
+            elif not worker.joined:
                 worker.left_early = (f"exited with status 0 before joining, while worker(s) {names} wait for it to "
                                      "create its strategy: its script ended without creating a "
                                      "MultiWorkerMirroredStrategy (every worker must run the same training)")

@@ -232,7 +232,8 @@ class Launcher:
                 ) from None
         handles = {worker.index: worker for worker in self._workers}
         return GroupMonitor(list(ports), policy_of(self.options), started=self._clock(),
-                            lines=lambda index: handles[index].last_lines(), ports=ports)
+                            lines=lambda index: handles[index].last_lines(), ports=ports,
+                            peers_elsewhere=len(addresses) > count)
 
     def _watch(self, coordinator: Coordinator, monitor: GroupMonitor, failed_at: float | None,
                result: RunResult) -> Decision | Event | None:
