@@ -328,7 +328,7 @@ def _sealed(sealer: wire.Sealer, payload: dict) -> bytes:
 
 
 FAILED = {"type": "failed", "round": 0, "worker": 0, "reason": "x", "status": 1, "time": 1.5e9, "consequential": False,
-          "outcome": "failed", "lines": [], "logs": [], "diagnosis": []}
+          "outcome": "failed", "lines": [], "logs": [], "diagnosis": [], "views": []}
 
 
 @pytest.mark.parametrize(

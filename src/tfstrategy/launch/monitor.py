@@ -30,10 +30,11 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
 from tfstrategy.launch.ledger import Ledger
-from tfstrategy.launch.ledger_diagnosis import Diagnosis, StragglerWatch, WorkerView, diagnose
+from tfstrategy.launch.ledger_diagnosis import Diagnosis, StragglerWatch, WorkerView, diagnose, view_to_wire
 from tfstrategy.launch.reports import ErrorRecord, Progress
 from tfstrategy.launch.states import EXIT_PREEMPTED, Failure, Outcome, WorkerState
 from tfstrategy.worker_contract import stop_line
@@ -176,13 +177,21 @@ class GroupMonitor:
 
     def diagnosis(self) -> Diagnosis | None:
         """The cause the workers' ledgers and states show (:func:`~tfstrategy.launch.ledger_diagnosis.diagnose`)."""
-        return diagnose([
+        return diagnose(self.views(), peers_elsewhere=self.peers_elsewhere)
+
+    def wire_views(self) -> tuple[dict[str, Any], ...]:
+        """Every worker's view as this node sends it to node 0, to diagnose across nodes (``--nnodes``)."""
+        return tuple(view_to_wire(view) for view in self.views())
+
+    def views(self) -> list[WorkerView]:
+        """What :func:`~tfstrategy.launch.ledger_diagnosis.diagnose` reads of every worker here."""
+        return [
             WorkerView(index=w.index, ledger=w.ledger, steps=w.steps, in_step=w.in_step and not w.state.ended,
                        returncode=w.returncode, joined=w.joined, joining=w.state is WorkerState.JOINING,
                        stopped=w.stopped_since is not None and not w.state.ended,
                        error_type=None if w.error is None else w.error.type.rsplit(".", 1)[-1],
                        error=None if w.error is None else w.error.describe())
-            for w in self.workers.values()], peers_elsewhere=self.peers_elsewhere)
+            for w in self.workers.values()]
 
     def _every_worker_joined(self) -> bool:
         workers = list(self.workers.values())

@@ -132,7 +132,8 @@ def failure_to_message(attempt: int, failure: Failure) -> Failed:
     diagnosis)."""
     return Failed.bounded(round=attempt, worker=failure.index, reason=failure.reason, status=failure.status,
                           time=failure.time, consequential=failure.consequential, outcome=failure.outcome.value,
-                          lines=failure.last_lines, logs=failure.logs, diagnosis=failure.diagnosis)
+                          lines=failure.last_lines, logs=failure.logs, diagnosis=failure.diagnosis,
+                          views=failure.views)
 
 
 def failure_from_event(event: JobEvent) -> Failure:

@@ -289,7 +289,7 @@ class Launcher:
             else:
                 if decision.failure is None:  # every outcome but SUCCEEDED carries one
                     raise RuntimeError(f"the monitor ended an attempt ({decision.outcome}) without a failure")
-                local = self._with_output(decision.failure)
+                local = dataclasses.replace(self._with_output(decision.failure), views=started.wire_views())
                 # No grace: the survivors are blocked in collectives with a dead peer and are
                 # discarded anyway (measured: an MWMS worker outlived SIGTERM by a 5 s grace).
                 self._stop(grace=0.0)

@@ -22,6 +22,7 @@ What a peer does wrong is reported with its address and its rank; it never kills
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import secrets
 import socket
@@ -33,9 +34,11 @@ from enum import Enum
 from typing import Any
 
 from tfstrategy.errors import LaunchError
+from tfstrategy.launch.ledger_diagnosis import diagnose, view_from_wire
 from tfstrategy.launch.rendezvous.channel import Channel, ChannelClosed
 from tfstrategy.launch.rendezvous.options import NodeOptions
 from tfstrategy.launch.rendezvous.wire import (
+    DIAGNOSIS_LINES,
     PROTOCOL,
     TO_SERVER,
     Abort,
@@ -435,9 +438,10 @@ class RendezvousServer:
         if not (heard >= set(range(self.node.nnodes)) or now - self._first_failure_at >= self.limits.settle_seconds):
             return
         reported = sorted(self._failures.items(), key=lambda item: item[1].time)
-        # A failure its node's ledgers diagnosed names the cause; else the earliest that is not an echo.
-        rank, cause = next(((r, f) for r, f in reported if f.diagnosis),
-                           next(((r, f) for r, f in reported if not f.consequential), reported[0]))
+        # A failure its node's ledgers diagnosed names the cause; else one every node's ledgers together
+        # diagnose; else the earliest that is not an echo.
+        rank, cause = next(((r, f) for r, f in reported if f.diagnosis), None) or across_nodes(reported) or next(
+            ((r, f) for r, f in reported if not f.consequential), reported[0])
         restart = self.round < self.job["max_restarts"] and not self._done and cause.outcome != "stopped"
         self._broadcast(RoundFailed.of(rank, cause, restart=restart))
         self._failures, self._first_failure_at = {}, None
@@ -495,3 +499,18 @@ class RendezvousServer:
         for peer in peers:
             peer.channel.close()
 
+
+def across_nodes(reported: list[tuple[int, Failed]]) -> tuple[int, Failed] | None:
+    """The failure every node's worker views together diagnose (``--nnodes``: no node alone sees the cause).
+
+    ``reported``: each node's failure (rank, message), earliest first. Returns the failure of the node of the
+    diagnosed worker (the earliest one when the diagnosis names several), with the diagnosis, or ``None``.
+    """
+    views = [view_from_wire(view) for _, failed in reported for view in failed.views]
+    found = diagnose(views)
+    if found is None:
+        return None
+    rank, cause = next(((r, f) for r, f in reported if any(v["index"] == found.index for v in f.views)), reported[0])
+    if found.index is not None and cause.worker != found.index:
+        cause = dataclasses.replace(cause, worker=found.index)
+    return rank, dataclasses.replace(cause, diagnosis=list(found.lines())[:DIAGNOSIS_LINES], consequential=False)
