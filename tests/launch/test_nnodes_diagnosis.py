@@ -116,3 +116,20 @@ def test_too_many_views_is_a_protocol_error_and_a_sender_cuts_them_to_the_bound(
     cut = wire.Failed.bounded(round=0, worker=0, reason="x", status=1, time=1.0, consequential=False,
                               outcome="failed", lines=(), logs=(), views=[GOOD] * 100)
     assert len(cut.views) == wire.VIEWS == 64
+
+
+def test_a_node_whose_worker_only_waits_shares_its_views_and_node_0_diagnoses_with_them():
+    """Uneven shards: worker 1 fails after its data ran out; worker 0 (node 0) waits, alive, and reports no
+    failure; the views node 0 last received from it (a checked Views message) complete the picture."""
+    waiting = WorkerView(index=0, ledger=_ledger(batches=8, steps=7), steps=7, in_step=True, joined=True)
+    short = WorkerView(index=1, ledger=_ledger(batches=8, steps=7, end_of_data=((0, 8),)), steps=7, joined=True,
+                       returncode=1)
+    failed = wire.parse_message(_failed([short], 1, 100.5), wire.TO_SERVER)
+    shared = wire.parse_message({"type": "views", "round": 0, "views": [view_to_wire(waiting)]}, wire.TO_SERVER)
+    assert isinstance(failed, wire.Failed) and isinstance(shared, wire.Views)
+    assert across_nodes([(1, failed)]) is None  # one node's views alone show no cause
+    decided = across_nodes([(1, failed)], {0: shared.views})
+    assert decided is not None and decided[0] == 1 and decided[1].diagnosis[0].startswith(
+        "worker 1 ran out of data after 7 batch(es) of epoch 1 while worker 0 waits in batch 8")
+    with pytest.raises(wire.ProtocolError, match=r"views\.views\[0\]\.steps is 'x'; expected an integer"):
+        wire.parse_message({"type": "views", "round": 0, "views": [{**GOOD, "steps": "x"}]}, wire.TO_SERVER)

@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import Console, stopped_line
@@ -73,6 +73,8 @@ JOIN_TIMEOUT_STATUS = EXIT_JOIN_TIMEOUT
 #: The name of :class:`RunResult` in tfstrategy 0.2.
 LaunchResult = RunResult
 _POLL_SECONDS = 0.1
+#: How often a node of several sends node 0 its workers' views (when they changed).
+_SHARE_SECONDS = 1.0
 
 Spawn = Callable[[WorkerSpec], WorkerHandle]
 
@@ -238,6 +240,7 @@ class Launcher:
     def _watch(self, coordinator: Coordinator, monitor: GroupMonitor, failed_at: float | None,
                result: RunResult) -> Decision | Event | None:
         """The monitor loop: until the attempt ends here (a decision), elsewhere (an event), or a signal (``None``)."""
+        shared: tuple[tuple[dict[str, Any], ...], float] = ((), -_SHARE_SECONDS)
         while True:
             if self._signal is not None:
                 return None
@@ -248,6 +251,11 @@ class Launcher:
             seen = {worker.index: worker.observe() for worker in self._workers}
             now = self._clock()
             decision = monitor.update(now, self._wall(), seen)
+            if monitor.peers_elsewhere and now - shared[1] >= _SHARE_SECONDS:
+                views = monitor.wire_views()
+                if views != shared[0]:  # node 0 diagnoses across nodes with them, should another node fail
+                    coordinator.share(coordinator.round, views)
+                shared = (views, now)
             for note in decision.notes:
                 self._say(note)
             if decision.dump_stacks:

@@ -37,7 +37,7 @@ from typing import Any, ClassVar, TypeGuard
 
 __all__ = [
     "PROTOCOL", "ProtocolError", "LineReader", "client_proof", "welcome_proof", "proof_matches", "session_keys", "Sealer",
-    "Opener", "Join", "Failed", "Done", "Stop", "Abort", "Heartbeat", "Cluster", "RoundFailed", "Stopped", "Timeout",
+    "Opener", "Join", "Failed", "Done", "Stop", "Abort", "Heartbeat", "Views", "Cluster", "RoundFailed", "Stopped", "Timeout",
     "Finished", "Closing", "Message", "parse_message", "OUTCOMES",
 ]
 
@@ -282,6 +282,16 @@ class Abort(Message):
 
 
 @dataclass(frozen=True)
+class Views(Message):
+    """node -> node 0, every few seconds while a round runs: its workers' compact views (as in :class:`Failed`),
+    so node 0 can diagnose across nodes when a node whose workers only wait reports no failure."""
+
+    kind: ClassVar[str] = "views"
+    round: int
+    views: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class Heartbeat(Message):
     kind: ClassVar[str] = "heartbeat"
 
@@ -351,7 +361,7 @@ class Closing(Message):
     reason: str
 
 
-TO_SERVER: dict[str, type[Message]] = {m.kind: m for m in (Join, Failed, Done, Stop, Abort, Heartbeat)}
+TO_SERVER: dict[str, type[Message]] = {m.kind: m for m in (Join, Failed, Done, Stop, Abort, Heartbeat, Views)}
 TO_CLIENT: dict[str, type[Message]] = {m.kind: m for m in (Cluster, RoundFailed, Stopped, Timeout, Finished, Closing,
                                                            Heartbeat)}
 
