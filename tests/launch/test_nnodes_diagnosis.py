@@ -51,7 +51,8 @@ def test_different_train_functions_on_two_nodes_are_named_by_node_0():
     other = FunctionTrace(kind="train", fingerprint="ffee99", collectives=3, summary="Sequential: 4 variables")
     zero = WorkerView(index=0, ledger=_ledger(), steps=0, in_step=True, joined=True, returncode=1)
     one = WorkerView(index=1, ledger=_ledger(functions=(other,)), steps=0, in_step=True, joined=True, returncode=1)
-    decided = _node0_decides(([zero], 0, 100.0), ([one], 1, 100.2))
+    # node 1 reports first: the workers are still named in their order
+    decided = _node0_decides(([one], 1, 100.0), ([zero], 0, 100.2))
     assert decided is not None and decided[1].diagnosis[0] == "workers 0 and 1 traced different train functions (step 1)"
     assert "worker 1: Sequential: 4 variables, 3 collective(s) a step [fingerprint ffee99]" in decided[1].diagnosis
 

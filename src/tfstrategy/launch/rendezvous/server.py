@@ -517,7 +517,7 @@ def across_nodes(reported: list[tuple[int, Failed]],
     views = [view_from_wire(view) for _, failed in reported for view in failed.views]
     views += [view_from_wire(view) for rank, sent in sorted((shared or {}).items()) if rank not in failing
               for view in sent]
-    found = diagnose(views)
+    found = diagnose(sorted(views, key=lambda view: view.index))
     if found is None:
         return None
     rank, cause = next(((r, f) for r, f in reported if any(v["index"] == found.index for v in f.views)), reported[0])
