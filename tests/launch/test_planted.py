@@ -1,9 +1,9 @@
 """Issue 38's planted causes on real TensorFlow workers: each gets its one-line diagnosis, a healthy job none.
 
 ``tests/workers/planted_worker.py CAUSE`` trains a tiny Keras model on two workers, worker 1 with
-the cause; each case runs it under ``tfstrategy launch -n 2`` and checks the launcher's headline
-(under ``--nnodes 2`` each node's launcher reads only its own workers' ledgers, so none of these
-causes, which need both workers' ledgers, is diagnosed there yet). A hang is
+the cause; each case runs it under ``tfstrategy launch -n 2`` and checks the launcher's headline;
+three of them also under ``--nnodes 2`` (one worker a node: node 0 diagnoses over both nodes' worker
+views, as each node sends them over the rendezvous). A hang is
 reported after ``--stall-report`` seconds without progress and fails the job after
 ``--stall-timeout``: each case waits for the launcher to end (its own timeout only guards a hang
 of the test). The time from the cause to the diagnosis is printed (``-s``) for the issue's table.
