@@ -453,7 +453,13 @@ def test_a_still_heartbeat_while_creating_the_strategy_is_no_stall_the_join_time
     decision = monitor.update(61.0, 61.0, {0: waiting})
     assert decision.outcome is Outcome.JOIN_TIMEOUT and decision.failure is not None
     assert "did not join within --timeout 60 s: it is creating its strategy" in decision.failure.reason
-    assert "frozen" not in decision.failure.reason
+    assert "frozen" not in decision.failure.reason and not decision.failure.consequential
+    # Under --nnodes the worker it waits for is elsewhere: this timeout echoes that node's report.
+    nodes = GroupMonitor([0], Policy(join_timeout=60, heartbeat_timeout=10), started=0.0, peers_elsewhere=True)
+    nodes.update(1.0, 1.0, {0: waiting})
+    echo = nodes.update(61.0, 61.0, {0: waiting}).failure
+    assert echo is not None and echo.consequential and echo.reason.endswith(
+        "; the worker it waits for is on another node (see that node's report)")
 
 
 def test_a_joined_worker_whose_heartbeat_stops_is_still_frozen():

@@ -350,8 +350,13 @@ class GroupMonitor:
             + ". A worker joins when its MultiWorkerMirroredStrategy exists (Python workers signal it; other "
             "programs when every worker's port accepts connections); raise --timeout if start-up is slow"
         )
+        # Every worker here creates its strategy: the one that never joined is on another node (its report
+        # is the root cause; this one echoes it).
+        elsewhere = self.peers_elsewhere and culprit.state is WorkerState.JOINING
+        if elsewhere:
+            reason += "; the worker it waits for is on another node (see that node's report)"
         return Failure(index=culprit.index, reason=reason, status=Outcome.JOIN_TIMEOUT.exit_status(), time=wall,
-                       outcome=Outcome.JOIN_TIMEOUT)
+                       outcome=Outcome.JOIN_TIMEOUT, consequential=elsewhere)
 
     # --- stalls -----------------------------------------------------------------------------------
 
