@@ -1,9 +1,9 @@
 """Issue 38's planted causes on real TensorFlow workers: each gets its one-line diagnosis, a healthy job none.
 
 ``tests/workers/planted_worker.py CAUSE`` trains a tiny Keras model on two workers, worker 1 with
-the cause; each case runs it under ``tfstrategy launch -n 2`` and checks the launcher's headline
-(under ``--nnodes 2`` each node's launcher reads only its own workers' ledgers, so none of these
-causes, which need both workers' ledgers, is diagnosed there yet). A hang is
+the cause; each case runs it under ``tfstrategy launch -n 2`` and checks the launcher's headline;
+three of them also under ``--nnodes 2`` (one worker a node: node 0 diagnoses over both nodes' worker
+views, as each node sends them over the rendezvous). A hang is
 reported after ``--stall-report`` seconds without progress and fails the job after
 ``--stall-timeout``: each case waits for the launcher to end (its own timeout only guards a hang
 of the test). The time from the cause to the diagnosis is printed (``-s``) for the issue's table.
@@ -46,7 +46,7 @@ def _check(cause: str, code: int, err: str, seconds: float, where: str) -> None:
         assert not re.search(r"straggler|stall|diagnos|warning", err), _report(cause, err)
         return
     pattern, status = HEADLINES[cause]
-    found = re.search(r"tfstrategy launch: (stall: )?(node \d )?" + pattern, err)
+    found = re.search(r"tfstrategy launch: (stall: )?(node \d:? )?" + pattern, err)
     assert found is not None, _report(cause, err)
     assert code == status if status is not None else code != 0, _report(cause, err)
     if cause.startswith("slow"):
@@ -65,3 +65,17 @@ def test_each_planted_cause_gets_its_diagnosis_on_one_node(cause):
     code, _, err, seconds = run.finish(timeout=600)
     assert run.survivors == [], _report(cause, err)
     _check(cause, code, err, seconds, "launch -n 2")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("cause", ["uneven", "different-step", "exit0"])
+def test_the_planted_causes_that_need_every_worker_are_diagnosed_on_node_0_of_two_nodes(cause):
+    """Under --nnodes 2 (one worker a node) each node sends node 0 its worker's ledger view with its failure."""
+    from test_multinode import MASTER_HOST, _finish_all, _free_port, _node
+
+    master = f"{MASTER_HOST}:{_free_port()}"
+    job = ("-n", "1", "--timeout", "120", *STALL, "--", sys.executable, str(WORKER), cause)
+    nodes = [_node(0, master, *job), _node(1, master, *job)]
+    (code, _, err, seconds), _ = _finish_all(*nodes, timeout=300)
+    _check(cause, code, err, seconds, "launch --nnodes 2 (node 0)")

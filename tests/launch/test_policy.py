@@ -436,6 +436,65 @@ def test_a_program_without_the_hook_joins_when_every_port_accepts_connections():
     assert decision.all_joined and monitor.update(400.0, 400.0, {0: Observation(), 1: Observation()}).outcome is None
 
 
+def test_a_still_heartbeat_while_creating_the_strategy_is_no_stall_the_join_timeout_names_it():
+    """Under --nnodes a worker waits inside strategy creation for a peer on another node, its server
+    listening and its heartbeat still (TensorFlow holds Python's lock): not frozen; the join timeout ends it."""
+    from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
+    from tfstrategy.launch.reports import Progress
+    from tfstrategy.launch.states import Outcome
+
+    monitor = GroupMonitor([0], Policy(join_timeout=60, heartbeat_timeout=10, stall_report=5), started=0.0)
+    waiting = Observation(starting=True, listening=True, progress=Progress(1, -1, False))
+    decision = monitor.update(1.0, 1.0, {0: waiting})
+    assert not decision.all_joined
+    for now in (20.0, 40.0, 59.0):
+        decision = monitor.update(now, now, {0: waiting})
+        assert decision.outcome is None and not decision.notes and not decision.dump_stacks
+    decision = monitor.update(61.0, 61.0, {0: waiting})
+    assert decision.outcome is Outcome.JOIN_TIMEOUT and decision.failure is not None
+    assert "did not join within --timeout 60 s: it is creating its strategy" in decision.failure.reason
+    assert "frozen" not in decision.failure.reason and not decision.failure.consequential
+    # Under --nnodes the worker it waits for is elsewhere: this timeout echoes that node's report.
+    nodes = GroupMonitor([0], Policy(join_timeout=60, heartbeat_timeout=10), started=0.0, peers_elsewhere=True)
+    nodes.update(1.0, 1.0, {0: waiting})
+    echo = nodes.update(61.0, 61.0, {0: waiting}).failure
+    assert echo is not None and echo.consequential and echo.reason.endswith(
+        "; the worker it waits for is on another node (see that node's report)")
+
+
+def test_a_joined_worker_whose_heartbeat_stops_is_still_frozen():
+    from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
+    from tfstrategy.launch.reports import Progress
+
+    monitor = GroupMonitor([0], Policy(join_timeout=60, heartbeat_timeout=10, stall_report=5), started=0.0)
+    monitor.update(1.0, 1.0, {0: Observation(starting=True, progress=Progress(1, -1, False))})
+    assert monitor.update(2.0, 2.0, {0: Observation(joined=True, progress=Progress(2, 0, True))}).all_joined
+    decision = monitor.update(13.0, 13.0, {0: Observation(joined=True, progress=Progress(2, 0, True))})
+    assert any("has not beaten its heartbeat for 11 s: frozen" in note for note in decision.notes)
+
+
+@pytest.mark.parametrize("code", [0, 1])
+def test_a_worker_ending_before_joining_ends_a_multi_node_job_though_no_worker_here_waits(code):
+    """Under --nnodes the peers that wait are on other nodes: this node reports the early exit, diagnosed."""
+    from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
+    from tfstrategy.launch.reports import Progress
+    from tfstrategy.launch.states import Outcome
+
+    def run(peers_elsewhere: bool):
+        monitor = GroupMonitor([1], Policy(join_timeout=60), started=0.0, peers_elsewhere=peers_elsewhere)
+        monitor.update(1.0, 1.0, {1: Observation(progress=Progress(1, -1, False))})
+        return monitor.update(2.0, 2.0, {1: Observation(returncode=code)})
+
+    decision = run(peers_elsewhere=True)
+    assert decision.outcome is Outcome.FAILED and decision.failure is not None
+    assert decision.failure.index == 1 and decision.failure.diagnosis[0] == (
+        f"worker 1 exited {code} before joining: the job cannot form")
+    assert "the workers on the other nodes wait for it to create its strategy (--nnodes)" in decision.failure.diagnosis
+    alone = run(peers_elsewhere=False)  # the only worker of the job: nobody waits for it
+    assert alone.outcome is (Outcome.SUCCEEDED if code == 0 else Outcome.FAILED)
+    assert alone.failure is None or not alone.failure.diagnosis
+
+
 def test_a_stall_past_the_stall_timeout_restarts_the_group_with_max_restarts():
     def scenario(fleet, now, launcher):
         attempt = len(fleet.attempts) - 1

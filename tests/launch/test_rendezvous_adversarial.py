@@ -328,7 +328,7 @@ def _sealed(sealer: wire.Sealer, payload: dict) -> bytes:
 
 
 FAILED = {"type": "failed", "round": 0, "worker": 0, "reason": "x", "status": 1, "time": 1.5e9, "consequential": False,
-          "outcome": "failed", "lines": [], "logs": [], "diagnosis": []}
+          "outcome": "failed", "lines": [], "logs": [], "diagnosis": [], "views": []}
 
 
 @pytest.mark.parametrize(
@@ -358,6 +358,10 @@ FAILED = {"type": "failed", "round": 0, "worker": 0, "reason": "x", "status": 1,
         pytest.param({key: value for key, value in FAILED.items() if key != "time"},
                      r"sent a failed message with fields .*; expected \['round', 'worker', 'reason', 'status', 'time'",
                      id="failed-without-time"),
+        pytest.param({**FAILED, "views": [{"index": 0}]}, r"failed\.views\[0\] is \['index'\]; expected an object of",
+                     id="failed-view-incomplete"),
+        pytest.param({"type": "views", "round": 0, "views": ["x"]}, r"views\.views\[0\] is 'x'; expected an object of",
+                     id="views-not-objects"),
         pytest.param({"type": "teleport"}, r"type 'teleport'; expected one of", id="unknown-type"),
         pytest.param({"type": "stop", "signal": 15, "extra": 1}, r"sent a stop message with fields", id="extra-field"),
     ],

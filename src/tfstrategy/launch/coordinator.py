@@ -11,7 +11,7 @@ the job's shape.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from tfstrategy.launch.processes import LOOPBACK, free_ports
 from tfstrategy.launch.states import Failure, Outcome
@@ -77,6 +77,9 @@ class Coordinator(Protocol):
     def decide(self, attempt: int, failure: Failure) -> Event:
         """The decision after ``failure`` on this machine: the attempt's root cause, restart or not."""
 
+    def share(self, attempt: int, views: tuple[dict[str, Any], ...]) -> None:
+        """Give node 0 this node's workers' compact views (``--nnodes``), for a diagnosis across nodes."""
+
     def finish(self, attempt: int) -> Event:
         """This machine's workers all exited 0: ``SUCCEEDED`` once every machine's did, else what happened."""
 
@@ -119,6 +122,9 @@ class LocalCoordinator:
 
     def decide(self, attempt: int, failure: Failure) -> Event:
         return Event.failed(failure, restart=failure.outcome.restartable and attempt < self.max_restarts)
+
+    def share(self, attempt: int, views: tuple[dict[str, Any], ...]) -> None:
+        """Nothing to share: every worker is here."""
 
     def finish(self, attempt: int) -> Event:
         return Event(outcome=Outcome.SUCCEEDED)

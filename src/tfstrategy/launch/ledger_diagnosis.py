@@ -24,12 +24,13 @@ Epochs and batches are said as Keras prints them (epoch 1 is the first). Nothing
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tfstrategy.launch.ledger import FunctionTrace, Ledger
 
-__all__ = ["WorkerView", "Diagnosis", "diagnose", "StragglerWatch", "PREPARE_HINT"]
+__all__ = ["WorkerView", "Diagnosis", "diagnose", "StragglerWatch", "PREPARE_HINT", "view_to_wire", "view_from_wire"]
 
 PREPARE_HINT = "batch with drop_remainder=True, or use tfstrategy.prepare_dataset"
 
@@ -72,8 +73,16 @@ class Diagnosis:
         return (self.headline, *self.evidence)
 
 
-def diagnose(views: Sequence[WorkerView]) -> Diagnosis | None:
-    """The cause the ledgers and states show, or ``None`` (no cause the launcher can name: say what it saw)."""
+def diagnose(views: Sequence[WorkerView], *, peers_elsewhere: bool = False) -> Diagnosis | None:
+    """The cause the ledgers and states show, or ``None`` (no cause the launcher can name: say what it saw).
+
+    ``peers_elsewhere``: the job has workers on other nodes (``--nnodes``), which wait for every worker
+    here to form the job with them, though the views do not show them.
+    """
+    if peers_elsewhere:
+        found = _early_exit(views, peers_elsewhere=True)
+        if found is not None:
+            return found
     for check in (_early_exit, _stopped, _different_models, _ran_out_unevenly, _different_functions, _uneven_plans):
         found = check(views)
         if found is not None:
@@ -84,11 +93,11 @@ def diagnose(views: Sequence[WorkerView]) -> Diagnosis | None:
 # --- the causes -------------------------------------------------------------------------------------
 
 
-def _early_exit(views: Sequence[WorkerView]) -> Diagnosis | None:
-    """A worker that ended before joining while a peer waits to form the job with it."""
+def _early_exit(views: Sequence[WorkerView], *, peers_elsewhere: bool = False) -> Diagnosis | None:
+    """A worker that ended before joining while a peer (here, or on another node) waits to form the job with it."""
     waiting = [v for v in views if v.returncode is None and (v.joined or v.joining)]
     gone = [v for v in views if v.returncode is not None and not v.joined]
-    if not waiting or not gone:
+    if not (waiting or peers_elsewhere) or not gone:
         return None
     worker = gone[0]
     what = (f"raised {worker.error_type}" if worker.error_type else
@@ -97,6 +106,8 @@ def _early_exit(views: Sequence[WorkerView]) -> Diagnosis | None:
     evidence = [f"worker {worker.index}'s error: {worker.error}"] if worker.error else []
     evidence += [f"worker {v.index} {'joined' if v.joined else 'is creating its strategy'} and waits for it"
                  for v in waiting]
+    if peers_elsewhere:
+        evidence.append("the workers on the other nodes wait for it to create its strategy (--nnodes)")
     if worker.ledger is not None and worker.ledger.frame:
         evidence.append(f"worker {worker.index}'s last frame in your code: {worker.ledger.frame}")
     evidence.append("every worker must create the same MultiWorkerMirroredStrategy and train together")
@@ -365,3 +376,54 @@ def _describe(trace: FunctionTrace) -> str:
     if trace.collectives is not None:
         parts.append(f"{trace.collectives} collective(s) a step")
     return ", ".join(parts) + f" [fingerprint {trace.fingerprint}]"
+
+
+# --- a worker's view between nodes (--nnodes) --------------------------------------------------------
+
+#: What one view on the wire carries at most: functions, end-of-data events, weights, characters of text.
+WIRE_FUNCTIONS, WIRE_ENDS, WIRE_WEIGHTS, WIRE_TEXT = 8, 8, 64, 300
+
+
+def view_to_wire(view: WorkerView) -> dict[str, object]:
+    """The part of ``view`` :func:`diagnose` needs, bounded, as a node sends it to node 0 (``--nnodes``).
+
+    Its counterpart is :func:`view_from_wire`; the rendezvous checks every field on receipt
+    (:mod:`tfstrategy.launch.rendezvous.wire`).
+    """
+    ledger = view.ledger
+    data: dict[str, object] = {
+        "index": view.index, "steps": max(view.steps, -1), "in_step": view.in_step,
+        "returncode": view.returncode, "joined": view.joined, "joining": view.joining, "stopped": view.stopped,
+        "error_type": None if view.error_type is None else view.error_type[:WIRE_TEXT], "ledger": None}
+    if ledger is None:
+        return data
+    weights = _weights(view)
+    planned = _planned(view)
+    data["ledger"] = {
+        "epoch": max(ledger.epoch, -1), "batches": max(ledger.batches, 0), "steps": max(ledger.steps, 0),
+        "total_steps": max(ledger.total_steps, 0), "frame": ledger.frame[:WIRE_TEXT],
+        "end_of_data": [[max(e, 0), max(b, 0)] for e, b in ledger.end_of_data][-WIRE_ENDS:],
+        "functions": [{"kind": t.kind[:20], "fingerprint": t.fingerprint[:64], "collectives": t.collectives,
+                       "epoch": max(t.epoch, 0), "step": max(t.step, 0), "summary": t.summary[:WIRE_TEXT]}
+                      for t in ledger.functions][-WIRE_FUNCTIONS:],
+        "epoch_steps": planned,
+        "weights": [[ordinal, name[:WIRE_TEXT], shape[:WIRE_TEXT]]
+                    for ordinal, (name, shape) in sorted(weights.items())][:WIRE_WEIGHTS]}
+    return data
+
+
+def view_from_wire(data: Mapping[str, Any]) -> WorkerView:
+    """The :class:`WorkerView` a node sent (``data`` as the rendezvous checked it: :func:`view_to_wire`'s form)."""
+    record = data["ledger"]
+    ledger = None
+    if record is not None:
+        extra: dict[str, object] = {"weights": {"last": [list(item) for item in record["weights"]]}}
+        if record["epoch_steps"] is not None:
+            extra["epoch_steps"] = record["epoch_steps"]
+        ledger = Ledger(epoch=record["epoch"], batches=record["batches"], steps=record["steps"],
+                        total_steps=record["total_steps"], frame=record["frame"],
+                        end_of_data=tuple((e, b) for e, b in record["end_of_data"]),
+                        functions=tuple(FunctionTrace(**trace) for trace in record["functions"]), extra=extra)
+    return WorkerView(index=data["index"], ledger=ledger, steps=data["steps"], in_step=data["in_step"],
+                      returncode=data["returncode"], joined=data["joined"], joining=data["joining"],
+                      stopped=data["stopped"], error_type=data["error_type"])

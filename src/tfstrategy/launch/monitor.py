@@ -31,10 +31,11 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
 from tfstrategy.launch.ledger import Ledger
-from tfstrategy.launch.ledger_diagnosis import Diagnosis, StragglerWatch, WorkerView, diagnose
+from tfstrategy.launch.ledger_diagnosis import Diagnosis, StragglerWatch, WorkerView, diagnose, view_to_wire
 from tfstrategy.launch.reports import ErrorRecord, Progress
 from tfstrategy.launch.states import EXIT_PREEMPTED, Failure, Outcome, WorkerState
 from tfstrategy.worker_contract import stop_line
@@ -117,6 +118,8 @@ class _Worker:
     stall_wall: float = 0.0
     left_early: str | None = None
     ledger: Ledger | None = None
+    #: It signalled that it creates its strategy (the hook's ``.starting`` marker): it signals joining too.
+    hooked: bool = False
 
 
 class GroupMonitor:
@@ -128,12 +131,15 @@ class GroupMonitor:
         started: the monotonic second the group started.
         lines: a worker's last output lines (for headlines read from output).
         ports: the workers' TensorFlow ports (to name a port conflict), by index.
+        peers_elsewhere: the job has workers on other nodes (``--nnodes``): they wait for every worker
+            here to join, so one that ends before joining ends the job, though no worker here waits.
     """
 
     def __init__(self, indices: Sequence[int], policy: Policy, *, started: float,
                  lines: Callable[[int], Sequence[str]] = lambda index: (),
-                 ports: dict[int, int] | None = None) -> None:
+                 ports: dict[int, int] | None = None, peers_elsewhere: bool = False) -> None:
         self.policy, self.started = policy, started
+        self.peers_elsewhere = peers_elsewhere
         self.workers = {index: _Worker(index) for index in indices}
         for worker in self.workers.values():
             worker.beat_at = worker.steps_at = started
@@ -175,21 +181,30 @@ class GroupMonitor:
 
     def diagnosis(self) -> Diagnosis | None:
         """The cause the workers' ledgers and states show (:func:`~tfstrategy.launch.ledger_diagnosis.diagnose`)."""
-        return diagnose([
+        return diagnose(self.views(), peers_elsewhere=self.peers_elsewhere)
+
+    def wire_views(self) -> tuple[dict[str, Any], ...]:
+        """Every worker's view as this node sends it to node 0, to diagnose across nodes (``--nnodes``)."""
+        return tuple(view_to_wire(view) for view in self.views())
+
+    def views(self) -> list[WorkerView]:
+        """What :func:`~tfstrategy.launch.ledger_diagnosis.diagnose` reads of every worker here."""
+        return [
             WorkerView(index=w.index, ledger=w.ledger, steps=w.steps, in_step=w.in_step and not w.state.ended,
                        returncode=w.returncode, joined=w.joined, joining=w.state is WorkerState.JOINING,
                        stopped=w.stopped_since is not None and not w.state.ended,
                        error_type=None if w.error is None else w.error.type.rsplit(".", 1)[-1],
                        error=None if w.error is None else w.error.describe())
-            for w in self.workers.values()])
+            for w in self.workers.values()]
 
     def _every_worker_joined(self) -> bool:
         workers = list(self.workers.values())
         if all(w.joined or w.state is WorkerState.SUCCEEDED for w in workers) and any(w.joined for w in workers):
             return True
         # A program the start-up hook cannot reach (not Python) signals nothing; every TensorFlow
-        # server accepting connections is the next best sign of a formed job.
-        return all(w.joined or (w.listening and not w.state.ended) for w in workers)
+        # server accepting connections is the next best sign of a formed job. A hooked worker's server
+        # listens while its strategy waits for peers (on another node, perhaps): only its join file counts.
+        return all(w.joined or (w.listening and not w.state.ended and not w.hooked) for w in workers)
 
     def _observe(self, worker: _Worker, seen: Observation, now: float, wall: float, decision: Decision) -> None:
         if worker.state.ended:
@@ -197,6 +212,7 @@ class GroupMonitor:
         worker.error = seen.error or worker.error
         worker.ledger = seen.ledger or worker.ledger
         worker.listening = worker.listening or seen.listening
+        worker.hooked = worker.hooked or seen.starting
         if seen.joined and not worker.joined:
             worker.joined, worker.state = True, WorkerState.RUNNING
         elif (seen.starting or seen.listening) and worker.state is WorkerState.STARTING:
@@ -239,10 +255,15 @@ class GroupMonitor:
             # A peer that failed after it with an error that only echoes a lost peer was waiting for it too.
             waiting += [w for w in self.workers.values() if w.state is WorkerState.FAILED
                         and w.ended_at >= worker.ended_at and is_consequence(w.error, self._lines(w.index))]
-            if not waiting:
+            elsewhere = self.peers_elsewhere and not worker.joined
+            if not waiting and not elsewhere:
                 continue
             names = ", ".join(str(w.index) for w in waiting)
-            if not worker.joined:
+            if not waiting:
+                worker.left_early = ("exited with status 0 before joining, while the workers on the other nodes wait "
+                                     "for it to create its strategy: the job cannot form (its script ended without "
+                                     "creating a MultiWorkerMirroredStrategy; every worker must run the same training)")
+            elif not worker.joined:
                 worker.left_early = (f"exited with status 0 before joining, while worker(s) {names} wait for it to "
                                      "create its strategy: its script ended without creating a "
                                      "MultiWorkerMirroredStrategy (every worker must run the same training)")
@@ -333,8 +354,13 @@ class GroupMonitor:
             + ". A worker joins when its MultiWorkerMirroredStrategy exists (Python workers signal it; other "
             "programs when every worker's port accepts connections); raise --timeout if start-up is slow"
         )
+        # Every worker here creates its strategy: the one that never joined is on another node (its report
+        # is the root cause; this one echoes it).
+        elsewhere = self.peers_elsewhere and culprit.state is WorkerState.JOINING
+        if elsewhere:
+            reason += "; the worker it waits for is on another node (see that node's report)"
         return Failure(index=culprit.index, reason=reason, status=Outcome.JOIN_TIMEOUT.exit_status(), time=wall,
-                       outcome=Outcome.JOIN_TIMEOUT)
+                       outcome=Outcome.JOIN_TIMEOUT, consequential=elsewhere)
 
     # --- stalls -----------------------------------------------------------------------------------
 
@@ -386,6 +412,15 @@ class GroupMonitor:
         step = self.step_seconds()
         return max(self.policy.stall_report, self.policy.stall_factor * step) if step else self.policy.stall_report
 
+    @staticmethod
+    def _joined_here(worker: _Worker) -> bool:
+        """Whether ``worker``'s heartbeat should beat: not while it creates its strategy.
+
+        TensorFlow holds Python's lock while a strategy waits for its peers (on other nodes, under
+        ``--nnodes``): a still heartbeat then is expected, and the join timeout covers that wait.
+        """
+        return worker.joined or not worker.hooked
+
     def _stalls(self, now: float, wall: float, decision: Decision) -> None:
         alive = self._alive()
         tracked = [w for w in alive if w.heartbeat >= 0]
@@ -395,7 +430,7 @@ class GroupMonitor:
         for w in tracked:
             if w.stopped_since is not None and now - w.stopped_since > 1.0:
                 found.append((w, "is stopped (state T: SIGSTOP, SIGTSTP or a debugger) and does not run", w.beat_at))
-            elif now - w.beat_at > self.policy.heartbeat_timeout:
+            elif now - w.beat_at > self.policy.heartbeat_timeout and self._joined_here(w):
                 found.append((w, f"has not beaten its heartbeat for {now - w.beat_at:.0f} s: frozen (a C extension "
                               "holding Python's lock, or the machine swapping)", w.beat_at))
         threshold = self.stall_threshold()

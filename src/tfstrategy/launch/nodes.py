@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch import exposure, processes
 from tfstrategy.launch.coordinator import Cluster, Event
 from tfstrategy.launch.rendezvous import EventKind, JobEvent, NodeOptions, RendezvousClient, RendezvousServer
-from tfstrategy.launch.rendezvous.wire import Failed, RoundFailed
+from tfstrategy.launch.rendezvous.wire import VIEWS, Failed, RoundFailed, Views
 from tfstrategy.launch.states import Failure, Outcome
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 
@@ -94,6 +94,10 @@ class RendezvousCoordinator:
             return None
         return self._event(event)
 
+    def share(self, attempt: int, views: tuple[dict[str, Any], ...]) -> None:
+        """Send node 0 this node's workers' compact views, so it can diagnose across nodes."""
+        self._client.share_views(Views(round=attempt, views=list(views)[:VIEWS]))
+
     def decide(self, attempt: int, failure: Failure) -> Event:
         """Node 0's decision after a failure here: the round's root cause (maybe another node's), restart or not."""
         return self._event(self._client.report_failure(failure_to_message(attempt, failure)))
@@ -132,7 +136,8 @@ def failure_to_message(attempt: int, failure: Failure) -> Failed:
     diagnosis)."""
     return Failed.bounded(round=attempt, worker=failure.index, reason=failure.reason, status=failure.status,
                           time=failure.time, consequential=failure.consequential, outcome=failure.outcome.value,
-                          lines=failure.last_lines, logs=failure.logs, diagnosis=failure.diagnosis)
+                          lines=failure.last_lines, logs=failure.logs, diagnosis=failure.diagnosis,
+                          views=failure.views)
 
 
 def failure_from_event(event: JobEvent) -> Failure:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 __all__ = [
     "WorkerState", "Outcome", "EndReason", "RunResult", "Failure",
@@ -123,6 +124,9 @@ class Failure:
     #: The cause the workers' ledgers show (:mod:`tfstrategy.launch.ledger_diagnosis`): its headline, then its
     #: evidence; empty when the launcher could only say what it saw (``reason``).
     diagnosis: tuple[str, ...] = ()
+    #: This node's workers as node 0 needs them to diagnose across nodes (``--nnodes``; the wire form of
+    #: :func:`tfstrategy.launch.ledger_diagnosis.view_to_wire`); not part of the report.
+    views: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def exit_status(self) -> int:

@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import Console, stopped_line
@@ -73,6 +73,8 @@ JOIN_TIMEOUT_STATUS = EXIT_JOIN_TIMEOUT
 #: The name of :class:`RunResult` in tfstrategy 0.2.
 LaunchResult = RunResult
 _POLL_SECONDS = 0.1
+#: How often a node of several sends node 0 its workers' views (when they changed).
+_SHARE_SECONDS = 1.0
 
 Spawn = Callable[[WorkerSpec], WorkerHandle]
 
@@ -232,11 +234,13 @@ class Launcher:
                 ) from None
         handles = {worker.index: worker for worker in self._workers}
         return GroupMonitor(list(ports), policy_of(self.options), started=self._clock(),
-                            lines=lambda index: handles[index].last_lines(), ports=ports)
+                            lines=lambda index: handles[index].last_lines(), ports=ports,
+                            peers_elsewhere=len(addresses) > count)
 
     def _watch(self, coordinator: Coordinator, monitor: GroupMonitor, failed_at: float | None,
                result: RunResult) -> Decision | Event | None:
         """The monitor loop: until the attempt ends here (a decision), elsewhere (an event), or a signal (``None``)."""
+        shared: tuple[tuple[dict[str, Any], ...], float] = ((), -_SHARE_SECONDS)
         while True:
             if self._signal is not None:
                 return None
@@ -247,6 +251,11 @@ class Launcher:
             seen = {worker.index: worker.observe() for worker in self._workers}
             now = self._clock()
             decision = monitor.update(now, self._wall(), seen)
+            if monitor.peers_elsewhere and now - shared[1] >= _SHARE_SECONDS:
+                views = monitor.wire_views()
+                if views != shared[0]:  # node 0 diagnoses across nodes with them, should another node fail
+                    coordinator.share(coordinator.round, views)
+                shared = (views, now)
             for note in decision.notes:
                 self._say(note)
             if decision.dump_stacks:
@@ -288,7 +297,7 @@ class Launcher:
             else:
                 if decision.failure is None:  # every outcome but SUCCEEDED carries one
                     raise RuntimeError(f"the monitor ended an attempt ({decision.outcome}) without a failure")
-                local = self._with_output(decision.failure)
+                local = dataclasses.replace(self._with_output(decision.failure), views=started.wire_views())
                 # No grace: the survivors are blocked in collectives with a dead peer and are
                 # discarded anyway (measured: an MWMS worker outlived SIGTERM by a 5 s grace).
                 self._stop(grace=0.0)

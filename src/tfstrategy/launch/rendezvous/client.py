@@ -41,6 +41,7 @@ from tfstrategy.launch.rendezvous.wire import (
     ProtocolError,
     Sealer,
     Stop,
+    Views,
     client_proof,
     encode,
     is_nonce,
@@ -244,7 +245,7 @@ class RendezvousClient:
             time.sleep(every)
             channel.send(Heartbeat())
 
-    def _send(self, message: Join | Failed | Done | Stop) -> None:
+    def _send(self, message: Join | Failed | Done | Stop | Views) -> None:
         if self._channel is not None:
             self._channel.send(message)
 
@@ -282,6 +283,10 @@ class RendezvousClient:
         cause (the earliest real failure of any node), restart or not."""
         self._send(failure)
         return self._wait((EventKind.FAILED, EventKind.STOP, EventKind.LOST), timeout=30.0)
+
+    def share_views(self, views: Views) -> None:
+        """Send node 0 this node's workers' compact views (for a diagnosis across nodes); no answer."""
+        self._send(views)
 
     def finish(self, round_: int) -> JobEvent | None:
         """Tell node 0 this node's workers all exited 0; waits for every node's (or a failure, stop, loss)."""

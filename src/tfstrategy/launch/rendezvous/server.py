@@ -22,6 +22,7 @@ What a peer does wrong is reported with its address and its rank; it never kills
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import secrets
 import socket
@@ -33,9 +34,11 @@ from enum import Enum
 from typing import Any
 
 from tfstrategy.errors import LaunchError
+from tfstrategy.launch.ledger_diagnosis import diagnose, view_from_wire
 from tfstrategy.launch.rendezvous.channel import Channel, ChannelClosed
 from tfstrategy.launch.rendezvous.options import NodeOptions
 from tfstrategy.launch.rendezvous.wire import (
+    DIAGNOSIS_LINES,
     PROTOCOL,
     TO_SERVER,
     Abort,
@@ -55,6 +58,7 @@ from tfstrategy.launch.rendezvous.wire import (
     Stop,
     Stopped,
     Timeout,
+    Views,
     client_proof,
     encode,
     is_nonce,
@@ -156,6 +160,8 @@ class RendezvousServer:
         self._done: set[int] = set()
         #: The round's failures so far, by node, and the monotonic second the first arrived.
         self._failures: dict[int, Failed] = {}
+        #: Each node's latest worker views of the running round (:class:`Views`), for a diagnosis across nodes.
+        self._views: dict[int, list[dict[str, Any]]] = {}
         self._first_failure_at: float | None = None
         self._closed = False
         for target in (self._accept_loop, self._tick_loop):
@@ -399,6 +405,8 @@ class RendezvousServer:
                     self._broadcast(Cluster(round=self.round, workers=workers))
             elif isinstance(message, Failed) and current and self.state is JobState.RUNNING:
                 self._failed_locked(rank, message)
+            elif isinstance(message, Views) and current and self.state is JobState.RUNNING:
+                self._views[rank] = message.views
             elif isinstance(message, Done) and current and self.state is JobState.RUNNING:
                 self._done.add(rank)
                 if len(self._done) == self.node.nnodes:
@@ -435,12 +443,13 @@ class RendezvousServer:
         if not (heard >= set(range(self.node.nnodes)) or now - self._first_failure_at >= self.limits.settle_seconds):
             return
         reported = sorted(self._failures.items(), key=lambda item: item[1].time)
-        # A failure its node's ledgers diagnosed names the cause; else the earliest that is not an echo.
-        rank, cause = next(((r, f) for r, f in reported if f.diagnosis),
-                           next(((r, f) for r, f in reported if not f.consequential), reported[0]))
+        # A failure its node's ledgers diagnosed names the cause; else one every node's ledgers together
+        # diagnose; else the earliest that is not an echo.
+        rank, cause = next(((r, f) for r, f in reported if f.diagnosis), None) or across_nodes(reported, self._views) or next(
+            ((r, f) for r, f in reported if not f.consequential), reported[0])
         restart = self.round < self.job["max_restarts"] and not self._done and cause.outcome != "stopped"
         self._broadcast(RoundFailed.of(rank, cause, restart=restart))
-        self._failures, self._first_failure_at = {}, None
+        self._failures, self._first_failure_at, self._views = {}, None, {}
         if restart:
             self.round += 1
             self.state, self._joins, self._done = JobState.FORMING, {}, set()
@@ -495,3 +504,23 @@ class RendezvousServer:
         for peer in peers:
             peer.channel.close()
 
+
+def across_nodes(reported: list[tuple[int, Failed]],
+                 shared: Mapping[int, list[dict[str, Any]]] | None = None) -> tuple[int, Failed] | None:
+    """The failure every node's worker views together diagnose (``--nnodes``: no node alone sees the cause).
+
+    ``reported``: each node's failure (rank, message), earliest first; ``shared``: the latest views of the
+    nodes that reported none (their workers wait, alive), by rank. Returns the failure of the node of the
+    diagnosed worker (the earliest one when the diagnosis names several), with the diagnosis, or ``None``.
+    """
+    failing = {rank for rank, _ in reported}
+    views = [view_from_wire(view) for _, failed in reported for view in failed.views]
+    views += [view_from_wire(view) for rank, sent in sorted((shared or {}).items()) if rank not in failing
+              for view in sent]
+    found = diagnose(sorted(views, key=lambda view: view.index))
+    if found is None:
+        return None
+    rank, cause = next(((r, f) for r, f in reported if any(v["index"] == found.index for v in f.views)), reported[0])
+    if found.index is not None and cause.worker != found.index:
+        cause = dataclasses.replace(cause, worker=found.index)
+    return rank, dataclasses.replace(cause, diagnosis=list(found.lines())[:DIAGNOSIS_LINES], consequential=False)

@@ -37,11 +37,11 @@ from typing import Any, ClassVar, TypeGuard
 
 __all__ = [
     "PROTOCOL", "ProtocolError", "LineReader", "client_proof", "welcome_proof", "proof_matches", "session_keys", "Sealer",
-    "Opener", "Join", "Failed", "Done", "Stop", "Abort", "Heartbeat", "Cluster", "RoundFailed", "Stopped", "Timeout",
+    "Opener", "Join", "Failed", "Done", "Stop", "Abort", "Heartbeat", "Views", "Cluster", "RoundFailed", "Stopped", "Timeout",
     "Finished", "Closing", "Message", "parse_message", "OUTCOMES",
 ]
 
-PROTOCOL = "tfstrategy-rendezvous/4"
+PROTOCOL = "tfstrategy-rendezvous/5"
 #: Longest line before authentication (a hello is ~300 bytes) and after it (a failure's last lines).
 HANDSHAKE_LINE = 4096
 MAX_LINE = 4 << 20
@@ -229,7 +229,9 @@ class Join(Message):
 class Failed(Message):
     """node -> node 0: a local worker failed in ``round``, whole: when (wall clock), why, whether it only
     echoes a failure elsewhere, how it ends the job (``outcome``), its last lines and log files, and the
-    cause its workers' ledgers show (``diagnosis``: headline then evidence; empty if none)."""
+    cause its workers' ledgers show (``diagnosis``: headline then evidence; empty if none), and what node 0
+    needs to diagnose across nodes: each local worker's compact view (``views``:
+    :func:`tfstrategy.launch.ledger_diagnosis.view_to_wire`)."""
 
     kind: ClassVar[str] = "failed"
     round: int
@@ -242,17 +244,19 @@ class Failed(Message):
     lines: list[str]
     logs: list[str]
     diagnosis: list[str]
+    views: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def bounded(cls, *, round: int, worker: int | None, reason: str, status: int, time: float, consequential: bool,
                 outcome: str, lines: tuple[str, ...] | list[str], logs: tuple[str, ...] | list[str],
-                diagnosis: tuple[str, ...] | list[str] = ()) -> Failed:
+                diagnosis: tuple[str, ...] | list[str] = (),
+                views: tuple[dict[str, Any], ...] | list[dict[str, Any]] = ()) -> Failed:
         """A failure cut to what the wire carries (the newest lines, the first log files), so it never breaks the protocol."""
         return cls(round=round, worker=worker, reason=reason[:_TEXT], status=min(max(status, 0), 1023),
                    time=time if math.isfinite(time) and 0 <= time <= _WALL else 0.0, consequential=consequential,
                    outcome=outcome if outcome in OUTCOMES else "failed",
                    lines=[line[:LINE_CHARS] for line in lines][-LINES:], logs=[path[:_PATH] for path in logs][:_LOGS],
-                   diagnosis=[line[:LINE_CHARS] for line in diagnosis][:DIAGNOSIS_LINES])
+                   diagnosis=[line[:LINE_CHARS] for line in diagnosis][:DIAGNOSIS_LINES], views=list(views)[:VIEWS])
 
 
 @dataclass(frozen=True)
@@ -275,6 +279,16 @@ class Abort(Message):
 
     kind: ClassVar[str] = "abort"
     reason: str
+
+
+@dataclass(frozen=True)
+class Views(Message):
+    """node -> node 0, every few seconds while a round runs: its workers' compact views (as in :class:`Failed`),
+    so node 0 can diagnose across nodes when a node whose workers only wait reports no failure."""
+
+    kind: ClassVar[str] = "views"
+    round: int
+    views: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -312,7 +326,7 @@ class RoundFailed(Message):
 
     @classmethod
     def of(cls, node: int, failed: Failed, *, restart: bool) -> RoundFailed:
-        fields = {f.name: getattr(failed, f.name) for f in dataclasses.fields(Failed)}
+        fields = {f.name: getattr(failed, f.name) for f in dataclasses.fields(Failed) if f.name != "views"}
         return cls(node=node, restart=restart, **fields)
 
 
@@ -347,7 +361,7 @@ class Closing(Message):
     reason: str
 
 
-TO_SERVER: dict[str, type[Message]] = {m.kind: m for m in (Join, Failed, Done, Stop, Abort, Heartbeat)}
+TO_SERVER: dict[str, type[Message]] = {m.kind: m for m in (Join, Failed, Done, Stop, Abort, Heartbeat, Views)}
 TO_CLIENT: dict[str, type[Message]] = {m.kind: m for m in (Cluster, RoundFailed, Stopped, Timeout, Finished, Closing,
                                                            Heartbeat)}
 
@@ -358,6 +372,10 @@ LINES = 100
 LINE_CHARS = 2_000
 #: A failure's diagnosis: its headline and evidence, at most this many lines (each at most LINE_CHARS).
 DIAGNOSIS_LINES = 20
+#: A failure's worker views (node -> node 0): at most this many workers.
+VIEWS = 64
+#: A view's bounds (as :func:`tfstrategy.launch.ledger_diagnosis.view_to_wire` cuts it).
+_VIEW_TEXT, _VIEW_FUNCTIONS, _VIEW_ENDS, _VIEW_WEIGHTS, _COUNT = 300, 8, 8, 64, 1 << 40
 #: A failure's log files: at most this many paths, each at most this long.
 _LOGS = 4
 _PATH = 4096
@@ -420,6 +438,54 @@ def _addresses(value: object, where: str) -> dict[str, str]:
     return {_text(7)(rank, f"{where} key"): host(address, f"{where}[{rank}]") for rank, address in value.items()}
 
 
+def _optional(check: Check) -> Check:
+    def optional(value: object, where: str) -> Any:
+        return None if value is None else check(value, where)
+    return optional
+
+
+def _record(checks: Mapping[str, Check]) -> Check:
+    """An object with exactly the keys of ``checks``, each checked."""
+    def check(value: object, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict) or set(value) != set(checks):
+            keys = sorted(value) if isinstance(value, dict) else str(value)[:60]
+            raise ProtocolError(f"{where} is {keys!r}; expected an object of {sorted(checks)}")
+        return {key: item(value[key], f"{where}.{key}") for key, item in checks.items()}
+    return check
+
+
+def _pair(first: Check, second: Check) -> Check:
+    def check(value: object, where: str) -> list[Any]:
+        if not isinstance(value, list) or len(value) != 2:
+            raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected a pair")
+        return [first(value[0], f"{where}[0]"), second(value[1], f"{where}[1]")]
+    return check
+
+
+def _triple(first: Check, second: Check, third: Check) -> Check:
+    def check(value: object, where: str) -> list[Any]:
+        if not isinstance(value, list) or len(value) != 3:
+            raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected a list of 3")
+        return [first(value[0], f"{where}[0]"), second(value[1], f"{where}[1]"), third(value[2], f"{where}[2]")]
+    return check
+
+
+_COUNTER = _int(0, _COUNT)
+_LEDGER_VIEW = _record({
+    "epoch": _int(-1, _COUNT), "batches": _COUNTER, "steps": _COUNTER, "total_steps": _COUNTER,
+    "frame": _text(_VIEW_TEXT), "end_of_data": _list(_pair(_COUNTER, _COUNTER), _VIEW_ENDS),
+    "functions": _list(_record({"kind": _text(20), "fingerprint": _text(64), "collectives": _int(0, _COUNT, optional=True),
+                                "epoch": _COUNTER, "step": _COUNTER, "summary": _text(_VIEW_TEXT)}), _VIEW_FUNCTIONS),
+    "epoch_steps": _int(1, _COUNT, optional=True),
+    "weights": _list(_triple(_COUNTER, _text(_VIEW_TEXT), _text(_VIEW_TEXT)), _VIEW_WEIGHTS),
+})
+#: One worker's view as a node sends it (:func:`tfstrategy.launch.ledger_diagnosis.view_to_wire`).
+_WORKER_VIEW = _record({
+    "index": _int(0, 1 << 20), "steps": _int(-1, _COUNT), "in_step": _bool, "returncode": _int(-64, 1023, optional=True),
+    "joined": _bool, "joining": _bool, "stopped": _bool, "error_type": _optional(_text(_VIEW_TEXT)),
+    "ledger": _optional(_LEDGER_VIEW),
+})
+
 _FIELDS: dict[str, Check] = {
     "round": _int(0, _ROUNDS), "address": _text(253, _HOST), "ports": _list(_int(1, 65535), 4096),
     "worker": _int(0, 1 << 20, optional=True), "reason": _text(), "status": _int(0, 1023),
@@ -427,7 +493,7 @@ _FIELDS: dict[str, Check] = {
     "lines": _list(_text(LINE_CHARS), LINES), "logs": _list(_text(_PATH), _LOGS), "signal": _int(1, 64),
     "workers": _list(_text(300, _HOST_PORT), 1 << 16), "node": _int(0, 1 << 16), "restart": _bool,
     "missing": _list(_int(0, 1 << 16), 1 << 16), "arrived": _addresses,
-    "diagnosis": _list(_text(LINE_CHARS), DIAGNOSIS_LINES),
+    "diagnosis": _list(_text(LINE_CHARS), DIAGNOSIS_LINES), "views": _list(_WORKER_VIEW, VIEWS),
 }
 
 

@@ -1,0 +1,136 @@
+"""The diagnosis across nodes (``--nnodes``, pure): each node sends node 0 its workers' compact views with its
+failure; node 0 diagnoses over every node's views, and checks each view on receipt like every wire message."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tfstrategy.launch.ledger import FunctionTrace, Ledger
+from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, WorkerView, view_from_wire, view_to_wire
+from tfstrategy.launch.rendezvous import wire
+from tfstrategy.launch.rendezvous.server import across_nodes
+
+TRAIN = FunctionTrace(kind="train", fingerprint="a1b2c3", collectives=2, summary="Sequential: 2 variables")
+ABORT = "raised CancelledError: Collective ops is aborted by: ... (a consequence of a failure elsewhere)"
+
+
+def _ledger(**fields) -> Ledger:
+    base = dict(epoch=0, batches=3, steps=3, total_steps=3, functions=(TRAIN,), frame="train.py:30 in main")
+    return Ledger(**{**base, **fields})
+
+
+def _failed(node_views: list[WorkerView], worker: int, time: float) -> dict:
+    """A node's failure message as node 0 receives it: encoded, then parsed and checked by the wire."""
+    message = wire.Failed.bounded(round=0, worker=worker, reason=ABORT, status=1, time=time, consequential=True,
+                                  outcome="failed", lines=(), logs=(),
+                                  views=[view_to_wire(view) for view in node_views])
+    return json.loads(json.dumps({"type": message.kind, **dataclasses.asdict(message)}))
+
+
+def _node0_decides(*nodes: tuple[list[WorkerView], int, float]) -> tuple[int, wire.Failed] | None:
+    received = [(rank, wire.parse_message(_failed(*node), wire.TO_SERVER)) for rank, node in enumerate(nodes)]
+    checked = [(rank, message) for rank, message in received if isinstance(message, wire.Failed)]
+    return across_nodes(sorted(checked, key=lambda item: item[1].time))
+
+
+def test_uneven_shards_on_two_nodes_are_named_by_node_0():
+    waiting = WorkerView(index=0, ledger=_ledger(batches=8, steps=7), steps=7, in_step=True, joined=True)
+    short = WorkerView(index=1, ledger=_ledger(batches=8, steps=7, end_of_data=((0, 8),)), steps=7, joined=True)
+    decided = _node0_decides(([waiting], 0, 100.0), ([short], 1, 100.5))
+    assert decided is not None
+    rank, cause = decided
+    assert (rank, cause.worker, cause.consequential) == (1, 1, False)
+    assert cause.diagnosis[0] == ("worker 1 ran out of data after 7 batch(es) of epoch 1 while worker 0 waits in "
+                                  f"batch 8: the shards differ by one batch ({PREPARE_HINT})")
+
+
+def test_different_train_functions_on_two_nodes_are_named_by_node_0():
+    other = FunctionTrace(kind="train", fingerprint="ffee99", collectives=3, summary="Sequential: 4 variables")
+    zero = WorkerView(index=0, ledger=_ledger(), steps=0, in_step=True, joined=True, returncode=1)
+    one = WorkerView(index=1, ledger=_ledger(functions=(other,)), steps=0, in_step=True, joined=True, returncode=1)
+    # node 1 reports first: the workers are still named in their order
+    decided = _node0_decides(([one], 1, 100.0), ([zero], 0, 100.2))
+    assert decided is not None and decided[1].diagnosis[0] == "workers 0 and 1 traced different train functions (step 1)"
+    assert "worker 1: Sequential: 4 variables, 3 collective(s) a step [fingerprint ffee99]" in decided[1].diagnosis
+
+
+def test_different_models_on_two_nodes_are_named_by_node_0():
+    def built(*weights: tuple[str, str]) -> Ledger:
+        return Ledger(extra={"weights": {"count": len(weights), "last": [[n, *w] for n, w in enumerate(weights, 1)]}})
+
+    zero = WorkerView(index=0, ledger=built(("dense/kernel", "(4, 8)")), joined=True)
+    one = WorkerView(index=1, ledger=built(("dense/kernel", "(4, 16)")), joined=True)
+    decided = _node0_decides(([zero], 0, 100.0), ([one], 1, 100.2))
+    assert decided is not None and decided[0] == 0
+    assert decided[1].diagnosis[0] == ("workers 0 and 1 built different models: weight 1 is dense/kernel (4, 8) on "
+                                       "worker 0 and dense/kernel (4, 16) on worker 1")
+
+
+def test_healthy_views_on_every_node_are_no_diagnosis_and_a_view_survives_the_wire_whole():
+    view = WorkerView(index=3, ledger=_ledger(end_of_data=((0, 8),), extra={"epoch_steps": 8}), steps=3,
+                      in_step=True, joined=True, error_type="ValueError")
+    assert _node0_decides(([view], 0, 1.0), ([WorkerView(index=4, ledger=_ledger(), steps=3, joined=True)], 1, 2.0)) \
+        is None
+    back = view_from_wire(json.loads(json.dumps(view_to_wire(view))))
+    assert (back.index, back.steps, back.in_step, back.joined, back.error_type) == (3, 3, True, True, "ValueError")
+    assert back.ledger is not None and back.ledger.end_of_data == ((0, 8),) and back.ledger.functions == (TRAIN,)
+    assert back.ledger.extra["epoch_steps"] == 8
+
+
+def _sent(view: dict) -> dict:
+    return _failed([], 0, 1.0) | {"views": [view]}
+
+
+GOOD = view_to_wire(WorkerView(index=1, ledger=_ledger(), steps=3, joined=True))
+
+
+@pytest.mark.parametrize(("view", "reported"), [
+    pytest.param("x", r"failed\.views\[0\] is 'x'; expected an object of", id="not-an-object"),
+    pytest.param({**GOOD, "extra": 1}, r"failed\.views\[0\] is .*; expected an object of", id="extra-key"),
+    pytest.param({k: v for k, v in GOOD.items() if k != "joined"}, r"failed\.views\[0\] is", id="missing-key"),
+    pytest.param({**GOOD, "index": -1}, r"failed\.views\[0\]\.index is -1; expected an integer", id="negative-index"),
+    pytest.param({**GOOD, "joined": 1}, r"failed\.views\[0\]\.joined is 1; expected true or false", id="joined-int"),
+    pytest.param({**GOOD, "ledger": {**GOOD["ledger"], "batches": "8"}},
+                 r"failed\.views\[0\]\.ledger\.batches is '8'; expected an integer", id="batches-text"),
+    pytest.param({**GOOD, "ledger": {**GOOD["ledger"], "end_of_data": [[0, 8]] * 9}},
+                 r"ledger\.end_of_data is .*; expected a list of at most 8", id="too-many-ends"),
+    pytest.param({**GOOD, "ledger": {**GOOD["ledger"], "end_of_data": [[0]]}},
+                 r"ledger\.end_of_data\[0\] is '\[0\]'; expected a pair", id="end-not-a-pair"),
+    pytest.param({**GOOD, "ledger": {**GOOD["ledger"], "functions": [{"kind": "train"}]}},
+                 r"ledger\.functions\[0\] is .*; expected an object of", id="function-missing-keys"),
+    pytest.param({**GOOD, "ledger": {**GOOD["ledger"], "frame": "x" * 301}},
+                 r"ledger\.frame is 'x+'; expected text of at most 300", id="frame-too-long"),
+    pytest.param({**GOOD, "ledger": {**GOOD["ledger"], "weights": [[1, "w", 3]]}},
+                 r"ledger\.weights\[0\]\[2\] is '3'; expected text", id="weight-shape-not-text"),
+])
+def test_a_malformed_view_is_a_protocol_error_on_receipt(view, reported):
+    with pytest.raises(wire.ProtocolError, match=reported):
+        wire.parse_message(_sent(view), wire.TO_SERVER)
+
+
+def test_too_many_views_is_a_protocol_error_and_a_sender_cuts_them_to_the_bound():
+    with pytest.raises(wire.ProtocolError, match=r"failed\.views is .*; expected a list of at most 64"):
+        wire.parse_message(_failed([], 0, 1.0) | {"views": [GOOD] * 65}, wire.TO_SERVER)
+    cut = wire.Failed.bounded(round=0, worker=0, reason="x", status=1, time=1.0, consequential=False,
+                              outcome="failed", lines=(), logs=(), views=[GOOD] * 100)
+    assert len(cut.views) == wire.VIEWS == 64
+
+
+def test_a_node_whose_worker_only_waits_shares_its_views_and_node_0_diagnoses_with_them():
+    """Uneven shards: worker 1 fails after its data ran out; worker 0 (node 0) waits, alive, and reports no
+    failure; the views node 0 last received from it (a checked Views message) complete the picture."""
+    waiting = WorkerView(index=0, ledger=_ledger(batches=8, steps=7), steps=7, in_step=True, joined=True)
+    short = WorkerView(index=1, ledger=_ledger(batches=8, steps=7, end_of_data=((0, 8),)), steps=7, joined=True,
+                       returncode=1)
+    failed = wire.parse_message(_failed([short], 1, 100.5), wire.TO_SERVER)
+    shared = wire.parse_message({"type": "views", "round": 0, "views": [view_to_wire(waiting)]}, wire.TO_SERVER)
+    assert isinstance(failed, wire.Failed) and isinstance(shared, wire.Views)
+    assert across_nodes([(1, failed)]) is None  # one node's views alone show no cause
+    decided = across_nodes([(1, failed)], {0: shared.views})
+    assert decided is not None and decided[0] == 1 and decided[1].diagnosis[0].startswith(
+        "worker 1 ran out of data after 7 batch(es) of epoch 1 while worker 0 waits in batch 8")
+    with pytest.raises(wire.ProtocolError, match=r"views\.views\[0\]\.steps is 'x'; expected an integer"):
+        wire.parse_message({"type": "views", "round": 0, "views": [{**GOOD, "steps": "x"}]}, wire.TO_SERVER)
