@@ -41,13 +41,13 @@ def main() -> None:
         raise SystemExit(f"planted_worker.py: received cause {cause!r}; expected one of {', '.join(CAUSES)}")
     index = int(os.environ["TFSTRATEGY_WORKER_INDEX"])
     planted = index == 1
-    if planted and cause in ("exit0", "exit1"):
-        planted_now(cause)
-        raise SystemExit(int(cause[-1]))
-
     import keras
     import numpy as np
     import tensorflow as tf
+
+    if planted and cause in ("exit0", "exit1"):  # a script that imports TensorFlow, then ends early (a bad flag)
+        planted_now(cause)
+        raise SystemExit(int(cause[-1]))
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     batches = BATCHES - 1 if planted and cause == "uneven" else BATCHES

@@ -255,7 +255,9 @@ class GroupMonitor:
             # A peer that failed after it with an error that only echoes a lost peer was waiting for it too.
             waiting += [w for w in self.workers.values() if w.state is WorkerState.FAILED
                         and w.ended_at >= worker.ended_at and is_consequence(w.error, self._lines(w.index))]
-            elsewhere = self.peers_elsewhere and not worker.joined
+            # A worker that never imported TensorFlow keeps no ledger: a smoke test (`python -c
+            # "print(...)"` on every node) is not a training worker that failed to join.
+            elsewhere = self.peers_elsewhere and not worker.joined and worker.ledger is not None
             if not waiting and not elsewhere:
                 continue
             names = ", ".join(str(w.index) for w in waiting)
