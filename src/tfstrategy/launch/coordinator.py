@@ -80,6 +80,10 @@ class Coordinator(Protocol):
     def share(self, attempt: int, views: tuple[dict[str, Any], ...]) -> None:
         """Give node 0 this node's workers' compact views (``--nnodes``), for a diagnosis across nodes."""
 
+    def remote_views(self, attempt: int) -> tuple[dict[str, Any], ...] | None:
+        """The other nodes' workers' latest views (``--nnodes``) on node 0, to watch every worker for stragglers;
+        ``None`` where this launcher does not (another node: node 0 watches them all)."""
+
     def finish(self, attempt: int) -> Event:
         """This machine's workers all exited 0: ``SUCCEEDED`` once every machine's did, else what happened."""
 
@@ -125,6 +129,10 @@ class LocalCoordinator:
 
     def share(self, attempt: int, views: tuple[dict[str, Any], ...]) -> None:
         """Nothing to share: every worker is here."""
+
+    def remote_views(self, attempt: int) -> tuple[dict[str, Any], ...] | None:
+        """No other node: every worker is here, and watched here."""
+        return ()
 
     def finish(self, attempt: int) -> Event:
         return Event(outcome=Outcome.SUCCEEDED)

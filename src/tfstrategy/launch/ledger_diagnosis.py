@@ -23,6 +23,7 @@ Epochs and batches are said as Keras prints them (epoch 1 is the first). Nothing
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -382,6 +383,8 @@ def _describe(trace: FunctionTrace) -> str:
 
 #: What one view on the wire carries at most: functions, end-of-data events, weights, characters of text.
 WIRE_FUNCTIONS, WIRE_ENDS, WIRE_WEIGHTS, WIRE_TEXT = 8, 8, 64, 300
+#: The largest per-step seconds and wall-clock second a view carries (a ledger's larger or odd values are sent as unknown).
+WIRE_STEP_SECONDS, WIRE_WALL = 1e6, 1e11
 
 
 def view_to_wire(view: WorkerView) -> dict[str, object]:
@@ -408,8 +411,20 @@ def view_to_wire(view: WorkerView) -> dict[str, object]:
                       for t in ledger.functions][-WIRE_FUNCTIONS:],
         "epoch_steps": planned,
         "weights": [[ordinal, name[:WIRE_TEXT], shape[:WIRE_TEXT]]
-                    for ordinal, (name, shape) in sorted(weights.items())][:WIRE_WEIGHTS]}
+                    for ordinal, (name, shape) in sorted(weights.items())][:WIRE_WEIGHTS],
+        # What StragglerWatch reads, so that node 0 can watch every worker of the job.
+        "time": _bounded(ledger.time, WIRE_WALL) or 0.0,
+        "step_seconds": _bounded(ledger.step_seconds, WIRE_STEP_SECONDS),
+        "input_seconds": _bounded(_input_wait(ledger), WIRE_STEP_SECONDS),
+        "cpu_seconds": _bounded(ledger.cpu_seconds, WIRE_STEP_SECONDS)}
     return data
+
+
+def _bounded(value: object, high: float) -> float | None:
+    """``value`` as a float when it is a finite number 0..``high`` (a worker's file may hold anything), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value) if 0 <= value <= high else None
 
 
 def view_from_wire(data: Mapping[str, Any]) -> WorkerView:
@@ -423,7 +438,9 @@ def view_from_wire(data: Mapping[str, Any]) -> WorkerView:
         ledger = Ledger(epoch=record["epoch"], batches=record["batches"], steps=record["steps"],
                         total_steps=record["total_steps"], frame=record["frame"],
                         end_of_data=tuple((e, b) for e, b in record["end_of_data"]),
-                        functions=tuple(FunctionTrace(**trace) for trace in record["functions"]), extra=extra)
+                        functions=tuple(FunctionTrace(**trace) for trace in record["functions"]), extra=extra,
+                        time=record["time"], step_seconds=record["step_seconds"],
+                        input_seconds=record["input_seconds"], cpu_seconds=record["cpu_seconds"])
     return WorkerView(index=data["index"], ledger=ledger, steps=data["steps"], in_step=data["in_step"],
                       returncode=data["returncode"], joined=data["joined"], joining=data["joining"],
                       stopped=data["stopped"], error_type=data["error_type"])

@@ -29,13 +29,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
 from tfstrategy.launch.ledger import Ledger
-from tfstrategy.launch.ledger_diagnosis import Diagnosis, StragglerWatch, WorkerView, diagnose, view_to_wire
+from tfstrategy.launch.ledger_diagnosis import Diagnosis, StragglerWatch, WorkerView, diagnose, view_from_wire, view_to_wire
 from tfstrategy.launch.reports import ErrorRecord, Progress
 from tfstrategy.launch.states import EXIT_PREEMPTED, Failure, Outcome, WorkerState
 from tfstrategy.worker_contract import stop_line
@@ -153,8 +153,14 @@ class GroupMonitor:
 
     # --- observations -> worker states ------------------------------------------------------------
 
-    def update(self, now: float, wall: float, seen: dict[int, Observation]) -> Decision:
-        """One tick: apply what was seen at monotonic ``now`` (wall clock ``wall``); what to do."""
+    def update(self, now: float, wall: float, seen: dict[int, Observation], *,
+               elsewhere: Sequence[Mapping[str, Any]] | None = None) -> Decision:
+        """One tick: apply what was seen at monotonic ``now`` (wall clock ``wall``); what to do.
+
+        ``elsewhere``: on node 0 of several (``--nnodes``), the other nodes' latest worker views (as
+        :func:`~tfstrategy.launch.ledger_diagnosis.view_to_wire` sends them), so that one watch over every
+        worker of the job names a straggler; ``None`` on another node, which leaves that watch to node 0.
+        """
         decision = Decision()
         for index, observation in seen.items():
             self._observe(self.workers[index], observation, now, wall, decision)
@@ -175,9 +181,19 @@ class GroupMonitor:
                 decision.outcome = decision.failure.outcome
             return decision
         self._stalls(now, wall, decision)
-        for found in self._stragglers.update({w.index: w.ledger for w in self._alive()}):
-            decision.notes.append("warning: " + "\n  ".join(found.lines()) + "\n  the job goes on")
+        self._watch_stragglers(elsewhere, decision)
         return decision
+
+    def _watch_stragglers(self, elsewhere: Sequence[Mapping[str, Any]] | None, decision: Decision) -> None:
+        """Warn of a straggler among the running workers here and, on node 0, on the other nodes."""
+        if self.peers_elsewhere and elsewhere is None:
+            return  # node 0 watches every worker of the job: each warning is said once
+        ledgers = {w.index: w.ledger for w in self._alive()}
+        for view in map(view_from_wire, elsewhere or ()):
+            if view.returncode is None and view.index not in ledgers:
+                ledgers[view.index] = view.ledger
+        for found in self._stragglers.update(ledgers):
+            decision.notes.append("warning: " + "\n  ".join(found.lines()) + "\n  the job goes on")
 
     def diagnosis(self) -> Diagnosis | None:
         """The cause the workers' ledgers and states show (:func:`~tfstrategy.launch.ledger_diagnosis.diagnose`)."""

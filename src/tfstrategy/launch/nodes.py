@@ -98,6 +98,13 @@ class RendezvousCoordinator:
         """Send node 0 this node's workers' compact views, so it can diagnose across nodes."""
         self._client.share_views(Views(round=attempt, views=list(views)[:VIEWS]))
 
+    def remote_views(self, attempt: int) -> tuple[dict[str, Any], ...] | None:
+        """On node 0, the other nodes' latest views of ``attempt``'s workers; ``None`` on another node."""
+        if self._server is None:
+            return None
+        shared = self._server.latest_views(attempt)
+        return tuple(view for rank, views in sorted(shared.items()) if rank != self._rank for view in views)
+
     def decide(self, attempt: int, failure: Failure) -> Event:
         """Node 0's decision after a failure here: the round's root cause (maybe another node's), restart or not."""
         return self._event(self._client.report_failure(failure_to_message(attempt, failure)))

@@ -250,7 +250,8 @@ class Launcher:
             self._report_lost_output()
             seen = {worker.index: worker.observe() for worker in self._workers}
             now = self._clock()
-            decision = monitor.update(now, self._wall(), seen)
+            elsewhere = coordinator.remote_views(coordinator.round) if monitor.peers_elsewhere else ()
+            decision = monitor.update(now, self._wall(), seen, elsewhere=elsewhere)
             if monitor.peers_elsewhere and now - shared[1] >= _SHARE_SECONDS:
                 views = monitor.wire_views()
                 if views != shared[0]:  # node 0 diagnoses across nodes with them, should another node fail

@@ -488,6 +488,11 @@ class RendezvousServer:
                     return
             time.sleep(0.05)
 
+    def latest_views(self, round: int) -> dict[int, list[dict[str, Any]]]:
+        """Each node's latest worker views of round ``round`` (:class:`Views`, checked), by rank; none once it ended."""
+        with self._lock:
+            return dict(self._views) if round == self.round and self.state is JobState.RUNNING else {}
+
     def connected(self) -> Mapping[int, str]:
         """The authenticated nodes now connected: rank -> the address they connected from."""
         with self._lock:

@@ -41,7 +41,7 @@ __all__ = [
     "Finished", "Closing", "Message", "parse_message", "OUTCOMES",
 ]
 
-PROTOCOL = "tfstrategy-rendezvous/5"
+PROTOCOL = "tfstrategy-rendezvous/6"
 #: Longest line before authentication (a hello is ~300 bytes) and after it (a failure's last lines).
 HANDSHAKE_LINE = 4096
 MAX_LINE = 4 << 20
@@ -381,6 +381,8 @@ _LOGS = 4
 _PATH = 4096
 #: The latest wall-clock second a failure may carry (the year 5138).
 _WALL = 1e11
+#: The most seconds per step a worker's view may carry.
+_STEP_SECONDS = 1e6
 #: How a failure ends the job (:class:`tfstrategy.launch.states.Outcome`'s values a failure can have).
 OUTCOMES = ("failed", "join-timeout", "stalled", "preempted", "stopped")
 
@@ -470,6 +472,16 @@ def _triple(first: Check, second: Check, third: Check) -> Check:
     return check
 
 
+def _step_seconds(value: object, where: str) -> float | None:
+    """Seconds per step as a ledger times them: unknown (``null``), or a finite number 0..``_STEP_SECONDS``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                               and 0 <= value <= _STEP_SECONDS):
+        raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected null or seconds per step, 0..{_STEP_SECONDS:g}")
+    return float(value)
+
+
 _COUNTER = _int(0, _COUNT)
 _LEDGER_VIEW = _record({
     "epoch": _int(-1, _COUNT), "batches": _COUNTER, "steps": _COUNTER, "total_steps": _COUNTER,
@@ -478,6 +490,7 @@ _LEDGER_VIEW = _record({
                                 "epoch": _COUNTER, "step": _COUNTER, "summary": _text(_VIEW_TEXT)}), _VIEW_FUNCTIONS),
     "epoch_steps": _int(1, _COUNT, optional=True),
     "weights": _list(_triple(_COUNTER, _text(_VIEW_TEXT), _text(_VIEW_TEXT)), _VIEW_WEIGHTS),
+    "time": _seconds, "step_seconds": _step_seconds, "input_seconds": _step_seconds, "cpu_seconds": _step_seconds,
 })
 #: One worker's view as a node sends it (:func:`tfstrategy.launch.ledger_diagnosis.view_to_wire`).
 _WORKER_VIEW = _record({
