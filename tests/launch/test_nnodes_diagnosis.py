@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 
 import pytest
 
 from tfstrategy.launch.ledger import FunctionTrace, Ledger
 from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, WorkerView, view_from_wire, view_to_wire
+from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
+from tfstrategy.launch.reports import Progress
 from tfstrategy.launch.rendezvous import wire
 from tfstrategy.launch.rendezvous.server import across_nodes
 
@@ -134,3 +137,78 @@ def test_a_node_whose_worker_only_waits_shares_its_views_and_node_0_diagnoses_wi
         "worker 1 ran out of data after 7 batch(es) of epoch 1 while worker 0 waits in batch 8")
     with pytest.raises(wire.ProtocolError, match=r"views\.views\[0\]\.steps is 'x'; expected an integer"):
         wire.parse_message({"type": "views", "round": 0, "views": [{**GOOD, "steps": "x"}]}, wire.TO_SERVER)
+
+
+# --- stragglers across nodes: node 0 watches every worker of the job ---------------------------------
+
+
+def _paced(written: float, *, input_seconds: float, cpu: float = 0.1) -> Ledger:
+    return _ledger(total_steps=int(written), step_seconds=0.2, input_seconds=input_seconds, cpu_seconds=cpu,
+                   time=written)
+
+
+def test_a_view_carries_what_the_straggler_watch_reads_and_a_worker_file_cannot_send_odd_values():
+    view = WorkerView(index=1, ledger=_paced(1234.5, input_seconds=0.1, cpu=0.05), joined=True)
+    back = view_from_wire(json.loads(json.dumps(view_to_wire(view))))
+    assert back.ledger is not None
+    assert (back.ledger.time, back.ledger.step_seconds, back.ledger.input_seconds, back.ledger.cpu_seconds) == (
+        1234.5, 0.2, 0.1, 0.05)
+    # input wait a worker times outside tf.data is sent as its input wait
+    outside = view_to_wire(WorkerView(index=1, ledger=_ledger(extra={"outside_seconds": 0.3})))
+    assert outside["ledger"]["input_seconds"] == 0.3
+    # a worker's ledger file may hold anything: what the wire would refuse is sent as unknown
+    odd = _ledger(step_seconds=float("nan"), input_seconds=-1.0, cpu_seconds=float("inf"), time=-5.0)
+    sent = view_to_wire(WorkerView(index=1, ledger=odd))["ledger"]
+    assert (sent["step_seconds"], sent["input_seconds"], sent["cpu_seconds"], sent["time"]) == (None, None, None, 0.0)
+    assert isinstance(wire.parse_message(_sent({**GOOD, "ledger": sent}), wire.TO_SERVER), wire.Failed)
+
+
+@pytest.mark.parametrize(("field", "value", "reported"), [
+    ("step_seconds", float("nan"), r"ledger\.step_seconds is 'nan'; expected null or seconds per step"),
+    ("input_seconds", -0.5, r"ledger\.input_seconds is '-0\.5'; expected null or seconds per step"),
+    ("cpu_seconds", float("inf"), r"ledger\.cpu_seconds is 'inf'; expected null or seconds per step"),
+    ("cpu_seconds", "0.1", r"ledger\.cpu_seconds is '0\.1'; expected null or seconds per step"),
+    ("step_seconds", True, r"ledger\.step_seconds is 'True'; expected null or seconds per step"),
+    ("input_seconds", 1e7, r"ledger\.input_seconds is '10000000\.0'; expected null or seconds per step, 0\.\.1e\+06"),
+    ("time", None, r"ledger\.time is 'None'; expected seconds since the epoch"),
+    ("time", -1.0, r"ledger\.time is '-1\.0'; expected seconds since the epoch"),
+])
+def test_a_malformed_step_timing_in_a_view_is_a_protocol_error_on_receipt(field, value, reported):
+    # NaN and infinity pass through JSON (Python's json reads them): the check is the wire's
+    message = json.loads(json.dumps(_sent({**GOOD, "ledger": {**GOOD["ledger"], field: value}})))
+    with pytest.raises(wire.ProtocolError, match=reported):
+        wire.parse_message(message, wire.TO_SERVER)
+
+
+def _node0_watch(readings: int, remote_input: float, *, jitter: random.Random | None = None) -> list[str]:
+    """Node 0's monitor (worker 0 here) over ``readings`` ticks, worker 1's views arriving from node 1."""
+    monitor = GroupMonitor([0], Policy(), started=0.0, peers_elsewhere=True)
+    notes: list[str] = []
+    for tick in range(1, readings + 1):
+        scale = (lambda: jitter.uniform(0.5, 2.0)) if jitter else (lambda: 1.0)
+        here = _paced(float(tick), input_seconds=0.002 * scale())
+        there = _paced(float(tick), input_seconds=remote_input * scale())
+        received = wire.parse_message({"type": "views", "round": 0, "views": [
+            view_to_wire(WorkerView(index=1, ledger=there, steps=tick, joined=True))]}, wire.TO_SERVER)
+        assert isinstance(received, wire.Views)
+        seen = {0: Observation(joined=True, ledger=here, progress=Progress(heartbeat=tick, steps=tick, in_step=True))}
+        notes += monitor.update(float(tick), 1000.0 + tick, seen, elsewhere=received.views).notes
+    return notes
+
+
+def test_node_0_names_a_straggler_on_another_node_once():
+    notes = [note for note in _node0_watch(30, 0.1) if "straggler" in note]
+    assert len(notes) == 1
+    assert notes[0].startswith("warning: worker 1 is a straggler: it waits 0.10 s a step for its input, 50.0x its "
+                               "peers'")
+
+
+def test_node_0_names_no_straggler_in_a_healthy_jittered_pair_and_another_node_leaves_the_watch_to_it():
+    assert [note for note in _node0_watch(300, 0.002, jitter=random.Random(3)) if "straggler" in note] == []
+    other = GroupMonitor([1, 2], Policy(), started=0.0, peers_elsewhere=True)  # node 1: elsewhere is None
+    notes = []
+    for tick in range(1, 31):
+        seen = {1: Observation(joined=True, ledger=_paced(float(tick), input_seconds=0.1)),
+                2: Observation(joined=True, ledger=_paced(float(tick), input_seconds=0.002))}
+        notes += other.update(float(tick), 1000.0 + tick, seen).notes
+    assert not any("straggler" in note for note in notes)
