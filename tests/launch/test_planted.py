@@ -2,8 +2,8 @@
 
 ``tests/workers/planted_worker.py CAUSE`` trains a tiny Keras model on two workers, worker 1 with
 the cause; each case runs it under ``tfstrategy launch -n 2`` and checks the launcher's headline;
-three of them also under ``--nnodes 2`` (one worker a node: node 0 diagnoses over both nodes' worker
-views, as each node sends them over the rendezvous). A hang is
+four of them also under ``--nnodes 2`` (one worker a node: node 0 diagnoses, and watches for a
+straggler, over both nodes' worker views, as each node sends them over the rendezvous). A hang is
 reported after ``--stall-report`` seconds without progress and fails the job after
 ``--stall-timeout``: each case waits for the launcher to end (its own timeout only guards a hang
 of the test). The time from the cause to the diagnosis is printed (``-s``) for the issue's table.
@@ -69,9 +69,10 @@ def test_each_planted_cause_gets_its_diagnosis_on_one_node(cause):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize("cause", ["uneven", "different-step", "exit0"])
+@pytest.mark.parametrize("cause", ["uneven", "different-step", "exit0", "slow-input"])
 def test_the_planted_causes_that_need_every_worker_are_diagnosed_on_node_0_of_two_nodes(cause):
-    """Under --nnodes 2 (one worker a node) each node sends node 0 its worker's ledger view with its failure."""
+    """Under --nnodes 2 (one worker a node) each node sends node 0 its worker's ledger view with its failure
+    and while it runs: node 0 watches every worker of the job for a straggler."""
     from test_multinode import MASTER_HOST, _finish_all, _free_port, _node
 
     master = f"{MASTER_HOST}:{_free_port()}"
