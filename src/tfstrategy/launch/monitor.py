@@ -35,7 +35,14 @@ from typing import Any
 
 from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
 from tfstrategy.launch.ledger import Ledger
-from tfstrategy.launch.ledger_diagnosis import Diagnosis, StragglerWatch, WorkerView, diagnose, view_from_wire, view_to_wire
+from tfstrategy.launch.ledger_diagnosis import (
+    Diagnosis,
+    StragglerWatch,
+    WorkerView,
+    diagnose,
+    view_from_wire,
+    view_to_wire,
+)
 from tfstrategy.launch.reports import ErrorRecord, Progress
 from tfstrategy.launch.states import EXIT_PREEMPTED, Failure, Outcome, WorkerState
 from tfstrategy.worker_contract import stop_line
