@@ -36,6 +36,14 @@ if sys.argv[1] == "busy":
         threading.Thread(target=forever, daemon=True).start()
     print("busy", flush=True)
     forever()
+if sys.argv[1] == "late":
+    import signal
+    class Late:
+        def __del__(self):  # runs as Python finalizes, after every exit handler
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.5)
+            print("survived", flush=True)
+    late = Late()
 if sys.argv[1] == "wait":
     print("waiting", flush=True)
     time.sleep(60)
@@ -118,6 +126,14 @@ def test_stacks_are_printed_by_a_thread_holding_the_gil_and_a_busy_worker_surviv
     err = "".join(lines)
     assert "in _print_stacks_on_request" in err  # printed by our thread, not inside the signal handler
     assert "in churn" in err and "in forever" in err
+
+
+def test_a_stack_request_while_python_finalizes_does_not_kill_the_worker(tmp_path):
+    # Python resets its signal handlers to the default as it finalizes: a worker in TensorFlow's
+    # teardown was killed by the launcher's request for stacks (SIGUSR2's default ends a process).
+    process = _worker(tmp_path, "late")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and "survived" in out, (process.returncode, err[-2000:])
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ Nothing here imports TensorFlow; the Keras callback class is made when Keras is 
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import faulthandler
 import functools
@@ -145,7 +146,18 @@ def _dump_stacks(contract: WorkerContract) -> str | None:
         return f"every thread's stack on {STACK_SIGNAL.name} (from the signal handler) and on a crash"
     threading.Thread(target=_print_stacks_on_request, args=(read_end, stderr_fd),
                      name="tfstrategy-stacks", daemon=True).start()
+    # Registered before TensorFlow's, so it runs after them (atexit is last in, first out).
+    atexit.register(_stacks_at_exit, stderr_fd)
     return f"every thread's stack on {STACK_SIGNAL.name} and on a crash"
+
+
+def _stacks_at_exit(stderr_fd: int) -> None:
+    """After the last exit handler, Python resets its handlers to the default, and the default of
+    :data:`STACK_SIGNAL` ends the process: a worker still in TensorFlow's teardown (waiting for its
+    peers) would be killed by the launcher's request for stacks. From here faulthandler answers it
+    (our thread no longer runs once Python finalizes), over an ignored signal Python leaves alone."""
+    signal.signal(STACK_SIGNAL, signal.SIG_IGN)
+    faulthandler.register(STACK_SIGNAL, file=stderr_fd, all_threads=True, chain=False)
 
 
 def _stack_request(signum: int, frame: object) -> None:
