@@ -35,7 +35,7 @@ def test_run_profile_reports_an_input_bound_script(tmp_path):
     assert job["recommendations"][0]["action"].startswith("map(..., num_parallel_calls=tf.data.AUTOTUNE)")
     assert "-> input-bound" in result.stderr and (tmp_path / "report.txt").read_text().startswith(
         "tfstrategy performance report (one worker")
-    assert "performance_report" in result.stderr.splitlines()[-1]  # the hook's summary names the step
+    assert f"fit's performance report written into {tmp_path}" in result.stderr.splitlines()[-1]  # the hook's summary
 
 
 def test_on_a_short_run_the_probes_cost_at_most_their_share(tmp_path):

@@ -35,6 +35,9 @@ REPEAT_SECONDS = 60.0
 REPEAT_LINES = 4096
 #: Lines of one worker held at most (a flood is decided at once, so memory stays bounded).
 MAX_HELD = 1000
+#: Keras' progress line (`` 12/12 ━━━━ 4s 184ms/step - loss: ...``, ``32/32 - 5s - 165ms/step - ...``).
+_KERAS_PROGRESS = re.compile(r"^\s*\d+/\d+ .*\d(us|ms|s)/step\b")
+
 #: Without a terminal: the lead's progress as a line after this many seconds without one.
 PLAIN_PROGRESS_SECONDS = 30.0
 
@@ -156,6 +159,8 @@ class Console:
                 return
             if _visible(text).strip().startswith(STOP_PREFIXES):
                 return  # a worker's stop line: the launcher's headline says it, once
+            if index != self._lead and not self.view.every_line and _KERAS_PROGRESS.match(_visible(text)):
+                return  # another worker's copy of the lead's progress line (only its timings differ): in its log
             noise = self._noise_kind(index, _visible(text))
             queue = self._held.setdefault(index, collections.deque())
             if not queue and not noise and (index == self._lead or self.view.every_line):

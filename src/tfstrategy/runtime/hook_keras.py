@@ -116,6 +116,7 @@ def _reported(original: Callable[..., Any], settings: dict[str, Any]) -> Callabl
             args = (*args[:5], given["callbacks"], *args[6:])
         else:
             add_report(model, args, kwargs, settings)
+        RUNTIME.hook.changed("performance_report", f"fit's performance report written into {settings['directory']}")
         return original(model, *args, **kwargs)
 
     return wrapper
