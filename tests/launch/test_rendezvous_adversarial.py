@@ -34,6 +34,7 @@ from tfstrategy.launch.rendezvous import (
     RendezvousClient,
     RendezvousServer,
     ServerLimits,
+    handshake,
     wire,
 )
 
@@ -135,20 +136,20 @@ def form_both(c0: RendezvousClient, c1: RendezvousClient) -> tuple[JobEvent | No
 
 
 def test_a_sealed_message_opens_only_on_its_connection_its_job_and_its_turn():
-    keys_a = wire.session_keys(SECRET, "a" * 32, "b" * 32, "1" * 16, 1)
-    keys_b = wire.session_keys(SECRET, "a" * 32, "c" * 32, "1" * 16, 1)  # another connection of the same job
+    keys_a = handshake.session_keys(SECRET, "a" * 32, "b" * 32, "1" * 16, 1)
+    keys_b = handshake.session_keys(SECRET, "a" * 32, "c" * 32, "1" * 16, 1)  # another connection of the same job
     assert len(set(keys_a + keys_b)) == 4  # fresh per connection, different per direction
-    line = wire.Sealer(keys_a[0], "1" * 16).seal(wire.Stop(signal=15)).rstrip(b"\n")
-    assert wire.Opener(keys_a[0], "1" * 16, wire.TO_SERVER).open(line) == wire.Stop(signal=15)
+    line = handshake.Sealer(keys_a[0], "1" * 16).seal(wire.Stop(signal=15)).rstrip(b"\n")
+    assert handshake.Opener(keys_a[0], "1" * 16, wire.TO_SERVER).open(line) == wire.Stop(signal=15)
     cases = [
-        (wire.Opener(keys_b[0], "1" * 16, wire.TO_SERVER), "failed authentication"),  # another connection
-        (wire.Opener(keys_a[1], "1" * 16, wire.TO_SERVER), "failed authentication"),  # reflected to its sender
-        (wire.Opener(keys_a[0], "2" * 16, wire.TO_SERVER), "another job"),  # a job with another identity
+        (handshake.Opener(keys_b[0], "1" * 16, wire.TO_SERVER), "failed authentication"),  # another connection
+        (handshake.Opener(keys_a[1], "1" * 16, wire.TO_SERVER), "failed authentication"),  # reflected to its sender
+        (handshake.Opener(keys_a[0], "2" * 16, wire.TO_SERVER), "another job"),  # a job with another identity
     ]
     for opener, message in cases:
         with pytest.raises(wire.ProtocolError, match=message):
             opener.open(line)
-    later = wire.Opener(keys_a[0], "1" * 16, wire.TO_SERVER)
+    later = handshake.Opener(keys_a[0], "1" * 16, wire.TO_SERVER)
     later.seq = 1
     with pytest.raises(wire.ProtocolError, match="message number 0, expected 1"):
         later.open(line)
@@ -314,17 +315,17 @@ def raw_handshake(port: int, rank: int = 1, *, rcvbuf: int | None = None, max_re
     nonce = secrets.token_hex(16)
     job = {"nnodes": 2, "workers_per_node": 1, "max_restarts": max_restarts}
     sock.sendall(wire.encode({"type": "hello", "rank": rank, "job": job, "nonce": nonce,
-                              "proof": wire.client_proof(SECRET, challenge["nonce"], nonce, rank)}))
+                              "proof": handshake.client_proof(SECRET, challenge["nonce"], nonce, rank)}))
     welcome = wire.read_json(reader, deadline=deadline)
-    to_server, to_client = wire.session_keys(SECRET, challenge["nonce"], nonce, welcome["job_id"], rank)
+    to_server, to_client = handshake.session_keys(SECRET, challenge["nonce"], nonce, welcome["job_id"], rank)
     reader.limit = wire.MAX_LINE
-    return sock, reader, wire.Sealer(to_server, welcome["job_id"]), wire.Opener(to_client, welcome["job_id"], wire.TO_CLIENT)
+    return sock, reader, handshake.Sealer(to_server, welcome["job_id"]), handshake.Opener(to_client, welcome["job_id"], wire.TO_CLIENT)
 
 
-def _sealed(sealer: wire.Sealer, payload: dict) -> bytes:
+def _sealed(sealer: handshake.Sealer, payload: dict) -> bytes:
     data = json.dumps({"job": sealer.job_id, "seq": sealer.seq, **payload}).encode()
     sealer.seq += 1
-    return wire._mac(sealer._key, data).encode() + b" " + data + b"\n"
+    return handshake._mac(sealer._key, data).encode() + b" " + data + b"\n"
 
 
 FAILED = {"type": "failed", "round": 0, "worker": 0, "reason": "x", "status": 1, "time": 1.5e9, "consequential": False,

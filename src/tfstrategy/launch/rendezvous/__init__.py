@@ -9,8 +9,8 @@ the job runs: it is the control channel through which node 0 relays the first fa
 whether the group restarts, a stop (Ctrl-C on any node), the ranks missing at the deadline, and
 the end of the job.
 
-Modules: :mod:`.options` (a node's place and the secret), :mod:`.wire` (handshake, session keys,
-sealed and typed messages), :mod:`.channel` (one authenticated connection, sends from a queue),
+Modules: :mod:`.options` (a node's place and the secret), :mod:`.wire` (lines and the typed,
+checked messages), :mod:`.handshake` (proofs, session keys, sealed lines), :mod:`.channel` (one authenticated connection, sends from a queue),
 :mod:`.server` and :mod:`.client`. The security model is in ``docs/guides/clusters.md``.
 """
 

@@ -14,7 +14,13 @@ import queue
 import socket
 import threading
 
-from tfstrategy.launch.rendezvous.wire import MAX_LINE, LineReader, Message, Opener, ProtocolError, Sealer
+from tfstrategy.launch.rendezvous.handshake import Opener, Sealer
+from tfstrategy.launch.rendezvous.wire import (
+    MAX_LINE,
+    LineReader,
+    Message,
+    ProtocolError,
+)
 
 __all__ = ["Channel", "ChannelClosed"]
 

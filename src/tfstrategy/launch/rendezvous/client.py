@@ -25,6 +25,15 @@ from typing import Any, TypeGuard
 
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.rendezvous.channel import Channel, ChannelClosed
+from tfstrategy.launch.rendezvous.handshake import (
+    Opener,
+    Sealer,
+    client_proof,
+    is_nonce,
+    proof_matches,
+    session_keys,
+    welcome_proof,
+)
 from tfstrategy.launch.rendezvous.options import NodeOptions
 from tfstrategy.launch.rendezvous.wire import (
     PROTOCOL,
@@ -37,18 +46,11 @@ from tfstrategy.launch.rendezvous.wire import (
     Join,
     LineReader,
     Message,
-    Opener,
     ProtocolError,
-    Sealer,
     Stop,
     Views,
-    client_proof,
     encode,
-    is_nonce,
-    proof_matches,
     read_json,
-    session_keys,
-    welcome_proof,
 )
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 

@@ -36,6 +36,15 @@ from typing import Any
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.ledger_diagnosis import diagnose, view_from_wire
 from tfstrategy.launch.rendezvous.channel import Channel, ChannelClosed
+from tfstrategy.launch.rendezvous.handshake import (
+    Opener,
+    Sealer,
+    client_proof,
+    is_nonce,
+    proof_matches,
+    session_keys,
+    welcome_proof,
+)
 from tfstrategy.launch.rendezvous.options import NodeOptions
 from tfstrategy.launch.rendezvous.wire import (
     DIAGNOSIS_LINES,
@@ -51,21 +60,14 @@ from tfstrategy.launch.rendezvous.wire import (
     Join,
     LineReader,
     Message,
-    Opener,
     ProtocolError,
     RoundFailed,
-    Sealer,
     Stop,
     Stopped,
     Timeout,
     Views,
-    client_proof,
     encode,
-    is_nonce,
-    proof_matches,
     read_json,
-    session_keys,
-    welcome_proof,
 )
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 
