@@ -13,7 +13,7 @@ from tfstrategy.launch.ledger import FunctionTrace, Ledger
 from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, WorkerView, view_from_wire, view_to_wire
 from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
 from tfstrategy.launch.rendezvous import wire
-from tfstrategy.launch.rendezvous.server import across_nodes
+from tfstrategy.launch.rendezvous.root_cause import across_nodes
 from tfstrategy.launch.reports import Progress
 
 TRAIN = FunctionTrace(kind="train", fingerprint="a1b2c3", collectives=2, summary="Sequential: 2 variables")

@@ -18,11 +18,12 @@ from tfstrategy.launch.rendezvous.client import HANDSHAKE_SECONDS, EventKind, Jo
 from tfstrategy.launch.rendezvous.options import (
     MIN_SECRET_BYTES,
     NodeOptions,
+    ServerLimits,
     parse_master,
     read_secret,
     validate_node_options,
 )
-from tfstrategy.launch.rendezvous.server import JobState, RendezvousServer, ServerLimits
+from tfstrategy.launch.rendezvous.server import JobState, RendezvousServer
 from tfstrategy.launch.rendezvous.wire import PROTOCOL
 
 __all__ = [

@@ -11,7 +11,7 @@ from pathlib import Path
 from tfstrategy.errors import LaunchError
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 
-__all__ = ["NodeOptions", "parse_master", "read_secret", "validate_node_options", "MIN_SECRET_BYTES"]
+__all__ = ["NodeOptions", "ServerLimits", "parse_master", "read_secret", "validate_node_options", "MIN_SECRET_BYTES"]
 
 #: Shortest secret accepted (bytes).
 MIN_SECRET_BYTES = 16
@@ -115,3 +115,23 @@ def validate_node_options(node: NodeOptions) -> NodeOptions:
             f"{node.nnodes - 1}, a different one on each machine, 0 on the machine named by --master. e.g. {_EXAMPLE}"
         )
     return node
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerLimits:
+    """The rendezvous's bounds and heartbeat (defaults for real jobs; tests shorten them)."""
+
+    #: Seconds a connection has to complete the whole handshake.
+    handshake_seconds: float = 10.0
+    #: Unauthenticated connections at once, in all and from one address.
+    max_pending: int = 64
+    max_pending_per_host: int = 8
+    #: Every connection carries a heartbeat this often, each way.
+    heartbeat_seconds: float = 2.0
+    #: A peer that sent nothing (or read nothing of a send) for this long is dead.
+    dead_after: float = 10.0
+    #: Messages waiting for one peer before it counts as not reading.
+    queue_limit: int = 256
+    #: Seconds node 0 waits after a round's first failure for the other nodes' (unless every node reported):
+    #: the root cause is the earliest real one, not the first to arrive.
+    settle_seconds: float = 2.0

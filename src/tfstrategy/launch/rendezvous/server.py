@@ -5,7 +5,7 @@ in the handshake at once (``max_pending_per_host`` from one address, so a flood 
 cannot keep the real nodes out), each with ``handshake_seconds`` for the whole handshake (not
 per read: one byte every few seconds does not keep a connection). The accept loop survives
 running out of file descriptors (EMFILE/ENFILE) and transient errors: it backs off and keeps
-serving. After the handshake every message is sealed (:mod:`.wire`) and sent from a queue
+serving. After the handshake every message is sealed (:mod:`.handshake`) and sent from a queue
 (:mod:`.channel`), never under the server's lock.
 
 What a peer does wrong is reported with its address and its rank; it never kills a thread:
@@ -22,7 +22,6 @@ What a peer does wrong is reported with its address and its rank; it never kills
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import secrets
 import socket
@@ -34,7 +33,6 @@ from enum import Enum
 from typing import Any
 
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch.ledger_diagnosis import diagnose, view_from_wire
 from tfstrategy.launch.rendezvous.channel import Channel, ChannelClosed
 from tfstrategy.launch.rendezvous.handshake import (
     Opener,
@@ -45,9 +43,9 @@ from tfstrategy.launch.rendezvous.handshake import (
     session_keys,
     welcome_proof,
 )
-from tfstrategy.launch.rendezvous.options import NodeOptions
+from tfstrategy.launch.rendezvous.options import NodeOptions, ServerLimits
+from tfstrategy.launch.rendezvous.root_cause import root_cause
 from tfstrategy.launch.rendezvous.wire import (
-    DIAGNOSIS_LINES,
     PROTOCOL,
     TO_SERVER,
     Abort,
@@ -76,26 +74,6 @@ __all__ = ["ServerLimits", "JobState", "RendezvousServer"]
 _EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: The same complaint about the same source is said at most once per this many seconds.
 _REPORT_EVERY = 10.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerLimits:
-    """The rendezvous's bounds and heartbeat (defaults for real jobs; tests shorten them)."""
-
-    #: Seconds a connection has to complete the whole handshake.
-    handshake_seconds: float = 10.0
-    #: Unauthenticated connections at once, in all and from one address.
-    max_pending: int = 64
-    max_pending_per_host: int = 8
-    #: Every connection carries a heartbeat this often, each way.
-    heartbeat_seconds: float = 2.0
-    #: A peer that sent nothing (or read nothing of a send) for this long is dead.
-    dead_after: float = 10.0
-    #: Messages waiting for one peer before it counts as not reading.
-    queue_limit: int = 256
-    #: Seconds node 0 waits after a round's first failure for the other nodes' (unless every node reported):
-    #: the root cause is the earliest real one, not the first to arrive.
-    settle_seconds: float = 2.0
 
 
 class JobState(str, Enum):
@@ -433,22 +411,14 @@ class RendezvousServer:
         self._decide_locked(time.monotonic())
 
     def _decide_locked(self, now: float) -> None:
-        """Once every node reported (or ``settle_seconds`` passed), relay the round's root cause and the decision.
-
-        The root cause is the earliest diagnosed failure (its node's ledgers name the cause), else the earliest
-        that is not a consequence of another, else the earliest: a node whose workers only echo a peer's loss
-        (``UnavailableError``) often reports first.
-        """
+        """Once every node reported (or ``settle_seconds`` passed), relay the round's root cause (:func:`root_cause`)."""
         if self.state is not JobState.RUNNING or self._first_failure_at is None:
             return
         heard = set(self._failures) | self._done
         if not (heard >= set(range(self.node.nnodes)) or now - self._first_failure_at >= self.limits.settle_seconds):
             return
         reported = sorted(self._failures.items(), key=lambda item: item[1].time)
-        # A failure its node's ledgers diagnosed names the cause; else one every node's ledgers together
-        # diagnose; else the earliest that is not an echo.
-        rank, cause = next(((r, f) for r, f in reported if f.diagnosis), None) or across_nodes(reported, self._views) or next(
-            ((r, f) for r, f in reported if not f.consequential), reported[0])
+        rank, cause = root_cause(reported, self._views)
         restart = self.round < self.job["max_restarts"] and not self._done and cause.outcome != "stopped"
         self._broadcast(RoundFailed.of(rank, cause, restart=restart))
         self._failures, self._first_failure_at, self._views = {}, None, {}
@@ -510,24 +480,3 @@ class RendezvousServer:
             peers = list(self._peers.values())
         for peer in peers:
             peer.channel.close()
-
-
-def across_nodes(reported: list[tuple[int, Failed]],
-                 shared: Mapping[int, list[dict[str, Any]]] | None = None) -> tuple[int, Failed] | None:
-    """The failure every node's worker views together diagnose (``--nnodes``: no node alone sees the cause).
-
-    ``reported``: each node's failure (rank, message), earliest first; ``shared``: the latest views of the
-    nodes that reported none (their workers wait, alive), by rank. Returns the failure of the node of the
-    diagnosed worker (the earliest one when the diagnosis names several), with the diagnosis, or ``None``.
-    """
-    failing = {rank for rank, _ in reported}
-    views = [view_from_wire(view) for _, failed in reported for view in failed.views]
-    views += [view_from_wire(view) for rank, sent in sorted((shared or {}).items()) if rank not in failing
-              for view in sent]
-    found = diagnose(sorted(views, key=lambda view: view.index))
-    if found is None:
-        return None
-    rank, cause = next(((r, f) for r, f in reported if any(v["index"] == found.index for v in f.views)), reported[0])
-    if found.index is not None and cause.worker != found.index:
-        cause = dataclasses.replace(cause, worker=found.index)
-    return rank, dataclasses.replace(cause, diagnosis=list(found.lines())[:DIAGNOSIS_LINES], consequential=False)
