@@ -39,7 +39,8 @@ def main() -> None:
     cause = sys.argv[1]
     if cause not in CAUSES:
         raise SystemExit(f"planted_worker.py: received cause {cause!r}; expected one of {', '.join(CAUSES)}")
-    index = int(os.environ["TFSTRATEGY_WORKER_INDEX"])
+    # The launcher's worker index; under srun without a launcher (issue 38's "before"), the Slurm task's rank.
+    index = int(os.environ.get("TFSTRATEGY_WORKER_INDEX") or os.environ["SLURM_PROCID"])
     planted = index == 1
     import keras
     import numpy as np

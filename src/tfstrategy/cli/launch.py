@@ -21,6 +21,7 @@ from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, ENV_PORT_RANGE
 if TYPE_CHECKING:  # the launcher's modules load when a job starts, not for `tfstrategy check`
     from tfstrategy.launch.console import ConsoleView
     from tfstrategy.launch.rendezvous import NodeOptions
+    from tfstrategy.launch.slurm import SlurmNodes
     from tfstrategy.launch.supervisor import LaunchOptions
 
 __all__ = ["DESCRIPTION", "EPILOG", "FAMILIAR_FLAGS", "launch_parser"]
@@ -115,7 +116,11 @@ EPILOG = textwrap.dedent(
       tfstrategy launch --nnodes 2 --node-rank 0 --master 10.0.0.5:29400 -n 2 -- python train.py   # on 10.0.0.5
       tfstrategy launch --nnodes 2 --node-rank 1 --master 10.0.0.5:29400 -n 2 -- python train.py   # on 10.0.0.6
 
-    Under Slurm, run the script with srun instead: select() builds TF_CONFIG from the job step."""
+    under Slurm, either way (export TFSTRATEGY_LAUNCH_SECRET first for the launcher):
+      srun python train.py                 # select() builds TF_CONFIG from the step; no launcher, no diagnosis
+      srun --ntasks-per-node=1 tfstrategy launch -n 4 -- python train.py
+                                           # one launcher a node: --nnodes, --node-rank and --master come from
+                                           # the step; supervision and the diagnosis of a hang, as above"""
 )
 
 
@@ -170,8 +175,9 @@ def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                         help="run the job in a private network namespace with only loopback, so TensorFlow's servers "
                         "(which listen on 0.0.0.0) are unreachable from other hosts; workers then have no network")
     nodes = parser.add_argument_group("several machines (no scheduler)")
-    nodes.add_argument("--nnodes", type=int, default=1, metavar="N",
-                       help="machines in the job, each running this command with -n workers (default: 1, this one)")
+    nodes.add_argument("--nnodes", type=int, metavar="N",
+                       help="machines in the job, each running this command with -n workers (default: 1, this one; "
+                       "inside a Slurm job step, the step's tasks)")
     nodes.add_argument("--node-rank", type=int, metavar="R",
                        help=f"this machine's rank 0..N-1, 0 on the --master machine (default: ${ENV_NODE_RANK})")
     nodes.add_argument("--master", metavar="HOST:PORT",
@@ -198,6 +204,8 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
     from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
 
     program = program_from_args(args)
+    if args.nnodes is None:  # not resolved yet (launch_command resolves it first)
+        args, _ = node_arguments(args, os.environ)
     nodes = node_options_from_args(args, os.environ)
     view = console_view(args.console_workers, debug=args.debug)
     port_range = None
@@ -263,6 +271,25 @@ def console_view(text: str | None, *, debug: bool = False) -> ConsoleView:
     return ConsoleView(lead=None if text is None else _worker_indices(text)[0], debug=debug)
 
 
+def node_arguments(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[argparse.Namespace, SlurmNodes | None]:
+    """``args`` with the multi-node options a Slurm job step gives (explicit flags win), and that step's view.
+
+    Outside a job step of 2+ tasks (or with ``--nnodes``, ``--node-rank`` or ``--master``, or
+    ``TFSTRATEGY_SLURM=off``) only ``--nnodes`` changes: to 1 when it was not given.
+
+    Raises:
+        LaunchError: the step's variables cannot be used, or no shared secret (see :func:`slurm_nodes`).
+    """
+    from tfstrategy.launch.slurm import slurm_nodes
+
+    explicit = any(value is not None for value in (args.nnodes, args.node_rank, args.master))
+    slurm = slurm_nodes(env, explicit=explicit, secret_file=args.secret_file is not None)
+    if slurm is None:
+        return argparse.Namespace(**{**vars(args), "nnodes": 1 if args.nnodes is None else args.nnodes}), None
+    return argparse.Namespace(**{**vars(args), "nnodes": slurm.nnodes, "node_rank": slurm.node_rank,
+                                 "master": slurm.master, "node_address": args.node_address or slurm.node_address}), slurm
+
+
 def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> NodeOptions | None:
     """This machine's place in a multi-node job, or ``None`` without ``--nnodes`` (> 1).
 
@@ -276,7 +303,7 @@ def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> 
     given = [name for name, value in (("--node-rank", args.node_rank), ("--master", args.master),
                                       ("--node-address", args.node_address), ("--secret-file", args.secret_file))
              if value is not None]
-    if args.nnodes == 1:
+    if args.nnodes in (None, 1):
         if given:
             raise LaunchError(f"Received {', '.join(given)} with --nnodes 1; expected --nnodes N (2 or more) for a "
                               f"job on several machines, {example}; or drop {', '.join(given)}.")
@@ -331,7 +358,10 @@ def launch_command(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     quiet_tensorflow(args.debug)
+    args, slurm = node_arguments(args, os.environ)
     options = options_from_args(args)
+    if slurm is not None and slurm.node_rank == 0:
+        print(f"tfstrategy launch: {slurm.describe()}", file=sys.stderr)
     worker_settings(options, os.environ)  # a setting the environment contradicts fails here, before any worker
     if args.isolate_network:
         if not network_isolation.is_isolated():
@@ -339,8 +369,9 @@ def launch_command(args: argparse.Namespace) -> int:
         network_isolation.bring_up_loopback()
         print("tfstrategy launch: in a private network namespace: workers reach each other on 127.0.0.1 only, "
               "other hosts cannot reach them", file=sys.stderr)
-    nodes = None if options.nodes is None else ["--nnodes", str(args.nnodes), "--node-rank",
-                                                str(options.nodes.node_rank), "--master", args.master]
+    # The resume command: under Slurm the same srun derives the nodes again (a fixed --node-rank would not).
+    nodes = None if options.nodes is None or slurm is not None else [
+        "--nnodes", str(args.nnodes), "--node-rank", str(options.nodes.node_rank), "--master", args.master]
     env = dict(os.environ)
     result = backup_dir.run_with_backup(options, lambda opts: Launcher(opts, env=env).run(), env=env,
                                         timeout=args.timeout, nodes=nodes,

@@ -24,7 +24,8 @@ Under ``srun python train.py`` every task of the step runs the same script, and
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -47,6 +48,11 @@ DEFAULT_SLURM_PORT = 8888
 DERIVED_PORT_BASE, DERIVED_JOB_SLOTS, DERIVED_STEP_SLOTS, DERIVED_TASKS_PER_NODE = 20000, 1000, 5, 8
 _REQUIRED = ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
 _OFF = ("0", "off", "false", "no")
+
+
+def slurm_switched_off(env: Mapping[str, str]) -> bool:
+    """``TFSTRATEGY_SLURM=off`` (or 0, false, no): the tasks of a step stay independent jobs."""
+    return env.get(ENV_SLURM, "").strip().lower() in _OFF
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,8 +84,18 @@ class SlurmStep:
         )
 
 
-def read_slurm_step(env: Mapping[str, str] | None = None) -> SlurmStep | None:
+#: Two parsers: ``SLURM_STEP_NODELIST`` to node names, ``SLURM_STEP_TASKS_PER_NODE`` to counts.
+Parsers = tuple[Callable[[str], Sequence[str]], Callable[[str], Sequence[Any]]]
+
+
+def read_slurm_step(env: Mapping[str, str] | None = None, *, parsers: Parsers | None = None) -> SlurmStep | None:
     """This process's Slurm job step; ``None`` outside one (no shell, no ``srun``, or a batch script).
+
+    Args:
+        env: the environment to read (``os.environ`` when omitted).
+        parsers: the node list's and the task counts' parsers; default TensorFlow's (which imports
+            TensorFlow); a process that must not import it (``tfstrategy launch``) passes
+            :data:`PLAIN_PARSERS`.
 
     Raises:
         ClusterConfigError: the step variables are present but do not parse.
@@ -88,7 +104,7 @@ def read_slurm_step(env: Mapping[str, str] | None = None) -> SlurmStep | None:
     present = [name for name in _REQUIRED if env.get(name)]
     if len(present) < len(_REQUIRED):
         return None
-    expand_hostlist, expand_tasks_per_node = _compat.slurm_hostlist_helpers()
+    expand_hostlist, expand_tasks_per_node = parsers or _compat.slurm_hostlist_helpers()
     try:
         nodes = tuple(expand_hostlist(env["SLURM_STEP_NODELIST"]))
         counts = tuple(int(count) for count in expand_tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"]))
@@ -112,6 +128,72 @@ def read_slurm_step(env: Mapping[str, str] | None = None) -> SlurmStep | None:
         distribution=env.get("SLURM_DISTRIBUTION") or None,
         resv_ports=env.get("SLURM_STEP_RESV_PORTS") or None,
     )
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Slurm's compressed node list as names, in order: ``"gpu[01-02,05],cpu1"`` -> ``gpu01, gpu02, gpu05, cpu1``.
+
+    Several bracket groups in one name expand as their product, in order (``r[1-2]n[1-2]``:
+    ``r1n1, r1n2, r2n1, r2n2``); a range keeps its lower bound's zero-padding.
+
+    Raises:
+        ValueError: an unbalanced bracket or a range that is not ``low-high`` digits.
+    """
+    names: list[str] = []
+    for entry in _split_outside_brackets(text.strip()):
+        if not entry:
+            raise ValueError(f"an empty name in {text!r}")
+        expanded = [""]
+        for part in re.split(r"(\[[^\]]*\])", entry):  # literals, and bracket groups kept with their brackets
+            choices = _expand_ranges(part[1:-1]) if part.startswith("[") else [part]
+            expanded = [prefix + choice for prefix in expanded for choice in choices]
+        names.extend(expanded)
+    return names
+
+
+def _split_outside_brackets(text: str) -> list[str]:
+    """``"a[1,3],b"`` -> ``["a[1,3]", "b"]``: the commas that separate names, not those inside a range list."""
+    entries, depth, start = [], 0, 0
+    for position, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise ValueError(f"unbalanced brackets in {text!r}")
+        if char == "," and depth == 0:
+            entries.append(text[start:position])
+            start = position + 1
+    if depth:
+        raise ValueError(f"unbalanced brackets in {text!r}")
+    return [*entries, text[start:]]
+
+
+def _expand_ranges(group: str) -> list[str]:
+    """``"01-03,7"`` -> ``["01", "02", "03", "7"]``."""
+    items: list[str] = []
+    for part in group.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()) or int(high or low) < int(low):
+            raise ValueError(f"range {part!r} is not low-high digits")
+        items.extend(str(number).zfill(len(low)) for number in range(int(low), int(high or low) + 1))
+    return items
+
+
+def expand_task_counts(text: str) -> list[int]:
+    """``SLURM_STEP_TASKS_PER_NODE`` as one count per node: ``"2(x3),1"`` -> ``[2, 2, 2, 1]``.
+
+    Raises:
+        ValueError: a part that is not ``N`` or ``N(xM)``.
+    """
+    counts: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if match is None:
+            raise ValueError(f"{part!r} is not N or N(xM)")
+        counts.extend([int(match[1])] * int(match[2] or 1))
+    return counts
+
+
+#: Slurm's variables parsed without TensorFlow (for ``tfstrategy launch``, which never imports it).
+PLAIN_PARSERS: Parsers = (expand_nodelist, expand_task_counts)
 
 
 def parse_port_list(text: str) -> list[int]:
@@ -298,7 +380,7 @@ def cluster_from_slurm_step(env: Mapping[str, str] | None = None) -> SlurmStepCl
         ClusterConfigError: a step of 2+ tasks whose layout tfstrategy cannot serve.
     """
     env = os.environ if env is None else env
-    if env.get("TF_CONFIG", "").strip() or env.get(ENV_SLURM, "").strip().lower() in _OFF:
+    if env.get("TF_CONFIG", "").strip() or slurm_switched_off(env):
         return None
     step = read_slurm_step(env)
     if step is None or step.num_tasks < 2:
@@ -336,7 +418,7 @@ class Slurm(ClusterEnvironment):
     def __init__(self, environ: Mapping[str, str]) -> None:
         super().__init__(environ)
         self._restart = read_count(self.environ, "SLURM_RESTART_COUNT", "Slurm (after a requeue)")
-        self._off = self.environ.get(ENV_SLURM, "").strip().lower() in _OFF
+        self._off = slurm_switched_off(self.environ)
         self._read: tuple[SlurmStep | None, SlurmStepCluster | None] | None = None
 
     @classmethod
