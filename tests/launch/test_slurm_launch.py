@@ -143,6 +143,18 @@ def test_the_launchers_node_list_parser_agrees_with_tensorflows(nodelist):
     assert read_slurm_step({**env, "SLURM_STEP_TASKS_PER_NODE": counts}, parsers=PLAIN_PARSERS).tasks_per_node[:3] == (2, 2, 2)
 
 
+def test_the_launcher_reads_the_step_without_importing_tensorflow():
+    """TensorFlow's parsers would cost every launcher seconds of start-up before its first worker."""
+    step = {**STEP, "SLURM_STEP_NODELIST": "localhost", "SLURMD_NODENAME": "localhost", "SLURM_STEP_TASKS_PER_NODE": "2"}
+    code = ("import sys; from tfstrategy.cli import build_parser; from tfstrategy.cli.launch import node_arguments; "
+            f"args, slurm = node_arguments(build_parser().parse_args(['launch', '-n', '1', '--', 'true']), {step!r}); "
+            "print(slurm.nnodes, slurm.node_rank, 'tensorflow' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={"PYTHONPATH": str(ROOT / "src")})
+
+    assert result.stdout.split() == ["2", "1", "False"], result.stderr[-2000:]
+
+
 def test_the_launchers_node_list_parser_reads_names_with_several_ranges():
     """Slurm writes a suffix after a range, or several ranges, which TensorFlow's parser refuses."""
     expand = PLAIN_PARSERS[0]
