@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     val_ds = tfstrategy.prepare_dataset(validation_source, selection, plan=validation_plan)
 
     # Step 4: fit; the model holds the strategy, so no scope is needed here.
-    history = model.fit(train_ds, validation_data=val_ds, epochs=args.epochs)
+    history = model.fit(train_ds, validation_data=val_ds, epochs=args.epochs, shuffle=False)
     final = {name: round(values[-1], 4) for name, values in history.history.items()}
     print("final " + " ".join(f"{name}={value}" for name, value in final.items()))
     return 0

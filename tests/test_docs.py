@@ -17,6 +17,9 @@ fresh one); a console block runs each ``$`` line with bash, the venv's
 - ``<!-- docs-test: new-process -->``: a python block that starts a fresh script.
 - ``<!-- docs-test: exit N -->``: every ``$`` line of the console block must exit N (default 0).
 - ``<!-- docs-test: output -->``: every output line shown (other than ``...``) must appear in the real output.
+
+A page's own python code must run clean of Keras' ``shuffle=True was passed, but will be ignored``
+warning (its ``fit`` on a dataset passes ``shuffle=False``, as the README's does): a reader copies it.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ UPSTREAM_MESSAGES = (
     "Shape mismatch in the collective instance",
     "Inputs to operation AddN",
 )
+
+#: Keras 3's warning for ``fit(dataset)`` without ``shuffle=False``: the dataset sets the order.
+KERAS_SHUFFLE_WARNING = "`shuffle=True` was passed, but will be ignored"
 
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 MARKER = re.compile(r"<!--\s*docs-test:\s*(\S+)\s*(.*?)\s*-->\s*$")
@@ -177,6 +183,8 @@ def run_segment(segment: Segment, workdir: Path, label: str) -> None:
     actual = {line.rstrip() for line in output.splitlines()}
     missing = [line for line in segment.expected_output if line not in actual]
     assert not missing, f"lines shown in the docs but not printed: {missing}; {context}"
+    if segment.kind == "python":
+        assert KERAS_SHUFFLE_WARNING not in output, f"a fit on a dataset needs shuffle=False; {context}"
 
 
 @pytest.mark.slow

@@ -129,6 +129,10 @@ def test_progress_file_round_trip(tmp_path):
     assert (progress.heartbeat, progress.steps, progress.in_step) == (1, 0, True)
     writer.step_ends()
     assert read_progress(path).steps == 1 and not read_progress(path).in_step
+    assert not read_progress(path).finishing
+    writer.step_begins()
+    writer.finishing()  # the script ended (an exit handler): outside any step
+    assert read_progress(path).finishing and not read_progress(path).in_step
 
 
 COLOURED = "\x1b[1mEpoch 1/2\x1b[0m\n32/32 \x1b[32m━━━━\x1b[0m\x1b[37m\x1b[0m \x1b[1m1s\x1b[0m\n\x1b]0;title\x07end\n"

@@ -473,6 +473,31 @@ def test_a_joined_worker_whose_heartbeat_stops_is_still_frozen():
     assert any("has not beaten its heartbeat for 11 s: frozen" in note for note in decision.notes)
 
 
+def test_a_still_heartbeat_after_the_script_ended_is_the_teardown_not_a_freeze():
+    """A worker that trained and ended its script tears TensorFlow down with its heartbeat still (slow on a
+    loaded machine): no "frozen" stall and no stacks; past ``teardown_timeout`` it is stuck in the teardown."""
+    from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
+    from tfstrategy.launch.reports import Progress
+    from tfstrategy.launch.states import Outcome
+
+    policy = Policy(join_timeout=60, heartbeat_timeout=10, stall_report=5, stall_timeout=120, teardown_timeout=60)
+    monitor = GroupMonitor([0, 1], policy, started=0.0)
+    joined = Observation(joined=True, progress=Progress(1, 3, False))
+    assert monitor.update(1.0, 1.0, {0: joined, 1: joined}).all_joined
+    finishing = Observation(joined=True, progress=Progress(2, 3, False, finishing=True))
+    monitor.update(2.0, 2.0, {0: finishing, 1: Observation(returncode=0)})
+    for now in (15.0, 40.0, 61.0):  # the heartbeat has been still since 2 s
+        decision = monitor.update(now, now, {0: finishing})
+        assert decision.outcome is None and not decision.notes and not decision.dump_stacks
+    decision = monitor.update(63.0, 63.0, {0: finishing})
+    assert decision.dump_stacks and decision.outcome is None
+    assert decision.notes == ["stall: worker 0 finished its script 61 s ago but has not exited: stuck in "
+                              "TensorFlow's teardown (its training is over) (found 61.0 s after its last progress); "
+                              "every worker's Python stack follows in its output; the job fails if it does not "
+                              "advance within 59 s"]
+    assert monitor.update(90.0, 90.0, {0: Observation(returncode=0)}).outcome is Outcome.SUCCEEDED
+
+
 @pytest.mark.parametrize("code", [0, 1])
 def test_a_worker_ending_before_joining_ends_a_multi_node_job_though_no_worker_here_waits(code):
     """Under --nnodes the peers that wait are on other nodes: this node reports the early exit, diagnosed."""

@@ -77,6 +77,9 @@ def test_a_python_process_the_worker_starts_does_not_inherit_its_supervision(tmp
     process = _worker(tmp_path, "child")
     out, _ = process.communicate(timeout=60)
     assert "env []" in out and "child env None" in out
+    # Its script ended: the exit handler said so (the launcher's monitor then takes a still heartbeat
+    # for the teardown, not a freeze).
+    assert read_progress(tmp_path / "progress").finishing
 
 
 def test_the_heartbeat_beats_and_a_stack_signal_prints_every_threads_stack(tmp_path):
@@ -88,6 +91,7 @@ def test_the_heartbeat_beats_and_a_stack_signal_prints_every_threads_stack(tmp_p
         while read_progress(tmp_path / "progress").heartbeat == first and time.monotonic() < deadline:
             time.sleep(0.05)
         assert read_progress(tmp_path / "progress").heartbeat > first
+        assert not read_progress(tmp_path / "progress").finishing  # its script runs
         process.send_signal(signal.SIGUSR2)
         time.sleep(0.5)
     finally:

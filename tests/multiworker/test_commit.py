@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from tfstrategy.errors import BackupError, BackupLockedError, LaunchError, SaveError, UntrustedBackupError
-from tfstrategy.launch.backup_dir import JobBackup, checked_backup_dir, resume_command
+from tfstrategy.launch.backup_dir import JobBackup, checked_backup_dir, resume_command, run_with_backup
+from tfstrategy.launch.options import LaunchOptions
+from tfstrategy.launch.states import Outcome, RunResult
 from tfstrategy.multiworker import commit
 
 JOB = "job-a"
@@ -257,6 +259,35 @@ def test_a_generated_backup_dir_is_removed_after_success_and_kept_with_its_resum
                             "python train.py")
             assert backup.path.is_dir()
     assert JobBackup(None, max_restarts=0).path is None
+
+
+def _stopped_job(tmp_path: Path, *, wrote_a_part: bool) -> tuple[list[str], Path]:
+    """``launch -n 2 --max-restarts 2`` whose worker stopped the job (exit 2): what the launcher says, the directory."""
+    said: list[str] = []
+    made: list[Path] = []
+
+    def run(options: LaunchOptions) -> RunResult:
+        made.append(options.backup_dir)
+        if wrote_a_part:
+            write_part(options.backup_dir / "worker-0", 1)
+        return RunResult().end(Outcome.STOPPED)
+
+    options = LaunchOptions(command=("python", "onedev.py"), num_workers=2, max_restarts=2)
+    result = run_with_backup(options, run, say=said.append, env={"TFSTRATEGY_JOB_ID": "stopped"}, timeout=300)
+    assert result.returncode == 2
+    return said, made[0]
+
+
+def test_a_stopped_job_is_not_told_to_resume_the_same_command(tmp_path):
+    # A worker stopped the job on a user error (MirroredStrategy(devices=['/gpu:0']) on a CPU host): the same
+    # command stops again, so its backup is kept only if a worker wrote one, and the line asks for the fix first.
+    said, directory = _stopped_job(tmp_path, wrote_a_part=False)
+    assert said == [] and not directory.exists()
+    said, directory = _stopped_job(tmp_path, wrote_a_part=True)
+    assert directory.is_dir()
+    assert said == [f"the job's backup is kept in {directory} (exit status 2); the same command would stop again: "
+                    "fix what the line above says, then resume from it with: tfstrategy launch -n 2 --max-restarts 2 "
+                    f"--timeout 300 --backup-dir {directory} -- python onedev.py"]
 
 
 LAUNCH_HOLDER = """

@@ -6,7 +6,9 @@ The keeper runs on fake clocks and a fake writer; the fingerprints and the Keras
 from __future__ import annotations
 
 import copy
+import os
 import sys
+import sysconfig
 from pathlib import Path
 
 import keras
@@ -173,6 +175,47 @@ def test_a_from_generator_generator_runs_the_users_code_for_tf_data_and_a_plain_
     dataset = tf.data.Dataset.from_generator(examples, output_signature=tf.TensorSpec((), tf.bool))
     assert [bool(value) for value in dataset] == [True, True]
     assert not runs_users_code_for_tf_data(sys._getframe())
+
+
+def test_a_py_function_or_numpy_function_in_a_map_runs_the_users_code_for_tf_data():
+    # A slow map function on one worker is input, not the step's CPU: the straggler warning must say
+    # "waits for its input", not "its steps take Nx its peers' CPU".
+    def seen(value):
+        return runs_users_code_for_tf_data(sys._getframe())
+
+    dataset = tf.data.Dataset.range(2).map(lambda x: tf.py_function(seen, [x], tf.bool))
+    assert [bool(value) for value in dataset] == [True, True]
+    parallel = tf.data.Dataset.range(2).map(lambda x: tf.numpy_function(seen, [x], tf.bool), num_parallel_calls=2)
+    assert [bool(value) for value in parallel] == [True, True]
+
+
+class _Frame:
+    """A stand-in for a Python frame: its code's file name and its caller."""
+
+    def __init__(self, filename: str, back: _Frame | None = None) -> None:
+        self.f_code = type("Code", (), {"co_filename": filename})()
+        self.f_back = back
+
+
+def _stack(*filenames: str) -> _Frame | None:
+    """A fake stack, the innermost frame first."""
+    frame = None
+    for filename in reversed(filenames):
+        frame = _Frame(filename, frame)
+    return frame
+
+
+def test_the_sampled_stacks_tell_the_users_map_function_from_the_step_and_from_tensorflows_own_py_functions():
+    library = sysconfig.get_paths()["purelib"]
+    script_ops = os.path.join(library, "tensorflow", "python", "ops", "script_ops.py")
+    autograph = os.path.join(library, "tensorflow", "python", "autograph", "impl", "api.py")
+    users = os.path.abspath("train.py")
+    # The user's map function, called by TensorFlow on a tf.data thread through autograph.
+    assert runs_users_code_for_tf_data(_stack(users, autograph, script_ops, script_ops))
+    # TensorFlow's own Python function (no user frame), and the user's script's main thread.
+    assert not runs_users_code_for_tf_data(_stack(autograph, script_ops))
+    assert not runs_users_code_for_tf_data(_stack(os.path.join(library, "keras", "src", "trainer.py"), users))
+    assert not runs_users_code_for_tf_data(None)
 
 
 def test_the_models_weights_are_in_the_ledger_as_keras_creates_them(tmp_path, monkeypatch):

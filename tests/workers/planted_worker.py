@@ -8,7 +8,8 @@
 ``different-model`` worker 1's hidden layer is wider: another model, other variables;
 ``exit0``/``exit1`` worker 1 exits with that status before creating its strategy;
 ``slow-input``      worker 1's ``from_generator`` input sleeps before every batch;
-``slow-step``       worker 1's step burns CPU in the loss (a ``numpy_function`` busy loop).
+``slow-step``       worker 1's step burns CPU in the loss (a ``numpy_function`` busy loop);
+``slow-map``        worker 1's ``dataset.map`` runs a ``tf.py_function`` that burns CPU on every batch (input).
 
 Every worker's loss carries the same ``numpy_function`` (a busy loop of 0 s but on worker 1 under
 ``slow-step``), and its data the same shapes, so only the planted cause tells the workers apart.
@@ -22,7 +23,8 @@ import os
 import sys
 import time
 
-CAUSES = ("healthy", "uneven", "different-step", "different-model", "exit0", "exit1", "slow-input", "slow-step")
+CAUSES = ("healthy", "uneven", "different-step", "different-model", "exit0", "exit1", "slow-input", "slow-step",
+          "slow-map")
 FEATURES, GLOBAL_BATCH = 4, 8
 #: Batches in an epoch, and the seconds the planted slow worker loses in each.
 BATCHES, SLOW_SECONDS = 8, 0.2
@@ -66,6 +68,22 @@ def main() -> None:
 
         spec = (tf.TensorSpec((None, FEATURES), tf.float32), tf.TensorSpec((None, 1), tf.float32))
         dataset = tf.data.Dataset.from_generator(examples, output_signature=spec)
+    elif cause == "slow-map":
+        work = SLOW_SECONDS if planted else 0.0
+
+        def decode(features):  # worker 1's map: a slow decoder, Python code that tf.data runs on its own threads
+            end = time.process_time() + work
+            while time.process_time() < end:
+                pass
+            return features
+
+        def mapped(features, labels):
+            features = tf.py_function(decode, [features], tf.float32)
+            features.set_shape((None, FEATURES))
+            return features, labels
+
+        # Ten passes over the batches: enough slow steps for the straggler watch (about 10 readings, one a second).
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).map(mapped).repeat(10)
     else:
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
     dataset = dataset.with_options(options)

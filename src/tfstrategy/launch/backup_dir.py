@@ -5,7 +5,9 @@
 - ``--max-restarts K`` without ``--backup-dir`` gets a private directory of its
   own that is removed only when the job succeeds: a job that exits 75 (saved,
   requeue me) or fails keeps it, and the launcher prints its path and the command
-  that resumes from it (:class:`JobBackup`).
+  that resumes from it (:class:`JobBackup`). A job a worker stopped (a user error,
+  ``Outcome.STOPPED``) would stop again on the same command: its backup, if a worker
+  wrote one, is kept with "fix what the line above says, then resume"; an empty one is removed.
 - While the job runs, the launcher holds ``DIR/launch-node-<rank>.lock``, so a
   second ``tfstrategy launch`` on the same directory is refused, naming the job
   that holds it (the workers lock their own ``DIR/<task>/lock`` as well, which is
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tfstrategy.errors import BackupError, LaunchError
+from tfstrategy.launch.states import Outcome
 from tfstrategy.multiworker import commit
 
 __all__ = ["checked_backup_dir", "JobBackup", "run_with_backup"]
@@ -92,15 +95,30 @@ class JobBackup:
             self._lock.release()
             self._lock = None
 
-    def finish(self, returncode: int, resume_command: list[str]) -> str | None:
-        """Remove a generated directory after success; else keep it. What to tell the user (or ``None``)."""
+    def finish(self, returncode: int, resume_command: list[str], *, restartable: bool = True) -> str | None:
+        """Remove a generated directory after success; else keep it. What to tell the user (or ``None``).
+
+        ``restartable=False`` (a worker stopped the job on a user error): the same command would stop
+        again, so the line asks for the fix first, and a directory no worker wrote a backup in is removed.
+        """
         if not self.generated or self.path is None:
             return None
-        if returncode == 0:
+        if returncode == 0 or (not restartable and not _holds_a_backup(self.path)):
             shutil.rmtree(self.path, ignore_errors=True)
             return None
-        return (f"the job's backup is kept in {self.path} (exit status {returncode}); resume from it with: "
-                f"{shlex.join(resume_command)}")
+        kept = f"the job's backup is kept in {self.path} (exit status {returncode})"
+        if not restartable:
+            return (f"{kept}; the same command would stop again: fix what the line above says, then resume from "
+                    f"it with: {shlex.join(resume_command)}")
+        return f"{kept}; resume from it with: {shlex.join(resume_command)}"
+
+
+def _holds_a_backup(directory: Path) -> bool:
+    """Whether a worker wrote its part of a backup in ``directory`` (each in a directory of its own)."""
+    try:
+        return any(entry.is_dir() for entry in directory.iterdir())
+    except OSError:
+        return True  # unreadable: keep it, the user decides
 
 
 def resume_command(*, num_workers: int, max_restarts: int, timeout: float, backup_dir: Path,
@@ -129,7 +147,9 @@ def run_with_backup(options: Any, run: Callable[[Any], _Result], *, say: Callabl
         line = resume_command(num_workers=options.num_workers, max_restarts=options.max_restarts,
                               timeout=0 if timeout is None else timeout, backup_dir=job_backup.path,
                               command=tuple(options.command), nodes=nodes)
-        kept = job_backup.finish(int(getattr(result, "returncode", 1)), line)
+        outcome = getattr(result, "reason", None)
+        kept = job_backup.finish(int(getattr(result, "returncode", 1)), line,
+                                 restartable=not isinstance(outcome, Outcome) or outcome.restartable)
         if kept:
             say(kept)
     return result

@@ -8,7 +8,8 @@ time; :meth:`GroupMonitor.update` moves each worker through
 transitions (ARCHITECTURE.md has the table):
 
 - starting -> joining (``<join file>.starting``) -> running (join file, or every port listening);
-- running -> stalled: no heartbeat for ``heartbeat_timeout`` (stopped, frozen), or outside its
+- running -> stalled: no heartbeat for ``heartbeat_timeout`` (stopped, frozen; once its script
+  ended, the heartbeat stops in the teardown: stalled only past ``teardown_timeout``), or outside its
   step while a peer waits inside one, with no progress for ``max(stall_report, stall_factor x
   step time)``; stalled -> running when it advances again. Before any batch is done, every worker
   inside its first batch (or not yet begun it) for 3 thresholds is said once, with stacks, and not
@@ -74,6 +75,8 @@ class _Worker:
     steps_at: float = 0.0
     intervals: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=20))
     stopped_since: float | None = None
+    #: When the launcher saw its script end (the exit handlers ran): the teardown follows.
+    finishing_since: float | None = None
     stall: str | None = None
     stall_wall: float = 0.0
     left_early: str | None = None
@@ -205,6 +208,8 @@ class GroupMonitor:
                     worker.stall = None
                     worker.state = WorkerState.RUNNING
             worker.in_step = seen.progress.in_step
+            if seen.progress.finishing and worker.finishing_since is None:
+                worker.finishing_since = now
         worker.stopped_since = (worker.stopped_since or now) if seen.stopped else None
         if seen.returncode is not None:
             worker.returncode, worker.ended_at, worker.wall_ended = seen.returncode, now, wall
@@ -408,6 +413,10 @@ class GroupMonitor:
         for w in tracked:
             if w.stopped_since is not None and now - w.stopped_since > 1.0:
                 found.append((w, "is stopped (state T: SIGSTOP, SIGTSTP or a debugger) and does not run", w.beat_at))
+            elif w.finishing_since is not None:
+                if now - w.finishing_since > self.policy.teardown_timeout:
+                    found.append((w, f"finished its script {now - w.finishing_since:.0f} s ago but has not exited: "
+                                  "stuck in TensorFlow's teardown (its training is over)", w.finishing_since))
             elif now - w.beat_at > self.policy.heartbeat_timeout and self._joined_here(w):
                 found.append((w, f"has not beaten its heartbeat for {now - w.beat_at:.0f} s: frozen (a C extension "
                               "holding Python's lock, or the machine swapping)", w.beat_at))
@@ -459,6 +468,8 @@ class GroupMonitor:
             return
         for w in stalled:
             since = w.beat_at if now - w.beat_at > self.policy.heartbeat_timeout or w.stopped_since else last_advance
+            if w.finishing_since is not None and not w.stopped_since:
+                since = w.finishing_since
             if now - since > max(limit, threshold):
                 decision.outcome = Outcome.STALLED
                 decision.failure = self._diagnosed(Failure(

@@ -5,11 +5,13 @@ Both sides of this small protocol live here, so they cannot drift apart:
 - the **error file** (``TFSTRATEGY_ERROR_FILE``): the worker's first uncaught exception, as
   JSON (type, message, the user's frame, wall-clock time, traceback tail), like torchrun's
   ``@record`` error files. The launcher reads it to name the root cause.
-- the **progress file** (``TFSTRATEGY_PROGRESS_FILE``): 32 bytes the worker updates in place
+- the **progress file** (``TFSTRATEGY_PROGRESS_FILE``): 40 bytes the worker updates in place
   through ``mmap`` (no system call per step): a heartbeat counter its own thread bumps
-  every :data:`HEARTBEAT_SECONDS`, the number of train steps finished, and whether it is
+  every :data:`HEARTBEAT_SECONDS`, the number of train steps finished, whether it is
   inside a step (where it waits for its peers in collectives) or outside (callbacks, input,
-  the script's own code). The launcher reads it to find a worker that stopped advancing.
+  the script's own code), and whether its script has ended (its exit handlers run: from
+  there TensorFlow's teardown may hold Python's lock, and the heartbeat stops). The launcher
+  reads it to find a worker that stopped advancing, and not to call a finishing one frozen.
 
 Nothing here imports TensorFlow.
 """
@@ -31,9 +33,9 @@ __all__ = ["ErrorRecord", "write_error", "read_error", "Progress", "ProgressWrit
 
 #: How often a worker's heartbeat thread bumps its counter.
 HEARTBEAT_SECONDS = 0.25
-_FORMAT = "<4q"  # version, heartbeat, steps, in_step
+_FORMAT = "<5q"  # version, heartbeat, steps, in_step, finishing
 _SIZE = struct.calcsize(_FORMAT)
-_VERSION = 1
+_VERSION = 2
 #: Traceback lines kept in an error file.
 _TRACEBACK_LINES = 30
 #: Characters of an exception message kept.
@@ -118,6 +120,8 @@ class Progress:
     heartbeat: int
     steps: int
     in_step: bool
+    #: Its script has ended (the exit handlers run): what follows is the interpreter's and TensorFlow's teardown.
+    finishing: bool = False
 
 
 def read_progress(path: str | os.PathLike[str]) -> Progress | None:
@@ -129,10 +133,10 @@ def read_progress(path: str | os.PathLike[str]) -> Progress | None:
         return None
     if len(data) < _SIZE:
         return None
-    version, heartbeat, steps, in_step = struct.unpack(_FORMAT, data)
+    version, heartbeat, steps, in_step, finishing = struct.unpack(_FORMAT, data)
     if version != _VERSION:
         return None
-    return Progress(heartbeat=heartbeat, steps=steps, in_step=bool(in_step))
+    return Progress(heartbeat=heartbeat, steps=steps, in_step=bool(in_step), finishing=bool(finishing))
 
 
 class ProgressWriter:
@@ -148,7 +152,7 @@ class ProgressWriter:
         finally:
             os.close(fd)
         self.heartbeat = self.steps = 0
-        struct.pack_into(_FORMAT, self._map, 0, _VERSION, 0, 0, 0)
+        struct.pack_into(_FORMAT, self._map, 0, _VERSION, 0, 0, 0, 0)
 
     # Each field is stored alone (an aligned 8-byte store), so the heartbeat thread and the
     # training loop never overwrite each other's fields.
@@ -163,6 +167,11 @@ class ProgressWriter:
         self.steps += 1
         struct.pack_into("<q", self._map, 16, self.steps)
         struct.pack_into("<q", self._map, 24, 0)
+
+    def finishing(self) -> None:
+        """The script has ended (called from an exit handler): a still heartbeat from here on is the teardown."""
+        struct.pack_into("<q", self._map, 24, 0)
+        struct.pack_into("<q", self._map, 32, 1)
 
     def steps_over(self) -> None:
         """Outside any step, without a batch done: the data ran out inside a begun batch, or fit/evaluate ended."""

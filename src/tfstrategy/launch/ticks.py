@@ -24,6 +24,9 @@ class Policy:
     stall_timeout: float | None = 120.0
     #: A live worker whose heartbeat stopped this long is stalled (stopped or frozen).
     heartbeat_timeout: float = 10.0
+    #: A worker whose script ended (its heartbeat then stops while TensorFlow tears down, slowly on a loaded
+    #: machine) but which has not exited this long is stalled: stuck in the teardown.
+    teardown_timeout: float = 60.0
     #: How long a failure that only echoes a peer's waits for the real one to show.
     settle: float = 3.0
 

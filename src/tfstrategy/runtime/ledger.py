@@ -88,8 +88,9 @@ class LedgerKeeper:
         self._urgent = False
         # The heartbeat's side: samples of (clock, total steps, outside seconds, CPU seconds, input seconds).
         self._samples: deque[tuple[float, int, float, float, float]] = deque(maxlen=_WINDOW)
-        #: Seconds the heartbeat saw tf.data run the user's code (a ``from_generator`` generator): the input
-        #: a ``tf.function`` reads inside the step (Keras' ``fit``), which no batch callback can time.
+        #: Seconds the heartbeat saw tf.data run the user's code (a ``from_generator`` generator, a ``py_function``
+        #: in a ``map``): the input a ``tf.function`` reads inside the step (Keras' ``fit``), which no batch
+        #: callback can time.
         self.input_seconds = 0.0
         self._sampled_at: float | None = None
         self._written: Ledger | None = None
@@ -195,8 +196,8 @@ class LedgerKeeper:
         """Seconds per step, input seconds per step and CPU seconds per step over the window.
 
         The input seconds are the larger of the time between steps (a custom loop's ``next()``, Keras'
-        callbacks) and the time the heartbeat saw tf.data run the user's code (a generator read inside the
-        step): one of the two sees a slow input, whichever loop reads it.
+        callbacks) and the time the heartbeat saw tf.data run the user's code (a generator or a ``map``'s
+        ``py_function`` read inside the step): one of the two sees a slow input, whichever loop reads it.
         """
         if len(self._samples) < 2:
             return None, None, None
@@ -280,16 +281,24 @@ def user_frame_of(frame: FrameType | None) -> str:
 
 #: Where tf.data's Python code lives (``from_generator`` calls the user's generator from there).
 _TF_DATA = os.sep + os.path.join("tensorflow", "python", "data") + os.sep
+#: Where TensorFlow calls a ``tf.py_function``'s or ``tf.numpy_function``'s Python code from (on tf.data's
+#: threads for one inside ``dataset.map``: the outermost frame of that thread's stack).
+_SCRIPT_OPS = os.sep + os.path.join("tensorflow", "python", "ops", "script_ops.py")
 
 
 def runs_users_code_for_tf_data(frame: FrameType | None) -> bool:
-    """Whether ``frame``'s stack is the user's code called by tf.data (a ``from_generator`` generator)."""
+    """Whether ``frame``'s stack is the user's code called by tf.data: a ``from_generator`` generator, or a
+    ``tf.py_function``/``tf.numpy_function`` (which ``dataset.map`` runs on tf.data's threads).
+
+    A ``py_function`` inside the model's own step would count as input too; it cannot be told apart from
+    the stack, and is rare in a distributed step (it runs on the host and cannot be saved in a model).
+    """
     users = False
     while frame is not None:
         filename = frame.f_code.co_filename
         if _is_users(filename):
             users = True
-        elif users and _TF_DATA in filename:
+        elif users and (_TF_DATA in filename or filename.endswith(_SCRIPT_OPS)):
             return True
         frame = frame.f_back
     return False

@@ -15,7 +15,9 @@ Each part is one small named step, recorded in ``RUNTIME.supervision`` (:mod:`tf
   ``faulthandler``'s own handler reads the other threads' frames from inside the signal, while
   they run: a worker tracing its step was seen to die of SIGSEGV there.
 - ``heartbeat``: a thread bumps the progress file's heartbeat (a frozen or stopped process
-  stops beating); :func:`progress_callbacks` count batches and marks "inside a step".
+  stops beating); :func:`progress_callbacks` count batches and marks "inside a step". An exit
+  handler marks the worker "finishing" once its script ended: the heartbeat then stops while
+  the interpreter and TensorFlow tear down (slowly on a loaded machine), which is not a freeze.
 
 Nothing here imports TensorFlow; the Keras callback class is made when Keras is imported.
 """
@@ -196,6 +198,10 @@ def _heartbeat(contract: WorkerContract) -> str | None:
             time.sleep(HEARTBEAT_SECONDS)
 
     threading.Thread(target=beat, name="tfstrategy-heartbeat", daemon=True).start()
+    # Exit handlers run once every non-daemon thread has ended: the script is done. Registered before
+    # TensorFlow is imported, this one runs after TensorFlow's own handlers (quick); the slow part, the
+    # interpreter's and TensorFlow's teardown, comes after every handler, while the heartbeat is still.
+    atexit.register(writer.finishing)
     return f"heartbeat and batches in {path}"
 
 
