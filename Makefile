@@ -28,8 +28,11 @@ check: setup
 # Two pytest workers, each test module whole on one of them (--dist loadfile: its module fixtures,
 # such as the Ray cluster, are made once; pytest 9.2's Node.nodeid broke xdist 3.8's loadgroup).
 # Two Slurm clusters never run at once (tests/slurm_cluster.py). TEST_WORKERS=0: serially.
+# A pytest worker that crashes (a segfault in TensorFlow) ends the run at once: after a crash,
+# xdist 3.8's loadfile scheduler was seen to leave the replacement worker and the controller
+# waiting on each other with tests left, which would hold CI until its time limit.
 TEST_WORKERS ?= 2
-TEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+TEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --max-worker-restart 0)
 
 test: setup lint
 	$(BIN)/python -m pytest $(TEST_PARALLEL) --durations=25
