@@ -182,18 +182,47 @@ def test_a_malformed_step_timing_in_a_view_is_a_protocol_error_on_receipt(field,
 
 def _node0_watch(readings: int, remote_input: float, *, jitter: random.Random | None = None) -> list[str]:
     """Node 0's monitor (worker 0 here) over ``readings`` ticks, worker 1's views arriving from node 1."""
+    def paced(tick: int) -> tuple[Ledger, Ledger]:
+        scale = (lambda: jitter.uniform(0.5, 2.0)) if jitter else (lambda: 1.0)
+        return (_paced(float(tick), input_seconds=0.002 * scale()),
+                _paced(float(tick), input_seconds=remote_input * scale()))
+
+    return _node0_watch_ledgers([paced(tick) for tick in range(1, readings + 1)])
+
+
+def _node0_watch_ledgers(ticks: list[tuple[Ledger, Ledger]]) -> list[str]:
+    """Node 0's monitor over ``ticks``: each (worker 0's ledger here, worker 1's as node 1's view brings it)."""
     monitor = GroupMonitor([0], Policy(), started=0.0, peers_elsewhere=True)
     notes: list[str] = []
-    for tick in range(1, readings + 1):
-        scale = (lambda: jitter.uniform(0.5, 2.0)) if jitter else (lambda: 1.0)
-        here = _paced(float(tick), input_seconds=0.002 * scale())
-        there = _paced(float(tick), input_seconds=remote_input * scale())
+    for tick, (here, there) in enumerate(ticks, start=1):
         received = wire.parse_message({"type": "views", "round": 0, "views": [
             view_to_wire(WorkerView(index=1, ledger=there, steps=tick, joined=True))]}, wire.TO_SERVER)
         assert isinstance(received, wire.Views)
         seen = {0: Observation(joined=True, ledger=here, progress=Progress(heartbeat=tick, steps=tick, in_step=True))}
         notes += monitor.update(float(tick), 1000.0 + tick, seen, elsewhere=received.views).notes
     return notes
+
+
+def _epochs_of_a_slow_step(epochs: int) -> list[tuple[Ledger, Ledger]]:
+    """Worker 0's and worker 1's ledgers as a loaded machine wrote them (planted ``slow-step``, 8 steps an epoch).
+
+    Worker 1's step burns 0.2 s more CPU; at each epoch's end both do the same work (its reading is not
+    slow), then a second or two passes without a step (no timing), as measured under ``--nnodes 2``.
+    """
+    ticks: list[tuple[Ledger, Ledger]] = []
+    for _ in range(epochs):
+        readings = [(0.7, 0.02, 0.22)] * 6 + [(2.0, 0.29, 0.37), (None, None, None), (None, None, None)]
+        for step, cpu_here, cpu_there in readings:
+            written = float(len(ticks) + 1)
+            ticks.append(tuple(_ledger(total_steps=int(written), step_seconds=step, input_seconds=None if step is None
+                                       else 0.0, cpu_seconds=cpu, time=written) for cpu in (cpu_here, cpu_there)))
+    return ticks
+
+
+def test_node_0_names_a_step_straggler_on_another_node_whose_streak_each_epoch_end_breaks():
+    notes = [note for note in _node0_watch_ledgers(_epochs_of_a_slow_step(10)) if "straggler" in note]
+    assert len(notes) == 1 and notes[0].startswith("warning: worker 1 is a straggler: its steps take 11.0x its peers' "
+                                                   "CPU (0.22 s a step against 0.02 s")
 
 
 def test_node_0_names_a_straggler_on_another_node_once():
