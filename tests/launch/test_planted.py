@@ -70,6 +70,9 @@ def _follow(runs: Sequence[Run], cause: str, *, timeout: float) -> tuple[int, st
                     run.process.send_signal(signal.SIGINT)
     reader.join(timeout)
     results = [run.finish(timeout) for run in runs]
+    if seen is not None:
+        print(f"\n(the launcher{'s' if len(runs) > 1 else ''} ended {time.time() - seen:.0f} s after the headline, "
+              f"{results[0][3]:.0f} s after starting)", end="")
     for run, (_, _, rest, _) in zip(runs, results):
         assert run.survivors == [], _report(cause, "".join(err) + rest)
     others = "".join(result[1] + result[2] for result in results[1:])
@@ -92,7 +95,9 @@ def _check(cause: str, code: int, out: str, err: str, seen: float | None, where:
     else:
         assert code == status if status is not None else code != 0, _report(cause, err)
     planted = re.search(rf"planted {cause} at ([0-9.]+)", out + err)
-    after = f"{seen - float(planted.group(1)):.1f} s after the cause" if planted else "(cause not timed)"
+    stalled = re.search(r"found ([0-9.]+) s after its last progress", err)
+    after = (f"{seen - float(planted.group(1)):.1f} s after the cause" if planted else "the cause not timed"
+             ) + (f"; stall found {stalled.group(1)} s after the last progress" if stalled else "")
     print(f"\n{where} {cause}: {found.group(0)} ({after})")
 
 
