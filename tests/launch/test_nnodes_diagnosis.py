@@ -13,7 +13,9 @@ from tfstrategy.launch.ledger import FunctionTrace, Ledger
 from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, WorkerView, view_from_wire, view_to_wire
 from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
 from tfstrategy.launch.rendezvous import wire
-from tfstrategy.launch.rendezvous.root_cause import across_nodes
+from tfstrategy.launch.nodes import failure_from_event
+from tfstrategy.launch.rendezvous import EventKind, JobEvent
+from tfstrategy.launch.rendezvous.root_cause import across_nodes, root_cause
 from tfstrategy.launch.reports import Progress
 
 TRAIN = FunctionTrace(kind="train", fingerprint="a1b2c3", collectives=2, summary="Sequential: 2 variables")
@@ -137,6 +139,23 @@ def test_a_node_whose_worker_only_waits_shares_its_views_and_node_0_diagnoses_wi
         "worker 1 ran out of data after 7 batch(es) of epoch 1 while worker 0 waits in batch 8")
     with pytest.raises(wire.ProtocolError, match=r"views\.views\[0\]\.steps is 'x'; expected an integer"):
         wire.parse_message({"type": "views", "round": 0, "views": [{**GOOD, "steps": "x"}]}, wire.TO_SERVER)
+
+
+def test_a_stopped_worker_on_a_node_that_reported_nothing_is_named_on_its_own_node_not_blamed_on_node_0():
+    """SIGSTOP on node 1's worker 1 inside a step: worker 0 (node 0) aborts first (TensorFlow's heartbeat
+    to the stopped task) and reports; node 1, its stall not yet timed out, only shared its view."""
+    aborted = WorkerView(index=0, ledger=_ledger(steps=96), steps=96, in_step=True, joined=True, returncode=1)
+    stopped = WorkerView(index=1, ledger=_ledger(steps=96), steps=96, in_step=True, joined=True, stopped=True)
+    failed = wire.parse_message(_failed([aborted], 0, 100.0), wire.TO_SERVER)
+    shared = wire.parse_message({"type": "views", "round": 0, "views": [view_to_wire(stopped)]}, wire.TO_SERVER)
+    assert isinstance(failed, wire.Failed) and isinstance(shared, wire.Views)
+    rank, cause = root_cause([(0, failed)], {1: shared.views})
+    relayed = failure_from_event(JobEvent(EventKind.FAILED, {}, wire.RoundFailed.of(rank, cause, restart=False)))
+    assert (relayed.node, relayed.index, relayed.consequential) == (1, 1, False)
+    assert relayed.headline() == "node 1: worker 1 is stopped (SIGSTOP or a debugger) after step 96; its peers wait for it"
+    report = relayed.report()
+    assert "worker 0" not in report and "CancelledError" not in report, report  # node 0's echo is not worker 1's
+    assert "what the launcher saw: node 1 worker 1 was alive on its node" in report, report
 
 
 # --- stragglers across nodes: node 0 watches every worker of the job ---------------------------------
