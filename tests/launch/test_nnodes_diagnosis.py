@@ -12,9 +12,8 @@ import pytest
 from tfstrategy.launch.ledger import FunctionTrace, Ledger
 from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, WorkerView, view_from_wire, view_to_wire
 from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
-from tfstrategy.launch.rendezvous import wire
 from tfstrategy.launch.nodes import failure_from_event
-from tfstrategy.launch.rendezvous import EventKind, JobEvent
+from tfstrategy.launch.rendezvous import EventKind, JobEvent, wire
 from tfstrategy.launch.rendezvous.root_cause import across_nodes, root_cause
 from tfstrategy.launch.reports import Progress
 
