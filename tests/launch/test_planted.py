@@ -13,12 +13,15 @@ at`` line) to the moment the headline reached the console are printed (``-s``) f
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from test_launch import Run
@@ -124,3 +127,43 @@ def test_the_planted_causes_are_diagnosed_on_node_0_of_two_nodes(cause):
     job = ("-n", "1", "--timeout", "120", *STALL, "--", sys.executable, str(WORKER), cause)
     code, out, err, seen = _follow([_node(0, master, *job), _node(1, master, *job)], cause, timeout=300)
     _check(cause, code, out, err, seen, "launch --nnodes 2 (node 0)")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_worker_stopped_on_node_1_is_named_on_node_0_not_its_waiting_peer():
+    """SIGSTOP on node 1's worker inside a step (slow-input: its steps are spent reading; stopped once node 0
+    warned of it, so steps flow): node 0's worker aborts first, on TensorFlow's heartbeat, and reports; node 0
+    names the stopped worker on node 1 from the views node 1 shares, its own worker's abort a consequence."""
+    from test_launch import _tagged
+    from test_multinode import MASTER_HOST, _free_port, _node
+
+    master = f"{MASTER_HOST}:{_free_port()}"
+    job = ("-n", "1", "--timeout", "120", *STALL, "--", sys.executable, str(WORKER), "slow-input")
+    node0, node1 = nodes = [_node(0, master, *job), _node(1, master, *job)]
+    err: list[str] = []
+    stopped = seen = None
+    try:
+        for line in node0.process.stderr or ():
+            err.append(line)
+            if stopped is None and "warning: worker 1 is a straggler" in line:
+                worker = next(pid for pid in _tagged(node1.tag) if pid != node1.process.pid
+                              and b"planted_worker.py" in Path(f"/proc/{pid}/cmdline").read_bytes())
+                os.kill(worker, signal.SIGSTOP)
+                stopped = time.time()
+            elif seen is None and line.startswith("tfstrategy launch: node 1: worker 1 is stopped"):
+                seen = time.time()
+    finally:
+        if stopped is not None:
+            with contextlib.suppress(OSError):
+                os.kill(worker, signal.SIGCONT)
+        results = [run.finish(300) for run in nodes]
+    report = "".join(err) + results[0][2]
+    assert all(run.survivors == [] for run in nodes), _report("sigstop", report)
+    assert results[0][0] != 0 and stopped is not None and seen is not None, _report("sigstop", report)
+    # (node 1's stall timeout may end the job first, its own failure diagnosed: the same headline)
+    assert re.search(r"^tfstrategy launch: node 1: worker 1 is stopped \(SIGSTOP or a debugger\) after step \d+; its "
+                     r"peers wait for it$", report, re.M), _report("sigstop", report)
+    assert "node 0 worker 1" not in report and "stall: worker 0" not in report, _report("sigstop", report)
+    print(f"\nlaunch --nnodes 2 (node 0) SIGSTOP on node 1: node 1: worker 1 is stopped ({seen - stopped:.1f} s after "
+          "the SIGSTOP)")
