@@ -126,11 +126,11 @@ def _watch(readings: int, make) -> list:
     return found
 
 
-def test_a_worker_waiting_for_its_input_is_a_straggler_after_ten_readings():
+def test_a_worker_waiting_for_its_input_is_a_straggler_after_eight_readings():
     def make(index, written):
         return _steady(index, written, input_seconds=0.10 if index == 2 else 0.002, cpu=0.1)
 
-    assert _watch(9, make) == []
+    assert _watch(7, make) == []
     found = _watch(12, make)
     assert len(found) == 1 and found[0].index == 2 and found[0].cause == "straggler"
     assert found[0].headline.startswith("worker 2 is a straggler: it waits 0.10 s a step for its input, 50.0x its "
@@ -146,12 +146,31 @@ def test_a_worker_whose_steps_burn_more_cpu_is_a_straggler_on_compute():
     assert found[0].headline.startswith("worker 0 is a straggler: its steps take 10.0x its peers' CPU")
 
 
-def test_a_slow_reading_between_fast_ones_starts_the_count_again():
+def test_a_fast_reading_now_and_then_does_not_hide_a_straggler():
     def make(index, written):
-        slow = index == 1 and int(written) % 5 != 0  # every fifth reading is normal
+        slow = index == 1 and int(written) % 5 != 0  # every fifth reading is normal (an epoch's end)
         return _steady(index, written, input_seconds=0.1 if slow else 0.002, cpu=0.1)
 
-    assert _watch(40, make) == []
+    found = _watch(40, make)
+    assert [(d.index, d.evidence[0].split(";")[0]) for d in found] == [(1, "slow in 8 of its last 9 readings")]
+
+
+def test_a_worker_slow_in_every_other_reading_is_noise_not_a_straggler():
+    def make(index, written):
+        noisy = int(written) % 2 == index % 2  # each worker's step burns twice its peers' CPU every other reading
+        return _steady(index, written, input_seconds=0.001, cpu=0.3 if noisy else 0.1, step=0.4)
+
+    assert _watch(400, make) == []
+
+
+def test_a_reading_without_step_timing_is_no_evidence_either_way():
+    def make(index, written):
+        untimed = int(written) % 3 == 0  # a window that saw no step: an epoch's end, an evaluation
+        return Ledger(steps=int(written), step_seconds=None if untimed else 0.2, input_seconds=None if untimed else
+                      (0.1 if index == 1 else 0.002), cpu_seconds=None if untimed else 0.1, time=written)
+
+    found = _watch(12, make)  # 8 timed readings, all slow
+    assert [d.index for d in found] == [1]
 
 
 def test_a_healthy_job_with_jitter_has_no_straggler():

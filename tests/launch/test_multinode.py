@@ -285,6 +285,9 @@ def test_two_nodes_one_worker_each_train_to_equal_losses(two_by_one):
     losses = _final_losses(out0) + _final_losses(out1)
     assert len(losses) == 2 and losses[0] == losses[1]
     assert (two_by_one["out"] / "model.keras").exists()
+    # a healthy job: node 0 watches both workers, and no node says a stall, a diagnosis or a straggler
+    for err in (err0, err1):
+        assert not re.search(r"straggler|stall|diagnos", err), err[-3000:]
 
 
 @pytest.mark.multiprocess

@@ -12,8 +12,9 @@ import pytest
 from tfstrategy.launch.ledger import FunctionTrace, Ledger
 from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, WorkerView, view_from_wire, view_to_wire
 from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
-from tfstrategy.launch.rendezvous import wire
-from tfstrategy.launch.rendezvous.root_cause import across_nodes
+from tfstrategy.launch.nodes import failure_from_event
+from tfstrategy.launch.rendezvous import EventKind, JobEvent, wire
+from tfstrategy.launch.rendezvous.root_cause import across_nodes, root_cause
 from tfstrategy.launch.reports import Progress
 
 TRAIN = FunctionTrace(kind="train", fingerprint="a1b2c3", collectives=2, summary="Sequential: 2 variables")
@@ -139,6 +140,23 @@ def test_a_node_whose_worker_only_waits_shares_its_views_and_node_0_diagnoses_wi
         wire.parse_message({"type": "views", "round": 0, "views": [{**GOOD, "steps": "x"}]}, wire.TO_SERVER)
 
 
+def test_a_stopped_worker_on_a_node_that_reported_nothing_is_named_on_its_own_node_not_blamed_on_node_0():
+    """SIGSTOP on node 1's worker 1 inside a step: worker 0 (node 0) aborts first (TensorFlow's heartbeat
+    to the stopped task) and reports; node 1, its stall not yet timed out, only shared its view."""
+    aborted = WorkerView(index=0, ledger=_ledger(steps=96), steps=96, in_step=True, joined=True, returncode=1)
+    stopped = WorkerView(index=1, ledger=_ledger(steps=96), steps=96, in_step=True, joined=True, stopped=True)
+    failed = wire.parse_message(_failed([aborted], 0, 100.0), wire.TO_SERVER)
+    shared = wire.parse_message({"type": "views", "round": 0, "views": [view_to_wire(stopped)]}, wire.TO_SERVER)
+    assert isinstance(failed, wire.Failed) and isinstance(shared, wire.Views)
+    rank, cause = root_cause([(0, failed)], {1: shared.views})
+    relayed = failure_from_event(JobEvent(EventKind.FAILED, {}, wire.RoundFailed.of(rank, cause, restart=False)))
+    assert (relayed.node, relayed.index, relayed.consequential) == (1, 1, False)
+    assert relayed.headline() == "node 1: worker 1 is stopped (SIGSTOP or a debugger) after step 96; its peers wait for it"
+    report = relayed.report()
+    assert "worker 0" not in report and "CancelledError" not in report, report  # node 0's echo is not worker 1's
+    assert "what the launcher saw: node 1 worker 1 was alive on its node" in report, report
+
+
 # --- stragglers across nodes: node 0 watches every worker of the job ---------------------------------
 
 
@@ -182,18 +200,47 @@ def test_a_malformed_step_timing_in_a_view_is_a_protocol_error_on_receipt(field,
 
 def _node0_watch(readings: int, remote_input: float, *, jitter: random.Random | None = None) -> list[str]:
     """Node 0's monitor (worker 0 here) over ``readings`` ticks, worker 1's views arriving from node 1."""
+    def paced(tick: int) -> tuple[Ledger, Ledger]:
+        scale = (lambda: jitter.uniform(0.5, 2.0)) if jitter else (lambda: 1.0)
+        return (_paced(float(tick), input_seconds=0.002 * scale()),
+                _paced(float(tick), input_seconds=remote_input * scale()))
+
+    return _node0_watch_ledgers([paced(tick) for tick in range(1, readings + 1)])
+
+
+def _node0_watch_ledgers(ticks: list[tuple[Ledger, Ledger]]) -> list[str]:
+    """Node 0's monitor over ``ticks``: each (worker 0's ledger here, worker 1's as node 1's view brings it)."""
     monitor = GroupMonitor([0], Policy(), started=0.0, peers_elsewhere=True)
     notes: list[str] = []
-    for tick in range(1, readings + 1):
-        scale = (lambda: jitter.uniform(0.5, 2.0)) if jitter else (lambda: 1.0)
-        here = _paced(float(tick), input_seconds=0.002 * scale())
-        there = _paced(float(tick), input_seconds=remote_input * scale())
+    for tick, (here, there) in enumerate(ticks, start=1):
         received = wire.parse_message({"type": "views", "round": 0, "views": [
             view_to_wire(WorkerView(index=1, ledger=there, steps=tick, joined=True))]}, wire.TO_SERVER)
         assert isinstance(received, wire.Views)
         seen = {0: Observation(joined=True, ledger=here, progress=Progress(heartbeat=tick, steps=tick, in_step=True))}
         notes += monitor.update(float(tick), 1000.0 + tick, seen, elsewhere=received.views).notes
     return notes
+
+
+def _epochs_of_a_slow_step(epochs: int) -> list[tuple[Ledger, Ledger]]:
+    """Worker 0's and worker 1's ledgers as a loaded machine wrote them (planted ``slow-step``, 8 steps an epoch).
+
+    Worker 1's step burns 0.2 s more CPU; at each epoch's end both do the same work (its reading is not
+    slow), then a second or two passes without a step (no timing), as measured under ``--nnodes 2``.
+    """
+    ticks: list[tuple[Ledger, Ledger]] = []
+    for _ in range(epochs):
+        readings = [(0.7, 0.02, 0.22)] * 6 + [(2.0, 0.29, 0.37), (None, None, None), (None, None, None)]
+        for step, cpu_here, cpu_there in readings:
+            written = float(len(ticks) + 1)
+            ticks.append(tuple(_ledger(total_steps=int(written), step_seconds=step, input_seconds=None if step is None
+                                       else 0.0, cpu_seconds=cpu, time=written) for cpu in (cpu_here, cpu_there)))
+    return ticks
+
+
+def test_node_0_names_a_step_straggler_on_another_node_whose_streak_each_epoch_end_breaks():
+    notes = [note for note in _node0_watch_ledgers(_epochs_of_a_slow_step(10)) if "straggler" in note]
+    assert len(notes) == 1 and notes[0].startswith("warning: worker 1 is a straggler: its steps take 11.0x its peers' "
+                                                   "CPU (0.22 s a step against 0.02 s")
 
 
 def test_node_0_names_a_straggler_on_another_node_once():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,7 +233,8 @@ def _uneven_plans(views: Sequence[WorkerView]) -> Diagnosis | None:
 @dataclass
 class _Readings:
     written: float = -1.0
-    slow: int = 0
+    #: Whether each of the worker's last timed readings was slow, the oldest first.
+    slow: deque[bool] = field(default_factory=deque)
 
 
 @dataclass
@@ -243,11 +245,16 @@ class StragglerWatch:
     written. A worker is slow in a reading when what it does on its own per step (its input wait,
     else its CPU) is at least ``ratio`` times its peers' median, and the difference is at least
     ``share`` of the step (and ``floor`` seconds): jitter on a healthy job stays below. It is named
-    after ``readings`` slow readings in a row.
+    once ``needed`` of its last ``readings`` timed readings were slow. A reading without step timing
+    (its window saw no step: an epoch's end, an evaluation, a checkpoint; or no peer's is known yet)
+    is no evidence either way, and one fast reading now and then (the end of an epoch, where every
+    worker does the same work) does not hide a straggler, while a worker slow only every other
+    reading (noise) is never named.
     """
 
     ratio: float = 1.5
     readings: int = 10
+    needed: int = 8
     share: float = 0.1
     floor: float = 0.005
     _seen: dict[int, _Readings] = field(default_factory=dict)
@@ -258,19 +265,27 @@ class StragglerWatch:
         found = []
         current = {index: ledger for index, ledger in ledgers.items() if ledger is not None}
         for index, ledger in current.items():
-            readings = self._seen.setdefault(index, _Readings())
+            readings = self._seen.setdefault(index, _Readings(slow=deque(maxlen=self.readings)))
             if ledger.time == readings.written or len(current) < 2:
                 continue
             readings.written = ledger.time
             peers = [other for other_index, other in current.items() if other_index != index]
+            if not _timed(ledger, peers):
+                continue
             slow = _slower(ledger, peers, self.ratio, self.share, self.floor)
-            readings.slow = readings.slow + 1 if slow is not None else 0
-            if slow is not None and readings.slow >= self.readings and index not in self._named:
+            readings.slow.append(slow is not None)
+            if slow is not None and sum(readings.slow) >= self.needed and index not in self._named:
                 self._named.add(index)
                 found.append(Diagnosis("straggler", index, f"worker {index} is a straggler: {slow}", (
-                    f"{self.readings} readings in a row; its peers wait for it inside every step's collectives, "
-                    "so the whole job runs at its pace",)))
+                    f"slow in {sum(readings.slow)} of its last {len(readings.slow)} readings; its peers wait for it "
+                    "inside every step's collectives, so the whole job runs at its pace",)))
         return found
+
+
+def _timed(ledger: Ledger, peers: Sequence[Ledger]) -> bool:
+    """Whether ``ledger`` is a reading the watch can judge: its window and a peer's timed some steps."""
+    return (ledger.step_seconds is not None and ledger.step_seconds > 0
+            and any(peer.step_seconds is not None and peer.step_seconds > 0 for peer in peers))
 
 
 def _slower(ledger: Ledger, peers: Sequence[Ledger], ratio: float, share: float, floor: float) -> str | None:
