@@ -20,7 +20,8 @@ from tfstrategy.launch.ledger import Ledger, ledger_path, read_ledger
 from tfstrategy.launch.reports import ProgressWriter
 from tfstrategy.runtime import RUNTIME, worker_watch
 from tfstrategy.runtime.inputs import PlanInputs
-from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper, runs_users_code_for_tf_data, user_frame_of
+from tfstrategy.runtime.ledger import (LedgerKeeper, TensorFlowRuns, current_keeper, user_frame_of,
+                                      users_code_tensorflow_runs)
 from tfstrategy.runtime.ledger_traces import summarize_graph
 from tfstrategy.runtime.steps import KeepLedger
 
@@ -147,16 +148,22 @@ def test_step_input_and_cpu_seconds_per_step_come_from_the_samples(tmp_path):
     assert ledger.cpu_seconds == pytest.approx(0.05)
 
 
-def test_input_read_inside_the_step_is_the_time_the_heartbeat_saw_tf_data_run_the_users_code(tmp_path):
-    reading = [False]
+def _keeper_seeing(tmp_path: Path, runs: list[TensorFlowRuns]) -> tuple[LedgerKeeper, Clock, Clock]:
+    """A keeper on fake clocks whose samples see ``runs[0]`` (set it between samples)."""
     clock, cpu = Clock(), Clock()
     keeper = LedgerKeeper(tmp_path / "w.progress.ledger", clock=clock, cpu_clock=cpu, wall=lambda: 1e9,
-                          frame=lambda: "", reading_input=lambda: reading[0], write=lambda path, ledger: None)
+                          frame=lambda: "", runs=lambda: runs[0], write=lambda path, ledger: None)
+    return keeper, clock, cpu
+
+
+def test_input_read_inside_the_step_is_the_time_the_heartbeat_saw_tf_data_run_the_users_code(tmp_path):
+    runs = [TensorFlowRuns()]
+    keeper, clock, cpu = _keeper_seeing(tmp_path, runs)
     keeper.epoch_begins(0)
     for _ in range(8):  # fit: the next batch is read inside the step, no time between steps
         keeper.batch_begins()
         for tick in range(4):  # 4 samples a step, 0.1 s apart; the generator seen in 3 of them
-            reading[0] = tick > 0
+            runs[0] = TensorFlowRuns(input=tick > 0)
             clock.now += 0.1
             keeper.sample()
         cpu.now += 0.01
@@ -165,57 +172,116 @@ def test_input_read_inside_the_step_is_the_time_the_heartbeat_saw_tf_data_run_th
     assert ledger.step_seconds == pytest.approx(0.4)
     assert ledger.input_seconds == pytest.approx(0.3)  # inside the step: the time between steps is 0
     assert ledger.cpu_seconds == pytest.approx(0.01)
+    assert (ledger.py_function_seconds, ledger.py_function) == (0.0, "")
 
 
-def test_a_from_generator_generator_runs_the_users_code_for_tf_data_and_a_plain_call_does_not():
+def test_a_py_function_is_timed_apart_from_input_with_the_function_seen_most(tmp_path):
+    decode, scale = "/job/train.py:12 in decode", "/job/train.py:30 in scale"
+    runs = [TensorFlowRuns()]
+    keeper, clock, cpu = _keeper_seeing(tmp_path, runs)
+    keeper.epoch_begins(0)
+    for _ in range(8):
+        keeper.batch_begins()
+        # 4 samples a step: decode seen in 2 (once beside the generator), scale in 1, nothing in 1.
+        for seen in (TensorFlowRuns(py_functions=(decode,)), TensorFlowRuns(input=True, py_functions=(decode,)),
+                     TensorFlowRuns(py_functions=(scale,)), TensorFlowRuns()):
+            runs[0] = seen
+            clock.now += 0.1
+            keeper.sample()
+        cpu.now += 0.3  # (a py_function burns CPU too: the CPU seconds stay the CPU seconds)
+        keeper.batch_ends()
+    ledger = keeper.ledger()
+    assert ledger.step_seconds == pytest.approx(0.4)
+    assert ledger.py_function_seconds == pytest.approx(0.3)  # never added to the input's 0.1
+    assert ledger.input_seconds == pytest.approx(0.1)
+    assert ledger.cpu_seconds == pytest.approx(0.3)
+    assert ledger.py_function == decode
+    assert Ledger.from_json(ledger.to_json()) == ledger  # the file carries both
+
+
+def test_a_stack_that_cannot_be_read_counts_as_nothing(tmp_path):
+    clock = Clock()
+
+    def broken() -> TensorFlowRuns:
+        raise RuntimeError("no stacks")
+
+    keeper = LedgerKeeper(tmp_path / "l", clock=clock, cpu_clock=Clock(), frame=lambda: "", runs=broken,
+                          write=lambda path, ledger: None)
+    for _ in range(3):
+        clock.now += 0.1
+        keeper.sample()
+    assert keeper.input_seconds == keeper.py_function_seconds == 0.0
+
+
+def test_a_from_generator_generator_is_input_and_a_plain_call_is_nothing():
     def examples():
         for _ in range(2):
-            yield runs_users_code_for_tf_data(sys._getframe())
+            yield users_code_tensorflow_runs(sys._getframe()) == ("input", "")
 
     dataset = tf.data.Dataset.from_generator(examples, output_signature=tf.TensorSpec((), tf.bool))
     assert [bool(value) for value in dataset] == [True, True]
-    assert not runs_users_code_for_tf_data(sys._getframe())
+    assert users_code_tensorflow_runs(sys._getframe()) is None
 
 
-def test_a_py_function_or_numpy_function_in_a_map_runs_the_users_code_for_tf_data():
-    # A slow map function on one worker is input, not the step's CPU: the straggler warning must say
-    # "waits for its input", not "its steps take Nx its peers' CPU".
-    def seen(value):
-        return runs_users_code_for_tf_data(sys._getframe())
+def _place(function) -> str:
+    code = function.__code__
+    return f"{code.co_filename}:{code.co_firstlineno} in {code.co_name}"
 
-    dataset = tf.data.Dataset.range(2).map(lambda x: tf.py_function(seen, [x], tf.bool))
-    assert [bool(value) for value in dataset] == [True, True]
-    parallel = tf.data.Dataset.range(2).map(lambda x: tf.numpy_function(seen, [x], tf.bool), num_parallel_calls=2)
-    assert [bool(value) for value in parallel] == [True, True]
+
+def test_a_py_function_in_a_map_and_a_numpy_function_in_a_step_are_py_functions_named_by_the_users_function():
+    # Neither is input: the stack cannot tell a map's from a step's (a slow numpy_function in the loss
+    # must not be "waits for its input").
+    seen = []
+
+    def decode(value):
+        seen.append(users_code_tensorflow_runs(sys._getframe()))
+        return value
+
+    list(tf.data.Dataset.range(2).map(lambda x: tf.py_function(decode, [x], tf.int64)))
+    parallel = tf.data.Dataset.range(2).map(lambda x: tf.numpy_function(decode, [x], tf.int64), num_parallel_calls=2)
+    list(parallel)
+
+    @tf.function
+    def step(x):
+        return tf.numpy_function(decode, [x], tf.float32, stateful=True) * 2.0
+
+    step(tf.constant(1.0))
+    assert seen == [("py_function", _place(decode))] * 5
 
 
 class _Frame:
-    """A stand-in for a Python frame: its code's file name and its caller."""
+    """A stand-in for a Python frame: its code's file name, first line and name, and its caller."""
 
-    def __init__(self, filename: str, back: _Frame | None = None) -> None:
-        self.f_code = type("Code", (), {"co_filename": filename})()
+    def __init__(self, filename: str, back: _Frame | None = None, name: str = "f", line: int = 1) -> None:
+        self.f_code = type("Code", (), {"co_filename": filename, "co_name": name, "co_firstlineno": line})()
         self.f_back = back
 
 
-def _stack(*filenames: str) -> _Frame | None:
-    """A fake stack, the innermost frame first."""
+def _stack(*frames: str | tuple[str, str, int]) -> _Frame | None:
+    """A fake stack, the innermost frame first: a file name, or (file name, function, first line)."""
     frame = None
-    for filename in reversed(filenames):
-        frame = _Frame(filename, frame)
+    for item in reversed(frames):
+        filename, name, line = (item, "f", 1) if isinstance(item, str) else item
+        frame = _Frame(filename, frame, name, line)
     return frame
 
 
-def test_the_sampled_stacks_tell_the_users_map_function_from_the_step_and_from_tensorflows_own_py_functions():
+def test_the_sampled_stacks_tell_a_py_function_from_a_generator_the_step_and_tensorflows_own_py_functions():
     library = sysconfig.get_paths()["purelib"]
     script_ops = os.path.join(library, "tensorflow", "python", "ops", "script_ops.py")
     autograph = os.path.join(library, "tensorflow", "python", "autograph", "impl", "api.py")
+    from_generator = os.path.join(library, "tensorflow", "python", "data", "ops", "from_generator_op.py")
     users = os.path.abspath("train.py")
-    # The user's map function, called by TensorFlow on a tf.data thread through autograph.
-    assert runs_users_code_for_tf_data(_stack(users, autograph, script_ops, script_ops))
+    # The user's function (calling a helper of its own), called by TensorFlow through autograph: a map's
+    # on a tf.data thread and a step's on the step's thread look the same, and are named by the outer one.
+    assert users_code_tensorflow_runs(_stack((users, "helper", 40), (users, "decode", 12), autograph, script_ops,
+                                             script_ops)) == ("py_function", f"{users}:12 in decode")
+    # A from_generator generator: tf.data's code calls it (through a numpy_function of its own).
+    assert users_code_tensorflow_runs(_stack((users, "examples", 5), from_generator, script_ops)) == ("input", "")
     # TensorFlow's own Python function (no user frame), and the user's script's main thread.
-    assert not runs_users_code_for_tf_data(_stack(autograph, script_ops))
-    assert not runs_users_code_for_tf_data(_stack(os.path.join(library, "keras", "src", "trainer.py"), users))
-    assert not runs_users_code_for_tf_data(None)
+    assert users_code_tensorflow_runs(_stack(autograph, script_ops)) is None
+    assert users_code_tensorflow_runs(_stack(os.path.join(library, "keras", "src", "trainer.py"), users)) is None
+    assert users_code_tensorflow_runs(None) is None
 
 
 def test_the_models_weights_are_in_the_ledger_as_keras_creates_them(tmp_path, monkeypatch):

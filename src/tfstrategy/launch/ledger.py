@@ -19,7 +19,8 @@ from pathlib import Path
 
 __all__ = ["Ledger", "FunctionTrace", "ledger_path", "read_ledger", "write_ledger"]
 
-_VERSION = 1
+#: 2: ``py_function_seconds`` and ``py_function`` (a ``py_function`` was input in 1).
+_VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,10 @@ class Ledger:
     input_seconds: float | None = None
     #: Process CPU seconds per recent step (a worker waiting in a collective spends little).
     cpu_seconds: float | None = None
+    #: Seconds per recent step TensorFlow ran the user's ``tf.py_function``/``tf.numpy_function`` (in a
+    #: ``dataset.map`` or in the step; not in ``input_seconds``), and the one seen most, ``file:line in name``.
+    py_function_seconds: float | None = None
+    py_function: str = ""
     #: Wall-clock time of the write.
     time: float = 0.0
     extra: dict[str, object] = field(default_factory=dict)

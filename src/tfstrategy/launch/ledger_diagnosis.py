@@ -12,10 +12,11 @@ first that fits wins, each one a cause no stack shows):
 - the workers traced different train functions: their collectives never meet;
 - the shards are uneven: one worker plans fewer steps in the epoch than its peers (Keras knows it).
 
-:class:`StragglerWatch` reads the ledgers while the job runs and names, once, a worker whose input
-wait or CPU per step is persistently above its peers' (a warning: the job goes on). In a synchronous
-job every worker's step takes the same wall time (the fast ones wait for the slow one inside the
-collectives), so a straggler shows in what it does on its own: the time it waits for its input, or
+:class:`StragglerWatch` reads the ledgers while the job runs and names, once, a worker whose time in
+a ``tf.py_function``/``tf.numpy_function``, input wait or CPU per step is persistently above its
+peers' (a warning: the job goes on). In a synchronous job every worker's step takes the same wall
+time (the fast ones wait for the slow one inside the collectives), so a straggler shows in what it
+does on its own: the time TensorFlow runs its Python functions, the time it waits for its input, or
 the CPU its step burns, which its waiting peers do not spend.
 
 Epochs and batches are said as Keras prints them (epoch 1 is the first). Nothing here imports TensorFlow.
@@ -24,6 +25,7 @@ Epochs and batches are said as Keras prints them (epoch 1 is the first). Nothing
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -239,11 +241,11 @@ class _Readings:
 
 @dataclass
 class StragglerWatch:
-    """Names, once, a worker whose input wait or CPU per step stays above its peers' while the job runs.
+    """Names, once, a worker whose py_function time, input wait or CPU per step stays above its peers'.
 
     Feed it every worker's latest ledger each tick (:meth:`update`); a reading is a ledger newly
-    written. A worker is slow in a reading when what it does on its own per step (its input wait,
-    else its CPU) is at least ``ratio`` times its peers' median, and the difference is at least
+    written. A worker is slow in a reading when what it does on its own per step (its time in a
+    ``tf.py_function``, else its input wait, else its CPU) is at least ``ratio`` times its peers' median, and the difference is at least
     ``share`` of the step (and ``floor`` seconds): jitter on a healthy job stays below. It is named
     once ``needed`` of its last ``readings`` timed readings were slow. A reading without step timing
     (its window saw no step: an epoch's end, an evaluation, a checkpoint; or no peer's is known yet)
@@ -289,24 +291,19 @@ def _timed(ledger: Ledger, peers: Sequence[Ledger]) -> bool:
 
 
 def _slower(ledger: Ledger, peers: Sequence[Ledger], ratio: float, share: float, floor: float) -> str | None:
-    """How ``ledger``'s worker is slower than its peers (input wait, else CPU per step), or ``None``."""
+    """How ``ledger``'s worker is slower than its peers, or ``None``: in its ``py_function`` s, else its input
+    wait, else its CPU per step (a slow ``py_function`` burns CPU too: it is named for what it is)."""
     step = ledger.step_seconds
     if step is None or step <= 0:
         return None
     margin = max(share * step, floor)
-    mine, theirs = _input_wait(ledger), [value for value in map(_input_wait, peers) if value is not None]
-    if mine is not None and theirs:
-        typical = statistics.median(theirs)
-        if mine >= ratio * typical and mine - typical >= margin:
-            return (f"it waits {mine:.2f} s a step for its input, {mine / max(typical, 1e-3):.1f}x its peers' "
-                    "(a slower input pipeline or host: more parallel reads, prefetch, or a cache)")
-    mine = ledger.cpu_seconds
-    theirs = [peer.cpu_seconds for peer in peers if peer.cpu_seconds is not None]
-    if mine is not None and theirs:
-        typical = statistics.median(theirs)
-        if mine >= ratio * typical and mine - typical >= margin:
-            return (f"its steps take {mine / max(typical, 1e-3):.1f}x its peers' CPU ({mine:.2f} s a step against "
-                    f"{typical:.2f} s: a slower or busier host, or more work on this worker)")
+    for measure, say in ((_py_function_time, _say_py_function), (_input_wait, _say_input),
+                         (lambda one: one.cpu_seconds, _say_cpu)):
+        mine, theirs = measure(ledger), [value for value in map(measure, peers) if value is not None]
+        if mine is not None and theirs:
+            typical = statistics.median(theirs)
+            if mine >= ratio * typical and mine - typical >= margin:
+                return say(ledger, mine, typical)
     # Where the ledger times a worker's own part of the step (peers' waits apart), the step itself.
     times = [peer.step_seconds for peer in peers if peer.step_seconds is not None]
     usual = statistics.median(times) if times else None
@@ -315,7 +312,38 @@ def _slower(ledger: Ledger, peers: Sequence[Ledger], ratio: float, share: float,
     return None
 
 
+def _say_py_function(ledger: Ledger, mine: float, typical: float) -> str:
+    where = _function_place(ledger.py_function)
+    return (f"it spends {mine:.2f} s a step in a tf.py_function/numpy_function{f' ({where})' if where else ''}, "
+            f"{mine / max(typical, 1e-3):.1f}x its peers' (in its input's map or its step: TensorFlow runs it in "
+            "Python, one call at a time; make it faster, or write it with TensorFlow ops)")
+
+
+def _say_input(ledger: Ledger, mine: float, typical: float) -> str:
+    return (f"it waits {mine:.2f} s a step for its input, {mine / max(typical, 1e-3):.1f}x its peers' "
+            "(a slower input pipeline or host: more parallel reads, prefetch, or a cache)")
+
+
+def _say_cpu(ledger: Ledger, mine: float, typical: float) -> str:
+    return (f"its steps take {mine / max(typical, 1e-3):.1f}x its peers' CPU ({mine:.2f} s a step against "
+            f"{typical:.2f} s: a slower or busier host, or more work on this worker)")
+
+
+def _function_place(place: str) -> str:
+    """``decode at train.py:12`` from a ledger's ``/path/train.py:12 in decode`` (``""`` for none)."""
+    where, _, name = place.rpartition(" in ")
+    if not where:
+        return ""
+    path, _, line = where.rpartition(":")
+    return f"{name} at {os.path.basename(path)}:{line}"
+
+
 # --- helpers ----------------------------------------------------------------------------------------
+
+
+def _py_function_time(ledger: Ledger) -> float | None:
+    """Seconds a step spends in the user's ``tf.py_function``/``tf.numpy_function`` (``None``: not timed)."""
+    return ledger.py_function_seconds
 
 
 def _input_wait(ledger: Ledger) -> float | None:
@@ -431,7 +459,9 @@ def view_to_wire(view: WorkerView) -> dict[str, object]:
         "time": _bounded(ledger.time, WIRE_WALL) or 0.0,
         "step_seconds": _bounded(ledger.step_seconds, WIRE_STEP_SECONDS),
         "input_seconds": _bounded(_input_wait(ledger), WIRE_STEP_SECONDS),
-        "cpu_seconds": _bounded(ledger.cpu_seconds, WIRE_STEP_SECONDS)}
+        "cpu_seconds": _bounded(ledger.cpu_seconds, WIRE_STEP_SECONDS),
+        "py_function_seconds": _bounded(ledger.py_function_seconds, WIRE_STEP_SECONDS),
+        "py_function": ledger.py_function[-WIRE_TEXT:]}
     return data
 
 
@@ -455,7 +485,8 @@ def view_from_wire(data: Mapping[str, Any]) -> WorkerView:
                         end_of_data=tuple((e, b) for e, b in record["end_of_data"]),
                         functions=tuple(FunctionTrace(**trace) for trace in record["functions"]), extra=extra,
                         time=record["time"], step_seconds=record["step_seconds"],
-                        input_seconds=record["input_seconds"], cpu_seconds=record["cpu_seconds"])
+                        input_seconds=record["input_seconds"], cpu_seconds=record["cpu_seconds"],
+                        py_function_seconds=record["py_function_seconds"], py_function=record["py_function"])
     return WorkerView(index=data["index"], ledger=ledger, steps=data["steps"], in_step=data["in_step"],
                       returncode=data["returncode"], joined=data["joined"], joining=data["joining"],
                       stopped=data["stopped"], error_type=data["error_type"])

@@ -9,8 +9,11 @@ A :class:`LedgerKeeper` has two sides, and they never wait for each other:
   out, a function was traced), a monotonic clock read per batch and nothing else;
 - the **heartbeat's** side, :meth:`LedgerKeeper.sample`, called by the heartbeat
   thread the launcher already relies on (about 4 times a second): it reads those
-  counters, the process CPU time and the main thread's deepest frame in the
-  user's code, and writes the ledger file (:func:`tfstrategy.launch.ledger.write_ledger`,
+  counters, the process CPU time, the main thread's deepest frame in the user's
+  code and what every thread's Python stack shows TensorFlow running of the
+  user's code (:func:`users_code_tensorflow_runs`: a ``from_generator`` generator,
+  input; a ``tf.py_function``/``tf.numpy_function``, neither input nor the step's
+  own work: a measure of its own), and writes the ledger file (:func:`tfstrategy.launch.ledger.write_ledger`,
   next to the progress file) at most once a second, only when something changed;
   :meth:`LedgerKeeper.flush` writes the last state at exit.
 
@@ -27,16 +30,17 @@ import sys
 import sysconfig
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
 from tfstrategy.launch.ledger import FunctionTrace, Ledger, ledger_path, write_ledger
 from tfstrategy.runtime.process import RUNTIME
 
-__all__ = ["LedgerKeeper", "current_keeper", "keep_ledger", "stop_ledger", "user_frame_of"]
+__all__ = ["LedgerKeeper", "TensorFlowRuns", "current_keeper", "keep_ledger", "stop_ledger", "user_frame_of",
+           "users_code_tensorflow_runs"]
 
 #: At most one write of the ledger file per this many seconds (plus one at exit).
 WRITE_SECONDS = 1.0
@@ -44,24 +48,37 @@ WRITE_SECONDS = 1.0
 _WINDOW = 9
 #: The last end-of-data events and traced functions kept.
 _KEPT = 8
+#: The distinct ``py_function`` places counted (a script has a few; more are not counted).
+_PLACES = 32
+
+
+@dataclass(frozen=True)
+class TensorFlowRuns:
+    """What one sample of every thread's stack shows TensorFlow running of the user's code."""
+
+    #: A thread runs a ``from_generator`` generator for tf.data: input.
+    input: bool = False
+    #: The user's functions threads run as a ``tf.py_function``/``tf.numpy_function`` (``file:line in name``).
+    py_functions: tuple[str, ...] = ()
 
 
 class LedgerKeeper:
     """One worker's ledger in memory, its counters fed by the training loop, sampled and written by the heartbeat.
 
     ``clock`` (monotonic seconds), ``cpu_clock`` (process CPU seconds), ``wall`` (epoch seconds),
-    ``frame`` (the user's frame, as ``file:line in function``) and ``write`` are parameters so
+    ``frame`` (the user's frame, as ``file:line in function``), ``runs`` (what TensorFlow runs of
+    the user's code now: :func:`tensorflow_runs_users_code`) and ``write`` are parameters so
     tests drive the keeper with fakes.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.perf_counter,
                  cpu_clock: Callable[[], float] = time.process_time, wall: Callable[[], float] = time.time,
-                 frame: Callable[[], str] | None = None, reading_input: Callable[[], bool] | None = None,
+                 frame: Callable[[], str] | None = None, runs: Callable[[], TensorFlowRuns] | None = None,
                  write: Callable[[Path, Ledger], None] = write_ledger) -> None:
         self.path = Path(path)
         self._clock, self._cpu_clock, self._wall = clock, cpu_clock, wall
         self._frame = frame if frame is not None else main_thread_user_frame
-        self._reading_input = reading_input if reading_input is not None else tf_data_runs_users_code
+        self._runs = runs if runs is not None else tensorflow_runs_users_code
         self._write = write
         # The training loop's side (written by one thread, read by the heartbeat's).
         self.epoch = -1
@@ -86,12 +103,15 @@ class LedgerKeeper:
         self.weights = 0
         self.last_weights: tuple[tuple[int, str, str], ...] = ()
         self._urgent = False
-        # The heartbeat's side: samples of (clock, total steps, outside seconds, CPU seconds, input seconds).
-        self._samples: deque[tuple[float, int, float, float, float]] = deque(maxlen=_WINDOW)
-        #: Seconds the heartbeat saw tf.data run the user's code (a ``from_generator`` generator, a ``py_function``
-        #: in a ``map``): the input a ``tf.function`` reads inside the step (Keras' ``fit``), which no batch
-        #: callback can time.
+        # The heartbeat's side: samples of (clock, total steps, outside, CPU, input and py_function seconds).
+        self._samples: deque[tuple[float, int, float, float, float, float]] = deque(maxlen=_WINDOW)
+        #: Seconds the heartbeat saw tf.data run the user's code (a ``from_generator`` generator): the input a
+        #: ``tf.function`` reads inside the step (Keras' ``fit``), which no batch callback can time.
         self.input_seconds = 0.0
+        #: Seconds the heartbeat saw TensorFlow run the user's ``tf.py_function``/``tf.numpy_function`` (in a
+        #: ``dataset.map`` or in the step: the stack cannot tell which), and how often it saw each function.
+        self.py_function_seconds = 0.0
+        self.py_function_places: Counter[str] = Counter()
         self._sampled_at: float | None = None
         self._written: Ledger | None = None
         self._last_frame = ""
@@ -171,7 +191,7 @@ class LedgerKeeper:
 
     def ledger(self) -> Ledger:
         """The ledger as of now (its step statistics from the last samples)."""
-        step, inside_input, cpu = self._rates()
+        step, inside_input, cpu, py_function = self._rates()
         calls = self.calls
         extra: dict[str, object] = {"loop": self.loop, "epoch_steps": self.epoch_steps,
                                     "in_batch": self.in_batch, "call": calls[-1] if calls else None,
@@ -180,7 +200,13 @@ class LedgerKeeper:
             extra["weights"] = {"count": self.weights, "last": [list(weight) for weight in self.last_weights]}
         return Ledger(epoch=self.epoch, batches=self.batches, steps=self.steps, total_steps=self.total_steps,
                       end_of_data=self.end_of_data, functions=self.functions, frame=self._safe_frame(),
-                      step_seconds=step, input_seconds=inside_input, cpu_seconds=cpu, extra=extra)
+                      step_seconds=step, input_seconds=inside_input, cpu_seconds=cpu,
+                      py_function_seconds=py_function, py_function=self._py_function_place(), extra=extra)
+
+    def _py_function_place(self) -> str:
+        """The user's ``py_function`` the heartbeat saw most often (``""``: none)."""
+        places = self.py_function_places.most_common(1)
+        return places[0][0] if places else ""
 
     def _safe_frame(self) -> str:
         """The user's frame now; at exit (no frame of the script's left), the last one seen."""
@@ -192,38 +218,47 @@ class LedgerKeeper:
             self._last_frame = frame
         return self._last_frame
 
-    def _rates(self) -> tuple[float | None, float | None, float | None]:
-        """Seconds per step, input seconds per step and CPU seconds per step over the window.
+    def _rates(self) -> tuple[float | None, float | None, float | None, float | None]:
+        """Seconds per step, and of them input, CPU and ``py_function`` seconds per step, over the window.
 
         The input seconds are the larger of the time between steps (a custom loop's ``next()``, Keras'
-        callbacks) and the time the heartbeat saw tf.data run the user's code (a generator or a ``map``'s
-        ``py_function`` read inside the step): one of the two sees a slow input, whichever loop reads it.
+        callbacks) and the time the heartbeat saw tf.data run a generator of the user's (read inside the
+        step): one of the two sees a slow input, whichever loop reads it. The ``py_function`` seconds are
+        apart: a custom loop's time between steps may include a ``map``'s ``py_function``, and the CPU
+        seconds the CPU it burns; they are other views of one cost, never added to it.
         """
         if len(self._samples) < 2:
-            return None, None, None
+            return None, None, None, None
         first, last = self._samples[0], self._samples[-1]
         steps = last[1] - first[1]
         if steps <= 0:
-            return None, None, None
+            return None, None, None, None
         waited = max(last[2] - first[2], last[4] - first[4])
         return (round((last[0] - first[0]) / steps, 6), round(waited / steps, 6),
-                round((last[3] - first[3]) / steps, 6))
+                round((last[3] - first[3]) / steps, 6), round((last[5] - first[5]) / steps, 6))
 
-    def _sample_input(self, now: float) -> None:
-        """Count the time since the last sample as input if tf.data runs the user's code now."""
+    def _sample_users_code(self, now: float) -> None:
+        """Count the time since the last sample as input, or ``py_function`` time, by what TensorFlow runs now."""
         try:
-            reading = self._reading_input()
+            runs = self._runs()
         except Exception:  # a stack that cannot be read must not stop the heartbeat
-            reading = False
-        if reading and self._sampled_at is not None:
-            self.input_seconds += now - self._sampled_at
+            runs = TensorFlowRuns()
+        if self._sampled_at is not None:
+            if runs.input:
+                self.input_seconds += now - self._sampled_at
+            if runs.py_functions:
+                self.py_function_seconds += now - self._sampled_at
+        for place in runs.py_functions:
+            if place in self.py_function_places or len(self.py_function_places) < _PLACES:
+                self.py_function_places[place] += 1
         self._sampled_at = now
 
     def sample(self) -> bool:
         """Take one sample; write the ledger if it changed and the last write is old enough. Whether it wrote."""
         now = self._clock()
-        self._sample_input(now)
-        self._samples.append((now, self.total_steps, self.outside_seconds, self._cpu_clock(), self.input_seconds))
+        self._sample_users_code(now)
+        self._samples.append((now, self.total_steps, self.outside_seconds, self._cpu_clock(), self.input_seconds,
+                              self.py_function_seconds))
         if now - self._written_at < WRITE_SECONDS and not self._urgent:
             return False
         self._urgent = False
@@ -281,32 +316,41 @@ def user_frame_of(frame: FrameType | None) -> str:
 
 #: Where tf.data's Python code lives (``from_generator`` calls the user's generator from there).
 _TF_DATA = os.sep + os.path.join("tensorflow", "python", "data") + os.sep
-#: Where TensorFlow calls a ``tf.py_function``'s or ``tf.numpy_function``'s Python code from (on tf.data's
-#: threads for one inside ``dataset.map``: the outermost frame of that thread's stack).
+#: Where TensorFlow calls a ``tf.py_function``'s or ``tf.numpy_function``'s Python code from (the
+#: outermost frame of the thread that runs it: a tf.data thread in ``dataset.map``, the step's own).
 _SCRIPT_OPS = os.sep + os.path.join("tensorflow", "python", "ops", "script_ops.py")
 
 
-def runs_users_code_for_tf_data(frame: FrameType | None) -> bool:
-    """Whether ``frame``'s stack is the user's code called by tf.data: a ``from_generator`` generator, or a
-    ``tf.py_function``/``tf.numpy_function`` (which ``dataset.map`` runs on tf.data's threads).
+def users_code_tensorflow_runs(frame: FrameType | None) -> tuple[str, str] | None:
+    """What TensorFlow runs of the user's code on ``frame``'s stack: ``("input", "")`` for a ``from_generator``
+    generator (tf.data calls it), ``("py_function", "file:line in name")`` for a ``tf.py_function`` or
+    ``tf.numpy_function`` (script_ops calls it; the place is the user's outermost frame under it, its
+    function's first line), ``None`` for anything else (the script's own code, TensorFlow's own).
 
-    A ``py_function`` inside the model's own step would count as input too; it cannot be told apart from
-    the stack, and is rare in a distributed step (it runs on the host and cannot be saved in a model).
+    A ``py_function`` is not input: one in ``dataset.map`` (tf.data's threads) and one in the model's
+    step (the step's threads) leave the same Python stack, the user's function under script_ops and
+    nothing above, and the threads cannot be told apart from here. (A generator is called through
+    script_ops too, from tf.data's code first: input.)
     """
-    users = False
+    outermost: FrameType | None = None
     while frame is not None:
         filename = frame.f_code.co_filename
         if _is_users(filename):
-            users = True
-        elif users and (_TF_DATA in filename or filename.endswith(_SCRIPT_OPS)):
-            return True
+            outermost = frame
+        elif outermost is not None and _TF_DATA in filename:
+            return "input", ""
+        elif outermost is not None and filename.endswith(_SCRIPT_OPS):
+            code = outermost.f_code
+            return "py_function", f"{code.co_filename}:{code.co_firstlineno} in {code.co_name}"
         frame = frame.f_back
-    return False
+    return None
 
 
-def tf_data_runs_users_code() -> bool:
-    """Whether a thread runs the user's code for tf.data now: the worker waits for its input inside the step."""
-    return any(runs_users_code_for_tf_data(frame) for frame in sys._current_frames().values())
+def tensorflow_runs_users_code() -> TensorFlowRuns:
+    """What every thread runs of the user's code for TensorFlow now (its input, its ``py_function`` s)."""
+    found = [users_code_tensorflow_runs(frame) for frame in sys._current_frames().values()]
+    return TensorFlowRuns(input=any(item is not None and item[0] == "input" for item in found),
+                          py_functions=tuple(item[1] for item in found if item is not None and item[0] == "py_function"))
 
 
 def main_thread_user_frame() -> str:

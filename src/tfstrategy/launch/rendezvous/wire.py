@@ -40,7 +40,7 @@ __all__ = [
     "Finished", "Closing", "Message", "parse_message", "OUTCOMES",
 ]
 
-PROTOCOL = "tfstrategy-rendezvous/6"
+PROTOCOL = "tfstrategy-rendezvous/7"
 #: Longest line before authentication (a hello is ~300 bytes) and after it (a failure's last lines).
 HANDSHAKE_LINE = 4096
 MAX_LINE = 4 << 20
@@ -408,6 +408,7 @@ _LEDGER_VIEW = _record({
     "epoch_steps": _int(1, _COUNT, optional=True),
     "weights": _list(_triple(_COUNTER, _text(_VIEW_TEXT), _text(_VIEW_TEXT)), _VIEW_WEIGHTS),
     "time": _seconds, "step_seconds": _step_seconds, "input_seconds": _step_seconds, "cpu_seconds": _step_seconds,
+    "py_function_seconds": _step_seconds, "py_function": _text(_VIEW_TEXT),
 })
 #: One worker's view as a node sends it (:func:`tfstrategy.launch.ledger_diagnosis.view_to_wire`).
 _WORKER_VIEW = _record({
