@@ -41,8 +41,9 @@ HEADLINES = {
     "exit1": (r"worker 1 exited (with status )?1 before joining", 1),
     "slow-input": (r"warning: worker 1 is a straggler: it waits [0-9.]+ s a step for its input, [0-9.]+x its peers'", 0),
     "slow-step": (r"warning: worker 1 is a straggler: its steps take [0-9.]+x its peers' CPU", 0),
-    # A py_function in dataset.map burns CPU on tf.data's threads: input the step waits for, not the step's CPU.
-    "slow-map": (r"warning: worker 1 is a straggler: it waits [0-9.]+ s a step for its input, [0-9.]+x its peers'", 0),
+    # A py_function in dataset.map: TensorFlow runs it in Python (the stack cannot tell a map's from a step's).
+    "slow-map": (r"warning: worker 1 is a straggler: it spends [0-9.]+ s a step in a tf.py_function/numpy_function "
+                 r"\(decode at planted_worker.py:\d+\), [0-9.]+x its peers'", 0),
 }
 #: What precedes a headline on node 0's console (a stall's, another node's).
 PREFIX = r"tfstrategy launch: (stall: )?(node \d:? )?"

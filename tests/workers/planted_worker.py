@@ -8,11 +8,12 @@
 ``different-model`` worker 1's hidden layer is wider: another model, other variables;
 ``exit0``/``exit1`` worker 1 exits with that status before creating its strategy;
 ``slow-input``      worker 1's ``from_generator`` input sleeps before every batch;
-``slow-step``       worker 1's step burns CPU in the loss (a ``numpy_function`` busy loop);
-``slow-map``        worker 1's ``dataset.map`` runs a ``tf.py_function`` that burns CPU on every batch (input).
+``slow-step``       worker 1's host is busier: a thread of its own burns CPU while it trains;
+``slow-map``        worker 1's ``dataset.map`` runs a ``tf.py_function`` that burns CPU on every batch.
 
-Every worker's loss carries the same ``numpy_function`` (a busy loop of 0 s but on worker 1 under
-``slow-step``), and its data the same shapes, so only the planted cause tells the workers apart.
+Every worker's loss carries the same ``numpy_function`` (it sleeps :data:`STEP_PAUSE` under
+``slow-step`` on every worker, so that its one epoch lasts: a ``numpy_function`` in every worker's
+step, healthy), and its data the same shapes, so only the planted cause tells the workers apart.
 The straggler causes run one epoch of :data:`SLOW_BATCHES` batches, far more than the launcher's
 straggler watch needs to name worker 1 (about 10 ledger readings, one a second): the test stops the
 job once the warning is said, and the bound only ends a run whose warning never comes.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 CAUSES = ("healthy", "uneven", "different-step", "different-model", "exit0", "exit1", "slow-input", "slow-step",
@@ -31,11 +33,19 @@ FEATURES, GLOBAL_BATCH = 4, 8
 BATCHES, SLOW_SECONDS = 8, 0.2
 #: Straggler causes: batches in their one epoch (at least 0.2 s each on worker 1: 80 s or more).
 SLOW_BATCHES = 400
+#: Seconds every worker's step sleeps in its ``numpy_function`` under ``slow-step`` (0 under the other causes).
+STEP_PAUSE = 0.1
 
 
 def planted_now(cause: str) -> None:
     """Say when the cause happens (wall clock), for the time from the cause to the launcher's diagnosis."""
     print(f"planted {cause} at {time.time():.3f}", flush=True)
+
+
+def burn_cpu() -> None:
+    """A busier host: Python code of its own that never waits (another thread of the worker's process)."""
+    while True:
+        sum(range(1000))
 
 
 def main() -> None:
@@ -89,16 +99,14 @@ def main() -> None:
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
     dataset = dataset.with_options(options)
 
-    burn = SLOW_SECONDS if planted and cause == "slow-step" else 0.0
+    step_pause = STEP_PAUSE if cause == "slow-step" else 0.0
 
-    def busy(seconds: np.ndarray) -> np.ndarray:
-        end = time.process_time() + float(seconds)
-        while time.process_time() < end:
-            pass
+    def wait(seconds: np.ndarray) -> np.ndarray:
+        time.sleep(float(seconds))
         return np.float32(0.0)
 
     def loss(y_true, y_pred):
-        extra = tf.reshape(tf.numpy_function(busy, [tf.constant(burn)], tf.float32, stateful=True), [])
+        extra = tf.reshape(tf.numpy_function(wait, [tf.constant(step_pause)], tf.float32, stateful=True), [])
         value = tf.reduce_mean(tf.square(y_true - y_pred)) + 0.0 * extra
         context = tf.distribute.get_replica_context()  # None in Keras' symbolic build of the loss
         if planted and cause == "different-step" and context is not None:
@@ -123,6 +131,8 @@ def main() -> None:
             if planted and cause in ("uneven", "slow-input", "slow-step", "slow-map") and not hasattr(self, "said") \
                     and batch == (batches - 1 if cause == "uneven" else 0):
                 self.said = True
+                if cause == "slow-step":
+                    threading.Thread(target=burn_cpu, name="busier-host", daemon=True).start()
                 planted_now(cause)
 
     model.fit(dataset, epochs=1, verbose=0, callbacks=[Planted()])
