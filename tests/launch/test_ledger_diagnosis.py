@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from tfstrategy.launch.ledger import FunctionTrace, Ledger
 from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, StragglerWatch, WorkerView, diagnose
@@ -144,6 +145,54 @@ def test_a_worker_whose_steps_burn_more_cpu_is_a_straggler_on_compute():
     found = _watch(10, make)
     assert len(found) == 1 and found[0].index == 0
     assert found[0].headline.startswith("worker 0 is a straggler: its steps take 10.0x its peers' CPU")
+
+
+DECODE = "/job/train.py:12 in decode"
+
+
+def test_a_worker_slow_in_its_py_function_is_named_with_the_function_not_as_waiting_for_input_or_cpu():
+    def make(index, written):  # the py_function burns CPU too, and a custom loop's input wait holds it as well
+        slow = index == 1
+        return replace(_steady(index, written, input_seconds=0.16 if slow else 0.002, cpu=0.2 if slow else 0.05),
+                       py_function_seconds=0.15 if slow else 0.001, py_function=DECODE)
+
+    assert _watch(7, make) == []
+    found = _watch(10, make)
+    assert [d.headline for d in found] == [
+        "worker 1 is a straggler: it spends 0.15 s a step in a tf.py_function/numpy_function (decode at train.py:12), "
+        "150.0x its peers' (in its input's map or its step: TensorFlow runs it in Python, one call at a time; make it "
+        "faster, or write it with TensorFlow ops)"]
+
+
+def test_a_healthy_job_with_a_py_function_on_every_worker_has_no_straggler():
+    rng = random.Random(11)
+
+    def make(index, written):  # every worker's step runs the same py_function (0.1 s of its 0.2 s, with jitter)
+        return replace(_steady(index, written, input_seconds=0.002 * rng.uniform(0.2, 3.0),
+                               cpu=0.12 * rng.uniform(0.8, 1.25)),
+                       py_function_seconds=0.1 * rng.uniform(0.75, 1.3), py_function=DECODE)
+
+    assert _watch(500, make) == []
+
+
+def test_a_worker_whose_host_burns_cpu_beside_a_shared_py_function_is_named_on_cpu():
+    def make(index, written):  # every worker sleeps in the same py_function; worker 2's host burns CPU besides
+        return replace(_steady(index, written, input_seconds=0.001, cpu=0.25 if index == 2 else 0.02, step=0.3),
+                       py_function_seconds=0.1, py_function=DECODE)
+
+    found = _watch(10, make)
+    assert [d.headline for d in found] == ["worker 2 is a straggler: its steps take 12.5x its peers' CPU (0.25 s a step "
+                                           "against 0.02 s: a slower or busier host, or more work on this worker)"]
+
+
+def test_a_py_function_place_without_a_line_is_left_out_of_the_warning():
+    def make(index, written):
+        return replace(_steady(index, written, input_seconds=0.001, cpu=0.1),
+                       py_function_seconds=0.1 if index == 0 else 0.001, py_function="")
+
+    found = _watch(10, make)
+    assert found[0].headline.startswith("worker 0 is a straggler: it spends 0.10 s a step in a "
+                                        "tf.py_function/numpy_function, 100.0x its peers'")
 
 
 def test_a_fast_reading_now_and_then_does_not_hide_a_straggler():

@@ -181,6 +181,19 @@ def test_a_view_carries_what_the_straggler_watch_reads_and_a_worker_file_cannot_
     assert isinstance(wire.parse_message(_sent({**GOOD, "ledger": sent}), wire.TO_SERVER), wire.Failed)
 
 
+def test_a_view_carries_the_py_function_time_and_place_bounded_and_never_as_input():
+    place = "/job/" + "d" * 400 + "/train.py:12 in decode"
+    ledger = dataclasses.replace(_paced(7.0, input_seconds=0.002), py_function_seconds=0.15, py_function=place)
+    data = view_to_wire(WorkerView(index=1, ledger=ledger))
+    assert data["ledger"]["input_seconds"] == 0.002  # (not 0.15: no reader adds one to the other)
+    back = view_from_wire(wire.parse_message(json.loads(json.dumps(_sent(data))), wire.TO_SERVER).views[0])
+    assert back.ledger is not None and back.ledger.py_function_seconds == 0.15
+    # a long path keeps its end, the file and function the warning names
+    assert back.ledger.py_function == place[-300:] and back.ledger.py_function.endswith("/train.py:12 in decode")
+    odd = dataclasses.replace(ledger, py_function_seconds=float("nan"))
+    assert view_to_wire(WorkerView(index=1, ledger=odd))["ledger"]["py_function_seconds"] is None
+
+
 @pytest.mark.parametrize(("field", "value", "reported"), [
     ("step_seconds", float("nan"), r"ledger\.step_seconds is 'nan'; expected null or seconds per step"),
     ("input_seconds", -0.5, r"ledger\.input_seconds is '-0\.5'; expected null or seconds per step"),
@@ -188,6 +201,9 @@ def test_a_view_carries_what_the_straggler_watch_reads_and_a_worker_file_cannot_
     ("cpu_seconds", "0.1", r"ledger\.cpu_seconds is '0\.1'; expected null or seconds per step"),
     ("step_seconds", True, r"ledger\.step_seconds is 'True'; expected null or seconds per step"),
     ("input_seconds", 1e7, r"ledger\.input_seconds is '10000000\.0'; expected null or seconds per step, 0\.\.1e\+06"),
+    ("py_function_seconds", -0.1, r"ledger\.py_function_seconds is '-0\.1'; expected null or seconds per step"),
+    ("py_function", "x" * 301, r"ledger\.py_function is 'x+'; expected text of at most 300 characters"),
+    ("py_function", None, r"ledger\.py_function is 'None'; expected text"),
     ("time", None, r"ledger\.time is 'None'; expected seconds since the epoch"),
     ("time", -1.0, r"ledger\.time is '-1\.0'; expected seconds since the epoch"),
 ])
