@@ -13,8 +13,8 @@ A :class:`LedgerKeeper` has two sides, and they never wait for each other:
   code and what every thread's Python stack shows TensorFlow running of the
   user's code (:func:`users_code_tensorflow_runs`: a ``from_generator`` generator,
   input; a ``tf.py_function``/``tf.numpy_function``, neither input nor the step's
-  own work: a measure of its own), and writes the ledger file (:func:`tfstrategy.launch.ledger.write_ledger`,
-  next to the progress file) at most once a second, only when something changed;
+  own work: a measure of its own), and writes the ledger file
+  (:func:`tfstrategy.launch.ledger.write_ledger`, next to the progress file) at most once a second, only when something changed;
   :meth:`LedgerKeeper.flush` writes the last state at exit.
 
 The file format is :mod:`tfstrategy.launch.ledger` (a pure module both sides share,

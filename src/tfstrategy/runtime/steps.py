@@ -126,7 +126,7 @@ class KeepLedger(Step):
 
     def detail(self) -> str:
         return ("keep the worker's ledger for the launcher: per-epoch batches and steps, end of data, the user's "
-                "frame, step and input times, a fingerprint of each traced train/eval function")
+                "frame, step, input and py_function times, a fingerprint of each traced train/eval function")
 
     def _take(self) -> str | None:
         from tfstrategy.runtime.ledger import keep_ledger
