@@ -21,7 +21,8 @@ from helpers import ROOT
 from tfstrategy.cli import build_parser
 from tfstrategy.cli.launch import node_arguments, options_from_args
 from tfstrategy.environments import detect_environment
-from tfstrategy.environments.slurm import PLAIN_PARSERS, cluster_from_slurm_step, read_slurm_step
+from tfstrategy.environments.slurm import cluster_from_slurm_step, read_slurm_step
+from tfstrategy.environments.slurm_lists import PLAIN_PARSERS
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.slurm import slurm_nodes
 from tfstrategy.runtime.inputs import derive_inputs

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 
 from tfstrategy.environments.slurm import (
     ENV_SLURM,
-    PLAIN_PARSERS,
     SlurmStep,
     read_slurm_step,
     slurm_switched_off,
     slurm_task_index,
     step_ports,
 )
+from tfstrategy.environments.slurm_lists import PLAIN_PARSERS
 from tfstrategy.errors import LaunchError, TFStrategyError
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 
