@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and suite.name not in args.only:
             continue
         print(f"running {suite.name} ...", file=sys.stderr, flush=True)
+        began = time.perf_counter()
         produced = suite.run(budget)
+        print(f"{suite.name} took {time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
         for result in produced if isinstance(produced, list) else [produced]:
             results.append(result)
             print(format_table(result, machine), flush=True)

@@ -69,7 +69,7 @@ class Budget:
     @classmethod
     def quick(cls) -> Budget:
         return cls(process_repeats=1, fit_repeats=2, steps=4, epochs=1, mw_rounds=1, mw_steps=2, mw_windows=1,
-                   allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1, replica_counts=(1, 4),
+                   allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1, replica_counts=(1, 2),
                    auto_k_tunings=1, auto_k_pairs=1, auto_k_loads=(1,), auto_k_steps=8,
                    auto_k_workloads=(("mlp", 1),),
                    profile_workloads=("reduction",), profile_settings=("1 replica",), profile_steps=6,

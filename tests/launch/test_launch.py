@@ -411,34 +411,6 @@ def test_a_detached_child_neither_hangs_the_launcher_nor_survives_the_job():
     # _launch asserts that no process of the run (the setsid sleeps included) is left.
 
 
-@pytest.mark.multiprocess
-def test_sigterm_to_the_launcher_preempts_and_a_relaunch_resumes_to_the_same_result(tmp_path):
-    """SIGTERM reaches every worker, which stop at one step, keep their backups and exit 75 (requeue me)."""
-    example = [sys.executable, str(ROOT / "examples" / "multi_worker_train.py"), "--epochs", "6"]
-    code, out, err, _ = _launch("-n", "2", "--timeout", "120", "--", *example, "--out", str(tmp_path / "a.keras"), timeout=300)
-    assert code == 0, err[-3000:]
-    reference = {line.split("] ", 1)[1] for line in out.splitlines() if "final loss" in line}  # shown once
-
-    backup = tmp_path / "backup"
-    run = Run("-n", "2", "--timeout", "120", "--backup-dir", str(backup), "--grace", "60", "--",
-              *example, "--out", str(tmp_path / "b.keras"))
-    assert run.process.stdout is not None
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        line = run.process.stdout.readline()
-        if "Epoch 3/6" in line or not line:
-            break
-    run.process.send_signal(signal.SIGTERM)
-    code, _, err, _ = run.finish(timeout=120)
-    assert code == 75, err[-3000:]
-    assert "every worker exited with status 75 (preempted, saved); so does the launcher" in err
-
-    code, out, err, _ = _launch("-n", "2", "--timeout", "120", "--backup-dir", str(backup), "--",
-                                *example, "--out", str(tmp_path / "c.keras"), timeout=300)
-    assert code == 0, err[-3000:]
-    assert {line.split("] ", 1)[1] for line in out.splitlines() if "final loss" in line} == reference
-
-
 def _wait_until_gone(tag: str, bound: float = 60.0) -> list[int]:
     """Wait for every process tagged ``tag`` to disappear (bounded generously); those left."""
     deadline = time.monotonic() + bound

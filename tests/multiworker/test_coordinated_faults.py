@@ -288,6 +288,7 @@ def test_sigterm_without_backup_dir_keeps_the_backup_and_its_resume_command_ends
     backup, command = Path(kept[1]), kept[2].split()
     assert backup.is_dir() and oct(backup.stat().st_mode & 0o777) == "0o700"
     assert command[command.index("--backup-dir") + 1] == str(backup)
+    assert "every worker exited with status 75 (preempted, saved); so does the launcher" in err
 
     command[command.index("--out") + 1] = str(tmp_path / "resumed.keras")
     code, out, err = launch(*command[2:])

@@ -68,6 +68,7 @@ def test_apply_installs_every_writer_and_remove_restores_keras():
     patch.apply()  # as select() in earlier tests left it
 
 
+@pytest.mark.slow  # 12 s alone
 def test_the_probe_neither_starts_the_runtime_nor_takes_a_model_name():
     """The hook applies patches when keras is imported: before a CPU split, before the script's models."""
     code = (

@@ -56,6 +56,7 @@ def selected():
 
 
 # A last batch of 1 (one replica gets 1 example, the other none); a global batch of 9 split 5/4 at every step.
+@pytest.mark.slow  # 13-17 s each alone
 @pytest.mark.parametrize("batch_size", [8, 9])
 def test_fit_and_evaluate_on_two_replicas_equal_one_device(selected, batch_size):
     one_weights, one_logs = _fit(tf.distribute.OneDeviceStrategy("/cpu:0"), batch_size)

@@ -47,7 +47,7 @@ def reference(start):
     return _train(1, start)
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("replicas", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: 12 s alone
 def test_loop_step_matches_one_replica(replicas, start, reference):
     weights, logs = _train(replicas, start)
     reference_weights, reference_logs = reference
