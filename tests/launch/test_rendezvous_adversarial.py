@@ -10,6 +10,7 @@ end-to-end ``--nnodes 2`` launches are at the bottom (multiprocess).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -202,6 +203,9 @@ class Relay:
                 pass
 
     def close(self) -> None:
+        # close() alone leaves the accepting thread blocked for the rest of the pytest worker; shutdown wakes it.
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
 
 
