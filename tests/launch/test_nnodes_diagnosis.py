@@ -275,3 +275,22 @@ def test_node_0_names_no_straggler_in_a_healthy_jittered_pair_and_another_node_l
                 2: Observation(joined=True, ledger=_paced(float(tick), input_seconds=0.002))}
         notes += other.update(float(tick), 1000.0 + tick, seen).notes
     assert not any("straggler" in note for note in notes)
+
+
+def test_node_0_says_at_once_that_a_worker_on_another_node_is_stopped_once_a_stop():
+    """Node 1 sees its worker stopped (state T) and shares it: node 0 says it with the next views, not when
+    TensorFlow's heartbeat aborts worker 0 10 s or more later; again only after the worker ran and stopped again."""
+    monitor = GroupMonitor([0], Policy(), started=0.0, peers_elsewhere=True)
+    notes: list[str] = []
+    for tick, stopped in enumerate([False, True, True, True, False, True], start=1):
+        received = wire.parse_message({"type": "views", "round": 0, "views": [view_to_wire(
+            WorkerView(index=1, ledger=_ledger(), steps=11, joined=True, in_step=True, stopped=stopped))]},
+            wire.TO_SERVER)
+        assert isinstance(received, wire.Views)
+        seen = {0: Observation(joined=True, ledger=_ledger(), progress=Progress(heartbeat=tick, steps=11, in_step=True))}
+        notes += [(tick, note) for note in monitor.update(float(tick), 1000.0 + tick, seen,
+                                                          elsewhere=received.views).notes]
+    said = "stall: node 1: worker 1 is stopped (SIGSTOP or a debugger) after step 11; its peers wait for it"
+    assert [(tick, note.startswith(said)) for tick, note in notes] == [(2, True), (6, True)]
+    other = GroupMonitor([1], Policy(), started=0.0, peers_elsewhere=True)  # node 1 says its own stall itself
+    assert not any("node 1" in note for note in other.update(1.0, 1001.0, {1: Observation(joined=True)}).notes)

@@ -137,7 +137,8 @@ def test_the_planted_causes_are_diagnosed_on_node_0_of_two_nodes(cause):
 def test_a_worker_stopped_on_node_1_is_named_on_node_0_not_its_waiting_peer():
     """SIGSTOP on node 1's worker inside a step (slow-input: its steps are spent reading; stopped once node 0
     warned of it, so steps flow): node 0's worker aborts first, on TensorFlow's heartbeat, and reports; node 0
-    names the stopped worker on node 1 from the views node 1 shares, its own worker's abort a consequence."""
+    names the stopped worker on node 1 from the views node 1 shares, its own worker's abort a consequence.
+    Before that, node 0 says the stall as soon as node 1's views show the stopped worker."""
     from test_launch import _tagged
     from test_multinode import MASTER_HOST, _free_port, _node
 
@@ -145,7 +146,7 @@ def test_a_worker_stopped_on_node_1_is_named_on_node_0_not_its_waiting_peer():
     job = ("-n", "1", "--timeout", "120", *STALL, "--", sys.executable, str(WORKER), "slow-input")
     node0, node1 = nodes = [_node(0, master, *job), _node(1, master, *job)]
     err: list[str] = []
-    stopped = seen = None
+    stopped = seen = said = None
     try:
         for line in node0.process.stderr or ():
             err.append(line)
@@ -154,6 +155,8 @@ def test_a_worker_stopped_on_node_1_is_named_on_node_0_not_its_waiting_peer():
                               and b"planted_worker.py" in Path(f"/proc/{pid}/cmdline").read_bytes())
                 os.kill(worker, signal.SIGSTOP)
                 stopped = time.time()
+            elif said is None and line.startswith("tfstrategy launch: stall: node 1: worker 1 is stopped"):
+                said = time.time()
             elif seen is None and line.startswith("tfstrategy launch: node 1: worker 1 is stopped"):
                 seen = time.time()
     finally:
@@ -163,10 +166,10 @@ def test_a_worker_stopped_on_node_1_is_named_on_node_0_not_its_waiting_peer():
         results = [run.finish(300) for run in nodes]
     report = "".join(err) + results[0][2]
     assert all(run.survivors == [] for run in nodes), _report("sigstop", report)
-    assert results[0][0] != 0 and stopped is not None and seen is not None, _report("sigstop", report)
+    assert results[0][0] != 0 and None not in (stopped, said, seen), _report("sigstop", report)
     # (node 1's stall timeout may end the job first, its own failure diagnosed: the same headline)
     assert re.search(r"^tfstrategy launch: node 1: worker 1 is stopped \(SIGSTOP or a debugger\) after step \d+; its "
                      r"peers wait for it$", report, re.M), _report("sigstop", report)
     assert "node 0 worker 1" not in report and "stall: worker 0" not in report, _report("sigstop", report)
-    print(f"\nlaunch --nnodes 2 (node 0) SIGSTOP on node 1: node 1: worker 1 is stopped ({seen - stopped:.1f} s after "
-          "the SIGSTOP)")
+    print(f"\nlaunch --nnodes 2 (node 0) SIGSTOP on node 1: the stall said {said - stopped:.1f} s after the SIGSTOP, "
+          f"the headline 'node 1: worker 1 is stopped' {seen - stopped:.1f} s after it")

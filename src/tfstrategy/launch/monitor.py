@@ -113,6 +113,8 @@ class GroupMonitor:
         self.stall_seconds: list[float] = []
         self._first_batch_said = False
         self._stragglers = StragglerWatch()
+        #: Workers on other nodes last seen stopped (said once a stop: :meth:`_watch_remote_stops`).
+        self._remote_stops: set[int] = set()
 
     # --- observations -> worker states ------------------------------------------------------------
 
@@ -145,6 +147,7 @@ class GroupMonitor:
             return decision
         self._stalls(now, wall, decision)
         self._watch_stragglers(elsewhere, decision)
+        self._watch_remote_stops(elsewhere, decision)
         return decision
 
     def _watch_stragglers(self, elsewhere: Sequence[Mapping[str, Any]] | None, decision: Decision) -> None:
@@ -157,6 +160,18 @@ class GroupMonitor:
                 ledgers[view.index] = view.ledger
         for found in self._stragglers.update(ledgers):
             decision.notes.append("warning: " + "\n  ".join(found.lines()) + "\n  the job goes on")
+
+    def _watch_remote_stops(self, elsewhere: Sequence[Mapping[str, Any]] | None, decision: Decision) -> None:
+        """On node 0 of several: say at once that a worker on another node is stopped (its node's launcher sees
+        it, and shares it in its views), rather than when TensorFlow's heartbeat aborts a peer 10 s or more later.
+        Said once a stop; the stopped worker's node fails the job at its ``--stall-timeout``."""
+        stopped = {view.index: view for view in map(view_from_wire, elsewhere or ())
+                   if view.stopped and view.returncode is None}
+        for index in sorted(stopped.keys() - self._remote_stops):
+            node = index // max(len(self.workers), 1)  # node R runs workers R*K .. R*K+K-1
+            decision.notes.append(f"stall: node {node}: worker {index} is stopped (SIGSTOP or a debugger) after step "
+                                  f"{stopped[index].steps}; its peers wait for it (said by node {node}'s launcher)")
+        self._remote_stops = set(stopped)
 
     def diagnosis(self) -> Diagnosis | None:
         """The cause the workers' ledgers and states show (:func:`~tfstrategy.launch.ledger_diagnosis.diagnose`)."""
