@@ -137,6 +137,8 @@ class Case:
 RACE_CKPT = r"ckpt"
 #: What the scope audit says about variables made outside the scope (a finding).
 AUDIT_FINDING = re.compile(r"variables were not created in the scope of|found variables outside the scope")
+#: What the launcher says of a job that hangs or lags (issue 38): never of a script that trains as it should.
+LAUNCHER_CAUSE = re.compile(r"^tfstrategy launch: (stall: |warning: worker \d+ is a straggler|.*before joining)", re.M)
 
 CASES: tuple[Case, ...] = (
     Case(
@@ -530,6 +532,9 @@ def _check_training(case: Case, mode: str, outcome: Trains, result: Result,
     findings = [line for line in (result.stdout + result.stderr).splitlines() if AUDIT_FINDING.search(line)]
     if findings:
         problems.append(f"the audit reported a finding on a valid script: {findings}")
+    causes = [match.group(0) for match in LAUNCHER_CAUSE.finditer(result.stderr)] if mode == "launch" else []
+    if causes:
+        problems.append(f"the launcher named a stall or a straggler in a job that trained as it should: {causes}")
     return problems
 
 

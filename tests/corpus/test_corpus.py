@@ -150,6 +150,12 @@ def test_checker_accepts_a_correct_launch(tmp_path):
         pytest.param({0: (0.5, 10.0), 1: (0.5, 10.0)}, {"out/a.log": b"x\n"},
                      "tfstrategy: audit: 3 of 7 variables were not created in the scope of the default strategy",
                      "the audit reported a finding", id="false-audit-finding"),
+        pytest.param({0: (0.5, 10.0), 1: (0.5, 10.0)}, {"out/a.log": b"x\n"},
+                     "tfstrategy launch: warning: worker 1 is a straggler: its steps take 2.0x its peers' CPU\n",
+                     "named a stall or a straggler", id="false-straggler"),
+        pytest.param({0: (0.5, 10.0), 1: (0.5, 10.0)}, {"out/a.log": b"x\n"},
+                     "tfstrategy launch: stall: worker 0 has not beaten its heartbeat for 10 s: frozen\n",
+                     "named a stall or a straggler", id="false-stall"),
     ],
 )
 def test_checker_catches_a_wrong_launch(tmp_path, finals, files, stderr, expected):
