@@ -699,3 +699,22 @@ def test_a_stop_is_never_restarted_by_the_local_coordinator():
     failed = Failure(index=0, reason="exited with status 1", status=1)
     assert (coordinator.decide(0, stopped).restart, coordinator.decide(0, failed).restart) == (False, True)
     assert stopped.headline() == REFUSED and stopped.report((failed,)) == REFUSED
+
+
+def test_a_stop_first_seen_after_the_stall_threshold_is_named_as_a_stop_not_as_time_outside_the_step():
+    """Found by the full suite on a loaded machine: the launcher first saw worker 1 stopped (SIGSTOP in a
+    callback) 5 s after its last batch, when "outside its step for 5 s" already applied; it named that. The
+    stop is confirmed a second later and named as what it is, and nothing is said in between."""
+    from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
+    from tfstrategy.launch.reports import Progress
+
+    monitor = GroupMonitor([0, 1], Policy(join_timeout=60, heartbeat_timeout=10, stall_report=5), started=0.0)
+    assert monitor.update(1.0, 1.0, {0: Observation(joined=True, progress=Progress(1, 8, True)),
+                                     1: Observation(joined=True, progress=Progress(1, 8, False))}).all_joined
+    waiting = Observation(joined=True, progress=Progress(2, 8, True))
+    stopped = Observation(joined=True, progress=Progress(1, 8, False), stopped=True)
+    first = monitor.update(6.5, 6.5, {0: waiting, 1: stopped})
+    assert first.notes == [] and not first.dump_stacks
+    then = monitor.update(7.6, 7.6, {0: waiting, 1: stopped})
+    assert len(then.notes) == 1 and then.notes[0].startswith("stall: worker 1 is stopped"), then.notes
+    assert "outside its step" not in then.notes[0] and then.dump_stacks

@@ -438,7 +438,10 @@ class GroupMonitor:
         threshold = self.stall_threshold()
         counted = [w for w in tracked if w.steps >= 0]
         last_advance = max((w.steps_at for w in counted), default=now)
-        if not found and counted and len(counted) == len(tracked) and now - last_advance > threshold:
+        # A worker just seen stopped is named as stopped once that is sure (a second on): no guess from the
+        # steps meanwhile (a loaded launcher may first see the stop after the stall threshold has passed).
+        stopping = any(w.stopped_since is not None for w in tracked)
+        if not found and not stopping and counted and len(counted) == len(tracked) and now - last_advance > threshold:
             waiting = [w for w in counted if w.in_step]
             outside = [w for w in counted if not w.in_step]
             batch = max(w.steps for w in counted)
@@ -459,7 +462,7 @@ class GroupMonitor:
                             f"and every other worker have been inside batch {batch + 1} for {now - last_advance:.0f} s "
                             "with no progress (a stuck input pipeline or collective)")
                     found.append((w, what, last_advance))
-        if not found and counted and len(counted) == len(tracked):
+        if not found and not stopping and counted and len(counted) == len(tracked):
             self._first_batch(now, wall, decision, counted, last_advance, threshold)
         for w, why, since in found:
             if w.stall is None:
