@@ -146,26 +146,27 @@ class GroupMonitor:
                 decision.outcome = decision.failure.outcome
             return decision
         self._stalls(now, wall, decision)
-        self._watch_stragglers(elsewhere, decision)
-        self._watch_remote_stops(elsewhere, decision)
+        remote = None if elsewhere is None else [view_from_wire(view) for view in elsewhere]
+        self._watch_stragglers(remote, decision)
+        self._watch_remote_stops(remote or (), decision)
         return decision
 
-    def _watch_stragglers(self, elsewhere: Sequence[Mapping[str, Any]] | None, decision: Decision) -> None:
+    def _watch_stragglers(self, elsewhere: Sequence[WorkerView] | None, decision: Decision) -> None:
         """Warn of a straggler among the running workers here and, on node 0, on the other nodes."""
         if self.peers_elsewhere and elsewhere is None:
             return  # node 0 watches every worker of the job: each warning is said once
         ledgers = {w.index: w.ledger for w in self._alive()}
-        for view in map(view_from_wire, elsewhere or ()):
+        for view in elsewhere or ():
             if view.returncode is None and view.index not in ledgers:
                 ledgers[view.index] = view.ledger
         for found in self._stragglers.update(ledgers):
             decision.notes.append("warning: " + "\n  ".join(found.lines()) + "\n  the job goes on")
 
-    def _watch_remote_stops(self, elsewhere: Sequence[Mapping[str, Any]] | None, decision: Decision) -> None:
+    def _watch_remote_stops(self, elsewhere: Sequence[WorkerView], decision: Decision) -> None:
         """On node 0 of several: say at once that a worker on another node is stopped (its node's launcher sees
         it, and shares it in its views), rather than when TensorFlow's heartbeat aborts a peer 10 s or more later.
         Said once a stop; the stopped worker's node fails the job at its ``--stall-timeout``."""
-        stopped = {view.index: view for view in map(view_from_wire, elsewhere or ())
+        stopped = {view.index: view for view in elsewhere
                    if view.stopped and view.returncode is None}
         for index in sorted(stopped.keys() - self._remote_stops):
             node = index // max(len(self.workers), 1)  # node R runs workers R*K .. R*K+K-1
