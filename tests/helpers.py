@@ -64,22 +64,16 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180)
 
 @functools.cache
 def mirrored(replicas: int):
-    """A MirroredStrategy over ``/cpu:0`` .. ``/cpu:{replicas-1}``, one per count per process.
+    """A MirroredStrategy over ``/cpu:0`` .. ``/cpu:{replicas-1}`` with collective keys of its own.
 
-    Every MirroredStrategy numbers its collective groups from 1, so a 2-replica
-    and a 4-replica strategy in one process both claim group 1 with different
-    sizes, and every later collective aborts ("joining a group with size 2, but
-    that group has size 4"). TensorFlow's ``_collective_key_base`` ("only set this
-    in tests") gives each replica count its own range.
+    Two plain MirroredStrategy objects share their collective keys; once a second
+    one trains another model in this process, every later collective of the
+    process (every later test of this pytest worker) fails with "Shape mismatch
+    in the collective instance 100". tfstrategy's own allocator gives each its keys.
     """
-    import tensorflow as tf
+    from tfstrategy.selection.strategies import mirrored_strategy
 
-    previous = tf.distribute.MirroredStrategy._collective_key_base
-    tf.distribute.MirroredStrategy._collective_key_base = 1000 * replicas
-    try:
-        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
-    finally:
-        tf.distribute.MirroredStrategy._collective_key_base = previous
+    return mirrored_strategy([f"/cpu:{i}" for i in range(replicas)])
 
 
 def run_example(name: str, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -30,7 +30,6 @@ ops, so it waits until a model first asks for XLA on 2+ local devices. The upstr
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from typing import Any
 
@@ -39,10 +38,9 @@ from tfstrategy._tf import tf
 from tfstrategy.patches.keras_uneven_batches import probe_devices
 from tfstrategy.patches.mechanism import Patch, ProbeResult
 from tfstrategy.selection.names import strategy_name
+from tfstrategy.selection.strategies import mirrored_strategy
 
 TARGET = "Trainer.jit_compile"
-#: Collective keys of the probe's own MirroredStrategy, apart from the user's and the other probes'.
-_PROBE_KEY_BASE = 8_000_000
 
 
 class _Property(property):
@@ -74,7 +72,6 @@ class JitCompilePatch(Patch):
     verified_up_to = "3.15.1"
     targets = (TARGET,)
     probe_on_first_use = True
-    _keys = itertools.count()
 
     def target_module(self) -> Any:
         return _compat.keras3_trainer_module()
@@ -84,8 +81,7 @@ class JitCompilePatch(Patch):
         import keras
         import numpy as np
 
-        with _compat.mirrored_collective_key_base(_PROBE_KEY_BASE + 1000 * next(self._keys)):
-            strategy = tf_.distribute.MirroredStrategy(probe_devices())
+        strategy = mirrored_strategy(probe_devices())  # keys of its own: see mirrored_strategy
         with strategy.scope():
             model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
             model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=False)

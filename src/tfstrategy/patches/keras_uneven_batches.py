@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -46,6 +45,7 @@ from typing import Any
 from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+from tfstrategy.selection.strategies import mirrored_strategy
 
 STEP = "backend.tensorflow.trainer.TensorFlowTrainer.train_step"
 SCALE = "losses.loss.scale_loss_for_distribution"
@@ -54,8 +54,6 @@ UNSCALE = "losses.loss.unscale_loss_for_distribution"
 #: The probe's weight update on one device: w = 1, x = [1, 2, 3], y = 0, mse, SGD(0.01).
 _PROBE_RATE = 0.01
 _PROBE_EXPECTED = 1.0 - _PROBE_RATE * 2.0 * (1.0 + 4.0 + 9.0) / 3.0
-#: Collective keys of the probe's own MirroredStrategy, apart from the user's.
-_PROBE_KEY_BASE = 7_000_000
 
 #: The share of the global batch of the replica whose step this thread traces (MirroredStrategy
 #: runs each replica's step in a thread of its own).
@@ -107,7 +105,6 @@ class UnevenBatchesPatch(Patch):
     verified_up_to = "3.15.1"
     targets = (STEP, SCALE, UNSCALE)
     probe_on_first_use = True
-    _keys = itertools.count()
 
     def target_module(self) -> Any:
         return _compat.keras3_loss_module_root()
@@ -116,8 +113,7 @@ class UnevenBatchesPatch(Patch):
         tf_ = tf()
         import keras
 
-        with _compat.mirrored_collective_key_base(_PROBE_KEY_BASE + 1000 * next(self._keys)):
-            strategy = tf_.distribute.MirroredStrategy(probe_devices())
+        strategy = mirrored_strategy(probe_devices())  # keys of its own: see mirrored_strategy
         with strategy.scope():
             model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")])
             model.compile(optimizer=keras.optimizers.SGD(_PROBE_RATE), loss="mse")

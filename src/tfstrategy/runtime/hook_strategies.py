@@ -21,7 +21,7 @@ from tfstrategy.errors import DeviceError, TFStrategyError
 from tfstrategy.multiworker.cluster import ClusterConfig
 from tfstrategy.runtime import device_lists, one_job
 from tfstrategy.runtime.inputs import PlanInputs
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.runtime.process import KEY_STRIDE, RUNTIME
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 from tfstrategy.selection.names import strategy_name
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES
@@ -142,10 +142,6 @@ def _enable_once(original: Callable[..., Any]) -> Callable[..., Any]:
         original(self, server_def)
 
     return enable_collective_ops
-
-
-#: How far apart the collective keys of two strategies of one process start (TensorFlow's own tests use it).
-KEY_STRIDE = 100_000
 
 
 def _keys_of_its_own(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -161,6 +161,10 @@ class HookState:
         return "tfstrategy: " + "; ".join(parts)
 
 
+#: How far apart the collective keys of two strategies of one process start (TensorFlow's own tests use it).
+KEY_STRIDE = 100_000
+
+
 class ProcessRuntime:
     """Everything tfstrategy changed or remembers in this process (one per process: :data:`RUNTIME`)."""
 

@@ -8,24 +8,35 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import StrategyError
 from tfstrategy.multiworker.cluster import load_cluster_config
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.runtime.process import KEY_STRIDE, RUNTIME
 from tfstrategy.selection.choose import Choice
 from tfstrategy.settings import DEFAULT_COLLECTIVE_TIMEOUT, StrategyKind
 
-__all__ = ["build"]
+__all__ = ["LOCAL_KEY_BASE", "build", "mirrored_strategy"]
 
-def _mirrored_with_own_collective_keys(devices: list[str]) -> Any:
+#: The n-th MirroredStrategy tfstrategy makes in a process starts its collective keys at
+#: ``LOCAL_KEY_BASE + KEY_STRIDE * n``: far above TensorFlow's own (a plain strategy starts at group 1)
+#: and the multi-worker strategies' (``KEY_STRIDE * n`` from 0, numbered alike on every worker), and
+#: below 2**31, as TensorFlow's collective keys are int32 (room for 11,000 strategies).
+LOCAL_KEY_BASE = 1_000_000_000
+
+
+def mirrored_strategy(devices: list[str], cross_device_ops: Any = None) -> Any:
     """A MirroredStrategy whose collective keys no other strategy in this process uses.
 
     Every MirroredStrategy starts its collective group and instance keys at the
     same numbers, so a second one over the same devices reuses the first one's
     keys, and training another model fails with "Shape mismatch in the collective
-    instance 100" (measured on TF 2.21 with 4 CPU replicas). TensorFlow's own
-    tests give each strategy a key base; tfstrategy does the same, and puts the
-    class default back so strategies made directly are unaffected.
+    instance 100"; from then on every collective of the process fails with the
+    same error, whatever its keys (measured on TF 2.21 with 2 and 4 CPU replicas).
+    TensorFlow's own tests give each strategy a key base; tfstrategy does the
+    same, from one sequence for every strategy it makes (the selection's and the
+    patches' probes), and puts the class default back so strategies made
+    directly are unaffected.
     """
-    with _compat.mirrored_collective_key_base(RUNTIME.next_number("mirrored_strategies", start=1) * 1_000_000):
-        return tf().distribute.MirroredStrategy(devices=devices)
+    base = LOCAL_KEY_BASE + KEY_STRIDE * RUNTIME.next_number("local_collective_keys")
+    with _compat.mirrored_collective_key_base(base):
+        return tf().distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
 
 
 def build(choice: Choice, *, collective_timeout: float | None = DEFAULT_COLLECTIVE_TIMEOUT) -> Any:
@@ -45,7 +56,7 @@ def build(choice: Choice, *, collective_timeout: float | None = DEFAULT_COLLECTI
     """
     distribute = tf().distribute
     if choice.kind is StrategyKind.MIRRORED:
-        return _mirrored_with_own_collective_keys([device.tf_name for device in choice.devices])
+        return mirrored_strategy([device.tf_name for device in choice.devices])
     if choice.kind is StrategyKind.ONE_DEVICE:
         return distribute.OneDeviceStrategy(choice.devices[0].tf_name)
     if choice.kind is StrategyKind.DEFAULT:
