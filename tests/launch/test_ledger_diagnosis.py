@@ -185,6 +185,19 @@ def test_a_worker_whose_host_burns_cpu_beside_a_shared_py_function_is_named_on_c
                                            "against 0.02 s: a slower or busier host, or more work on this worker)"]
 
 
+def test_a_shared_py_function_that_waits_behind_a_cpu_burning_thread_is_not_the_cause():
+    # Measured (the planted slow step under load): worker 1's sleeping numpy_function took 1.5x its peers'
+    # while a thread beside it burned the CPU; the warning named the function, not the host.
+    def make(index, written):
+        slow = index == 1
+        return replace(_steady(index, written, input_seconds=0.001, cpu=0.3 if slow else 0.04, step=0.3),
+                       py_function_seconds=0.12 if slow else 0.08, py_function=DECODE)
+
+    found = _watch(10, make)
+    assert [d.headline for d in found] == ["worker 1 is a straggler: its steps take 7.5x its peers' CPU (0.30 s a step "
+                                           "against 0.04 s: a slower or busier host, or more work on this worker)"]
+
+
 def test_a_py_function_place_without_a_line_is_left_out_of_the_warning():
     def make(index, written):
         return replace(_steady(index, written, input_seconds=0.001, cpu=0.1),

@@ -239,6 +239,11 @@ class _Readings:
     slow: deque[bool] = field(default_factory=deque)
 
 
+#: A slower py_function or input wait is the cause unless the worker's extra CPU is over this many times its
+#: extra seconds (then the CPU is, and the function or input merely waits behind it).
+CPU_OVER_WAIT = 2.0
+
+
 @dataclass
 class StragglerWatch:
     """Names, once, a worker whose py_function time, input wait or CPU per step stays above its peers'.
@@ -292,18 +297,31 @@ def _timed(ledger: Ledger, peers: Sequence[Ledger]) -> bool:
 
 def _slower(ledger: Ledger, peers: Sequence[Ledger], ratio: float, share: float, floor: float) -> str | None:
     """How ``ledger``'s worker is slower than its peers, or ``None``: in its ``py_function`` s, else its input
-    wait, else its CPU per step (a slow ``py_function`` burns CPU too: it is named for what it is)."""
+    wait, else its CPU per step (a slow ``py_function`` burns CPU too: it is named for what it is).
+
+    A ``py_function`` or an input wait that is slower by far less than the worker's extra CPU (under
+    :data:`CPU_OVER_WAIT` times it) is not the cause: something else on the worker burns the CPU, and the
+    function waits behind it (measured: a thread burning CPU beside a ``numpy_function`` that sleeps made the
+    sleep 1.5x its peers', while the worker's CPU per step was 7x).
+    """
     step = ledger.step_seconds
     if step is None or step <= 0:
         return None
     margin = max(share * step, floor)
-    for measure, say in ((_py_function_time, _say_py_function), (_input_wait, _say_input),
-                         (lambda one: one.cpu_seconds, _say_cpu)):
+    slower: dict[str, tuple[float, str]] = {}  # measure: (seconds above the peers' median, what to say)
+    for name, measure, say in (("py_function", _py_function_time, _say_py_function), ("input", _input_wait, _say_input),
+                               ("cpu", _cpu_seconds, _say_cpu)):
         mine, theirs = measure(ledger), [value for value in map(measure, peers) if value is not None]
         if mine is not None and theirs:
             typical = statistics.median(theirs)
             if mine >= ratio * typical and mine - typical >= margin:
-                return say(ledger, mine, typical)
+                slower[name] = (mine - typical, say(ledger, mine, typical))
+    own = slower.get("py_function") or slower.get("input")
+    cpu = slower.get("cpu")
+    if own is not None and (cpu is None or cpu[0] <= CPU_OVER_WAIT * own[0]):
+        return own[1]
+    if cpu is not None:
+        return cpu[1]
     # Where the ledger times a worker's own part of the step (peers' waits apart), the step itself.
     times = [peer.step_seconds for peer in peers if peer.step_seconds is not None]
     usual = statistics.median(times) if times else None
@@ -344,6 +362,11 @@ def _function_place(place: str) -> str:
 def _py_function_time(ledger: Ledger) -> float | None:
     """Seconds a step spends in the user's ``tf.py_function``/``tf.numpy_function`` (``None``: not timed)."""
     return ledger.py_function_seconds
+
+
+def _cpu_seconds(ledger: Ledger) -> float | None:
+    """CPU seconds the worker's process spends a step (every thread: its input's, its step's, any other)."""
+    return ledger.cpu_seconds
 
 
 def _input_wait(ledger: Ledger) -> float | None:
