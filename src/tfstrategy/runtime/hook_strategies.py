@@ -58,14 +58,16 @@ def _called_by_tfstrategy(depth: int = 2) -> bool:
 def _made_by_a_probe() -> bool:
     """Whether a patch's probe (``tfstrategy/patches/``) creates the strategy, not the script or ``select()``.
 
-    The first caller outside TensorFlow, Keras and this module's wrappers decides.
+    The first caller outside TensorFlow, Keras, this module's wrappers and the maker every
+    tfstrategy strategy comes from (``selection/strategies.py``, whose caller is a probe or ``select()``) decides.
     """
     frame: FrameType | None = sys._getframe(1)
     probes = os.path.join(_PACKAGE, "patches") + os.sep
+    maker = os.path.join(_PACKAGE, "selection", "strategies.py")
     while frame is not None:
         name = os.path.abspath(frame.f_code.co_filename)
         parts = name.split(os.sep)
-        if "hook_strategies" not in name and "tensorflow" not in parts and "keras" not in parts:
+        if "hook_strategies" not in name and name != maker and "tensorflow" not in parts and "keras" not in parts:
             return name.startswith(probes)
         frame = frame.f_back
     return False
