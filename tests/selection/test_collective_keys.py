@@ -42,3 +42,16 @@ def test_probes_and_selections_never_share_keys_where_plain_strategies_break_the
     assert "plain 3 trained" in lines
     failed = next(line for line in lines if line.startswith("plain 5 "))
     assert "failed" in failed and "Shape mismatch in the collective instance" in failed
+
+
+def test_the_last_strategy_with_keys_of_its_own_is_made_and_the_next_is_refused_in_one_line(monkeypatch):
+    from tfstrategy.errors import StrategyError
+    from tfstrategy.runtime.process import RUNTIME
+    from tfstrategy.selection.strategies import mirrored_strategy
+
+    monkeypatch.setattr(RUNTIME, "next_number", lambda counter, start=0: 11_473)
+    assert mirrored_strategy(["/cpu:0"]).extended._collective_key_base == 2_147_300_000
+    monkeypatch.setattr(RUNTIME, "next_number", lambda counter, start=0: 11_474)
+    with pytest.raises(StrategyError, match=r"^Received a request for MirroredStrategy number 11,475 of this process; "
+                                            r".* room for 11,474 .* start a new process\.$"):
+        mirrored_strategy(["/cpu:0"])

@@ -17,7 +17,7 @@ __all__ = ["LOCAL_KEY_BASE", "build", "mirrored_strategy"]
 #: The n-th MirroredStrategy tfstrategy makes in a process starts its collective keys at
 #: ``LOCAL_KEY_BASE + KEY_STRIDE * n``: far above TensorFlow's own (a plain strategy starts at group 1)
 #: and the multi-worker strategies' (``KEY_STRIDE * n`` from 0, numbered alike on every worker), and
-#: below 2**31, as TensorFlow's collective keys are int32 (room for 11,000 strategies).
+#: below 2**31, as TensorFlow's collective keys are int32 (room for 11,474 strategies).
 LOCAL_KEY_BASE = 1_000_000_000
 
 
@@ -33,8 +33,18 @@ def mirrored_strategy(devices: list[str], cross_device_ops: Any = None) -> Any:
     same, from one sequence for every strategy it makes (the selection's and the
     patches' probes), and puts the class default back so strategies made
     directly are unaffected.
+
+    Raises:
+        StrategyError: the process made so many that no keys are left.
     """
-    base = LOCAL_KEY_BASE + KEY_STRIDE * RUNTIME.next_number("local_collective_keys")
+    number = RUNTIME.next_number("local_collective_keys")
+    base = LOCAL_KEY_BASE + KEY_STRIDE * number
+    if base + KEY_STRIDE > 2**31 - 1:
+        raise StrategyError(
+            f"Received a request for MirroredStrategy number {number + 1:,} of this process; TensorFlow's collective "
+            f"keys are int32, which leaves room for {(2**31 - 1 - LOCAL_KEY_BASE) // KEY_STRIDE:,} with keys of "
+            "their own. Reuse one strategy for several models, or start a new process."
+        )
     with _compat.mirrored_collective_key_base(base):
         return tf().distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
 
