@@ -6,7 +6,8 @@ import random
 from dataclasses import replace
 
 from tfstrategy.launch.ledger import FunctionTrace, Ledger
-from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, StragglerWatch, WorkerView, diagnose
+from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, WorkerView, diagnose
+from tfstrategy.launch.stragglers import StragglerWatch
 
 TRAIN = FunctionTrace(kind="train", fingerprint="a1b2c3", collectives=2, summary="Sequential: 2 variables")
 

@@ -69,6 +69,13 @@ class Ledger:
     time: float = 0.0
     extra: dict[str, object] = field(default_factory=dict)
 
+    def input_wait(self) -> float | None:
+        """Seconds a step spends waiting for its input (``input_seconds``, else the worker's ``outside_seconds``)."""
+        if self.input_seconds is not None:
+            return self.input_seconds
+        value = self.extra.get("outside_seconds")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
     def to_json(self) -> str:
         data = asdict(self)
         data["version"] = _VERSION

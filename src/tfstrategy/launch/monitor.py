@@ -38,7 +38,6 @@ from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_cons
 from tfstrategy.launch.ledger import Ledger
 from tfstrategy.launch.ledger_diagnosis import (
     Diagnosis,
-    StragglerWatch,
     WorkerView,
     diagnose,
     view_from_wire,
@@ -46,6 +45,7 @@ from tfstrategy.launch.ledger_diagnosis import (
 )
 from tfstrategy.launch.reports import ErrorRecord
 from tfstrategy.launch.states import EXIT_PREEMPTED, Failure, Outcome, WorkerState
+from tfstrategy.launch.stragglers import StragglerWatch
 from tfstrategy.launch.ticks import Decision, Observation, Policy
 from tfstrategy.worker_contract import stop_line
 
