@@ -14,6 +14,8 @@ import pytest
 from helpers import CPU_REPLICAS, PORT_RANGE_VARIABLE
 from tfstrategy.selection.cpu_split import configure_cpu_replicas
 
+pytest_plugins = ["budget"]  # the per-test ceiling and the suite's time budget (tests/budget.py)
+
 configure_cpu_replicas(CPU_REPLICAS)
 
 

@@ -1,0 +1,128 @@
+"""The suite's time budget, enforced by the suite itself (a pytest plugin that ``conftest.py`` loads).
+
+Two limits, so that growth is seen the day it is added, not a round later:
+
+- **The per-test ceiling**: every test, its fixtures' set-up and tear-down included, must end within
+  ``CEILING_SECONDS`` (pytest-timeout's ``timeout`` in ``pyproject.toml``, which must say the same).
+  A test that needs longer is a named exception with its reason::
+
+      @pytest.mark.over_ceiling(seconds=400, reason="one Ray cluster for every job of the module")
+
+  A bare ``@pytest.mark.timeout(N)`` above the ceiling is refused at collection: the reason is the point.
+- **The suite's budget**: a whole run of ``make test`` (every tier, two pytest workers) should take at most
+  ``SUITE_MINUTES``. The run prints its wall time against it and each exception's measured time against
+  its grant. README.md and CONTRIBUTING.md quote ``MEASURED`` (``tests/test_budget.py`` checks that they do),
+  so the figures they give are the last measured ones, not a wish.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pytest
+
+#: Seconds one test may take (set-up, call and tear-down), unless granted more with ``over_ceiling``.
+CEILING_SECONDS = 120
+#: Minutes a whole ``make test`` run may take on 2 cores (pytest's part; lint adds about a minute).
+SUITE_MINUTES = 30
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The last measured figures, quoted by the README and CONTRIBUTING (update both with these)."""
+
+    date: str
+    #: ``make test``'s pytest wall time on 2 cores, in minutes and seconds, and how many tests ran.
+    full_minutes: int
+    full_seconds: int
+    full_tests: int
+    #: ``make test-fast``'s wall time on 2 cores.
+    fast_minutes: int
+    fast_seconds: int
+
+    def full(self) -> str:
+        return f"{self.full_minutes} min {self.full_seconds:02d} s"
+
+    def fast(self) -> str:
+        return f"{self.fast_minutes} min {self.fast_seconds:02d} s"
+
+
+MEASURED = Measured(date="2026-12-06", full_minutes=0, full_seconds=0, full_tests=0, fast_minutes=0, fast_seconds=0)
+
+
+class BudgetError(pytest.UsageError):
+    """A test's time grant that breaks the budget's rules (raised at collection)."""
+
+
+def granted_seconds(name: str, over_ceiling: pytest.Mark | None, timeout: pytest.Mark | None) -> float | None:
+    """The timeout a test gets: ``None`` for the ceiling, else its exception's grant.
+
+    Raises:
+        BudgetError: an ``over_ceiling`` without its reason or not above the ceiling, or a bare
+            ``timeout`` above the ceiling.
+    """
+    if over_ceiling is not None:
+        seconds = over_ceiling.kwargs.get("seconds", over_ceiling.args[0] if over_ceiling.args else None)
+        reason = str(over_ceiling.kwargs.get("reason", "")).strip()
+        if not isinstance(seconds, (int, float)) or seconds <= CEILING_SECONDS:
+            raise BudgetError(f"{name}: received over_ceiling(seconds={seconds!r}); an exception grants more than the "
+                              f"{CEILING_SECONDS} s ceiling. Pass seconds=N with N > {CEILING_SECONDS}, or drop the marker.")
+        if not reason:
+            raise BudgetError(f"{name}: received over_ceiling(seconds={seconds}) without a reason; each exception to the "
+                              f"{CEILING_SECONDS} s ceiling says why: over_ceiling(seconds={seconds}, reason='...').")
+        return float(seconds)
+    if timeout is not None:
+        seconds = timeout.kwargs.get("timeout", timeout.args[0] if timeout.args else None)
+        if isinstance(seconds, (int, float)) and seconds > CEILING_SECONDS:
+            raise BudgetError(f"{name}: received timeout({seconds}), above the per-test ceiling of {CEILING_SECONDS} s. "
+                              f"Make the test faster, or grant it with over_ceiling(seconds={seconds}, reason='...').")
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"over_ceiling(seconds, reason): a named exception to the {CEILING_SECONDS} s per-test ceiling, with its reason",
+    )
+    configured = config.getini("timeout")
+    if configured and float(configured) != CEILING_SECONDS:
+        raise BudgetError(f"pyproject.toml sets timeout = {configured}; tests/budget.py's ceiling is {CEILING_SECONDS} s. "
+                          "Make them agree (the ceiling is the budget's, pytest-timeout enforces it).")
+    config.pluginmanager.register(BudgetWatch(), "tfstrategy-budget")
+
+
+class BudgetWatch:
+    """Grants the exceptions their time at collection; says the run's time against the budget at its end."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.granted: dict[str, tuple[float, str]] = {}
+        self.taken: dict[str, float] = {}
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            over = item.get_closest_marker("over_ceiling")
+            seconds = granted_seconds(item.nodeid, over, item.get_closest_marker("timeout"))
+            if seconds is not None and over is not None:
+                item.add_marker(pytest.mark.timeout(seconds))
+                self.granted[item.nodeid] = (seconds, str(over.kwargs["reason"]))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.taken[report.nodeid] = self.taken.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+        if hasattr(config, "workerinput") or not self.taken:  # a pytest-xdist worker: the controller says it, once
+            return
+        wall = time.monotonic() - self.started
+        terminalreporter.section("time budget")
+        terminalreporter.write_line(
+            f"{len(self.taken)} tests in {wall // 60:.0f} min {wall % 60:02.0f} s of wall time; the budget: "
+            f"{SUITE_MINUTES} min for a whole make test, {CEILING_SECONDS} s a test (tests/budget.py)"
+        )
+        over = sorted(((seconds, nodeid) for nodeid, seconds in self.taken.items() if seconds > CEILING_SECONDS),
+                      reverse=True)
+        for seconds, nodeid in over:
+            grant = self.granted.get(nodeid)
+            why = f"granted {grant[0]:.0f} s: {grant[1]}" if grant else "an over_ceiling exception"
+            terminalreporter.write_line(f"  over the ceiling: {seconds:6.1f} s {nodeid} ({why})")
