@@ -15,7 +15,7 @@ from tfstrategy.cli._common import tensorflow_log_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A line of TensorFlow's C++ logging (absl's format), or absl's notice before its first one.
-NATIVE_LOG = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]|WARNING: All log messages before absl)", re.M)
+NATIVE_LOG = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]|WARNING: All log messages before absl)", re.M)
 
 
 @pytest.mark.parametrize(

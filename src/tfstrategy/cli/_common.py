@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Mapping
 
+from tfstrategy.native_log import log_level, native_start_up_held
 from tfstrategy.settings import AUDIT_MODES, ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind
 
 __all__ = ["add_program_arguments", "program_from_args", "add_strategy_arguments", "add_output_arguments", "quiet_tensorflow", "import_tensorflow_quietly",
@@ -64,31 +65,20 @@ def quiet_tensorflow(debug: bool) -> None:
 
 
 def import_tensorflow_quietly(debug: bool) -> None:
-    """Import TensorFlow with its C++ start-up lines hidden, unless debugging.
+    """Import TensorFlow with its C++ start-up lines held to the log level, unless debugging.
 
-    On import TensorFlow's C++ code writes straight to file descriptor 2, before
-    it reads ``TF_CPP_MIN_LOG_LEVEL`` (measured on TF 2.21: "WARNING: All log
-    messages before absl::InitializeLog() is called are written to STDERR" and
-    the oneDNN notice, even with the level at 3). They would come before the
-    command's own first line, so descriptor 2 points at ``/dev/null`` for the
-    import only; Python's ``sys.stderr`` writes to the same descriptor and is
-    flushed first. A failed import is left for the command to report with its fix.
+    Those lines come before TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL``
+    (:mod:`tfstrategy.native_log`), and would precede the command's own first line.
+    A failed import is left for the command to report with its fix.
     """
     quiet_tensorflow(debug)
     if debug or "tensorflow" in sys.modules:
         return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "wb") as devnull:
-            os.dup2(devnull.fileno(), 2)
+    with native_start_up_held(log_level(os.environ)):
         try:
             import tensorflow  # noqa: F401
         except ImportError:
             pass  # tfstrategy._tf says which extra to install when the command needs TensorFlow
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def add_program_arguments(parser: argparse.ArgumentParser, *, where: str) -> None:

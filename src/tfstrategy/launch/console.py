@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from tfstrategy.native_log import ABSL_NOTICE as _ABSL_NOTICE  # boilerplate, whatever follows it
 from tfstrategy.worker_contract import STOP_PREFIXES
 
 __all__ = ["ConsoleView", "Console", "stopped_line", "HOLD_SECONDS", "PLAIN_PROGRESS_SECONDS"]
@@ -42,8 +43,6 @@ _KERAS_PROGRESS = re.compile(r"^\s*\d+/\d+ .*\d(us|ms|s)/step\b")
 PLAIN_PROGRESS_SECONDS = 30.0
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\^_])")
-#: absl's notice before its first log line: boilerplate, whatever follows it.
-_ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 #: A TensorFlow C++ error or warning about the job's connections: what a worker logs when a peer is gone.
 _NOISE = re.compile(r"^[EW]\d{4} [\d:. ]+\S+\] .*(UNAVAILABLE|CANCELLED|Socket closed|[Cc]oordination ?[Ss]ervice|"
                     r"failed to connect to all addresses|Connection reset|unhealthy)")

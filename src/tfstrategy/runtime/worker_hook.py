@@ -42,6 +42,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from tfstrategy import native_log
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime import tracebacks, worker_watch
 from tfstrategy.runtime.process import RUNTIME
@@ -81,7 +82,8 @@ def install() -> None:
     if "tensorflow" in sys.modules:
         on_tensorflow_imported()
     else:
-        sys.meta_path.insert(0, _AfterImport("tensorflow", on_tensorflow_imported))
+        # TensorFlow's C++ start-up lines come before it reads TF_CPP_MIN_LOG_LEVEL: held to it here.
+        sys.meta_path.insert(0, _AfterImport("tensorflow", on_tensorflow_imported, hold_native_lines=True))
         # A script may import keras first; keras imports TensorFlow half-way through its own
         # import, so the Keras steps wait for keras to finish (see on_tensorflow_imported).
         sys.meta_path.insert(0, _AfterImport("keras", on_keras_imported))
@@ -90,8 +92,8 @@ def install() -> None:
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself; wraps the real loader of ``name`` so ``callback`` runs after it executed."""
 
-    def __init__(self, name: str, callback: Callable[[], None]) -> None:
-        self.name, self.callback = name, callback
+    def __init__(self, name: str, callback: Callable[[], None], *, hold_native_lines: bool = False) -> None:
+        self.name, self.callback, self.hold_native_lines = name, callback, hold_native_lines
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname != self.name:
@@ -99,19 +101,21 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         sys.meta_path.remove(self)  # one shot; and the lookup below must not find this finder again
         spec = importlib.util.find_spec(fullname)
         if spec is not None and spec.loader is not None:
-            spec.loader = _RunAfter(spec.loader, self.callback)
+            level = native_log.log_level(os.environ) if self.hold_native_lines else 0
+            spec.loader = _RunAfter(spec.loader, self.callback, level)
         return spec
 
 
 class _RunAfter(importlib.abc.Loader):
-    def __init__(self, loader: Any, callback: Callable[[], None]) -> None:
-        self._loader, self._callback = loader, callback
+    def __init__(self, loader: Any, callback: Callable[[], None], log_level: int = 0) -> None:
+        self._loader, self._callback, self._log_level = loader, callback, log_level
 
     def create_module(self, spec: Any) -> Any:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
+        with native_log.native_start_up_held(self._log_level):
+            self._loader.exec_module(module)
         try:
             self._callback()
         except TFStrategyError:
