@@ -6,16 +6,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 
 import pytest
+from planted_causes import GOES_ON, HEADLINES, PREFIX
 
 from tfstrategy.launch.ledger import FunctionTrace, Ledger
 from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, WorkerView, view_from_wire, view_to_wire
 from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
-from tfstrategy.launch.nodes import failure_from_event
+from tfstrategy.launch.nodes import failure_from_event, failure_to_message
 from tfstrategy.launch.rendezvous import EventKind, JobEvent, wire
 from tfstrategy.launch.rendezvous.root_cause import across_nodes, root_cause
-from tfstrategy.launch.reports import Progress
+from tfstrategy.launch.rendezvous.wire import RoundFailed
+from tfstrategy.launch.reports import ErrorRecord, Progress
+from tfstrategy.launch.states import Failure
 
 TRAIN = FunctionTrace(kind="train", fingerprint="a1b2c3", collectives=2, summary="Sequential: 2 variables")
 ABORT = "raised CancelledError: Collective ops is aborted by: ... (a consequence of a failure elsewhere)"
@@ -294,3 +298,179 @@ def test_node_0_says_at_once_that_a_worker_on_another_node_is_stopped_once_a_sto
     assert [(tick, note.startswith(said)) for tick, note in notes] == [(2, True), (6, True)]
     other = GroupMonitor([1], Policy(), started=0.0, peers_elsewhere=True)  # node 1 says its own stall itself
     assert not any("node 1" in note for note in other.update(1.0, 1001.0, {1: Observation(joined=True)}).notes)
+
+
+# --- issue 38's planted causes on two nodes (one worker each), as test_planted's real runs saw them -----------
+#
+# Each node's launcher is its real GroupMonitor (peers_elsewhere), fed what its worker showed in the real run
+# (``tests/workers/planted_worker.py``: its ledger, progress and error record); its failure goes to node 0 as
+# the supervisor sends it (``failure_to_message`` with ``wire_views()``), through JSON and the wire's checks;
+# node 0 decides with the real ``root_cause`` and relays it (``RoundFailed``), and the headline node 0 prints
+# must match the one test_planted searches on the real console. A real run of each capability stays in
+# test_planted: different-model (diagnosed from every node's views), exit0 (a node's own diagnosis relayed),
+# slow-input (node 0 watching node 1's worker, in the SIGSTOP test).
+
+PLANTED_FRAME = "/work/main/tests/workers/planted_worker.py:{} in main"
+#: The planted worker's model (Dense(hidden), Dense(1) on 4 features): its weights as the ledger records them.
+MODEL = (("dense/kernel", "(4, {})"), ("dense/bias", "({},)"), ("dense_1/kernel", "({}, 1)"), ("dense_1/bias", "(1,)"))
+PLANTED_TRAIN = FunctionTrace(kind="train", fingerprint="46052a2df32dcadd", collectives=2,
+                              summary="175 ops, 13 variable reads")
+#: TensorFlow's errors in the real runs: a collective that never meets aborts (an echo: settled, then relayed).
+MISMATCH = ("tensorflow.python.framework.errors_impl.InvalidArgumentError",
+            "Collective ops is aborted by: Shape mismatch in the collective instance 112. Op at device "
+            "/job:worker/replica:0/task:0/device:CPU:0 expected shape [49] but another member in the group expected "
+            "shape [3].")
+BROADCAST_MISMATCH = ("tensorflow.python.framework.errors_impl.InvalidArgumentError",
+                      "Collective ops is aborted by: Shape mismatch in the collective instance 100.")
+TYPE_MISMATCH = ("tensorflow.python.framework.errors_impl.InternalError",
+                 "Collective ops is aborted by: Collective instance 145 expected type 0 and data_type 9 but got type 0 "
+                 "and data_type 1")
+
+
+def _built(hidden: int, count: int = 4) -> dict[str, object]:
+    """The ledger's record of the model weights a worker created (the first ``count``)."""
+    return {"count": count, "last": [[n, name, shape.format(hidden)]
+                                     for n, (name, shape) in enumerate(MODEL[:count], 1)]}
+
+
+def _planted_ledger(hidden: int = 8, count: int = 4, **fields) -> Ledger:
+    extra = {"loop": "fit", **fields.pop("extra", {}), "weights": _built(hidden, count)}
+    return Ledger(**{"frame": PLANTED_FRAME.format(138), **fields, "extra": extra})
+
+
+class _Node:
+    """One node's launcher with one worker (worker ``rank``): its real monitor, the failure it would send node 0."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.monitor = GroupMonitor([rank], Policy(join_timeout=120, stall_report=10, stall_timeout=20), started=0.0,
+                                    peers_elsewhere=True)
+        self.failed: dict | None = None
+
+    def see(self, now: float, seen: Observation) -> None:
+        decision = self.monitor.update(now, 1000.0 + now, {self.rank: seen})
+        if decision.failure is not None and self.failed is None:  # as the supervisor reports it
+            local = dataclasses.replace(decision.failure, views=self.monitor.wire_views())
+            message = failure_to_message(0, local)
+            self.failed = json.loads(json.dumps({"type": message.kind, **dataclasses.asdict(message)}))
+
+    def shared(self) -> dict:
+        return json.loads(json.dumps({"type": "views", "round": 0, "views": list(self.monitor.wire_views())}))
+
+
+def _node_0_says(timeline: dict[int, list[tuple[float, Observation]]]) -> Failure:
+    """Run each node's monitor over its worker's ``timeline`` (rank: [(when, what it showed)]), a tick a second;
+    node 0 decides over the failures the nodes sent (and the views of those that sent none); what it relays."""
+    nodes = {rank: _Node(rank) for rank in timeline}
+    for tick in range(1, 13):
+        for rank, node in nodes.items():
+            seen = [observation for when, observation in timeline[rank] if when <= tick]
+            if seen and node.failed is None:
+                node.see(float(tick), seen[-1])
+    reported = [(rank, wire.parse_message(node.failed, wire.TO_SERVER)) for rank, node in nodes.items() if node.failed]
+    assert reported, "no node reported a failure"
+    shared = {rank: wire.parse_message(node.shared(), wire.TO_SERVER) for rank, node in nodes.items()
+              if not node.failed}
+    assert all(isinstance(message, wire.Failed) for _, message in reported)
+    assert all(isinstance(message, wire.Views) for message in shared.values())
+    rank, cause = root_cause(sorted(reported, key=lambda item: item[1].time),
+                             {rank: message.views for rank, message in shared.items()})
+    relayed = RoundFailed.of(rank, cause, restart=False)
+    back = wire.parse_message(json.loads(json.dumps({"type": relayed.kind, **dataclasses.asdict(relayed)})),
+                              wire.TO_CLIENT)
+    return failure_from_event(JobEvent(EventKind.FAILED, {}, back))
+
+
+def _training(ledger: Ledger, steps: int, in_step: bool) -> Observation:
+    return Observation(joined=True, ledger=ledger, progress=Progress(heartbeat=steps + 1, steps=steps, in_step=in_step))
+
+
+def _aborted(ledger: Ledger, error: tuple[str, str], when: float) -> Observation:
+    return Observation(returncode=1, ledger=ledger, error=ErrorRecord(type=error[0], message=error[1], frame="",
+                                                                      time=1000.0 + when))
+
+
+def _planted_timeline(cause: str) -> dict[int, list[tuple[float, Observation]]]:
+    """What worker 0 (node 0) and worker 1 (node 1) showed their launchers in test_planted's real run of ``cause``."""
+    if cause == "uneven":  # worker 1 plans 7 batches, worker 0 8; at worker 0's 8th, both abort (a type mismatch)
+        zero = _planted_ledger(epoch=0, batches=8, steps=7, total_steps=7, functions=(PLANTED_TRAIN,),
+                               extra={"epoch_steps": 8})
+        one = _planted_ledger(epoch=0, batches=7, steps=7, total_steps=7, functions=(PLANTED_TRAIN,),
+                              extra={"epoch_steps": 7})
+        return {0: [(1, _training(zero, 7, True)), (4, _aborted(zero, TYPE_MISMATCH, 3.6))],
+                1: [(1, _training(one, 7, False)), (3, _aborted(one, TYPE_MISMATCH, 3.0))]}
+    if cause == "different-step":  # worker 1's loss issues one more all-reduce: both abort inside the first batch
+        other = FunctionTrace(kind="train", fingerprint="c0ac6eb9dc98a78e", collectives=3,
+                              summary="198 ops, 13 variable reads")
+        zero = _planted_ledger(epoch=0, batches=1, functions=(PLANTED_TRAIN,), extra={"epoch_steps": 8})
+        one = _planted_ledger(epoch=0, batches=1, functions=(other,), extra={"epoch_steps": 8})
+        return {0: [(1, _training(zero, 0, True)), (3, _aborted(zero, MISMATCH, 2.5))],
+                1: [(1, _training(one, 0, True)), (4, _aborted(one, MISMATCH, 3.2))]}
+    if cause == "different-model":  # worker 1's hidden layer is wider: the first weight's broadcast aborts
+        zero, one = _planted_ledger(8, count=1), _planted_ledger(16, count=1)
+        return {0: [(1, Observation(joined=True, ledger=zero)), (4, _aborted(zero, BROADCAST_MISMATCH, 3.4))],
+                1: [(1, Observation(joined=True, ledger=one)), (3, _aborted(one, BROADCAST_MISMATCH, 2.9))]}
+    # exit0/exit1: worker 1 imports TensorFlow and exits before creating its strategy; worker 0 creates its own
+    # and waits for it (its node reports nothing: the job cannot form until --timeout)
+    before = Ledger(frame=PLANTED_FRAME.format(58))
+    waiting = Observation(starting=True, listening=True, progress=Progress(heartbeat=1, steps=-1, in_step=False),
+                          ledger=Ledger(frame=PLANTED_FRAME.format(69)))
+    return {0: [(1, waiting)],
+            1: [(1, Observation(progress=Progress(heartbeat=1, steps=-1, in_step=False), ledger=before)),
+                (2, Observation(returncode=int(cause[-1]), ledger=before))]}
+
+
+#: The node whose name precedes node 0's headline in the real runs (a diagnosis naming two workers: the earliest
+#: failure's node).
+PLANTED_NODE = {"uneven": 1, "different-step": 0, "different-model": 1, "exit0": 1, "exit1": 1}
+
+
+@pytest.mark.parametrize("cause", list(PLANTED_NODE))
+def test_node_0_says_each_planted_causes_headline_from_the_views_node_1_sends(cause):
+    """test_planted's two-node assertion for each failure cause: node 0's headline (and the job's exit status),
+    decided over every node's views as they cross the rendezvous."""
+    relayed = _node_0_says(_planted_timeline(cause))
+    said = "tfstrategy launch: " + relayed.report()
+    pattern, status = HEADLINES[cause]
+    assert re.search(PREFIX + pattern, said), said
+    assert said.startswith(f"tfstrategy launch: node {PLANTED_NODE[cause]}: "), said
+    assert relayed.exit_status == status if status is not None else relayed.exit_status != 0, said
+    assert not relayed.consequential, said
+    if cause.startswith("exit"):
+        assert "  the workers on the other nodes wait for it to create its strategy (--nnodes)" in said, said
+        assert f"  worker 1's last frame in your code: {PLANTED_FRAME.format(58)}" in said, said
+    else:  # both workers' part of the evidence: each node's views reached node 0
+        assert re.search(r"^  worker 0: .*\n  worker 1: ", said, re.M), said
+
+
+def _straggler_readings(cause: str, readings: int) -> list[tuple[Ledger, Ledger]]:
+    """Worker 0's and worker 1's ledgers, one a second, as the planted straggler causes write them: the first two
+    without step timing (tracing), then a step a fifth of a second on both (in a synchronous job the fast worker
+    waits for the slow one inside the collectives), with a loaded machine's jitter."""
+    jitter = random.Random(38)
+    ticks: list[tuple[Ledger, Ledger]] = []
+    for tick in range(1, readings + 1):
+        def ledger(slow: bool, tick: float = float(tick)) -> Ledger:
+            if tick <= 2:
+                return _ledger(total_steps=0, time=tick)
+            scale = jitter.uniform(0.7, 1.4)
+            if cause == "slow-input":  # worker 1's generator sleeps 0.2 s before each batch
+                wait, cpu = (0.10 if slow else 0.001) * scale, 0.03 * scale
+            else:  # slow-step: a thread of worker 1 burns CPU; every step sleeps 0.1 s in a numpy_function
+                wait, cpu = 0.0, (0.22 if slow else 0.02) * scale
+            return _ledger(total_steps=int(5 * tick), step_seconds=0.2 * scale, input_seconds=wait, cpu_seconds=cpu,
+                           time=tick)
+        ticks.append((ledger(False), ledger(True)))
+    return ticks
+
+
+@pytest.mark.parametrize("cause", ["slow-input", "slow-step"])
+def test_node_0_warns_of_each_planted_straggler_on_node_1_in_test_planteds_words(cause):
+    """test_planted's two-node assertion for each straggler cause: node 0, watching node 1's worker from the views
+    node 1 sends, says its warning once, with its evidence, the job going on, and no stall."""
+    notes = _node0_watch_ledgers(_straggler_readings(cause, 20))
+    said = "".join(f"tfstrategy launch: {note}\n" for note in notes)
+    pattern, _ = HEADLINES[cause]
+    assert len(re.findall(PREFIX + pattern, said)) == 1, said
+    assert re.search(PREFIX + pattern + GOES_ON, said), said
+    assert "stall" not in said, said
