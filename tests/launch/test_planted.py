@@ -172,7 +172,7 @@ def test_a_worker_stopped_on_node_1_is_named_on_node_0_not_its_waiting_peer():
     warning = re.search(re.escape(err[warned].rstrip("\n")) + GOES_ON, "".join(err[warned:]))
     assert warning is not None, _report("sigstop", report)
     before = "".join(err[:warned]) + warning.group(0)
-    assert "stall" not in before and "worker 1 stalled" not in before, _report("sigstop", report)
+    assert "stall: worker 1" not in before and "worker 1 stalled" not in before, _report("sigstop", report)
     # (node 1's stall timeout may end the job first, its own failure diagnosed: the same headline)
     assert re.search(r"^tfstrategy launch: node 1: worker 1 is stopped \(SIGSTOP or a debugger\) after step \d+; its "
                      r"peers wait for it$", report, re.M), _report("sigstop", report)
