@@ -50,6 +50,12 @@ def _fail(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
         pytest.param(("lanch", "-n", "2"),
                      "tfstrategy: error: unknown command 'lanch'; expected one of check, env, run, launch, k8s. "
                      "Did you mean 'launch'?", id="command"),
+        pytest.param(("run", "--cpu-replica", "2", "--", "python", "t.py"),
+                     "tfstrategy run: error: unknown option --cpu-replica; did you mean --cpu-replicas?",
+                     id="abbreviation-is-not-taken"),
+        pytest.param(("launch", "-n", "2", "--max-restart", "1", "--", "python", "t.py"),
+                     "tfstrategy launch: error: unknown option --max-restart; did you mean --max-restarts?",
+                     id="abbreviation-of-max-restarts"),
         pytest.param(("launch", "--frobnicate", "--", "python", "t.py"),
                      "tfstrategy launch: error: unknown option --frobnicate", id="no-close-flag"),
     ],
@@ -79,10 +85,13 @@ def test_the_programs_own_flags_are_not_ours(capsys: pytest.CaptureFixture[str])
     assert lines[0] == "tfstrategy launch: error: the following arguments are required: -n/--num-workers"
 
 
-def test_a_valid_abbreviation_is_not_a_mistake() -> None:
+def test_an_abbreviation_is_refused_and_the_whole_flag_still_parses(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 45: argparse's prefix matching took --max-rest for --max-restarts silently; flags are spelled whole."""
     from tfstrategy.cli import build_parser
 
-    args = build_parser().parse_args(["launch", "-n", "2", "--max-rest", "1", "--", "python", "t.py"])
+    lines = _fail(capsys, "launch", "-n", "2", "--max-rest", "1", "--", "python", "t.py")
+    assert lines[0] == "tfstrategy launch: error: unknown option --max-rest; did you mean --max-restarts?"
+    args = build_parser().parse_args(["launch", "-n", "2", "--max-restarts", "1", "--", "python", "t.py"])
     assert args.max_restarts == 1 and args.program == ["--", "python", "t.py"]
 
 

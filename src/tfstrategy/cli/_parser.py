@@ -26,6 +26,8 @@ class Parser(argparse.ArgumentParser):
     """
 
     def __init__(self, *args: Any, familiar: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        # argparse would take --cpu-replica for --cpu-replicas, silently: a flag is spelled whole.
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.familiar = dict(familiar or {})
         self._received: list[str] = []
@@ -76,8 +78,8 @@ class Parser(argparse.ArgumentParser):
         options = self._option_string_actions
         if flag in options:
             return True
-        if flag.startswith("--"):  # argparse accepts a unique prefix of a long option
-            return sum(1 for option in options if option.startswith(flag)) == 1
+        if flag.startswith("--"):
+            return self.allow_abbrev and sum(1 for option in options if option.startswith(flag)) == 1
         return flag[:2] in options  # -n2
 
     def _unknown_flags(self) -> list[str]:
