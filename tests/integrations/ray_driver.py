@@ -1,12 +1,16 @@
 """Start a loopback-only local Ray cluster, run TensorflowTrainer jobs on it, stop it; for tests/integrations.
 
 ``python netns_run.py ray_driver.py OUT JOBS_JSON [two-nodes]``: JOBS_JSON is a list of ``{"name",
-"workers", "loop", "fail", "max_failures"}``; ``two-nodes`` starts two raylets with ``ray start``
-(127.0.0.2 and 127.0.0.3, token auth) instead of ``ray.init``. Run by the tests inside a private
-network namespace (``unshare --net``) when the system allows one, so even a server bound to 0.0.0.0 is reachable on loopback only; Ray itself is
-kept on 127.0.0.1 by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (set by the caller, read when Ray is
-imported) and ``_node_ip_address``. Writes ``OUT/summary.json``: per job its result and timings, the
-cluster's start-up time and the peak memory (PSS) of every process of the run.
+"workers", "loop", "fail", "max_failures", "collective_timeout"}`` (a ``TensorflowTrainer`` job of
+``ray_jobs.train_fn``) or ``{"name", "script"}`` (a driver script of its own, run in its directory with
+``RAY_ADDRESS`` naming this cluster, so its ``ray.init()`` joins it; its output goes to
+``OUT/<name>/output.log``). ``two-nodes`` starts two raylets with ``ray start`` (127.0.0.2 and
+127.0.0.3, one CPU each, token auth; a third with a wrong token, started alongside, must be refused)
+instead of ``ray.init``. Run by the tests inside a private network namespace (``unshare --net``), so
+even a server bound to 0.0.0.0 is reachable on loopback only; without one (one node only) Ray is kept
+on 127.0.0.1 by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (set by the caller, read when Ray is imported)
+and ``_node_ip_address``. Writes ``OUT/summary.json``: per job its result and timings, the cluster's
+start-up time and the peak memory (PSS) of every process of the run.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ from pathlib import Path
 MARKER = "TFSTRATEGY_RAY_TEST_RUN"
 
 
-def run_processes(marker: str) -> list[int]:
-    """PIDs of every live process whose environment carries ``MARKER=marker`` (all of this run's)."""
+def run_processes(marker: str, temp_dir: str | None = None) -> list[int]:
+    """PIDs of every live process of this run: its environment carries ``MARKER=marker``, or it holds a file
+    open under the run's own ``temp_dir`` (``RAY_TMPDIR``: Ray's agents, whose environment ``setproctitle``
+    overwrites, still write their logs there)."""
     needle = f"{MARKER}={marker}".encode()
+    inside = None if temp_dir is None else os.path.join(os.path.realpath(temp_dir), "")
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -36,9 +43,26 @@ def run_processes(marker: str) -> list[int]:
             with open(f"/proc/{entry}/environ", "rb") as handle:
                 if needle in handle.read().split(b"\0"):
                     found.append(int(entry))
+                    continue
+            if inside is not None and _holds_file_under(entry, inside):
+                found.append(int(entry))
         except OSError:
             continue
     return found
+
+
+def _holds_file_under(pid: str, directory: str) -> bool:
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for descriptor in descriptors:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{descriptor}").startswith(directory):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _pss_kib(pid: int) -> int:
@@ -54,76 +78,140 @@ def _pss_kib(pid: int) -> int:
 class MemorySampler(threading.Thread):
     """The peak, over the run, of the summed PSS of the run's processes (sampled every second)."""
 
-    def __init__(self, marker: str) -> None:
+    def __init__(self, marker: str, temp_dir: str) -> None:
         super().__init__(daemon=True)
-        self.marker, self.peak_kib, self.peak_processes = marker, 0, 0
+        self.marker, self.temp_dir, self.peak_kib, self.peak_processes = marker, temp_dir, 0, 0
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(1.0):
-            pids = run_processes(self.marker)
+            pids = run_processes(self.marker, self.temp_dir)
             total = sum(_pss_kib(pid) for pid in pids)
             if total > self.peak_kib:
                 self.peak_kib, self.peak_processes = total, len(pids)
 
 
-def _ray_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+#: Ray's smallest object store (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES): the jobs put next to nothing in it.
+OBJECT_STORE_BYTES = 75 * 1024 * 1024
+
+
+class WrongToken(threading.Thread):
+    """``ray start`` of a raylet on 127.0.0.3 with another token, which must be refused; ``result`` once it ended.
+
+    Ray's client retries for about 20 s before it gives up, so it runs alongside the jobs.
+    """
+
+    def __init__(self, address: str, common: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.args = [str(Path(sys.executable).with_name("ray")), "start", f"--address={address}",
+                     "--node-ip-address=127.0.0.3", *common]
+        self.result: dict = {"returncode": None, "seconds": None, "output": "not ended"}
+
+    def run(self) -> None:
+        began = time.time()
+        try:
+            ended = subprocess.run(self.args, env={**os.environ, "RAY_AUTH_TOKEN": "0" * 64}, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, timeout=240)
+            self.result = {"returncode": ended.returncode, "seconds": time.time() - began, "output": ended.stdout[-1500:]}
+        except subprocess.TimeoutExpired:
+            self.result = {"returncode": None, "seconds": time.time() - began, "output": "timed out"}
+
+
+def _ray_start(*args: str) -> subprocess.Popen:
     ray = str(Path(sys.executable).with_name("ray"))
-    return subprocess.run([ray, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.Popen([ray, "start", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def start_two_nodes(summary: dict, temp_dir: str) -> str:
-    """``ray start`` a head raylet on 127.0.0.2 and a second one on 127.0.0.3 (token auth); the address."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.2", 0))
-        port = probe.getsockname()[1]
-    address = f"127.0.0.2:{port}"
-    common = ["--num-cpus=1", "--object-store-memory=150000000", "--disable-usage-stats"]
-    head = _ray_cli("start", "--head", "--node-ip-address=127.0.0.2", f"--port={port}", "--include-dashboard=false",
-                    f"--temp-dir={temp_dir}", *common)
-    if head.returncode != 0:
-        raise RuntimeError(f"ray start --head failed: {head.stdout[-2000:]} {head.stderr[-2000:]}")
-    # A raylet with another token must not join.
-    wrong = {**os.environ, "RAY_AUTH_TOKEN": "0" * 64}
-    began = time.time()
+def _started(process: subprocess.Popen, what: str, timeout: float = 300) -> None:
     try:
-        refused = _ray_cli("start", f"--address={address}", "--node-ip-address=127.0.0.3", *common, env=wrong, timeout=240)
-        summary["wrong_token"] = {"returncode": refused.returncode, "seconds": time.time() - began,
-                                  "output": (refused.stdout + refused.stderr)[-1500:]}
+        output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        summary["wrong_token"] = {"returncode": None, "seconds": time.time() - began, "output": "timed out"}
-    joined = _ray_cli("start", f"--address={address}", "--node-ip-address=127.0.0.3", *common)
-    if joined.returncode != 0:
-        raise RuntimeError(f"ray start --address failed: {joined.stdout[-2000:]} {joined.stderr[-2000:]}")
-    return address
+        process.kill()
+        output, _ = process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"{what} failed (status {process.returncode}): {output[-4000:]}")
+
+
+class TwoNodes:
+    """A head raylet on 127.0.0.2 and a second one on 127.0.0.3, each ``ray start``ed (one CPU, token auth).
+
+    Each step starts what it can and returns, so that the driver's own imports and ``ray.init`` overlap the
+    raylets' start; alongside the second raylet a third, with a wrong token, must be refused (:class:`WrongToken`).
+    """
+
+    def __init__(self, temp_dir: str, summary: dict) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.2", 0))
+            port = probe.getsockname()[1]
+        self.address, self.summary, self.began = f"127.0.0.2:{port}", summary, time.time()
+        self.common = ["--num-cpus=1", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats"]
+        self.head = _ray_start("--head", "--node-ip-address=127.0.0.2", f"--port={port}", "--include-dashboard=false",
+                               f"--temp-dir={temp_dir}", *self.common)
+        self.wrong: WrongToken | None = None
+        self.joining: subprocess.Popen | None = None
+
+    def join(self) -> None:
+        """Once the head is up: start the second raylet, and the one with the wrong token."""
+        _started(self.head, "ray start --head")
+        self.summary["head_seconds"] = time.time() - self.began
+        self.wrong = WrongToken(self.address, self.common)
+        self.wrong.start()
+        self.joining = _ray_start(f"--address={self.address}", "--node-ip-address=127.0.0.3", *self.common)
+
+    def joined(self) -> None:
+        assert self.joining is not None
+        _started(self.joining, "ray start --address")
+        self.summary["join_seconds"] = time.time() - self.began - self.summary["head_seconds"]
+
+
+def run_script(job: dict, job_out: Path, address: str) -> dict:
+    """Run a driver script of its own (the guide's) with ``RAY_ADDRESS``: its ``ray.init()`` joins this cluster."""
+    script = Path(job["script"])
+    started = time.time()
+    with open(job_out / "output.log", "w") as log:
+        process = subprocess.run([sys.executable, str(script)], cwd=script.parent, env={**os.environ, "RAY_ADDRESS": address},
+                                 stdout=log, stderr=subprocess.STDOUT, timeout=job.get("timeout", 600))
+    return {"seconds": time.time() - started, "fit_called": started, "returncode": process.returncode,
+            "error": None if process.returncode == 0 else f"exit status {process.returncode}"}
 
 
 def main() -> int:
     out, jobs = Path(sys.argv[1]), json.loads(sys.argv[2])
     two_nodes = len(sys.argv) > 3 and sys.argv[3] == "two-nodes"
-    sampler = MemorySampler(os.environ[MARKER])
+    marker, temp_dir = os.environ[MARKER], os.environ["RAY_TMPDIR"]
+    sampler = MemorySampler(marker, temp_dir)
     sampler.start()
     began = time.time()
     summary: dict = {"jobs": {}, "interfaces": [name for _, name in socket.if_nameindex()]}
+    nodes = None
     try:
+        if two_nodes:
+            nodes = TwoNodes(temp_dir, summary)
         import ray
         import ray_jobs
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.tensorflow import TensorflowTrainer
 
-        if two_nodes:
-            address = start_two_nodes(summary, os.environ["RAY_TMPDIR"])
+        if nodes is not None:
+            nodes.join()
+            address = nodes.address
             ray.init(address=address, _node_ip_address="127.0.0.2", configure_logging=False)
+            nodes.joined()
             summary["nodes"] = sorted(node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"])
         else:
             ray.init(
-                num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=os.environ["RAY_TMPDIR"],
-                object_store_memory=200 * 1024**2, log_to_driver=True, configure_logging=False,
+                num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp_dir,
+                object_store_memory=OBJECT_STORE_BYTES, log_to_driver=True, configure_logging=False,
             )
+            address = ray.get_runtime_context().gcs_address
         summary.update(init_seconds=time.time() - began, node_ip=ray.util.get_node_ip_address())
         for job in jobs:
             job_out = out / job["name"]
             job_out.mkdir(parents=True, exist_ok=True)
+            if "script" in job:
+                summary["jobs"][job["name"]] = run_script(job, job_out, address)
+                print(f"job {job['name']} done in {summary['jobs'][job['name']]['seconds']:.1f}s", flush=True)
+                continue
             trainer = TensorflowTrainer(
                 ray_jobs.train_fn,
                 train_loop_config={
@@ -147,28 +235,48 @@ def main() -> int:
             }
             print(f"job {job['name']} done in {time.time() - started:.1f}s", flush=True)
     finally:
+        ending = time.time()
+        if nodes is not None and nodes.wrong is not None:
+            nodes.wrong.join(timeout=300)
+            summary["wrong_token"] = nodes.wrong.result
         if "ray" in sys.modules:
             sys.modules["ray"].shutdown()
         if two_nodes:  # `ray stop` would stop every Ray process of the machine; stop this run's, by pid
-            stop_run_processes(os.environ[MARKER])
+            stop_run_processes(marker, temp_dir)
         sampler.stopped.set()
         sampler.join()
         summary["peak_pss_mib"] = sampler.peak_kib / 1024
         summary["peak_processes"] = sampler.peak_processes
+        summary["seconds"] = time.time() - began
+        summary["shutdown_seconds"] = time.time() - ending
         (out / "summary.json").write_text(json.dumps(summary, default=str))
     return 0
 
 
-def stop_run_processes(marker: str, grace: float = 30.0) -> None:
-    """SIGTERM every other process of this run, then SIGKILL what is left after ``grace`` seconds."""
-    others = [pid for pid in run_processes(marker) if pid != os.getpid()]
-    for pid in others:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and [pid for pid in run_processes(marker) if pid != os.getpid()]:
-        time.sleep(0.2)
-    for pid in run_processes(marker):
+def stop_run_processes(marker: str, temp_dir: str, grace: float = 30.0) -> None:
+    """Stop every other process of this run in ``ray stop``'s order: the raylets, then the rest, then the GCS
+    (all at once, the GCS and the autoscaler's monitor were seen to outlive a 30 s grace). Each group gets
+    SIGTERM, then SIGKILL for what is left of it after ``grace`` seconds."""
+
+    def bucket(pid: int) -> int:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return 1
+        return 0 if b"/raylet/raylet" in command else 2 if b"/gcs/gcs_server" in command else 1
+
+    for order in range(3):
+        targets = [pid for pid in run_processes(marker, temp_dir) if pid != os.getpid() and bucket(pid) == order]
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and set(targets) & set(run_processes(marker, temp_dir)):
+            time.sleep(0.2)
+        for pid in set(targets) & set(run_processes(marker, temp_dir)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for pid in run_processes(marker, temp_dir):  # anything started meanwhile
         if pid != os.getpid():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -85,10 +85,13 @@ class _Fault:
     def fire(self, where: str) -> None:
         # Ray registers a reported checkpoint when its controller next polls the workers; until then a
         # failure loses it. Fault at the worst moment after epoch 1 is committed, not in that window.
-        deadline = time.monotonic() + 600
-        while 1 not in committed_epochs(self.storage) and time.monotonic() < deadline:
+        began = time.monotonic()
+        while 1 not in committed_epochs(self.storage) and time.monotonic() < began + 600:
             time.sleep(0.2)
-        self.marker.write_text(f"{where}; committed before: {committed_epochs(self.storage)}")
+        # Its peers wait as long in their next collective: the "term" fault's collective timeout must outlast
+        # this wait, or the timeout, not the SIGTERM, fails the attempt.
+        self.marker.write_text(f"{where}; committed before: {committed_epochs(self.storage)}; "
+                               f"waited {time.monotonic() - began:.1f} s for it")
         print(f"fault {self.kind} at {where}", flush=True)
         os.kill(os.getpid(), signal.SIGTERM if self.kind == "term" else signal.SIGKILL)
         time.sleep(600)  # SIGTERM: Ray's handler ends the process; never train on
