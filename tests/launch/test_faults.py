@@ -72,9 +72,15 @@ def test_a_worker_exiting_0_before_joining_fails_the_job_at_once_not_at_the_time
     assert seconds < 120  # the --timeout; it fails as soon as worker 0 is creating its strategy
 
 
+#: A stall is reported 5 s after the last progress (or 20 steps, if longer) and every worker's stack is dumped; the job
+#: fails 10 s after the last progress (the test waits for that): seconds for the dumps to arrive, and still far from
+#: anything a healthy worker of fault_worker.py (10 steps a second) does.
+STALL_REPORT, STALL_TIMEOUT = 5, 10
+
+
 def _stall(mode: str, headline: str = "tfstrategy launch: worker 1 stalled: it ") -> tuple[str, str, float]:
     """The stall's note (its diagnosis, if any, then what the launcher saw), the output, when it was found."""
-    code, out, err, _ = _fault(mode, "--stall-report", "5", "--stall-timeout", "20")
+    code, out, err, _ = _fault(mode, "--stall-report", str(STALL_REPORT), "--stall-timeout", str(STALL_TIMEOUT))
     assert code == 125, err[-3000:]
     lines = err.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("tfstrategy launch: stall: worker 1"))

@@ -2,6 +2,10 @@
 
 Needs Slurm (``.ci/install-slurm``) and root; without Slurm these tests fail.
 The pure parsing of the step variables is in tests/multiworker/test_slurm_env.py.
+
+One pair of uninterrupted srun jobs, run at once (the ``uninterrupted`` fixture), serves every test that
+compares: two jobs on one node at once, two workers against one process, and the reference weights of
+the killed and the preempted job (the same example, epochs and global batch).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ EXAMPLE = str(ROOT / "examples" / "multi_worker_train.py")
 SBATCH = str(ROOT / "examples" / "slurm" / "train.sbatch")
 QUIET = "TF_CPP_MIN_LOG_LEVEL=2"
 FINAL = re.compile(r"final loss (\S+) steps (\d+)")
+#: The example's run in this module: 4 epochs of 32 steps (4096 examples, global batch 128).
+EPOCHS, STEPS_PER_EPOCH = 4, 32
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +57,36 @@ def srun_example(cluster: SlurmCluster, out: Path, *args: str, timeout: float = 
     )
 
 
-def test_srun_two_workers_without_tf_config_agree_and_equal_one_process(cluster, tmp_path):
-    result = srun_example(cluster, tmp_path / "model.keras", "--epochs", "2")
+@pytest.fixture(scope="module")
+def uninterrupted(cluster, tmp_path_factory) -> tuple[Path, list[subprocess.CompletedProcess]]:
+    """Two srun jobs of the example at once, without a backup: the directory of ``model-<job>.keras``, each job's end."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    results: dict[int, subprocess.CompletedProcess] = {}
+
+    def run(job: int) -> None:
+        results[job] = srun_example(cluster, out / f"model-{job}.keras", "--epochs", str(EPOCHS))
+
+    threads = [threading.Thread(target=run, args=(job,)) for job in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out, [results[job] for job in range(2)]
+
+
+def test_two_jobs_on_one_node_at_once_both_succeed(uninterrupted):
+    _, results = uninterrupted
+    for result in results:
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    losses = [finals(r.stdout) for r in results]
+    assert losses[0] == losses[1] and len(losses[0]) == 2 and losses[0][0] == losses[0][1]
+
+
+def test_srun_two_workers_without_tf_config_agree_and_equal_one_process(uninterrupted, tmp_path):
+    out, (result, _) = uninterrupted
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TF_CONFIG", "TFSTRATEGY_"))}
     single = subprocess.run(
-        [sys.executable, EXAMPLE, "--epochs", "2", "--out", str(tmp_path / "single.keras")],
+        [sys.executable, EXAMPLE, "--epochs", str(EPOCHS), "--out", str(tmp_path / "single.keras")],
         capture_output=True, text=True, timeout=240, env={**environment, "TF_CPP_MIN_LOG_LEVEL": "2"}, cwd=ROOT,
     )
 
@@ -68,27 +99,9 @@ def test_srun_two_workers_without_tf_config_agree_and_equal_one_process(cluster,
     (loss0, steps0), (loss1, steps1) = finals(result.stdout)
     ((loss_single, steps_single),) = finals(single.stdout)
     assert loss0 == loss1
-    assert steps0 == steps1 == steps_single == 2 * 32
+    assert steps0 == steps1 == steps_single == EPOCHS * STEPS_PER_EPOCH
     assert loss0 == pytest.approx(loss_single, abs=1e-5)
-    assert (tmp_path / "model.keras").exists()
-
-
-def test_two_jobs_on_one_node_at_once_both_succeed(cluster, tmp_path):
-    results: dict[int, subprocess.CompletedProcess] = {}
-
-    def run(job: int) -> None:
-        results[job] = srun_example(cluster, tmp_path / f"model-{job}.keras", "--epochs", "1")
-
-    threads = [threading.Thread(target=run, args=(job,)) for job in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    for result in results.values():
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    losses = [finals(r.stdout) for r in results.values()]
-    assert losses[0] == losses[1] and len(losses[0]) == 2 and losses[0][0] == losses[0][1]
+    assert (out / "model-0.keras").exists()
 
 
 def test_a_layout_tfstrategy_cannot_serve_is_refused_in_one_line(cluster):
@@ -142,13 +155,12 @@ def submit(cluster: SlurmCluster, tmp_path: Path, name: str, epochs: int) -> tup
     return int(result.stdout.strip().split(";")[0]), out
 
 
-def test_preempted_sbatch_job_is_requeued_and_ends_with_the_uninterrupted_weights(cluster, tmp_path):
+def test_preempted_sbatch_job_is_requeued_and_ends_with_the_uninterrupted_weights(cluster, uninterrupted, tmp_path):
+    """TERM once epoch 2 of 4 begins (3 epochs left to stop in): the requeued job ends as the uninterrupted srun job."""
     import keras
 
-    epochs = 12
-    reference_job, reference_out = submit(cluster, tmp_path, "reference", epochs)
-    job, out = submit(cluster, tmp_path, "preempted", epochs)
-    wait_for(out, r"Epoch 3/12", timeout=120)
+    job, out = submit(cluster, tmp_path, "preempted", EPOCHS)
+    wait_for(out, rf"Epoch 2/{EPOCHS}", timeout=120)
 
     signalled = time.time()
     # What --signal=B:TERM@60 does before the time limit: TERM to the batch script.
@@ -156,14 +168,14 @@ def test_preempted_sbatch_job_is_requeued_and_ends_with_the_uninterrupted_weight
     stopped = wait_for(out, r"stopped for preemption \(status 75\) at ([\d.]+)", timeout=60)
     resumed = wait_for(out, r"restart 1: training resumes from the backup at ([\d.]+)", timeout=120)
     record = cluster.wait_job(job, timeout=180)
-    reference = cluster.wait_job(reference_job, timeout=180)
+    reference_dir, (reference, _) = uninterrupted
 
-    text, reference_text = out.read_text(), reference_out.read_text()
+    text, reference_text = out.read_text(), reference.stdout
     print(f"\nsignal -> workers stopped: {float(stopped[1]) - signalled:.1f} s; "
           f"signal -> training resumed: {float(resumed[1]) - signalled:.1f} s")
     print("\n".join(line for line in text.splitlines() if "tfstrategy" in line or "final loss" in line))
     assert (record.state, record.exit_code) == ("COMPLETED", 0), text[-3000:]
-    assert (reference.state, reference.exit_code) == ("COMPLETED", 0), reference_text[-3000:]
+    assert reference.returncode == 0, reference.stdout[-2000:] + reference.stderr[-3000:]
     assert [r.state for r in cluster.job_records(job)] == ["PENDING", "COMPLETED"]
     assert text.count("every worker stops at") == 2  # both workers, at the same step
     steps = _resumed(text)
@@ -173,7 +185,8 @@ def test_preempted_sbatch_job_is_requeued_and_ends_with_the_uninterrupted_weight
     assert finals(text) == finals(reference_text) and len(finals(text)) == 2  # same final loss and step count
     losses = re.findall(r"loss: (\S+)", text)
     assert set(losses) <= set(re.findall(r"loss: (\S+)", reference_text))  # every epoch's loss as uninterrupted
-    weights = [keras.saving.load_model(tmp_path / name / "model.keras").get_weights() for name in ("reference", "preempted")]
+    weights = [keras.saving.load_model(path).get_weights()
+               for path in (reference_dir / "model-0.keras", tmp_path / "preempted" / "model.keras")]
     for a, b in zip(*weights):
         np.testing.assert_array_equal(a, b)
 
@@ -184,20 +197,21 @@ def _resumed(text: str) -> dict[str, int]:
                                                               text)}
 
 
-def test_srun_worker_killed_at_its_save_another_job_is_refused_and_the_same_job_resumes_every_worker(cluster, tmp_path):
-    """No launcher: the workers agree among themselves. Worker 1 dies after writing its part of step 64."""
+def test_srun_worker_killed_at_its_save_another_job_is_refused_and_the_same_job_resumes_every_worker(
+        cluster, uninterrupted, tmp_path):
+    """No launcher: the workers agree among themselves. Worker 1 dies after writing its part of step 64 (epoch 2)."""
     import keras
 
     from tfstrategy.multiworker.coordinated import FAULT_ENV
 
-    reference = srun_example(cluster, tmp_path / "reference.keras", "--epochs", "4")
+    reference_dir, (reference, _) = uninterrupted
     assert reference.returncode == 0, reference.stderr[-3000:]
     backup = tmp_path / "backup"
 
     def srun(out: str, *exports: str) -> subprocess.CompletedProcess:
         return cluster.srun(["-n", "2", "--label", "--kill-on-bad-exit=1",
                              f"--export=ALL,{QUIET},TFSTRATEGY_BACKUP_DIR={backup}," + ",".join(exports),
-                             sys.executable, EXAMPLE, "--out", str(tmp_path / out), "--epochs", "4"], timeout=300)
+                             sys.executable, EXAMPLE, "--out", str(tmp_path / out), "--epochs", str(EPOCHS)], timeout=300)
 
     killed = srun("killed.keras", "TFSTRATEGY_JOB_ID=train-1", f"{FAULT_ENV}=written@1:64")
     assert killed.returncode != 0 and "SIGKILL at written of the save of step 64" in killed.stdout + killed.stderr
@@ -214,7 +228,8 @@ def test_srun_worker_killed_at_its_save_another_job_is_refused_and_the_same_job_
     text = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, text[-3000:]
     steps = _resumed(text)
-    weights = [keras.saving.load_model(tmp_path / f"{name}.keras").get_weights() for name in ("reference", "resumed")]
+    weights = [keras.saving.load_model(path).get_weights()
+               for path in (reference_dir / "model-0.keras", tmp_path / "resumed.keras")]
     difference = max(float(np.max(np.abs(a - b))) for a, b in zip(*weights))
     print(f"\nsrun, worker 1 killed after writing step 64: every worker resumed from {steps}; difference {difference:.2e}")
     assert steps == {"worker-0": 32, "worker-1": 32}

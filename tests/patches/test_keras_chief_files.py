@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import free_ports
+from helpers import ROOT, free_ports
 from tfstrategy import _versions
 from tfstrategy.patches import keras_chief_files as chief_files_patch
 
@@ -273,11 +273,21 @@ def _launch(mode: str, out: Path, *args: str, env=None, timeout: float = 400) ->
     return [json.loads((out / f"worker-{index}.json").read_text()) for index in range(2)]
 
 
+@pytest.fixture(scope="module")
+def launched_writers(tmp_path_factory) -> tuple[Path, list]:
+    """``writers`` under ``tfstrategy launch -n 2`` in one shared directory: the directory, each worker's result.
+
+    Also the uninterrupted run of ``backup``'s model, data, optimizer and epochs (its reference weights).
+    """
+    out = tmp_path_factory.mktemp("launched-writers")
+    return out, _launch("writers", out)
+
+
 @pytest.mark.multiprocess
-def test_launch_writes_each_file_once_in_a_shared_directory(tmp_path):
+def test_launch_writes_each_file_once_in_a_shared_directory(launched_writers):
     import keras
 
-    chief, worker = _launch("writers", tmp_path)
+    tmp_path, (chief, worker) = launched_writers
     shared = tmp_path / "shared"
     files = _files(shared)
     assert WRITTEN <= files
@@ -302,14 +312,31 @@ def _burn(seconds: float) -> subprocess.Popen:
 
 @pytest.mark.multiprocess
 def test_the_chief_finishes_each_checkpoint_before_any_worker_reads_it_under_load(tmp_path):
-    """Both cores busy: every worker reads the checkpoint it just saved, at once; each read is complete."""
-    burners = [_burn(600) for _ in range(2)]
+    """Both cores busy while the workers fit: every worker reads the checkpoint it just saved, at once; each read is complete.
+
+    The load starts when worker 0 says its fit begins (not while TensorFlow is imported), and lasts until the job ends.
+    """
+    (tmp_path / "tmp").mkdir()
+    with open(tmp_path / "launch.err", "w") as err:
+        job = subprocess.Popen([sys.executable, "-m", "tfstrategy", "launch", "-n", "2", "--timeout", "180", "--",
+                                sys.executable, str(WORKER), "reload", str(tmp_path)], stdout=subprocess.PIPE, stderr=err,
+                               text=True, cwd=ROOT,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(tmp_path / "tmp")})
+    burners = []
     try:
-        chief, worker = _launch("reload", tmp_path)
+        for line in job.stdout:
+            if line.startswith("[worker 0] reload: fitting"):
+                burners = [_burn(600) for _ in range(2)]
+                break
+        assert burners, f"the job ended before its fit: {(tmp_path / 'launch.err').read_text()[-3000:]}"
+        out = job.communicate(timeout=400)[0]
     finally:
-        for burner in burners:
-            burner.kill()
-            burner.wait()
+        for process in [*burners, job]:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+    assert job.returncode == 0, (out[-3000:], (tmp_path / "launch.err").read_text()[-3000:])
+    chief, worker = (json.loads((tmp_path / f"worker-{index}.json").read_text()) for index in range(2))
     for result in (chief, worker):
         for read in result["reads"]:
             assert read.get("equal") is True, read
@@ -321,8 +348,8 @@ def test_the_chief_finishes_each_checkpoint_before_any_worker_reads_it_under_loa
 
 
 @pytest.mark.multiprocess
-def test_backup_and_restore_on_one_directory_resumes_every_worker_from_the_chief(tmp_path):
-    uninterrupted = _launch("backup", tmp_path / "uninterrupted")
+def test_backup_and_restore_on_one_directory_resumes_every_worker_from_the_chief(launched_writers, tmp_path):
+    _, uninterrupted = launched_writers  # the same model, data, optimizer and epochs, uninterrupted
     out = tmp_path / "killed"
     resumed = _launch("backup", out, "--max-restarts", "1", env={"KILL_AT_EPOCH": "2", "KILL_WORKER": "1"})
     chief_at_2 = json.loads((out / "progress-0-0.json").read_text())["2"]

@@ -9,10 +9,13 @@ Run on every worker of a 2-worker job (``tfstrategy launch -n 2``, or local
   reloads the newest ``ckpt-{epoch}.keras`` as the fault-tolerance guide does
   (not with ``NO_RELOAD``: each worker in a directory of its own).
 - ``reload``: a larger model; after each epoch's checkpoint every worker at once
-  reads the file just written (``load_model``), recording the clock.
+  reads the file just written (``load_model``), recording the clock. Prints
+  ``reload: fitting`` as its fit begins.
 - ``backup``: ``BackupAndRestore(backup_dir=OUT/shared/backup)``, one directory for every
   worker as TensorFlow's multi-worker tutorial writes it; with ``KILL_AT_EPOCH``
   set, worker ``KILL_WORKER`` dies abruptly after that epoch on the first attempt.
+  The model, data, optimizer and 3 epochs of ``writers``: an uninterrupted ``writers``
+  run ends with the weights an uninterrupted ``backup`` run would.
 
 Each worker writes ``OUT/worker-<index>.json``; files go under ``OUT/shared``.
 """
@@ -131,6 +134,7 @@ def reload() -> dict:
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).with_options(options)
+    print("reload: fitting", flush=True)
     net.fit(dataset, epochs=int(os.environ.get("EPOCHS", "6")), verbose=0, callbacks=[checkpoint, reader])
     return {"reads": reader.records, "saved": checkpoint.done}
 
@@ -161,7 +165,7 @@ def backup() -> dict:
     net = model()
     record = Record()
     callbacks = [keras.callbacks.BackupAndRestore(backup_dir=os.path.join(SHARED, "backup")), record]
-    net.fit(data(), epochs=4, verbose=0, callbacks=callbacks)
+    net.fit(data(), epochs=3, verbose=0, callbacks=callbacks)
     return {"first_epoch": record.first_epoch, "restored": record.restored, "weights": weights(net),
             "attempt": ATTEMPT}
 

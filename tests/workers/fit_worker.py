@@ -4,6 +4,14 @@ Every worker writes ``<out>/worker-<i>.json`` (history, final weights, steps).
 Fault injection for the supervision tests (first start only, ``TFSTRATEGY_RESTART=0``):
 ``--kill-at EPOCH:BATCH`` SIGKILLs worker 1 there; ``--stall`` makes worker 1 never start
 TensorFlow; ``--steal-port`` makes worker 0 occupy worker 1's port before worker 1 starts.
+``--faults POINT@WORKER[:STEP],...`` kills one worker in its save on every start of a
+``--max-restarts`` job, one fault per start (see :func:`arm_fault`), so one job runs several
+kills; each start writes ``<out>/attempt-<restart>-worker-<i>.json`` (the step it resumed from,
+the fault it armed).
+``--preemption`` takes ``preemption_callbacks()`` (SIGTERM: every worker stops at one step, exit 75)
+instead of ``backup_callbacks()``; ``--hold-for-sigterm EPOCH`` makes every worker of a start that
+resumed nothing wait at the beginning of that epoch until it got SIGTERM (it prints ``holding for
+SIGTERM``), so a test signals a job mid-training at a known point, whatever the machine's speed.
 """
 
 from __future__ import annotations
@@ -18,6 +26,38 @@ import time
 from pathlib import Path
 
 EXAMPLES, FEATURES, GLOBAL_BATCH = 256, 4, 32
+STEPS_PER_EPOCH = EXAMPLES // GLOBAL_BATCH
+
+
+def parse_faults(text: str | None) -> list[tuple[str, int, int | None]]:
+    """``POINT@WORKER[:STEP],...``: the fault of each start (restart 0, 1, ...) of the job."""
+    faults = []
+    for item in (text or "").split(","):
+        if item:
+            point, _, where = item.partition("@")
+            worker, _, step = where.partition(":")
+            faults.append((point, int(worker), int(step) if step else None))
+    return faults
+
+
+def arm_fault(backup, faults, attempt: int, resumed, every: int, out: Path, index: int):
+    """Arm this start's fault on ``backup`` (a ``CoordinatedBackup``) after it resumed from ``resumed``; record both.
+
+    ``TFSTRATEGY_TEST_BACKUP_FAULT`` kills on a job's first start only; a chain of kills in one job
+    sets the same test-only fault the variable sets, ``(point, worker, step)``, on each start. The
+    step, unless given, is the save after the resumed one, but never the job's first save (a kill
+    then always has a committed step before it): ``max(resumed, every) + every``.
+    """
+    fault = None
+    if attempt < len(faults):
+        point, worker, step = faults[attempt]
+        fault = (point, worker, step if step is not None else max(resumed.step, every) + every)
+        if not hasattr(backup, "_fault"):
+            raise RuntimeError("CoordinatedBackup has no _fault (point, worker, step) any more: update arm_fault")
+        backup._fault = fault
+    record = {"resumed": vars(resumed), "fault": fault}
+    (out / f"attempt-{attempt}-worker-{index}.json").write_text(json.dumps(record))
+    return fault
 
 
 def make_data():
@@ -50,6 +90,47 @@ def train(strategy, epochs: int, callbacks=()):
     return model, history
 
 
+class _Attempt:
+    """After the backup callback resumed (``on_train_begin``): record the resumed step, arm ``--faults``."""
+
+    def __init__(self, backup_callback, faults, every: int, attempt: int, out: Path, index: int) -> None:
+        import keras
+
+        class AttemptCallback(keras.callbacks.Callback):
+            def on_train_begin(cb, logs=None):
+                arm_fault(backup_callback.backup, faults, attempt, backup_callback.resumed, every, out, index)
+
+        self.callback = AttemptCallback()
+
+
+class _HoldForSigterm:
+    """``--hold-for-sigterm``: from ``on_train_begin``, note SIGTERM (then pass it on); wait for it at ``epoch``."""
+
+    def __init__(self, epoch: int, backup_callback) -> None:
+        import keras
+
+        class HoldCallback(keras.callbacks.Callback):
+            def on_train_begin(cb, logs=None):
+                cb.got = backup_callback is not None and backup_callback.resumed.step > 0  # a resumed start goes on
+                previous = signal.getsignal(signal.SIGTERM)  # the preemption callback's
+
+                def noted(signum, frame):
+                    cb.got = True
+                    if callable(previous):
+                        previous(signum, frame)
+
+                if not cb.got:
+                    signal.signal(signal.SIGTERM, noted)
+
+            def on_epoch_begin(cb, e, logs=None):
+                if e == epoch and not cb.got:
+                    print(f"holding for SIGTERM at epoch {e}", flush=True)
+                    while not cb.got:
+                        time.sleep(0.02)
+
+        self.callback = HoldCallback()
+
+
 class _KillAt:
     def __init__(self, epoch: int, batch: int) -> None:
         import keras
@@ -75,6 +156,10 @@ def main() -> int:
     parser.add_argument("--steal-port", action="store_true", help="worker 0 takes worker 1's port")
     parser.add_argument("--save-freq", default="epoch", help="backup_callbacks(save_freq=...): 'epoch' or batches")
     parser.add_argument("--keep-backup", action="store_true", help="backup_callbacks(delete_checkpoint=False)")
+    parser.add_argument("--faults", default=None, help="POINT@WORKER[:STEP],...: a kill in a save on each start")
+    parser.add_argument("--preemption", action="store_true", help="preemption_callbacks() instead of backup_callbacks()")
+    parser.add_argument("--hold-for-sigterm", type=int, default=None, metavar="EPOCH",
+                        help="a start that resumed nothing waits at EPOCH's beginning until it got SIGTERM")
     args = parser.parse_args()
     index = int(os.environ["TFSTRATEGY_WORKER_INDEX"])
     first_start = os.environ.get("TFSTRATEGY_RESTART", "0") == "0"
@@ -99,8 +184,15 @@ def main() -> int:
     selection = tfstrategy.select()
     print(f"strategy {type(selection.strategy).__name__} replicas {selection.num_replicas}", flush=True)
     save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
-    callbacks = tfstrategy.backup_callbacks(save_freq=save_freq, delete_checkpoint=not args.keep_backup)
+    make = tfstrategy.preemption_callbacks if args.preemption else tfstrategy.backup_callbacks
+    callbacks = make(save_freq=save_freq, delete_checkpoint=not args.keep_backup)
     backup = callbacks[0] if callbacks else None
+    if args.hold_for_sigterm is not None:
+        callbacks.append(_HoldForSigterm(args.hold_for_sigterm, backup).callback)
+    if args.faults:
+        attempt = int(os.environ.get("TFSTRATEGY_RESTART", "0"))
+        every = STEPS_PER_EPOCH if save_freq == "epoch" else save_freq
+        callbacks.append(_Attempt(backup, parse_faults(args.faults), every, attempt, args.out, index).callback)
     if args.kill_at and index == 1 and first_start:
         epoch, batch = (int(v) for v in args.kill_at.split(":"))
         callbacks.append(_KillAt(epoch, batch).callback)

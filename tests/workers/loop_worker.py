@@ -2,7 +2,8 @@
 
 The same data and model as fit_worker.py: 8 steps an epoch, ``--epochs`` epochs, a backup every
 ``--save-freq`` batches (or each epoch). Every worker writes ``<out>/worker-<i>.json`` (final weights,
-steps, the step it resumed from). Faults come from ``TFSTRATEGY_TEST_BACKUP_FAULT``.
+steps, the step it resumed from). Faults come from ``TFSTRATEGY_TEST_BACKUP_FAULT`` (first start), or
+``--faults`` (one on each start, as in fit_worker.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit_worker import FEATURES, GLOBAL_BATCH, make_dataset  # noqa: E402
+from fit_worker import FEATURES, GLOBAL_BATCH, STEPS_PER_EPOCH, arm_fault, make_dataset, parse_faults  # noqa: E402
 
 
 def main() -> int:
@@ -23,6 +24,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--save-freq", default="epoch")
+    parser.add_argument("--faults", default=None, help="POINT@WORKER[:STEP],...: a kill in a save on each start")
     args = parser.parse_args()
 
     import tfstrategy
@@ -39,6 +41,11 @@ def main() -> int:
                                       loss=keras.losses.MeanSquaredError(reduction="none"), optimizer=optimizer)
     backup = step.backup(save_freq=args.save_freq if args.save_freq == "epoch" else int(args.save_freq))
     start = backup.restore()
+    index = int(os.environ.get("TFSTRATEGY_WORKER_INDEX", "0"))
+    if args.faults:
+        every = STEPS_PER_EPOCH if args.save_freq == "epoch" else int(args.save_freq)
+        arm_fault(backup.backup, parse_faults(args.faults), int(os.environ.get("TFSTRATEGY_RESTART", "0")), start, every,
+                  args.out, index)
     dataset = selection.strategy.experimental_distribute_dataset(make_dataset())
     for epoch in range(start.epoch, args.epochs):
         for batch, data in enumerate(dataset):
@@ -48,7 +55,6 @@ def main() -> int:
             backup.batch_done(epoch, batch)
         backup.epoch_done(epoch)
     backup.finish()
-    index = int(os.environ.get("TFSTRATEGY_WORKER_INDEX", "0"))
     result = {
         "restart": int(os.environ.get("TFSTRATEGY_RESTART", "0")),
         "steps": int(optimizer.iterations.numpy()),
