@@ -11,14 +11,12 @@ Two limits, so that growth is seen the day it is added, not a round later:
   A bare ``@pytest.mark.timeout(N)`` above the ceiling is refused at collection: the reason is the point.
 - **The suite's budget**: a whole run of ``make test`` (every tier, two pytest workers) should take at most
   ``SUITE_MINUTES``. The run prints its wall time against it and each exception's measured time against
-  its grant. README.md and CONTRIBUTING.md quote ``MEASURED`` (``tests/test_budget.py`` checks that they do),
-  so the figures they give are the last measured ones, not a wish.
+  its grant.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import pytest
 
@@ -26,29 +24,6 @@ import pytest
 CEILING_SECONDS = 120
 #: Minutes a whole ``make test`` run may take on 2 cores (pytest's part; lint adds about a minute).
 SUITE_MINUTES = 30
-
-
-@dataclass(frozen=True)
-class Measured:
-    """The last measured figures, quoted by the README and CONTRIBUTING (update both with these)."""
-
-    date: str
-    #: ``make test``'s pytest wall time on 2 cores, in minutes and seconds, and how many tests ran.
-    full_minutes: int
-    full_seconds: int
-    full_tests: int
-    #: ``make test-fast``'s wall time on 2 cores.
-    fast_minutes: int
-    fast_seconds: int
-
-    def full(self) -> str:
-        return f"{self.full_minutes} min {self.full_seconds:02d} s"
-
-    def fast(self) -> str:
-        return f"{self.fast_minutes} min {self.fast_seconds:02d} s"
-
-
-MEASURED = Measured(date="2026-12-06", full_minutes=0, full_seconds=0, full_tests=0, fast_minutes=0, fast_seconds=0)
 
 
 class BudgetError(pytest.UsageError):
