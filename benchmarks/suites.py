@@ -68,12 +68,20 @@ class Budget:
 
     @classmethod
     def quick(cls) -> Budget:
-        return cls(process_repeats=1, fit_repeats=2, steps=4, epochs=1, mw_rounds=1, mw_steps=2, mw_windows=1,
+        """Every suite once, on its smallest sizes (for CI: checks they run; the numbers mean nothing).
+
+        One timed sample per side and a few steps per fit; what it costs is its 14 TensorFlow processes: the 3
+        commands of ``process``, one per replica count (1, 2) of ``fit``, the 6 workers of ``multi_worker``'s four
+        jobs (1 and 2 workers a side), ``auto_k``'s worker and ``profile_report``'s CLI run and cost worker.
+        ``auto_k`` runs at load 0: a busy process beside it would burn a core for the whole worker (the busy
+        processes of a load are started and stopped by a test of their own, ``tests/test_benchmarks.py``).
+        """
+        return cls(process_repeats=1, fit_repeats=1, steps=4, epochs=1, mw_rounds=1, mw_steps=2, mw_windows=1,
                    allreduce_bytes=(1024, 16 * 1024), allreduce_repeats=1, replica_counts=(1, 2),
-                   auto_k_tunings=1, auto_k_pairs=1, auto_k_loads=(1,), auto_k_steps=8,
+                   auto_k_tunings=1, auto_k_pairs=1, auto_k_loads=(0,), auto_k_steps=4,
                    auto_k_workloads=(("mlp", 1),),
                    profile_workloads=("reduction",), profile_settings=("1 replica",), profile_steps=6,
-                   profile_pairs=2, profile_cost_workloads=("reduction",), profile_cost_steps=4,
+                   profile_pairs=1, profile_cost_workloads=("reduction",), profile_cost_steps=2,
                    profile_hook_calls=200)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import signal
 import subprocess
 import sys
 
@@ -11,6 +13,7 @@ import pytest
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import auto_k  # noqa: E402
 from stats import Comparison, SuiteResult, format_table, interleaved_order  # noqa: E402
 from suites import Budget  # noqa: E402
 
@@ -41,9 +44,26 @@ def test_comparison_summarises_pair_ratios():
     assert table[-1] == "| x | plain: 4.00 s | tfs: 4.00 s | **1.000** | 0.500-1.500 | 3 | lower |"
 
 
+def test_auto_k_load_starts_its_busy_processes_and_stops_them(monkeypatch):
+    # The quick run below is at load 0; a load of N starts N busy loops for the phase's workers, then kills them.
+    compile(auto_k.BUSY_LOOP, "busy", "exec")
+    started = []
+    popen = subprocess.Popen
+
+    def recording(*args, **kwargs):
+        started.append((args[0], popen(*args, **kwargs)))
+        return started[-1][1]
+
+    monkeypatch.setattr(auto_k.subprocess, "Popen", recording)
+    phase = auto_k.run_at_load(2, dataclasses.replace(Budget.quick(), auto_k_workloads=()))
+    assert phase["runs"] == {} and phase["seconds"] >= 0
+    assert [command for command, _ in started] == [[sys.executable, "-c", auto_k.BUSY_LOOP]] * 2
+    assert [process.returncode for _, process in started] == [-signal.SIGKILL] * 2  # busy until the phase ended
+
+
 @pytest.mark.slow
 @pytest.mark.extended  # runs every benchmark workload for real; make bench runs them too
-@pytest.mark.over_ceiling(seconds=600, reason="every benchmark suite once on its smallest sizes: about 20 TensorFlow processes")
+@pytest.mark.over_ceiling(seconds=380, reason="every benchmark suite once on its smallest sizes: 14 TensorFlow processes in turn")
 def test_quick_run_writes_tables_json_and_plot(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path)],

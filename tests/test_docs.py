@@ -6,15 +6,21 @@ for, and the CLI reference renders every subcommand.
 
 Slow check (``test_page_code_runs``): every ```python and ```console block of
 README.md and docs/guides/*.md runs, page by page, in a scratch directory, in
-subprocesses with bounded timeouts. Consecutive python blocks of a page run as
-one script (like a notebook), so a page can build on its earlier blocks, up to
-the next console block, which ends that script (python blocks after it start a
-fresh one); a console block runs each ``$`` line with bash, the venv's
-``tfstrategy`` and ``python`` first on PATH. An HTML comment on the line before a block changes that:
+subprocesses with bounded timeouts. The python blocks of a page run in one Python
+process, in page order, like a notebook (one namespace: a block builds on the
+earlier ones); a console block between them runs while that process waits, so a
+python block after it sees what it wrote. A console block runs each ``$`` line
+with bash, the venv's ``tfstrategy`` and ``python`` first on PATH. A ``$`` line
+run before in the same session (the same command line, the same contents of the
+files it names, and no absolute path: its effects stay in the scratch directory)
+is not run again: its exit status and output, held against each page's own
+expectations, and the files it left are reused (``ConsoleRuns``), so a command
+several pages show costs one run. An HTML comment on the line before a block changes that:
 
 - ``<!-- docs-test: skip REASON -->``: not run (GPU, real cluster, recursive); say why.
 - ``<!-- docs-test: file NAME -->``: a python block saved as NAME for later console blocks, not run.
-- ``<!-- docs-test: new-process -->``: a python block that starts a fresh script.
+- ``<!-- docs-test: new-process -->``: a python block that starts a fresh process (the earlier one must exit 0),
+  for a block that needs a TensorFlow runtime not yet started.
 - ``<!-- docs-test: exit N -->``: every ``$`` line of the console block must exit N (default 0).
 - ``<!-- docs-test: output -->``: every output line shown (other than ``...``) must appear in the real output.
 
@@ -24,13 +30,20 @@ warning (its ``fit`` on a dataset passes ``shuffle=False``, as the README's does
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
+import json
 import os
+import queue
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,13 +86,15 @@ class Block:
 
 @dataclass
 class Segment:
-    """What one subprocess runs: a python script, or one console command."""
+    """One step of a page: python code (consecutive python blocks), or one console command."""
 
     kind: str  # "python" | "console"
     text: str
     line: int
     expected_exit: int = 0
     expected_output: list[str] = field(default_factory=list)
+    #: python: runs in a fresh process (the page's first python, or a ``new-process`` block), not the page's last one.
+    fresh: bool = False
 
 
 def blocks(page: Path) -> list[Block]:
@@ -118,17 +133,18 @@ def console_commands(code: str) -> list[tuple[str, list[str]]]:
 
 
 def segments(page: Path) -> tuple[list[Segment], dict[str, str]]:
-    """The subprocesses a page needs, in order, and the files it saves first."""
+    """The steps of a page, in order, and the files it saves first."""
     result: list[Segment] = []
     files: dict[str, str] = {}
     script: list[str] = []
     script_line = 0
+    fresh = True  # the page's first python starts its process
 
     def flush() -> None:
-        nonlocal script
+        nonlocal script, fresh
         if script:
-            result.append(Segment("python", "\n".join(script), script_line))
-            script = []
+            result.append(Segment("python", "\n".join(script), script_line, fresh=fresh))
+            script, fresh = [], False
 
     for block in blocks(page):
         if block.directive == "skip":
@@ -140,6 +156,7 @@ def segments(page: Path) -> tuple[list[Segment], dict[str, str]]:
         if block.language == "python":
             if block.directive == "new-process":
                 flush()
+                fresh = True
             if not script:
                 script_line = block.line
             script.append(block.code)
@@ -165,30 +182,231 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def run_segment(segment: Segment, workdir: Path, label: str) -> None:
-    if segment.kind == "python":
-        argv = [sys.executable, "-c", segment.text]
-        shown = segment.text
-    else:
-        argv = ["bash", "-c", segment.text]
-        shown = f"$ {segment.text}"
+@dataclass
+class Ran:
+    """What one step did: its exit status (a python step's: its code's) and its output, stdout then stderr."""
+
+    returncode: int
+    output: str
+    timed_out: bool = False
+
+
+#: The page's python process: ``exec`` of each code it is sent (one JSON line) in the namespace of ``__main__``, as
+#: ``python -c`` runs a script (the kernel's own names are not in it); after each, a line with the marker and the
+#: code's exit status (1: an exception, whose traceback it prints; sys.exit's status, and the process ends). Its
+#: stderr is its stdout, so a code's output ends at its marker.
+KERNEL = """
+def _docs_kernel():
+    import json, sys, traceback
+    namespace = sys.modules["__main__"].__dict__
+    del namespace["_docs_kernel"]
+    for line in sys.stdin:
+        status, stop = 0, False
+        try:
+            exec(compile(json.loads(line), "<docs>", "exec"), namespace)
+        except SystemExit as exit_:
+            status, stop = (exit_.code if isinstance(exit_.code, int) else exit_.code is not None), True
+            if not isinstance(exit_.code, (int, type(None))):
+                print(exit_.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            status, stop = 1, True
+        sys.stderr.flush()
+        print("", MARKER, int(status), sep="\\n", flush=True)
+        if stop:  # as a script ends at sys.exit or an uncaught exception
+            sys.exit(int(status))
+
+
+_docs_kernel()
+"""
+
+
+class PythonProcess:
+    """A page's python process (:data:`KERNEL`): runs its python steps one after another."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.marker = f"docs-test-end-{uuid.uuid4().hex}"
+        code = KERNEL.replace("MARKER", repr(self.marker))
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code], cwd=workdir, env=_environment(), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _read(self, until_marker: bool) -> Ran:
+        deadline = time.monotonic() + BLOCK_TIMEOUT
+        output: list[str] = []
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                if until_marker and line is not None and line.rstrip("\n") == self.marker:
+                    status = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                    if output and output[-1] == "\n":
+                        output.pop()  # the marker's own line break
+                    return Ran(int(status) if status else self.process.wait(), "".join(output))
+            except queue.Empty:
+                self.kill()
+                return Ran(-9, "".join(output), timed_out=True)
+            if line is None:  # the process ended
+                return Ran(self.process.wait(), "".join(output))
+            output.append(line)
+
+    def run(self, code: str) -> Ran:
+        try:
+            self.process.stdin.write(json.dumps(code) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it ended: _read says how
+        return self._read(until_marker=True)
+
+    def close(self) -> Ran:
+        """End the process as a script ends (after its last code): its exit status and what it printed then."""
+        if self.process.poll() is None and not self.process.stdin.closed:
+            self.process.stdin.close()
+        return self._read(until_marker=False)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def _digest(path: Path) -> str:
+    """The contents of a file, or of every file under a directory."""
+    if path.is_dir():
+        return hashlib.sha256("\n".join(f"{p.relative_to(path)} {_digest(p)}" for p in sorted(path.rglob("*"))
+                                        if p.is_file()).encode()).hexdigest()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _snapshot(workdir: Path) -> dict[str, str]:
+    """Every file of the scratch directory (not the linked examples/ and benchmarks/): path -> digest."""
+    found = {}
+    for folder, directories, names in os.walk(workdir):
+        directories[:] = [name for name in directories if not (Path(folder) / name).is_symlink()]
+        for name in names:
+            path = Path(folder) / name
+            if path.is_file() and not path.is_symlink():
+                found[path.relative_to(workdir).as_posix()] = _digest(path)
+    return found
+
+
+@dataclass
+class ConsoleRun:
+    """A command's run, kept for the session: exit status, output and the scratch files it wrote or removed."""
+
+    ran: Ran
+    wrote: dict[str, bytes]
+    removed: list[str]
+
+
+class ConsoleRuns:
+    """The session's console commands, by command line and the contents of the files it names.
+
+    A command that names an absolute path (its effects may outlive its scratch directory) is never reused.
+    """
+
+    def __init__(self) -> None:
+        self.runs: dict[tuple[str, tuple[tuple[str, str], ...]], ConsoleRun] = {}
+        self.reused = 0
+
+    @staticmethod
+    def key(command: str, workdir: Path) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = {part for word in lexer for part in (word, *re.split(r"[=,:]", word)) if part}
+        if any(os.path.isabs(word) for word in words):
+            return None
+        named = sorted(word for word in words if (workdir / word).exists())
+        return command, tuple((word, _digest(workdir / word)) for word in named)
+
+    def run(self, command: str, workdir: Path) -> Ran:
+        key = self.key(command, workdir)
+        if key is not None and key in self.runs:
+            kept = self.runs[key]
+            for name, content in kept.wrote.items():
+                (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+                (workdir / name).write_bytes(content)
+            for name in kept.removed:
+                (workdir / name).unlink(missing_ok=True)
+            self.reused += 1
+            return kept.ran
+        before = _snapshot(workdir)
+        ran = _run_command(command, workdir)
+        if key is not None and not ran.timed_out:
+            after = _snapshot(workdir)
+            wrote = {name: (workdir / name).read_bytes() for name, digest in after.items() if before.get(name) != digest}
+            self.runs[key] = ConsoleRun(ran, wrote, [name for name in before if name not in after])
+        return ran
+
+
+CONSOLE_RUNS = ConsoleRuns()
+
+
+def _run_command(command: str, workdir: Path) -> Ran:
     try:
-        done = subprocess.run(argv, cwd=workdir, env=_environment(), capture_output=True, text=True,
+        done = subprocess.run(["bash", "-c", command], cwd=workdir, env=_environment(), capture_output=True, text=True,
                               timeout=BLOCK_TIMEOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     except subprocess.TimeoutExpired as error:
-        pytest.fail(f"{label}: still running after {BLOCK_TIMEOUT} s:\n{shown}\n{error.stdout or ''}")
-    output = done.stdout + done.stderr
-    context = f"{label}:\n{shown}\n--- exit {done.returncode}, output:\n{output[-4000:]}"
-    assert done.returncode == segment.expected_exit, f"expected exit {segment.expected_exit}; {context}"
-    actual = {line.rstrip() for line in output.splitlines()}
+        out = error.stdout.decode(errors="replace") if isinstance(error.stdout, bytes) else (error.stdout or "")
+        return Ran(-9, out, timed_out=True)
+    return Ran(done.returncode, done.stdout + done.stderr)
+
+
+def check_step(segment: Segment, ran: Ran, label: str) -> None:
+    """Hold what a step did to what the page says: its exit status, the output it shows, no shuffle warning."""
+    shown = segment.text if segment.kind == "python" else f"$ {segment.text}"
+    if ran.timed_out:
+        pytest.fail(f"{label}: still running after {BLOCK_TIMEOUT} s:\n{shown}\n{ran.output[-4000:]}")
+    context = f"{label}:\n{shown}\n--- exit {ran.returncode}, output:\n{ran.output[-4000:]}"
+    assert ran.returncode == segment.expected_exit, f"expected exit {segment.expected_exit}; {context}"
+    actual = {line.rstrip() for line in ran.output.splitlines()}
     missing = [line for line in segment.expected_output if line not in actual]
     assert not missing, f"lines shown in the docs but not printed: {missing}; {context}"
     if segment.kind == "python":
-        assert KERAS_SHUFFLE_WARNING not in output, f"a fit on a dataset needs shuffle=False; {context}"
+        assert KERAS_SHUFFLE_WARNING not in ran.output, f"a fit on a dataset needs shuffle=False; {context}"
+
+
+def run_page(found: list[Segment], workdir: Path, label: str) -> None:
+    """Run a page's steps in order: its python in one process (a fresh one at each ``fresh`` step)."""
+    python: PythonProcess | None = None
+    last: tuple[Segment, str] | None = None  # the python step the process ran last, for its exit
+
+    def end_python() -> None:
+        nonlocal python
+        if python is not None:
+            ended = python.close()
+            segment, where = last
+            check_step(segment, ended, f"{where}, at the exit of its process")
+            python = None
+
+    try:
+        for number, segment in enumerate(found, 1):
+            where = f"{label}:{segment.line} (segment {number})"
+            if segment.kind == "console":
+                check_step(segment, CONSOLE_RUNS.run(segment.text, workdir), where)
+                continue
+            if segment.fresh or python is None or not python.alive():
+                end_python()
+                python = PythonProcess(workdir)
+            last = (segment, where)
+            check_step(segment, python.run(segment.text), where)
+        end_python()
+    finally:
+        if python is not None:
+            python.kill()
 
 
 @pytest.mark.slow
-@pytest.mark.over_ceiling(seconds=300, reason="a page runs its blocks in turn; the README trains its quick start three ways")
+@pytest.mark.over_ceiling(seconds=180, reason="a page runs its blocks in turn; the README trains its quick start three ways")
 @pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
 def test_page_code_runs(page: Path, tmp_path: Path) -> None:
     found, files = segments(page)
@@ -196,8 +414,7 @@ def test_page_code_runs(page: Path, tmp_path: Path) -> None:
         (tmp_path / name).symlink_to(ROOT / name)
     for name, code in files.items():
         (tmp_path / name).write_text(code)
-    for number, segment in enumerate(found, 1):
-        run_segment(segment, tmp_path, f"{page.relative_to(ROOT)}:{segment.line} (segment {number})")
+    run_page(found, tmp_path, str(page.relative_to(ROOT)))
 
 
 # -- fast checks ---------------------------------------------------------------------------------
@@ -304,3 +521,62 @@ def test_docs_build_publishes_no_hook_code() -> None:
     code = [path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.py")]
     published = [path for path in code if not any(path.startswith(f"{prefix}/") for prefix in excluded)]
     assert code and not published, f"the docs build would copy {published} into the site; add them to exclude_docs"
+
+
+def test_python_blocks_share_one_process_until_new_process(tmp_path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```python\na = 1\n```\n\n```python\nb = 2\n```\n\n```console\n$ echo hi\nhi\n```\n\n"
+                    "```python\nc = 3\n```\n\n<!-- docs-test: new-process -->\n```python\nd = 4\n```\n")
+    found, _ = segments(page)
+    assert [(segment.kind, segment.text, segment.fresh) for segment in found] == [
+        ("python", "a = 1\n\nb = 2\n", True), ("console", "echo hi", False), ("python", "c = 3\n", False),
+        ("python", "d = 4\n", True)]
+
+
+def test_python_process_runs_steps_like_one_script(tmp_path) -> None:
+    process = PythonProcess(tmp_path)
+    try:
+        assert process.run("x = 1\nprint('one', end='')") == Ran(0, "one\n")
+        names = "print(sorted(name for name in globals() if not name.startswith('__')), __name__)"
+        assert process.run(names) == Ran(0, "['x'] __main__\n")  # the script's names only, as in python -c
+        pickled = "import pickle\ndef f():\n    return x\nprint(pickle.loads(pickle.dumps(f))())"
+        assert process.run(pickled) == Ran(0, "1\n")  # its functions live in __main__, as a script's do
+        (tmp_path / "f.txt").write_text("written between\n")  # as a console step would
+        assert process.run("print(x + 1, open('f.txt').read().strip())") == Ran(0, "2 written between\n")
+        failed = process.run("import sys\nprint('to stderr', file=sys.stderr)\nraise ValueError('boom')")
+        assert failed.returncode == 1 and "to stderr" in failed.output and "ValueError: boom" in failed.output
+        assert process.close().returncode == 1  # the script ended at the uncaught exception
+    finally:
+        process.kill()
+    process = PythonProcess(tmp_path)
+    try:
+        assert process.run("import sys\nsys.exit(3)").returncode == 3
+        assert not process.alive() or process.close().returncode == 3
+    finally:
+        process.kill()
+    process = PythonProcess(tmp_path)
+    try:
+        assert process.run("import atexit\natexit.register(lambda: print('bye'))") == Ran(0, "")
+        assert process.close() == Ran(0, "bye\n")
+    finally:
+        process.kill()
+
+
+def test_console_runs_reuse_a_command_with_the_same_files(tmp_path) -> None:
+    runs = ConsoleRuns()
+    first, second, third = (tmp_path / name for name in ("first", "second", "third"))
+    for folder in (first, second, third):
+        (folder / "data").mkdir(parents=True)
+        (folder / "data" / "in.txt").write_text("same\n")
+        (folder / "gone.txt").write_text("x")
+    (third / "data" / "in.txt").write_text("other\n")
+    command = "cat data/in.txt; echo $RANDOM$RANDOM > out.txt; rm gone.txt; exit 4"
+    ran = runs.run(command, first)
+    assert ran.returncode == 4 and ran.output.startswith("same\n") and runs.reused == 0
+    assert runs.run(command, second) == ran and runs.reused == 1
+    assert (second / "out.txt").read_text() == (first / "out.txt").read_text() and not (second / "gone.txt").exists()
+    assert runs.run(command, third).output.startswith("other\n") and runs.reused == 1  # another file, another run
+    absolute = f"echo $RANDOM$RANDOM > {tmp_path}/abs.txt"
+    runs.run(absolute, first)
+    runs.run(absolute, second)
+    assert runs.reused == 1  # an absolute path: never reused

@@ -53,7 +53,7 @@ def _needed_modes(case: Case) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.extended
-@pytest.mark.over_ceiling(seconds=3 * 120, reason="a case runs its script in two or three modes in turn")
+@pytest.mark.over_ceiling(seconds=280, reason="a case runs its script in two or three modes in turn")
 @pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in CASES])
 def test_script_runs_as_stated_in_every_mode(case: Case, tmp_path: Path):
     results: dict[str, Result] = {}
