@@ -161,6 +161,28 @@ def test_a_stopped_worker_on_a_node_that_reported_nothing_is_named_on_its_own_no
     assert "what the launcher saw: node 1 worker 1 was alive on its node" in report, report
 
 
+
+@pytest.mark.parametrize("stop_seen_at", [5.0, 15.0])  # before the stall threshold (10 s), and in its tick
+def test_node_0_names_a_stop_on_node_1_and_never_blames_its_own_waiting_worker_for_the_stall(stop_seen_at):
+    """Worker 1 (node 1) stopped inside step 79, worker 0 (node 0) waits in its collectives: node 0 says the stop
+    once and no stall of its own worker (once seen together in the run: 'worker 0 and every other worker have been
+    inside batch 79', the wrong cause); node 1's launcher, which sees the stop, times it out, not node 0."""
+    monitor = GroupMonitor([0], Policy(stall_report=10, stall_timeout=20), started=0.0, peers_elsewhere=True)
+    waiting = Observation(joined=True, progress=Progress(heartbeat=1, steps=78, in_step=True))
+    notes: list[str] = []
+    for now in (1.0, 2.0, 5.0, 15.0, 25.0, 60.0):
+        view = WorkerView(index=1, ledger=_ledger(steps=78), steps=78, in_step=True, joined=True,
+                          stopped=now >= stop_seen_at)
+        received = wire.parse_message({"type": "views", "round": 0, "views": [view_to_wire(view)]}, wire.TO_SERVER)
+        assert isinstance(received, wire.Views)
+        seen = {0: dataclasses.replace(waiting, progress=Progress(heartbeat=int(now), steps=78, in_step=True))}
+        decision = monitor.update(now, 1000.0 + now, seen, elsewhere=received.views)
+        assert decision.outcome is None and decision.failure is None, (now, decision)
+        notes += decision.notes
+    assert notes == ["stall: node 1: worker 1 is stopped (SIGSTOP or a debugger) after step 78; its peers wait for "
+                     "it (said by node 1's launcher)"]
+
+
 # --- stragglers across nodes: node 0 watches every worker of the job ---------------------------------
 
 

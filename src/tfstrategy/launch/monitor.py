@@ -145,10 +145,10 @@ class GroupMonitor:
                 decision.failure = self._diagnosed(self._join_timeout(timeout, wall))
                 decision.outcome = decision.failure.outcome
             return decision
-        self._stalls(now, wall, decision)
         remote = None if elsewhere is None else [view_from_wire(view) for view in elsewhere]
+        self._watch_remote_stops(remote or (), decision)  # first: a stop elsewhere is the cause of a stall here
+        self._stalls(now, wall, decision)
         self._watch_stragglers(remote, decision)
-        self._watch_remote_stops(remote or (), decision)
         return decision
 
     def _watch_stragglers(self, elsewhere: Sequence[WorkerView] | None, decision: Decision) -> None:
@@ -441,7 +441,9 @@ class GroupMonitor:
         last_advance = max((w.steps_at for w in counted), default=now)
         # A worker just seen stopped is named as stopped once that is sure (a second on): no guess from the
         # steps meanwhile (a loaded launcher may first see the stop after the stall threshold has passed).
-        stopping = any(w.stopped_since is not None for w in tracked)
+        # A worker stopped on another node (said above) is the cause of every wait here: its node's
+        # launcher times it out; a stall of the workers here would blame the wrong one.
+        stopping = any(w.stopped_since is not None for w in tracked) or bool(self._remote_stops)
         if not found and not stopping and counted and len(counted) == len(tracked) and now - last_advance > threshold:
             waiting = [w for w in counted if w.in_step]
             outside = [w for w in counted if not w.in_step]
