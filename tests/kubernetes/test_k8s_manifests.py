@@ -34,6 +34,7 @@ FLAG_SETS = [
                  id="one-pod-no-policy-digest-image"),
     pytest.param(["-n", "16", "--image", "x", "--no-hook", "--env", "EMPTY=", "--env", "QUOTE=a: 'b' #c"],
                  ["bash", "-c", "python train.py --lr 1e-3"], id="sixteen-pods-no-hook-odd-values"),
+    pytest.param(["-n", "100", "--image", "x"], ["python", "scripts/2_train.py"], id="script-name-starts-with-a-digit"),
 ]
 
 
@@ -164,6 +165,7 @@ BAD = [
                  id="run-option-without-hook"),
     pytest.param(["-n", "2", "--image", "x", "-o", "/nonexistent/dir/x.yaml", "--", "python", "t.py"], "-o ",
                  id="unwritable-output"),
+    pytest.param(["-n", "2", "--image", "x", "--name", "2-train", "--", "python", "t.py"], "DNS-1035", id="name-digit"),
 ]
 
 

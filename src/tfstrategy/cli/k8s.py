@@ -10,7 +10,8 @@ from pathlib import Path
 
 from tfstrategy.cli._common import program_from_args
 from tfstrategy.errors import LaunchError
-from tfstrategy.kubernetes.manifests import DEFAULT_PORT, K8sOptions, name_from_command, validate_k8s_options
+from tfstrategy.kubernetes.manifests import DEFAULT_PORT, K8sOptions, validate_k8s_options
+from tfstrategy.kubernetes.names import name_from_command
 from tfstrategy.settings import AUDIT_MODES
 
 __all__ = ["k8s_parser", "k8s_command", "options_from_args"]
@@ -59,7 +60,10 @@ def k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--image", required=True, metavar="IMAGE",
                         help="container image with TensorFlow and tfstrategy, e.g. registry.example.com/train:1")
     parser.add_argument("--name", metavar="NAME",
-                        help="the Job's and the Service's name (default: the script's name, e.g. train for train.py)")
+                        help="the Job's and the headless Service's name: a DNS-1035 label (lower-case letters, digits "
+                        "and '-', starting with a letter), with NAME-<N-1> at most 63 characters as it is the last "
+                        "pod's hostname. Default: the script's name, lower-cased, other characters as '-', 'job-' "
+                        "in front unless it starts with a letter (train_v2.py -> train-v2, 2_train.py -> job-2-train)")
     parser.add_argument("--namespace", metavar="NS", help="the objects' namespace (default: kubectl's current one)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="PORT",
                         help=f"TensorFlow's gRPC port in every pod (default: {DEFAULT_PORT})")
@@ -125,7 +129,8 @@ def options_from_args(args: argparse.Namespace) -> K8sOptions:
                           "e.g. --backup-pvc train-backups.")
     return validate_k8s_options(K8sOptions(
         command=command, num_workers=args.num_workers, image=args.image,
-        name=args.name if args.name is not None else name_from_command(command), namespace=args.namespace,
+        name=args.name if args.name is not None else name_from_command(command, args.num_workers),
+        namespace=args.namespace,
         port=args.port, cpu=args.cpu, memory=args.memory, gpus=args.gpus, backup_pvc=args.backup_pvc,
         backup_dir=args.backup_dir or "/backups", max_restarts=args.max_restarts, grace=args.grace, env=_env_pairs(args.env),
         network_policy=not args.no_network_policy, hook=not args.no_hook, run_options=run_options,

@@ -28,16 +28,28 @@ anything else (1, 137, ...)     Count      retried up to ``backoffLimitPerIndex`
 ``maxFailedIndexes: 0`` fails the whole Job once one index used up its retries (its peers
 could never finish without it), and ``podReplacementPolicy: Failed`` keeps a replacement pod
 from starting while the old one still holds its task (TensorFlow refuses a duplicate task).
+
+Names follow each kind's rule (:mod:`tfstrategy.kubernetes.names`), checked on every object
+written.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy.errors import LaunchError
+from tfstrategy.kubernetes.names import (
+    DNS1035_LABEL,
+    DNS1123_LABEL,
+    MAX_HOSTNAME,
+    check_generated_names,
+    check_names,
+    derive_name,
+    name_problem,
+)
 from tfstrategy.launch.states import EXIT_INVALID, EXIT_PREEMPTED
 
 __all__ = [
@@ -75,7 +87,6 @@ POD_VARIABLES: Mapping[str, str] = {
     ENV_K8S_IGNORED_FAILURES: f"the container's env, fieldRef metadata.annotations['{IGNORED_FAILURE_COUNT_ANNOTATION}']",
 }
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _RESERVED = frozenset({"TF_CONFIG", "TFSTRATEGY_BACKUP_DIR", "TFSTRATEGY_JOB_ID", *POD_VARIABLES})
@@ -106,14 +117,6 @@ class K8sOptions:
     run_options: tuple[str, ...] = ()
 
 
-def name_from_command(command: Sequence[str]) -> str:
-    """A Job name from the script's file name (``python train_v2.py`` -> ``train-v2``), or ``tfstrategy-job``."""
-    scripts = [part for part in command if part.endswith(".py")]
-    stem = scripts[0].rsplit("/", 1)[-1].removesuffix(".py") if scripts else ""
-    name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:40].strip("-")
-    return name or "tfstrategy-job"
-
-
 def validate_k8s_options(options: K8sOptions) -> K8sOptions:
     """Check every field; return the options unchanged.
 
@@ -127,13 +130,10 @@ def validate_k8s_options(options: K8sOptions) -> K8sOptions:
     if not options.image or any(char.isspace() for char in options.image):
         raise LaunchError(f"Received --image {options.image!r}; expected a container image reference without "
                           f"spaces that has TensorFlow and tfstrategy installed, {_EXAMPLE}.")
-    longest = f"{options.name}-{options.num_workers - 1}"
-    if not _DNS_LABEL.match(options.name) or len(longest) > 63:
-        raise LaunchError(f"Received --name {options.name!r}; expected lower-case letters, digits and '-', starting "
-                          f"and ending with a letter or digit, short enough that the pod hostname {longest!r} has at "
-                          "most 63 characters, e.g. --name mnist-run1.")
-    if options.namespace is not None and not _DNS_LABEL.match(options.namespace):
-        raise LaunchError(f"Received --namespace {options.namespace!r}; expected a namespace name such as 'ml-team'.")
+    _check_name(options)
+    if options.namespace is not None and (problem := name_problem(options.namespace, DNS1123_LABEL)) is not None:
+        raise LaunchError(f"Received --namespace {options.namespace!r}, which {problem}; expected a namespace name, "
+                          f"{DNS1123_LABEL.expected()}, e.g. --namespace ml-team.")
     if not 1 <= options.port <= 65535:
         raise LaunchError(f"Received --port {options.port}; expected TensorFlow's gRPC port in 1-65535, e.g. --port 2222.")
     for flag, value in (("--cpu", options.cpu), ("--memory", options.memory)):
@@ -147,9 +147,7 @@ def validate_k8s_options(options: K8sOptions) -> K8sOptions:
     if options.grace < 1:
         raise LaunchError(f"Received --grace {options.grace}; expected the seconds a pod gets after SIGTERM to agree "
                           "on a step, save and exit, 1 or more (Kubernetes' default is 30).")
-    if options.backup_pvc is not None and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", options.backup_pvc):
-        raise LaunchError(f"Received --backup-pvc {options.backup_pvc!r}; expected the name of a "
-                          "PersistentVolumeClaim in the Job's namespace, e.g. --backup-pvc train-backups.")
+    check_names("--backup-pvc", [options.backup_pvc] if options.backup_pvc is not None else [], "train-backups")
     if not options.backup_dir.startswith("/") or options.backup_dir.rstrip("/") == "":
         raise LaunchError(f"Received --backup-dir {options.backup_dir!r}; expected an absolute path inside the pod "
                           "other than '/', e.g. --backup-dir /backups.")
@@ -164,6 +162,20 @@ def validate_k8s_options(options: K8sOptions) -> K8sOptions:
             raise LaunchError(f"Received --env {key}=...; tfstrategy sets {key} in each pod from the other flags. "
                               "Drop it (the port is --port, the backups --backup-pvc and --backup-dir).")
     return options
+
+
+def _check_name(options: K8sOptions) -> None:
+    # The name is the Service's (a DNS-1035 label) and the prefix of every pod's hostname
+    # <name>-<index> (a DNS-1123 label of at most 63 characters, else Kubernetes cuts it).
+    last = f"{options.name}-{options.num_workers - 1}"
+    problem = name_problem(options.name, DNS1035_LABEL)
+    if problem is None and len(last) > MAX_HOSTNAME:
+        problem = f"makes the last pod's hostname {last!r} {len(last)} characters long"
+    if problem is not None:
+        raise LaunchError(f"Received --name {options.name!r}, which {problem}; it names the headless Service, so it must "
+                          f"be {DNS1035_LABEL.title} ({DNS1035_LABEL.describes}), short enough that the pod hostnames "
+                          f"up to {last!r} have at most 63 characters. Use e.g. --name "
+                          f"{derive_name(options.name, options.num_workers)}.")
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -297,4 +309,5 @@ def manifests(options: K8sOptions) -> list[dict[str, Any]]:
     if options.network_policy:
         objects.append(network_policy_manifest(options))
     objects.append(job_manifest(options))
+    check_generated_names(objects)
     return objects
