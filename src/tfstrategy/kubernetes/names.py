@@ -34,7 +34,7 @@ from typing import Any
 from tfstrategy.errors import LaunchError
 
 __all__ = [
-    "NameRule", "DNS1035_LABEL", "DNS1123_LABEL", "DNS1123_SUBDOMAIN", "JOB_NAME", "KIND_RULES", "name_problem",
+    "NameRule", "DNS1035_LABEL", "DNS1123_LABEL", "DNS1123_SUBDOMAIN", "NAME_IN_LABEL", "JOB_NAME", "KIND_RULES", "name_problem",
     "label_key_problem", "label_value_problem", "check_names", "derive_name", "name_from_command", "check_generated_names",
     "MAX_HOSTNAME", "DEFAULT_NAME",
 ]
@@ -72,8 +72,10 @@ DNS1123_LABEL = NameRule("a DNS-1123 label", re.compile(_LABEL_1123), 63,
 DNS1123_SUBDOMAIN = NameRule("a DNS-1123 subdomain", re.compile(rf"{_LABEL_1123}(\.{_LABEL_1123})*"), 253,
                              "DNS-1123 labels joined by '.': lower-case letters, digits, '-' and '.', starting and "
                              "ending with a letter or digit", "a-z0-9.-")
-#: A Job's name is a subdomain, but the Job controller copies it into the ``job-name`` label (63 at most).
-JOB_NAME = NameRule("a DNS-1123 subdomain", DNS1123_SUBDOMAIN.pattern, 63, DNS1123_SUBDOMAIN.describes, "a-z0-9.-")
+#: An object's name that a label also holds: a Job's (the Job controller's ``job-name`` label), a
+#: Kueue LocalQueue's (``kueue.x-k8s.io/queue-name``).
+NAME_IN_LABEL = NameRule("a DNS-1123 subdomain", DNS1123_SUBDOMAIN.pattern, 63, DNS1123_SUBDOMAIN.describes, "a-z0-9.-")
+JOB_NAME = NAME_IN_LABEL
 
 #: The rule of ``metadata.name`` for each kind tfstrategy writes or names.
 KIND_RULES: Mapping[str, NameRule] = {
@@ -85,7 +87,7 @@ KIND_RULES: Mapping[str, NameRule] = {
     "Secret": DNS1123_SUBDOMAIN,
     "ServiceAccount": DNS1123_SUBDOMAIN,
     "ConfigMap": DNS1123_SUBDOMAIN,
-    "LocalQueue": DNS1123_SUBDOMAIN,
+    "LocalQueue": NAME_IN_LABEL,
 }
 
 
