@@ -6,6 +6,8 @@ server refuses it. These are the API server's rules (apimachinery's validation),
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tfstrategy.cli import main
@@ -142,3 +144,12 @@ def test_the_last_check_finds_a_generated_name_any_kind_would_refuse(path, value
     with pytest.raises(LaunchError, match="API server would refuse") as caught:
         check_generated_names(objects)
     assert named in str(caught.value)
+
+
+def test_the_guide_shows_the_refusal_the_cli_prints(capsys):
+    # The guide's block is checked for its exit status only; this holds its text to the real line.
+    page = (Path(__file__).parents[2] / "docs" / "guides" / "clusters.md").read_text()
+    (shown,) = [line for line in page.splitlines() if line.startswith("tfstrategy k8s: error: Received --name")]
+    assert main(["k8s", "-n", "4", "--image", "registry.example.com/train:1", "--name", "2-train", "--",
+                 "python", "train.py"]) == 2
+    assert capsys.readouterr().err.strip() == shown
