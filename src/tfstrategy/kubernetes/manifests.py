@@ -186,7 +186,7 @@ def validate_k8s_options(options: K8sOptions) -> K8sOptions:
 
 def _check_name(options: K8sOptions) -> None:
     # The name is the Service's (a DNS-1035 label) and the prefix of every pod's hostname
-    # <name>-<index> (a DNS-1123 label of at most 63 characters, else Kubernetes cuts it).
+    # <name>-<index> (a DNS-1123 label of at most 63 characters, which <name>-<index>.<service> resolves).
     last = f"{options.name}-{options.num_workers - 1}"
     problem = name_problem(options.name, DNS1035_LABEL)
     if problem is None and len(last) > MAX_HOSTNAME:

@@ -3,23 +3,24 @@
 The schemas (``kubernetes-validate``) say only that a name is a string; the API server applies
 these rules, so a name that breaks one passes every offline check and fails ``kubectl apply``:
 
-======================================  =====================  ==========================================
-what                                    rule                   why
-======================================  =====================  ==========================================
-Service                                 DNS-1035 label, 63     a Service name is a DNS label that must
-                                                               not start with a digit
-Job (Indexed)                           DNS-1123 subdomain, 63 the ``job-name`` label holds it (63), and
-                                                               pod ``i``'s hostname is ``<job>-<i>``
-pod hostname ``<job>-<i>``, subdomain   DNS-1123 label, 63     a longer hostname is cut and no longer
-                                                               resolves as ``<job>-<i>.<service>``
+======================================  =======================  ==========================================
+what                                    rule                     why
+======================================  =======================  ==========================================
+Service                                 DNS-1035 label, 63       a Service name is a DNS label that must
+                                                                 not start with a digit
+Job (Indexed)                           DNS-1123 subdomain, 63   the ``job-name`` label holds it (63), and
+                                                                 pod ``i``'s hostname is ``<job>-<i>``
+pod hostname ``<job>-<i>``, subdomain   DNS-1123 label, 63       a hostname is a DNS label; pod ``i`` is
+                                                                 reached as ``<job>-<i>.<service>``
+Kueue LocalQueue                        DNS-1123 subdomain, 63   the ``queue-name`` label holds it
 NetworkPolicy, PVC, Secret,             DNS-1123 subdomain,
-ServiceAccount, ConfigMap, LocalQueue   253
+ServiceAccount, ConfigMap               253
 namespace                               DNS-1123 label, 63
-label value                             63, alphanumeric at    ``([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]``
+label value                             63, alphanumeric at      ``([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]``
                                         both ends, may be empty
-label key                               ``[prefix/]name``      prefix a DNS-1123 subdomain, name as a
-                                                               label value but not empty
-======================================  =====================  ==========================================
+label key                               ``[prefix/]name``        prefix a DNS-1123 subdomain, name as a
+                                                                 label value but not empty
+======================================  =======================  ==========================================
 
 :func:`check_generated_names` applies them to every object ``tfstrategy k8s`` writes.
 """
