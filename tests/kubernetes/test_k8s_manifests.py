@@ -196,6 +196,10 @@ BAD = [
                  "--service-account 'a..b'", id="service-account"),
     pytest.param(["-n", "2", "--image", "x", "--ttl-after-finished", "1d", "--", "python", "t.py"],
                  "--ttl-after-finished '1d'", id="ttl"),
+    pytest.param(["-n", "2", "--image", "x", "--ttl-after-finished", "2147483648", "--", "python", "t.py"],
+                 "0 to 2147483647", id="ttl-over-int32"),
+    pytest.param(["-n", "2", "--image", "x", "--ttl-after-finished", "\u00b2", "--", "python", "t.py"],
+                 "--ttl-after-finished", id="ttl-superscript-digit"),
 ]
 
 

@@ -60,6 +60,7 @@ from tfstrategy.kubernetes.scheduling import (
     check_quantity,
     parse_node_selector,
     parse_toleration,
+    parse_ttl,
     quantity,
     resources,
 )
@@ -211,9 +212,8 @@ def _check_resources(options: K8sOptions) -> None:
 
 
 def _check_placement(options: K8sOptions) -> None:
-    if options.ttl_after_finished is not None and options.ttl_after_finished < 0:
-        raise LaunchError(f"Received --ttl-after-finished {options.ttl_after_finished}; expected 0 or more seconds, "
-                          f"or 'never', e.g. --ttl-after-finished {DEFAULT_TTL}.")
+    if options.ttl_after_finished is not None:
+        parse_ttl(str(options.ttl_after_finished))  # the CLI's one-line refusal of a negative or an over-int32
     if options.queue is not None:
         problem = name_problem(options.queue, NAME_IN_LABEL)
         if problem is not None:

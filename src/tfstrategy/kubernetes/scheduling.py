@@ -37,6 +37,7 @@ DEFAULT_MEMORY = "4Gi"
 DEFAULT_TTL = 86400
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_INT32_MAX = 2**31 - 1  # ttlSecondsAfterFinished is an int32
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _SUFFIX = {"": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
@@ -149,9 +150,9 @@ def parse_ttl(text: str) -> int | None:
     """
     if text == "never":
         return None
-    if not text.isdigit():
+    if not re.fullmatch(r"[0-9]{1,10}", text) or int(text) > _INT32_MAX:
         raise LaunchError(f"Received --ttl-after-finished {text!r}; expected the seconds Kubernetes keeps a finished "
-                          "Job and its pods (their logs) before deleting them, 0 or more, or 'never', e.g. "
+                          f"Job and its pods (their logs) before deleting them, 0 to {_INT32_MAX}, or 'never', e.g. "
                           f"--ttl-after-finished {DEFAULT_TTL} (a day).")
     return int(text)
 
