@@ -34,6 +34,15 @@ FLAG_SETS = [
                  id="one-pod-no-policy-digest-image"),
     pytest.param(["-n", "16", "--image", "x", "--no-hook", "--env", "EMPTY=", "--env", "QUOTE=a: 'b' #c"],
                  ["bash", "-c", "python train.py --lr 1e-3"], id="sixteen-pods-no-hook-odd-values"),
+    pytest.param(["-n", "100", "--image", "x"], ["python", "scripts/2_train.py"], id="script-name-starts-with-a-digit"),
+    pytest.param(["-n", "8", "--image", "x", "--queue", "user-queue", "--node-selector", "pool=train",
+                  "--node-selector", "cloud.google.com/gke-accelerator=nvidia-l4", "--toleration",
+                  "nvidia.com/gpu:NoSchedule", "--toleration", "dedicated=ml", "--toleration", "spot",
+                  "--image-pull-secret", "regcred", "--image-pull-secret", "gcr.io-pull", "--service-account",
+                  "trainer", "--ttl-after-finished", "0", "--cpu", "2500m", "--cpu-limit", "3", "--memory", "1.5Gi"],
+                 ["python", "2_train.py"], id="kueue-placement-digit-script"),
+    pytest.param(["-n", "2", "--image", "x", "--ttl-after-finished", "never", "--cpu", "4", "--cpu-limit", "4",
+                  "--gpus", "2"], ["python", "train.py"], id="guaranteed-kept-forever"),
 ]
 
 
@@ -164,6 +173,33 @@ BAD = [
                  id="run-option-without-hook"),
     pytest.param(["-n", "2", "--image", "x", "-o", "/nonexistent/dir/x.yaml", "--", "python", "t.py"], "-o ",
                  id="unwritable-output"),
+    pytest.param(["-n", "2", "--image", "x", "--name", "2-train", "--", "python", "t.py"], "DNS-1035", id="name-digit"),
+    pytest.param(["-n", "2", "--image", "x", "--cpu-limit", "1", "--cpu", "2", "--", "python", "t.py"],
+                 "--cpu-limit 1 below --cpu 2", id="cpu-limit-below-request"),
+    pytest.param(["-n", "2", "--image", "x", "--cpu-limit", "x", "--", "python", "t.py"], "--cpu-limit 'x'",
+                 id="cpu-limit-quantity"),
+    pytest.param(["-n", "2", "--image", "x", "--queue", "Team_A", "--", "python", "t.py"], "--queue 'Team_A'",
+                 id="queue"),
+    pytest.param(["-n", "2", "--image", "x", "--node-selector", "pool", "--", "python", "t.py"], "KEY=VALUE",
+                 id="node-selector-no-value"),
+    pytest.param(["-n", "2", "--image", "x", "--node-selector", "a/b/c=d", "--", "python", "t.py"], "prefix 'a/b'",
+                 id="node-selector-key"),
+    pytest.param(["-n", "2", "--image", "x", "--node-selector", "a=b", "--node-selector", "a=c", "--", "python", "t.py"],
+                 "one value", id="node-selector-twice"),
+    pytest.param(["-n", "2", "--image", "x", "--toleration", "gpu:NoScheduel", "--", "python", "t.py"],
+                 "effect 'NoScheduel'", id="toleration-effect"),
+    pytest.param(["-n", "2", "--image", "x", "--toleration", "=x:NoSchedule", "--", "python", "t.py"],
+                 "--toleration '=x:NoSchedule'", id="toleration-no-key"),
+    pytest.param(["-n", "2", "--image", "x", "--image-pull-secret", "Reg_Cred", "--", "python", "t.py"],
+                 "--image-pull-secret 'Reg_Cred'", id="pull-secret"),
+    pytest.param(["-n", "2", "--image", "x", "--service-account", "a..b", "--", "python", "t.py"],
+                 "--service-account 'a..b'", id="service-account"),
+    pytest.param(["-n", "2", "--image", "x", "--ttl-after-finished", "1d", "--", "python", "t.py"],
+                 "--ttl-after-finished '1d'", id="ttl"),
+    pytest.param(["-n", "2", "--image", "x", "--ttl-after-finished", "2147483648", "--", "python", "t.py"],
+                 "0 to 2147483647", id="ttl-over-int32"),
+    pytest.param(["-n", "2", "--image", "x", "--ttl-after-finished", "\u00b2", "--", "python", "t.py"],
+                 "--ttl-after-finished", id="ttl-superscript-digit"),
 ]
 
 
@@ -175,3 +211,68 @@ def test_bad_input_is_one_line_naming_the_flag_and_exit_2(argv, named, capsys):
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tfstrategy k8s: error: Received "), lines
     assert named in lines[0]
+
+
+def qos_class(pod: dict) -> str:
+    """The QoS class Kubernetes gives a pod (the pod QoS rules, for one container with CPU and memory)."""
+    (container,) = pod["containers"]
+    requests, limits = container.get("resources", {}).get("requests", {}), container.get("resources", {}).get("limits", {})
+    if not requests and not limits:
+        return "BestEffort"
+    if all(limits.get(kind) is not None and requests.get(kind, limits[kind]) == limits[kind] for kind in ("cpu", "memory")):
+        return "Guaranteed"
+    return "Burstable"
+
+
+@pytest.mark.parametrize(("flags", "requests", "limits", "qos"), [
+    pytest.param([], {"cpu": "1", "memory": "4Gi"}, {"memory": "4Gi"}, "Burstable", id="defaults-never-besteffort"),
+    pytest.param(["--cpu", "8", "--memory", "32Gi"], {"cpu": "8", "memory": "32Gi"}, {"memory": "32Gi"}, "Burstable",
+                 id="memory-limit-is-the-request-no-cpu-limit"),
+    pytest.param(["--cpu", "8", "--cpu-limit", "8", "--gpus", "1"], {"cpu": "8", "memory": "4Gi", "nvidia.com/gpu": "1"},
+                 {"cpu": "8", "memory": "4Gi", "nvidia.com/gpu": "1"}, "Guaranteed", id="cpu-limit-equal-guaranteed"),
+    pytest.param(["--cpu", "500m", "--cpu-limit", "1"], {"cpu": "500m", "memory": "4Gi"}, {"cpu": "1", "memory": "4Gi"},
+                 "Burstable", id="cpu-limit-above-request"),
+])
+def test_pods_request_resources_so_they_are_not_evicted_first(flags, requests, limits, qos):
+    pod = generate(["-n", "2", "--image", "x", *flags], ["python", "t.py"])[-1]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"] == {"requests": requests, "limits": limits}
+    assert qos_class(pod) == qos
+
+
+def test_queue_labels_the_job_for_kueue_and_writes_it_suspended():
+    job = generate(["-n", "2", "--image", "x", "--queue", "team-a"], ["python", "t.py"])[-1]
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a" and job["spec"]["suspend"] is True
+    job = generate(["-n", "2", "--image", "x"], ["python", "t.py"])[-1]
+    assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"] and "suspend" not in job["spec"]
+
+
+def test_placement_flags_land_in_the_pod_spec_and_the_ttl_in_the_job():
+    job = generate(["-n", "2", "--image", "x", "--node-selector", "pool=a", "--node-selector", "zone=", "--toleration",
+                    "nvidia.com/gpu:NoSchedule", "--toleration", "dedicated=ml", "--toleration", "spot=true:NoExecute",
+                    "--image-pull-secret", "regcred", "--image-pull-secret", "other", "--service-account", "trainer",
+                    "--ttl-after-finished", "600"], ["python", "t.py"])[-1]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "a", "zone": ""}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "ml"},
+        {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute"},
+    ]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other"}]
+    assert pod["serviceAccountName"] == "trainer" and job["spec"]["ttlSecondsAfterFinished"] == 600
+    default = generate(["-n", "2", "--image", "x"], ["python", "t.py"])[-1]
+    assert default["spec"]["ttlSecondsAfterFinished"] == 86400
+    assert not {"nodeSelector", "tolerations", "imagePullSecrets", "serviceAccountName"} & set(default["spec"]["template"]["spec"])
+    kept = generate(["-n", "2", "--image", "x", "--ttl-after-finished", "never"], ["python", "t.py"])[-1]
+    assert "ttlSecondsAfterFinished" not in kept["spec"]
+
+
+def test_a_library_caller_cannot_queue_a_job_that_requests_nothing():
+    from tfstrategy.errors import LaunchError
+    from tfstrategy.kubernetes import K8sOptions
+
+    options = K8sOptions(command=("python", "t.py"), num_workers=2, image="x", name="t", queue="q", cpu=None, memory=None)
+    with pytest.raises(LaunchError, match="Kueue admits a Job by the resources"):
+        manifests(options)
+    besteffort = manifests(K8sOptions(command=("python", "t.py"), num_workers=2, image="x", name="t", cpu=None, memory=None))
+    assert "resources" not in besteffort[-1]["spec"]["template"]["spec"]["containers"][0]

@@ -10,7 +10,18 @@ from pathlib import Path
 
 from tfstrategy.cli._common import program_from_args
 from tfstrategy.errors import LaunchError
-from tfstrategy.kubernetes.manifests import DEFAULT_PORT, K8sOptions, name_from_command, validate_k8s_options
+from tfstrategy.kubernetes.manifests import DEFAULT_PORT, K8sOptions, validate_k8s_options
+from tfstrategy.kubernetes.names import name_from_command
+from tfstrategy.kubernetes.scheduling import (
+    DEFAULT_CPU,
+    DEFAULT_MEMORY,
+    DEFAULT_TTL,
+    KUEUE_QUEUE_LABEL,
+    TAINT_EFFECTS,
+    parse_node_selector,
+    parse_toleration,
+    parse_ttl,
+)
 from tfstrategy.settings import AUDIT_MODES
 
 __all__ = ["k8s_parser", "k8s_command", "options_from_args"]
@@ -39,6 +50,7 @@ EPILOG = textwrap.dedent(
     """\
     example:
       tfstrategy k8s -n 4 --image registry.example.com/train:1 --gpus 1 --cpu 8 --memory 32Gi \\
+          --toleration nvidia.com/gpu:NoSchedule --queue user-queue \\
           --backup-pvc train-backups --max-restarts 3 --env DATA_DIR=/data -o train.yaml -- python train.py
       kubectl apply -f train.yaml
       kubectl logs -f -l batch.kubernetes.io/job-name=train --prefix
@@ -59,14 +71,50 @@ def k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--image", required=True, metavar="IMAGE",
                         help="container image with TensorFlow and tfstrategy, e.g. registry.example.com/train:1")
     parser.add_argument("--name", metavar="NAME",
-                        help="the Job's and the Service's name (default: the script's name, e.g. train for train.py)")
+                        help="the Job's and the headless Service's name: a DNS-1035 label (lower-case letters, digits "
+                        "and '-', starting with a letter), with NAME-<N-1> at most 63 characters as it is the last "
+                        "pod's hostname. Default: the script's name, lower-cased, other characters as '-', 'job-' "
+                        "in front unless it starts with a letter (train_v2.py -> train-v2, 2_train.py -> job-2-train)")
     parser.add_argument("--namespace", metavar="NS", help="the objects' namespace (default: kubectl's current one)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="PORT",
                         help=f"TensorFlow's gRPC port in every pod (default: {DEFAULT_PORT})")
-    resources = parser.add_argument_group("resources per pod (requests = limits)")
-    resources.add_argument("--cpu", metavar="Q", help="CPUs, e.g. 8 or 500m")
-    resources.add_argument("--memory", metavar="Q", help="memory, e.g. 32Gi")
+    resources = parser.add_argument_group(
+        "resources per pod", "Requests place each pod on a node with that much free; a pod without any is\n"
+        "BestEffort, the first evicted when a node runs short, so there are always some.")
+    resources.add_argument("--cpu", default=DEFAULT_CPU, metavar="Q",
+                           help=f"CPUs each pod requests, e.g. 8 or 500m (default: {DEFAULT_CPU}). No CPU limit "
+                           "unless --cpu-limit: a throttled worker stalls all its peers in every collective")
+    resources.add_argument("--memory", default=DEFAULT_MEMORY, metavar="Q",
+                           help=f"memory each pod requests and may use (request = limit), e.g. 32Gi (default: "
+                           f"{DEFAULT_MEMORY}); a worker above it is OOM-killed (exit 137, a counted restart): read "
+                           "kubectl top pod on a first run and set it")
+    resources.add_argument("--cpu-limit", metavar="Q",
+                           help="cap each pod's CPU at Q, at least --cpu (default: no cap); equal to --cpu makes the "
+                           "pods Guaranteed (what the kubelet's static CPU manager pins cores for)")
     resources.add_argument("--gpus", type=int, default=0, metavar="G", help="NVIDIA GPUs (nvidia.com/gpu), default 0")
+    placement = parser.add_argument_group("placement, queues and clean-up")
+    placement.add_argument("--queue", metavar="LOCALQUEUE",
+                           help=f"submit through Kueue: the Job gets the label {KUEUE_QUEUE_LABEL}=LOCALQUEUE and "
+                           "starts suspended, and Kueue starts it when the queue admits its pods' requests "
+                           "(kubectl get localqueues lists the queues; without Kueue the Job stays suspended)")
+    placement.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE",
+                           help="run only on nodes with this label (repeatable; every one must match), e.g. "
+                           "cloud.google.com/gke-accelerator=nvidia-l4; kubectl get nodes --show-labels lists them")
+    placement.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]",
+                           help="allow the pods onto nodes with this taint (repeatable): KEY=VALUE:EFFECT tolerates "
+                           "that taint, KEY:EFFECT any value of KEY, no EFFECT every effect; EFFECT is "
+                           f"{', '.join(TAINT_EFFECTS)}; e.g. nvidia.com/gpu:NoSchedule (kubectl describe node "
+                           "shows a node's taints)")
+    placement.add_argument("--image-pull-secret", action="append", default=[], metavar="SECRET",
+                           help="a docker-registry Secret in the Job's namespace that pulls --image from a private "
+                           "registry (repeatable), e.g. regcred from kubectl create secret docker-registry regcred ...")
+    placement.add_argument("--service-account", metavar="SA",
+                           help="the pods' ServiceAccount, e.g. one bound to a cloud identity that reads the training "
+                           "data (default: the namespace's default)")
+    placement.add_argument("--ttl-after-finished", default=str(DEFAULT_TTL), metavar="S",
+                           help=f"seconds after the Job finishes before Kubernetes deletes it and its pods, logs "
+                           f"included (ttlSecondsAfterFinished; default: {DEFAULT_TTL}, a day), which frees the name "
+                           "for the next apply; 'never' keeps them. Backups on --backup-pvc are kept either way")
     faults = parser.add_argument_group("restarts and backups")
     faults.add_argument("--max-restarts", type=int, default=3, metavar="K",
                         help="restart each pod up to K times after a failure (backoffLimitPerIndex; default: 3)")
@@ -125,10 +173,15 @@ def options_from_args(args: argparse.Namespace) -> K8sOptions:
                           "e.g. --backup-pvc train-backups.")
     return validate_k8s_options(K8sOptions(
         command=command, num_workers=args.num_workers, image=args.image,
-        name=args.name if args.name is not None else name_from_command(command), namespace=args.namespace,
-        port=args.port, cpu=args.cpu, memory=args.memory, gpus=args.gpus, backup_pvc=args.backup_pvc,
+        name=args.name if args.name is not None else name_from_command(command, args.num_workers),
+        namespace=args.namespace, port=args.port, cpu=args.cpu, memory=args.memory, cpu_limit=args.cpu_limit,
+        gpus=args.gpus, backup_pvc=args.backup_pvc,
         backup_dir=args.backup_dir or "/backups", max_restarts=args.max_restarts, grace=args.grace, env=_env_pairs(args.env),
         network_policy=not args.no_network_policy, hook=not args.no_hook, run_options=run_options,
+        ttl_after_finished=parse_ttl(args.ttl_after_finished), queue=args.queue,
+        node_selector=parse_node_selector(args.node_selector),
+        tolerations=tuple(parse_toleration(text) for text in args.toleration),
+        image_pull_secrets=tuple(args.image_pull_secret), service_account=args.service_account,
     ))
 
 

@@ -28,16 +28,42 @@ anything else (1, 137, ...)     Count      retried up to ``backoffLimitPerIndex`
 ``maxFailedIndexes: 0`` fails the whole Job once one index used up its retries (its peers
 could never finish without it), and ``podReplacementPolicy: Failed`` keeps a replacement pod
 from starting while the old one still holds its task (TensorFlow refuses a duplicate task).
+
+Names follow each kind's rule (:mod:`tfstrategy.kubernetes.names`), checked on every object
+written; resources, placement and queues are :mod:`tfstrategy.kubernetes.scheduling`'s.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy.errors import LaunchError
+from tfstrategy.kubernetes.names import (
+    DNS1035_LABEL,
+    DNS1123_LABEL,
+    MAX_HOSTNAME,
+    NAME_IN_LABEL,
+    check_generated_names,
+    check_names,
+    derive_name,
+    name_problem,
+)
+from tfstrategy.kubernetes.scheduling import (
+    DEFAULT_CPU,
+    DEFAULT_MEMORY,
+    DEFAULT_TTL,
+    KUEUE_QUEUE_LABEL,
+    Toleration,
+    check_quantity,
+    parse_node_selector,
+    parse_toleration,
+    parse_ttl,
+    quantity,
+    resources,
+)
 from tfstrategy.launch.states import EXIT_INVALID, EXIT_PREEMPTED
 
 __all__ = [
@@ -75,8 +101,6 @@ POD_VARIABLES: Mapping[str, str] = {
     ENV_K8S_IGNORED_FAILURES: f"the container's env, fieldRef metadata.annotations['{IGNORED_FAILURE_COUNT_ANNOTATION}']",
 }
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _RESERVED = frozenset({"TF_CONFIG", "TFSTRATEGY_BACKUP_DIR", "TFSTRATEGY_JOB_ID", *POD_VARIABLES})
 _EXAMPLE = "e.g. tfstrategy k8s -n 4 --image registry.example.com/train:1 -- python train.py"
@@ -92,8 +116,10 @@ class K8sOptions:
     name: str
     namespace: str | None = None
     port: int = DEFAULT_PORT
-    cpu: str | None = None
-    memory: str | None = None
+    #: Requests; ``None`` leaves one out (a pod with neither is BestEffort, evicted first).
+    cpu: str | None = DEFAULT_CPU
+    memory: str | None = DEFAULT_MEMORY
+    cpu_limit: str | None = None
     gpus: int = 0
     backup_pvc: str | None = None
     backup_dir: str = "/backups"
@@ -104,14 +130,14 @@ class K8sOptions:
     hook: bool = True
     #: Options of ``tfstrategy run`` in the pods, e.g. ``("--audit", "stop")``.
     run_options: tuple[str, ...] = ()
-
-
-def name_from_command(command: Sequence[str]) -> str:
-    """A Job name from the script's file name (``python train_v2.py`` -> ``train-v2``), or ``tfstrategy-job``."""
-    scripts = [part for part in command if part.endswith(".py")]
-    stem = scripts[0].rsplit("/", 1)[-1].removesuffix(".py") if scripts else ""
-    name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:40].strip("-")
-    return name or "tfstrategy-job"
+    #: Seconds a finished Job is kept; ``None`` keeps it until deleted.
+    ttl_after_finished: int | None = DEFAULT_TTL
+    #: Kueue LocalQueue; the Job is then written suspended, for Kueue to start.
+    queue: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    image_pull_secrets: tuple[str, ...] = ()
+    service_account: str | None = None
 
 
 def validate_k8s_options(options: K8sOptions) -> K8sOptions:
@@ -127,19 +153,13 @@ def validate_k8s_options(options: K8sOptions) -> K8sOptions:
     if not options.image or any(char.isspace() for char in options.image):
         raise LaunchError(f"Received --image {options.image!r}; expected a container image reference without "
                           f"spaces that has TensorFlow and tfstrategy installed, {_EXAMPLE}.")
-    longest = f"{options.name}-{options.num_workers - 1}"
-    if not _DNS_LABEL.match(options.name) or len(longest) > 63:
-        raise LaunchError(f"Received --name {options.name!r}; expected lower-case letters, digits and '-', starting "
-                          f"and ending with a letter or digit, short enough that the pod hostname {longest!r} has at "
-                          "most 63 characters, e.g. --name mnist-run1.")
-    if options.namespace is not None and not _DNS_LABEL.match(options.namespace):
-        raise LaunchError(f"Received --namespace {options.namespace!r}; expected a namespace name such as 'ml-team'.")
+    _check_name(options)
+    if options.namespace is not None and (problem := name_problem(options.namespace, DNS1123_LABEL)) is not None:
+        raise LaunchError(f"Received --namespace {options.namespace!r}, which {problem}; expected a namespace name, "
+                          f"{DNS1123_LABEL.expected()}, e.g. --namespace ml-team.")
     if not 1 <= options.port <= 65535:
         raise LaunchError(f"Received --port {options.port}; expected TensorFlow's gRPC port in 1-65535, e.g. --port 2222.")
-    for flag, value in (("--cpu", options.cpu), ("--memory", options.memory)):
-        if value is not None and not _QUANTITY.match(value):
-            raise LaunchError(f"Received {flag} {value!r}; expected a Kubernetes quantity such as 4, 500m (CPU) "
-                              "or 16Gi (memory).")
+    _check_resources(options)
     if options.gpus < 0:
         raise LaunchError(f"Received --gpus {options.gpus}; expected the number of GPUs per pod, 0 or more.")
     if options.max_restarts < 0:
@@ -147,9 +167,7 @@ def validate_k8s_options(options: K8sOptions) -> K8sOptions:
     if options.grace < 1:
         raise LaunchError(f"Received --grace {options.grace}; expected the seconds a pod gets after SIGTERM to agree "
                           "on a step, save and exit, 1 or more (Kubernetes' default is 30).")
-    if options.backup_pvc is not None and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", options.backup_pvc):
-        raise LaunchError(f"Received --backup-pvc {options.backup_pvc!r}; expected the name of a "
-                          "PersistentVolumeClaim in the Job's namespace, e.g. --backup-pvc train-backups.")
+    check_names("--backup-pvc", [options.backup_pvc] if options.backup_pvc is not None else [], "train-backups")
     if not options.backup_dir.startswith("/") or options.backup_dir.rstrip("/") == "":
         raise LaunchError(f"Received --backup-dir {options.backup_dir!r}; expected an absolute path inside the pod "
                           "other than '/', e.g. --backup-dir /backups.")
@@ -163,7 +181,54 @@ def validate_k8s_options(options: K8sOptions) -> K8sOptions:
         if key in _RESERVED:
             raise LaunchError(f"Received --env {key}=...; tfstrategy sets {key} in each pod from the other flags. "
                               "Drop it (the port is --port, the backups --backup-pvc and --backup-dir).")
+    _check_placement(options)
     return options
+
+
+def _check_name(options: K8sOptions) -> None:
+    # The name is the Service's (a DNS-1035 label) and the prefix of every pod's hostname
+    # <name>-<index> (a DNS-1123 label of at most 63 characters, which <name>-<index>.<service> resolves).
+    last = f"{options.name}-{options.num_workers - 1}"
+    problem = name_problem(options.name, DNS1035_LABEL)
+    if problem is None and len(last) > MAX_HOSTNAME:
+        problem = f"makes the last pod's hostname {last!r} {len(last)} characters long"
+    if problem is not None:
+        raise LaunchError(f"Received --name {options.name!r}, which {problem}; it names the headless Service, so it must "
+                          f"be {DNS1035_LABEL.title} ({DNS1035_LABEL.describes}), short enough that the pod hostnames "
+                          f"up to {last!r} have at most 63 characters. Use e.g. --name "
+                          f"{derive_name(options.name, options.num_workers)}.")
+
+
+def _check_resources(options: K8sOptions) -> None:
+    for flag, value, example in (("--cpu", options.cpu, "500m"), ("--memory", options.memory, "16Gi"),
+                                 ("--cpu-limit", options.cpu_limit, "8")):
+        if value is not None:
+            check_quantity(flag, value, example)
+    if options.cpu is not None and options.cpu_limit is not None:
+        request, limit = quantity(options.cpu), quantity(options.cpu_limit)
+        if request is not None and limit is not None and limit < request:
+            raise LaunchError(f"Received --cpu-limit {options.cpu_limit} below --cpu {options.cpu}; Kubernetes refuses "
+                              f"a limit under the request. Raise --cpu-limit to {options.cpu} or more, or lower --cpu.")
+
+
+def _check_placement(options: K8sOptions) -> None:
+    if options.ttl_after_finished is not None:
+        parse_ttl(str(options.ttl_after_finished))  # the CLI's one-line refusal of a negative or an over-int32
+    if options.queue is not None:
+        problem = name_problem(options.queue, NAME_IN_LABEL)
+        if problem is not None:
+            raise LaunchError(f"Received --queue {options.queue!r}, which {problem}; expected the name of a Kueue "
+                              f"LocalQueue in the Job's namespace (kubectl get localqueues lists them), "
+                              f"{NAME_IN_LABEL.expected()}, e.g. --queue user-queue.")
+        if options.cpu is None and options.memory is None and not options.gpus:
+            raise LaunchError("Received --queue without any resource request; Kueue admits a Job by the resources "
+                              "its pods request. Set --cpu, --memory or --gpus.")
+    parse_node_selector(f"{key}={value}" for key, value in options.node_selector.items())
+    for toleration in options.tolerations:
+        parse_toleration(toleration.text())
+    check_names("--image-pull-secret", options.image_pull_secrets, "regcred")
+    check_names("--service-account", [options.service_account] if options.service_account is not None else [],
+                "trainer")
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -206,19 +271,6 @@ def pod_environment(options: K8sOptions) -> list[dict[str, Any]]:
     return env
 
 
-def _resources(options: K8sOptions) -> dict[str, Any]:
-    amounts: dict[str, Any] = {}
-    if options.cpu is not None:
-        amounts["cpu"] = options.cpu
-    if options.memory is not None:
-        amounts["memory"] = options.memory
-    if options.gpus:
-        amounts["nvidia.com/gpu"] = str(options.gpus)
-    # Requests equal to limits: the pod's CPU share is what it was scheduled with (Guaranteed QoS
-    # when both are set), so a worker is not throttled below its peers in every collective.
-    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
-
-
 def job_manifest(options: K8sOptions) -> dict[str, Any]:
     """The Indexed Job: one pod per worker, each running the command under ``tfstrategy run``."""
     command = ["tfstrategy", "run", *options.run_options, "--", *options.command] if options.hook else list(options.command)
@@ -229,20 +281,37 @@ def job_manifest(options: K8sOptions) -> dict[str, Any]:
         "ports": [{"name": "tf-grpc", "containerPort": options.port, "protocol": "TCP"}],
         "env": pod_environment(options),
     }
-    resources = _resources(options)
-    if resources:
-        container["resources"] = resources
+    amounts = resources(options.cpu, options.memory, options.cpu_limit, options.gpus)
+    if amounts:
+        container["resources"] = amounts
     pod: dict[str, Any] = {"subdomain": options.name, "restartPolicy": "Never",
                            # SIGTERM then SIGKILL after this: the time tfstrategy's preemption has to save.
                            "terminationGracePeriodSeconds": options.grace, "containers": [container]}
+    if options.service_account is not None:
+        pod["serviceAccountName"] = options.service_account
+    if options.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": secret} for secret in options.image_pull_secrets]
+    if options.node_selector:
+        pod["nodeSelector"] = dict(options.node_selector)
+    if options.tolerations:
+        pod["tolerations"] = [toleration.manifest() for toleration in options.tolerations]
     if options.backup_pvc is not None:
         container["volumeMounts"] = [{"name": "backups", "mountPath": options.backup_dir, "subPath": options.name}]
         pod["volumes"] = [{"name": "backups", "persistentVolumeClaim": {"claimName": options.backup_pvc}}]
+    metadata = _metadata(options, options.name)
+    spec: dict[str, Any] = {}
+    if options.queue is not None:
+        metadata["labels"][KUEUE_QUEUE_LABEL] = options.queue
+        # Kueue's documented way: created suspended, unsuspended by Kueue once the queue admits it.
+        spec["suspend"] = True
+    if options.ttl_after_finished is not None:
+        spec["ttlSecondsAfterFinished"] = options.ttl_after_finished
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(options, options.name),
+        "metadata": metadata,
         "spec": {
+            **spec,
             "completionMode": "Indexed",
             "completions": options.num_workers,
             "parallelism": options.num_workers,
@@ -297,4 +366,5 @@ def manifests(options: K8sOptions) -> list[dict[str, Any]]:
     if options.network_policy:
         objects.append(network_policy_manifest(options))
     objects.append(job_manifest(options))
+    check_generated_names(objects)
     return objects
