@@ -6,11 +6,14 @@
   live beside the code they describe; they are added to the site as they are.
 - README.md (set-up and quick start) is the site's ``start.md``, its ``docs/...``
   links made relative to the site.
+- After the build, every link between the site's own pages names a file that exists, so the site
+  browses from disk (``file://``, where a folder link shows a directory listing, not its page).
 """
 
 from __future__ import annotations
 
 import argparse
+import html
 import contextlib
 import io
 import os
@@ -80,3 +83,25 @@ def on_page_markdown(markdown, page, config, files):
     if page.file.src_uri == README_PAGE:
         markdown = re.sub(r"\]\(docs/", "](", markdown)  # the README links docs/guides/x.md; the site has guides/x.md
     return markdown
+
+
+#: A link in a built page: an ``href`` or ``src`` to the site's own files (no scheme, no leading ``#``).
+_LOCAL_LINK = re.compile(r'(?:href|src)="(?![a-z][a-z0-9+.-]*:|#|//)([^"#?]+)')
+
+
+def on_post_build(config):
+    """Fail the build when a page links a folder or a missing file (opened from disk, both are dead)."""
+    site = Path(config["site_dir"])
+    dead = []
+    for page in sorted(site.rglob("*.html")):
+        if page.name == "404.html":
+            continue  # a server's page for a missing address: its links are absolute, from the server's root
+        for link in set(_LOCAL_LINK.findall(page.read_text(errors="replace"))):
+            target = (page.parent / html.unescape(link)).resolve()
+            if not target.is_file():
+                dead.append(f"{page.relative_to(site)} -> {link}")
+    if dead:
+        from mkdocs.exceptions import PluginError
+
+        raise PluginError(f"{len(dead)} link(s) in the built site name no file (opened from disk they are dead): "
+                          + "; ".join(dead[:10]) + ". Link the page's .md file, not its folder.")
