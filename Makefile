@@ -14,15 +14,24 @@ BIN := $(VENV)/bin
 
 .PHONY: setup check test test-extended test-fast lint versions bench docs clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.test-installed
 
+# What `make check` needs: tfstrategy and tensorflow-cpu (pip shows each download: a cold cache fetches
+# about 600 MB). The tests' extras (pytest, the benchmarks' plotting, Ray: about 2 GB more) come with
+# the first `make test`.
 $(VENV)/.installed: pyproject.toml
+	@echo "make: installing tfstrategy and tensorflow-cpu into $(VENV) (a few minutes on a cold cache)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[cpu,test,bench,ray]'
+	$(BIN)/pip install --progress-bar on -e '.[cpu]'
 	touch $@
 
-check: setup
+$(VENV)/.test-installed: $(VENV)/.installed
+	@echo "make: installing the test, benchmark and Ray extras into $(VENV)"
+	$(BIN)/pip install --progress-bar on -e '.[cpu,test,bench,ray]'
+	touch $@
+
+check: $(VENV)/.installed
 	$(BIN)/tfstrategy check
 
 # Two pytest workers, each test module whole on one of them (--dist loadfile: its module fixtures,
@@ -53,7 +62,7 @@ versions:
 bench: setup
 	$(BIN)/python benchmarks/run.py
 
-$(VENV)/.docs-installed: $(VENV)/.installed
+$(VENV)/.docs-installed: $(VENV)/.test-installed
 	$(BIN)/pip install --quiet -e '.[cpu,test,bench,ray,docs]'
 	touch $@
 
