@@ -147,7 +147,7 @@ def train_fn(config: dict) -> None:
         collective_timeout=config.get("collective_timeout"),
     )
     record.update(
-        strategy=type(run.strategy).__name__, replicas=run.selection.num_replicas, explain=run.selection.explain(),
+        strategy=type(run.strategy).__name__, replicas=run.selection.num_replicas, explain=run.selection.explain(verbose=True),
         patches=[status.name for status in run.selection.patches if status.installed],
         initial_epoch=run.initial_epoch, resumed_from=run.resumed_from,
         start_weights=[w.tolist() for w in run.model.get_weights()],

@@ -95,7 +95,7 @@ def test_srun_two_workers_without_tf_config_agree_and_equal_one_process(uninterr
     for task in ("0", "1"):
         explain = next(line for line in result.stdout.splitlines() if line.startswith(f"{task}: auto:"))
         assert "auto: the Slurm job step has 2 tasks, so MultiWorkerMirroredStrategy" in explain
-        assert "set_tf_config: set TF_CONFIG from Slurm job" in explain and f"worker {task} of 2" in explain
+        assert "set TF_CONFIG from Slurm job" in explain and f"worker {task} of 2" in explain
     (loss0, steps0), (loss1, steps1) = finals(result.stdout)
     ((loss_single, steps_single),) = finals(single.stdout)
     assert loss0 == loss1

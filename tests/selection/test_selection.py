@@ -105,6 +105,16 @@ def test_select_default_uses_every_logical_cpu_when_the_cpu_was_split():
     assert "no GPU is visible" in selection.explain()
 
 
+def test_explain_is_one_short_why_and_the_steps_and_workarounds_only_when_verbose():
+    selection = select(cpu_replicas=4, env={"TFSTRATEGY_PRECISION": "float32"})
+    short, verbose = selection.explain(), selection.explain(verbose=True)
+    assert short.startswith("auto: ") and "cpu_replicas from argument" in short and "precision from" in short
+    assert len(short) <= 200 and "strategy from default" not in short, short
+    for detail in ("strategy from default", "record_creation_sites: ", "apply_patches: keras_"):
+        assert detail not in short and detail in verbose, (detail, verbose)
+    assert verbose.startswith(short.split("; cpu_replicas from")[0])
+
+
 def test_select_cpu_replicas_from_environment():
     selection = select(env={"TFSTRATEGY_CPU_REPLICAS": "4"})
     assert selection.num_replicas == 4

@@ -31,6 +31,10 @@ from tfstrategy.settings import StrategyKind, collective_timeout_cost
 __all__ = ["Request", "Selection", "resolve_request", "select"]
 
 
+#: The steps whose result the short :meth:`Selection.explain` says: they change what the script itself reads.
+_EXPLAINED_STEPS = ("set_tf_config",)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Selection:
     """A ready strategy, why it was chosen, and what :func:`select` changed in the process to get it."""
@@ -58,13 +62,17 @@ class Selection:
         """The strategy's scope: build model, optimizer and metrics inside it."""
         return self.strategy.scope()
 
-    def explain(self) -> str:
-        """Why this strategy: the rules that applied, the settings' sources, and the steps taken."""
+    def explain(self, verbose: bool = False) -> str:
+        """Why this strategy, in one short line: the rules that applied, the settings not left at their default
+        and their sources, and a ``TF_CONFIG`` set for the script (it reads it). ``verbose=True`` adds every
+        setting's source and every step taken, with the Keras workarounds installed (``tfstrategy run --debug``)."""
         parts = list(self.choice.reasons)
-        settings = ", ".join(f"{name} from {source}" for name, source in self.sources.items())
+        settings = ", ".join(f"{name} from {source}" for name, source in self.sources.items()
+                             if verbose or source != "default")
         if settings:
             parts.append(settings)
-        parts.extend(f"{name}: {done}" for name, done in self.steps)
+        parts.extend(f"{name}: {done}" if verbose else done for name, done in self.steps
+                     if verbose or name in _EXPLAINED_STEPS)
         if self.collective_timeout is not None and self.kind is StrategyKind.MULTI_WORKER:
             parts.append(collective_timeout_cost(self.collective_timeout))
         return "; ".join(parts)
