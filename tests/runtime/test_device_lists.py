@@ -79,6 +79,9 @@ def test_an_empty_list_is_every_device_tfstrategy_would_use(devices):
     decision = _run(devices, chosen=FOUR_CPUS, settings=["--cpu-replicas 4"])
     assert decision.use == tuple(device.tf_name for device in FOUR_CPUS)
     assert not decision.note and not decision.stop
+    # the exit summary says the list was replaced (list_logical_devices('GPU') on a CPU host is [] too)
+    assert decision.change == ("MirroredStrategy(devices=[]) at train.py:7 (an empty list: every local device) given "
+                               "the 4 device(s) of --cpu-replicas 4")
 
 
 def test_an_empty_list_without_settings_is_left_as_plain_tensorflow_reads_it():

@@ -126,6 +126,8 @@ class ListedDecision:
     stop: str = ""
     #: The one line reported and the script goes on (a setting with no effect, a device report under warn).
     note: str = ""
+    #: What the script's list was replaced with, in its terms, for the exit summary (``""``: kept as written).
+    change: str = ""
 
 
 def decide_listed(listed: DeviceList, *, where: str, chosen: Sequence[Device] | None, host: HostInfo,
@@ -141,7 +143,12 @@ def decide_listed(listed: DeviceList, *, where: str, chosen: Sequence[Device] | 
         warn_only: ``TFSTRATEGY_DEVICE_CHECK=warn``: a missing device is a note, not a stop.
     """
     if listed.every_local_device:  # [] and list_logical_devices('GPU') on a CPU host: every local device
-        return ListedDecision(use=tuple(device.tf_name for device in chosen) if chosen else None)
+        if not chosen:
+            return ListedDecision()
+        given = f" of {' and '.join(settings)}" if settings else ""
+        return ListedDecision(use=tuple(device.tf_name for device in chosen),
+                              change=f"MirroredStrategy(devices=[]) at {where} (an empty list: every local device) given "
+                                     f"the {len(chosen)} device(s){given}")
     if not listed.readable_local:
         return ListedDecision()  # another task's devices, or a form tfstrategy does not read: TensorFlow decides
     head = f"MirroredStrategy(devices={listed.shown()}) at {where}"

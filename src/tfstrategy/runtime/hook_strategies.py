@@ -337,6 +337,8 @@ def _check_listed(devices: Any, chosen: list[str] | None) -> Any:
         warned = f" ({ENV_DEVICE_CHECK}=warn: going on as plain TensorFlow would)" if mode == "warn" else ""
         RUNTIME.hook.notes.append(decision.note)
         print(f"tfstrategy: {decision.note}{warned}", file=sys.stderr, flush=True)
+    if decision.change:
+        RUNTIME.hook.changed("mirrored_devices", decision.change)
     return list(decision.use) if decision.use is not None else devices
 
 
