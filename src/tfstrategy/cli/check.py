@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Iterator
 
+from tfstrategy._tf import ensure_tensorflow_installed
 from tfstrategy.cli._common import add_output_arguments, add_strategy_arguments, import_tensorflow_quietly
 
 __all__ = ["DESCRIPTION", "check_parser"]
@@ -156,6 +157,7 @@ def _without_plotting() -> Iterator[None]:
 
 def check_command(args: argparse.Namespace) -> int:
     """Run the check; return the exit status."""
+    ensure_tensorflow_installed("this command")
     with _without_plotting():
         import_tensorflow_quietly(args.debug)
     with _collector_skips_objects_so_far():

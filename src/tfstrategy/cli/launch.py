@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tfstrategy._tf import ensure_tensorflow_installed
 from tfstrategy.cli._common import add_program_arguments, program_from_args, quiet_tensorflow
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT as JOIN_TIMEOUT_STATUS
@@ -363,6 +364,7 @@ def launch_command(args: argparse.Namespace) -> int:
     if slurm is not None and slurm.node_rank == 0:
         print(f"tfstrategy launch: {slurm.describe()}", file=sys.stderr)
     worker_settings(options, os.environ)  # a setting the environment contradicts fails here, before any worker
+    ensure_tensorflow_installed("this command")  # the workers' hook needs it; checked after the flags
     if args.isolate_network:
         if not network_isolation.is_isolated():
             network_isolation.reexec_isolated(_command_line(options, debug=args.debug))

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Mapping
 
+from tfstrategy._tf import ensure_tensorflow_installed
 from tfstrategy.cli._common import add_program_arguments, program_from_args, tensorflow_log_environment
 from tfstrategy.errors import DeviceError, LaunchError
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
@@ -159,6 +160,7 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
 def run_command(args: argparse.Namespace) -> int:
     """Replace this process by the command, with the hook; returns only on error."""
     program, env = run_environment(args)
+    ensure_tensorflow_installed("this command")  # the hook and the script need it; after the flags are checked
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(program[0], program, env)
