@@ -113,3 +113,57 @@ def test_no_suggestion_for_a_far_value() -> None:
     with pytest.raises(StrategyError) as raised:
         StrategyKind.parse("banana")
     assert "Did you mean" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        pytest.param(("check", "--devices", "cpu:9"),
+                     "tfstrategy check: error: Received --devices cpu:9; this host has ['/cpu:0'] (CUDA_VISIBLE_DEVICES "
+                     "is unset). Pass --cpu-replicas 10 to split the CPU into 10 logical devices (/cpu:0 to /cpu:9), or "
+                     "--devices cpu.", id="check-cpu-past-the-host"),
+        pytest.param(("check", "--cpu-replicas", "4", "--devices", "cpu:0,cpu:7"),
+                     "tfstrategy check: error: Received --devices cpu:0,cpu:7 with --cpu-replicas 4, which splits the "
+                     "CPU into 4 logical devices (/cpu:0 to /cpu:3). Pass --devices cpu:0,cpu:1 or --cpu-replicas 8.",
+                     id="check-cpu-past-the-split"),
+        pytest.param(("check", "--cpu-replicas", "2", "--devices", "cpu:0,cpu:1,cpu:2"),
+                     "tfstrategy check: error: Received --devices cpu:0,cpu:1,cpu:2 with --cpu-replicas 2, which splits "
+                     "the CPU into 2 logical devices (/cpu:0 to /cpu:1). Pass --cpu-replicas 3.",
+                     id="check-more-cpus-than-the-split"),
+        pytest.param(("check", "--strategy", "mirored"),
+                     "tfstrategy check: error: Received --strategy mirored; expected one of: auto, mirrored, one_device, "
+                     "default, multi_worker, tpu. Did you mean 'mirrored'? Pass --strategy auto to let tfstrategy "
+                     "choose.", id="check-strategy"),
+        pytest.param(("check", "--cpu-replicas", "two"),
+                     "tfstrategy check: error: Received --cpu-replicas two; expected a whole number of at least 1, e.g. "
+                     "--cpu-replicas 4 to rehearse 4 replicas on the CPU.", id="check-cpu-replicas"),
+        pytest.param(("check", "--strategy", "default", "--cpu-replicas", "2"),
+                     "tfstrategy check: error: Received --cpu-replicas 2 with --strategy default; the default strategy "
+                     "has one replica. Drop --cpu-replicas, or pass --strategy mirrored.", id="check-default-with-replicas"),
+        pytest.param(("check", "--strategy", "multi_worker", "--devices", "cpu"),
+                     "tfstrategy check: error: Received --devices cpu with --strategy multi_worker, which takes no "
+                     "devices. Drop --devices, or pass --strategy mirrored (or one_device) to choose devices.",
+                     id="check-multi-worker-with-devices"),
+        pytest.param(("check", "--cpu-replicas", "2", "--devices", "gpu:0"),
+                     "tfstrategy check: error: Received --cpu-replicas 2 with --devices gpu:0; CPU replicas and GPU "
+                     "devices exclude each other. Drop --cpu-replicas to train on GPUs, or pass --devices cpu.",
+                     id="check-cpu-replicas-with-gpus"),
+        pytest.param(("check", "--precision", "mixed_foat16"),
+                     "tfstrategy check: error: Received --precision mixed_foat16; expected one of float32, mixed_float16, "
+                     "mixed_bfloat16. Did you mean 'mixed_float16'? mixed_float16 suits GPUs with tensor cores, "
+                     "mixed_bfloat16 TPUs and recent CPUs; float32 is Keras' default.", id="check-precision"),
+        pytest.param(("run", "--cpu-replicas", "two", "--", "python", "t.py"),
+                     "tfstrategy run: error: Received --cpu-replicas two; expected a whole number of at least 1, e.g. "
+                     "--cpu-replicas 4 to rehearse 4 replicas on the CPU.", id="run-cpu-replicas"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_its_flag(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                                 argv: tuple[str, ...], line: str) -> None:
+    """Issue 45: one wording in flags for check and run; check refuses these before importing TensorFlow
+    (tests/cli/test_cli_without_tensorflow.py shows it never loads)."""
+    for name in ("TFSTRATEGY_CPU_REPLICAS", "TFSTRATEGY_DEVICES", "TFSTRATEGY_STRATEGY", "TFSTRATEGY_PRECISION",
+                 "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(list(argv)) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [line]

@@ -1,6 +1,6 @@
 """The CLI after ``pip install tfstrategy`` without an extra (issue 45): ``--help``, ``--version``, ``k8s`` and
 ``env`` work, and never import TensorFlow (``env`` reports it missing); the commands that need it refuse in one
-line naming the extra to install.
+line naming the extra to install. Bad flags are refused before TensorFlow loads.
 
 A real Python without TensorFlow: a venv (no pip, no system site-packages, made in a fraction of a second) holding
 only tfstrategy's source and its one dependency, ``packaging``. Each test is one process running the CLI's
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -119,3 +120,27 @@ def test_without_tensorflow_help_version_k8s_and_env_work_and_the_rest_refuse_in
         ], result
     assert results["check --debug"]["raised"] == "MissingDependencyError"  # the traceback, on demand
 
+
+#: Refused flags: each one line, before TensorFlow loads (issue 45, point 8).
+REFUSED = {
+    ("check", "--devices", "cpu:9"):
+        "tfstrategy check: error: Received --devices cpu:9; this host has ['/cpu:0'] (CUDA_VISIBLE_DEVICES is "
+        "unset). Pass --cpu-replicas 10 to split the CPU into 10 logical devices (/cpu:0 to /cpu:9), or --devices cpu.",
+    ("check", "--cpu-replicas", "4", "--devices", "cpu:0,cpu:7"):
+        "tfstrategy check: error: Received --devices cpu:0,cpu:7 with --cpu-replicas 4, which splits the CPU into 4 "
+        "logical devices (/cpu:0 to /cpu:3). Pass --devices cpu:0,cpu:1 or --cpu-replicas 8.",
+    ("check", "--strategy", "mirored"):
+        "tfstrategy check: error: Received --strategy mirored; expected one of: auto, mirrored, one_device, default, "
+        "multi_worker, tpu. Did you mean 'mirrored'? Pass --strategy auto to let tfstrategy choose.",
+}
+
+
+def test_with_tensorflow_help_k8s_and_refused_flags_never_load_it():
+    """TensorFlow installed: ``--help``, ``--version``, ``k8s`` and the refusals above never import it."""
+    env = {**_clean_env(), "PYTHONPATH": str(ROOT / "src")}
+    results = _drive(sys.executable, [["--help"], ["--version"], K8S, *map(list, REFUSED)], env)
+    for result in results.values():
+        assert not result["loaded"] and result["attempts"] == [], result
+    for argv, line in REFUSED.items():
+        result = results[" ".join(argv)]
+        assert result["status"] == 2 and result["err"].splitlines() == [line], result
