@@ -58,6 +58,9 @@ def _fail(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
                      id="abbreviation-of-max-restarts"),
         pytest.param(("launch", "--frobnicate", "--", "python", "t.py"),
                      "tfstrategy launch: error: unknown option --frobnicate", id="no-close-flag"),
+        pytest.param(("launch", "-n", "2", "--tee=3", "--", "python", "t.py"),
+                     "tfstrategy launch: error: --tee takes no value (received '--tee=3'); pass --tee alone",
+                     id="tee-equals-a-value"),
     ],
 )
 def test_a_mistake_prints_one_line_then_the_commands_usage(
@@ -155,11 +158,20 @@ def test_no_suggestion_for_a_far_value() -> None:
         pytest.param(("run", "--cpu-replicas", "two", "--", "python", "t.py"),
                      "tfstrategy run: error: Received --cpu-replicas two; expected a whole number of at least 1, e.g. "
                      "--cpu-replicas 4 to rehearse 4 replicas on the CPU.", id="run-cpu-replicas"),
+        pytest.param(("launch", "-n", "2", "--log-dir", "logs", "--tee", "3", "--", "python", "t.py"),
+                     "tfstrategy launch: error: --tee takes no value (received '--tee 3'); it copies every worker's "
+                     "output, both streams, to the console as well as to --log-dir. Drop the 3 and put the command "
+                     "after '--', e.g. tfstrategy launch -n 2 --log-dir logs --tee -- python t.py.", id="tee-3"),
+        pytest.param(("launch", "-n", "4", "--tee", "0,1", "python", "t.py"),
+                     "tfstrategy launch: error: --tee takes no value (received '--tee 0,1'); it copies every worker's "
+                     "output, both streams, to the console as well as to --log-dir. Drop the 0,1 and put the command "
+                     "after '--', e.g. tfstrategy launch -n 4 --log-dir logs --tee -- python t.py.",
+                     id="tee-list-without-dashes"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_its_flag(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                                                  argv: tuple[str, ...], line: str) -> None:
-    """Issue 45: one wording in flags for check and run; check refuses these before importing TensorFlow
+    """Issue 45: one wording in flags for check, run and launch; check refuses these before importing TensorFlow
     (tests/cli/test_cli_without_tensorflow.py shows it never loads)."""
     for name in ("TFSTRATEGY_CPU_REPLICAS", "TFSTRATEGY_DEVICES", "TFSTRATEGY_STRATEGY", "TFSTRATEGY_PRECISION",
                  "CUDA_VISIBLE_DEVICES"):

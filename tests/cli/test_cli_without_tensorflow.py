@@ -121,7 +121,7 @@ def test_without_tensorflow_help_version_k8s_and_env_work_and_the_rest_refuse_in
     assert results["check --debug"]["raised"] == "MissingDependencyError"  # the traceback, on demand
 
 
-#: Refused flags: each one line, before TensorFlow loads (issue 45, point 8).
+#: Refused flags: each one line, before TensorFlow loads (issue 45, points 8 and 11).
 REFUSED = {
     ("check", "--devices", "cpu:9"):
         "tfstrategy check: error: Received --devices cpu:9; this host has ['/cpu:0'] (CUDA_VISIBLE_DEVICES is "
@@ -132,6 +132,10 @@ REFUSED = {
     ("check", "--strategy", "mirored"):
         "tfstrategy check: error: Received --strategy mirored; expected one of: auto, mirrored, one_device, default, "
         "multi_worker, tpu. Did you mean 'mirrored'? Pass --strategy auto to let tfstrategy choose.",
+    ("launch", "-n", "2", "--log-dir", "logs", "--tee", "3", "--", "python", "train.py"):
+        "tfstrategy launch: error: --tee takes no value (received '--tee 3'); it copies every worker's output, both "
+        "streams, to the console as well as to --log-dir. Drop the 3 and put the command after '--', e.g. "
+        "tfstrategy launch -n 2 --log-dir logs --tee -- python train.py.",
 }
 
 

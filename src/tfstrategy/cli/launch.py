@@ -205,6 +205,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
     from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
 
     program = program_from_args(args)
+    _refuse_a_value_after_tee(args)
     if args.nnodes is None:  # not resolved yet (launch_command resolves it first)
         args, _ = node_arguments(args, os.environ)
     nodes = node_options_from_args(args, os.environ)
@@ -239,6 +240,23 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             profile_every=args.profile_every,
         )
     )
+
+
+def _refuse_a_value_after_tee(args: argparse.Namespace) -> None:
+    """``--tee 3`` (torchrun's, which picks the streams) would make ``3`` the program: say ``--tee`` takes no value.
+
+    Raises:
+        LaunchError: the program, given without ``--``, starts with a number right after ``--tee``.
+    """
+    program = list(args.program)
+    if not args.tee or not program or program[0] == "--" or not program[0].replace(",", "").isdigit():
+        return
+    rest = program[2:] if program[1:2] == ["--"] else program[1:]
+    log_dir = args.log_dir if args.log_dir is not None else "logs"
+    raise LaunchError(f"--tee takes no value (received '--tee {program[0]}'); it copies every worker's output, "
+                      f"both streams, to the console as well as to --log-dir. Drop the {program[0]} and put the "
+                      f"command after '--', e.g. tfstrategy launch -n {args.num_workers} --log-dir {log_dir} --tee -- "
+                      f"{' '.join(rest) or 'python train.py'}.")
 
 
 def _worker_indices(text: str) -> list[int]:
