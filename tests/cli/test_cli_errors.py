@@ -179,3 +179,14 @@ def test_a_bad_value_is_one_line_naming_its_flag(capsys: pytest.CaptureFixture[s
     assert main(list(argv)) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [line]
+
+
+def test_a_cpu_past_a_split_from_the_environment_names_the_variable(capsys: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFSTRATEGY_CPU_REPLICAS", "4")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert main(["check", "--devices", "cpu:5"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "tfstrategy check: error: Received --devices cpu:5 with TFSTRATEGY_CPU_REPLICAS=4, which splits the CPU into 4 "
+        "logical devices (/cpu:0 to /cpu:3). Pass --devices cpu:0, or set TFSTRATEGY_CPU_REPLICAS=6."
+    ]

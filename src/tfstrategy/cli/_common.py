@@ -17,7 +17,7 @@ from tfstrategy.selection.host import HostInfo
 from tfstrategy.settings import AUDIT_MODES, ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind
 
 __all__ = ["add_program_arguments", "program_from_args", "add_strategy_arguments", "add_output_arguments", "quiet_tensorflow", "import_tensorflow_quietly",
-           "tensorflow_log_environment", "StrategyFlags", "strategy_flags", "check_device_flag", "device_flag_error",
+           "tensorflow_log_environment", "StrategyFlags", "strategy_flags", "check_device_flag", "device_flag_error", "names_gpus",
            "visible_gpus"]
 
 STRATEGY_CHOICES = [kind.value for kind in StrategyKind]
@@ -149,13 +149,15 @@ def strategy_flags(strategy: str | None, devices: str | None, cpu_replicas: str 
                             "Drop --devices, or pass --strategy mirrored (or one_device) to choose devices.")
     if replicas is not None and replicas > 1 and kind in _NO_CPU_REPLICAS:
         raise StrategyError(f"Received --cpu-replicas {replicas} with --strategy {kind.value}; {_NO_CPU_REPLICAS[kind]}")
-    if replicas is not None and request is not None and _names_gpus(request):
+    if replicas is not None and request is not None and names_gpus(request):
         raise StrategyError(f"Received --cpu-replicas {replicas} with --devices {devices}; CPU replicas and GPU devices "
                             "exclude each other. Drop --cpu-replicas to train on GPUs, or pass --devices cpu.")
-    split_elsewhere = replicas is None and (env.get(ENV_CPU_REPLICAS) or "").strip()
-    if request is not None and devices is not None and not _names_gpus(request) and not split_elsewhere:
-        host = HostInfo(cpus=replicas or 1, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
-        error = device_flag_error(devices, request, host, cpu_replicas=replicas)
+    split, split_by = replicas, "--cpu-replicas"
+    if replicas is None and (env.get(ENV_CPU_REPLICAS) or "").strip():
+        split, split_by = validate_cpu_replicas(env[ENV_CPU_REPLICAS], name=ENV_CPU_REPLICAS), ENV_CPU_REPLICAS
+    if request is not None and devices is not None and not names_gpus(request):
+        host = HostInfo(cpus=split or 1, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
+        error = device_flag_error(devices, request, host, cpu_replicas=split, split_by=split_by)
         if error is not None:
             raise DeviceError(error)
     return StrategyFlags(strategy=kind, devices=request, cpu_replicas=replicas)
@@ -170,7 +172,8 @@ _NO_CPU_REPLICAS = {
 }
 
 
-def _names_gpus(request: DeviceRequest) -> bool:
+def names_gpus(request: DeviceRequest) -> bool:
+    """Whether a parsed ``--devices`` names GPUs (``gpu`` or ``gpu:N``)."""
     return request.keyword == "gpu" or any(device.kind == "GPU" for device in request.devices)
 
 
@@ -194,11 +197,13 @@ def visible_gpus(environ: Mapping[str, str] | None = None) -> int | None:
     return int(answer[-1][1]) if done.returncode == 0 and answer and answer[-1][1].isdigit() else None
 
 
-def device_flag_error(spec: str, request: DeviceRequest, host: HostInfo, *, cpu_replicas: int | None = None) -> str | None:
+def device_flag_error(spec: str, request: DeviceRequest, host: HostInfo, *, cpu_replicas: int | None = None,
+                      split_by: str = "--cpu-replicas") -> str | None:
     """Why ``--devices spec`` cannot be honoured on ``host`` (one line: received, what the host has, the fix), or ``None``.
 
     Args:
-        cpu_replicas: the ``--cpu-replicas`` given, whose split ``host.cpus`` is; ``None`` when not given.
+        cpu_replicas: the CPU split asked for, which ``host.cpus`` is; ``None`` when not asked for.
+        split_by: where that split came from: ``--cpu-replicas``, or ``TFSTRATEGY_CPU_REPLICAS``.
     """
     if request.keyword in ("all", "cpu"):
         return None
@@ -216,13 +221,16 @@ def device_flag_error(spec: str, request: DeviceRequest, host: HostInfo, *, cpu_
     if cpu_replicas is None:
         return (f"Received --devices {spec}; this host has {host.describe()}. Pass --cpu-replicas {needed} to split "
                 f"the CPU into {needed} logical devices (/cpu:0 to /cpu:{needed - 1}), or --devices cpu.")
-    fixes = [f"--cpu-replicas {needed}"]
-    if len(wanted) <= host.cpus:
-        fixes.insert(0, f"--devices {','.join(f'cpu:{index}' for index in range(len(wanted)))}")
+    flag = split_by.startswith("--")
+    fits = f"--devices {','.join(f'cpu:{index}' for index in range(len(wanted)))}" if len(wanted) <= host.cpus else None
+    if flag:
+        fix = f"Pass {fits} or --cpu-replicas {needed}." if fits else f"Pass --cpu-replicas {needed}."
+    else:
+        fix = f"Pass {fits}, or set {split_by}={needed}." if fits else f"Set {split_by}={needed}."
     split = "1 logical device (/cpu:0)" if cpu_replicas == 1 else \
         f"{cpu_replicas} logical devices (/cpu:0 to /cpu:{cpu_replicas - 1})"
-    return f"Received --devices {spec} with --cpu-replicas {cpu_replicas}, which splits the CPU into {split}. " \
-           f"Pass {' or '.join(fixes)}."
+    given = f"--cpu-replicas {cpu_replicas}" if flag else f"{split_by}={cpu_replicas}"
+    return f"Received --devices {spec} with {given}, which splits the CPU into {split}. {fix}"
 
 
 def check_device_flag(spec: str, cpu_replicas: int | None,
@@ -235,7 +243,7 @@ def check_device_flag(spec: str, cpu_replicas: int | None,
     request = parse_devices(spec, name="--devices")
     if request is None:
         return
-    count = gpus() if _names_gpus(request) else 0
+    count = gpus() if names_gpus(request) else 0
     if count is None:
         return  # TensorFlow could not tell here: the hook checks it in the script's process
     host = HostInfo(cpus=cpu_replicas or 1, gpus=count, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -17,6 +17,7 @@ from tfstrategy.cli._common import (
     add_strategy_arguments,
     check_device_flag,
     import_tensorflow_quietly,
+    names_gpus,
     strategy_flags,
 )
 
@@ -192,7 +193,8 @@ def _check(args: argparse.Namespace) -> int:
     from tfstrategy.settings import StrategyKind
 
     request = resolve_request(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)
-    if args.devices is not None:  # the GPUs it names, now that TensorFlow can count them (the CPUs were checked)
+    if args.devices is not None and request.devices is not None and names_gpus(request.devices):
+        # The GPUs --devices names, now that TensorFlow can count them (its CPUs were checked before the import).
         from tfstrategy.selection.host import HostInfo
 
         check_device_flag(args.devices, request.cpu_replicas, gpus=lambda: HostInfo.detect().gpus)
