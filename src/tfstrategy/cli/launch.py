@@ -162,7 +162,7 @@ def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     output.add_argument("--log-dir", type=Path, metavar="DIR",
                         help="write each worker's stdout and stderr to DIR/attempt-K/worker-I/{stdout,stderr}.log "
                         "instead of the console")
-    output.add_argument("--tee", action="store_true", help="with --log-dir: also copy the output to the console")
+    output.add_argument("--tee", action="store_true", help="with --log-dir: also copy every worker's output, both streams, to the console (takes no value)")
     output.add_argument("--console-workers", metavar="LIST",
                         help="only these workers' lines on the console, e.g. 0 or 1,2; the first one's progress bar "
                         "is live (like torchrun's --local-ranks-filter). Default: every worker's, worker 0's progress "
