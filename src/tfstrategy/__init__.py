@@ -3,17 +3,16 @@
 The public API is the names in ``__all__``; errors live in :mod:`tfstrategy.errors`.
 Names from earlier releases that moved still resolve, with a DeprecationWarning
 that gives their new home.
+
+Importing the package needs no TensorFlow (``tfstrategy k8s`` and ``tfstrategy env``
+work without it); the first call that does raises
+:class:`~tfstrategy.errors.MissingDependencyError` with the extra to install.
 """
 
+import importlib as _importlib
+import typing as _typing
+import warnings as _warnings
 from typing import TYPE_CHECKING
-
-from tfstrategy._tf import ensure_tensorflow_installed
-
-ensure_tensorflow_installed()
-
-import importlib as _importlib  # noqa: E402
-import typing as _typing  # noqa: E402
-import warnings as _warnings  # noqa: E402
 
 if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on first use
     from tfstrategy.diagnostics.check import run_check

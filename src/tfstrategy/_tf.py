@@ -8,6 +8,7 @@ inside the functions that need it, never at module level.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from types import ModuleType
 
 from tfstrategy.errors import MissingDependencyError
@@ -19,16 +20,34 @@ INSTALL_HINT = (
 )
 
 
-def ensure_tensorflow_installed() -> None:
-    """Raise a helpful error if no TensorFlow wheel is installed (cheap: no import)."""
+def not_installed_message(needed_by: str = "tfstrategy") -> str:
+    """``needed_by needs TensorFlow, which is not installed in this Python (...)``, with the extras to install."""
+    return f"{needed_by} needs TensorFlow, which is not installed in this Python ({sys.executable}). {INSTALL_HINT}"
+
+
+def ensure_tensorflow_installed(needed_by: str = "tfstrategy") -> None:
+    """Raise a helpful error if no TensorFlow wheel is installed (cheap: no import).
+
+    Args:
+        needed_by: what needs it, for the message (``tfstrategy check``).
+
+    Raises:
+        MissingDependencyError: ``tensorflow`` cannot be found.
+    """
     if importlib.util.find_spec("tensorflow") is None:
-        raise MissingDependencyError(f"tfstrategy needs TensorFlow, which is not installed. {INSTALL_HINT}")
+        raise MissingDependencyError(not_installed_message(needed_by))
 
 
 def tf() -> ModuleType:
-    """Return the ``tensorflow`` module, importing it on first use."""
+    """Return the ``tensorflow`` module, importing it on first use.
+
+    Raises:
+        MissingDependencyError: TensorFlow is not installed or fails to import.
+    """
     try:
         import tensorflow
-    except ImportError as error:  # pragma: no cover - exercised only without TF
+    except ImportError as error:
+        if isinstance(error, ModuleNotFoundError) and error.name == "tensorflow":
+            raise MissingDependencyError(not_installed_message()) from error
         raise MissingDependencyError(f"tfstrategy could not import TensorFlow ({error}). {INSTALL_HINT}") from error
     return tensorflow  # type: ignore[no-any-return]  # TensorFlow ships no types

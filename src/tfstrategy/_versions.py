@@ -115,7 +115,7 @@ class Versions:
     def problem(self) -> str | None:
         """Why this combination is unsupported, with the fix; ``None`` when it is supported."""
         if self.tensorflow is None:
-            return None  # reported by ensure_tensorflow_installed with its own install hint
+            return None  # reported by _tf.tf() (MissingDependencyError) with its own install hint
         if not at_least(self.tensorflow, MIN_TENSORFLOW):
             return (
                 f"Received TensorFlow {self.tensorflow}; tfstrategy needs TensorFlow {MIN_TENSORFLOW} or later. "

@@ -119,8 +119,8 @@ class StrategyKind(str, Enum):
         names = [kind.value for kind in cls]
         hint = did_you_mean(text, names) if text else ""
         raise StrategyError(
-            f"Received {name}={shorten(value)}; expected one of: {', '.join(names)}.{hint} "
-            "Pass strategy='auto' to let tfstrategy choose."
+            f"Received {received(name, value)}; expected one of: {', '.join(names)}.{hint} "
+            f"Pass {spell(name, 'strategy', 'auto')} to let tfstrategy choose."
         )
 
 
@@ -148,6 +148,30 @@ def shorten(value: Any, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters, so a 10 KB value makes a one-line message."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def received(name: str, value: Any) -> str:
+    """A value as an error message names it: ``--devices cpu:9`` for a flag (a name starting ``--``, as the
+    CLI passes), ``devices='cpu:9'`` for a keyword argument or ``TFSTRATEGY_DEVICES='cpu:9'`` for a variable.
+
+    Example:
+        >>> received("--strategy", "mirored")
+        '--strategy mirored'
+        >>> received("strategy", "mirored")
+        "strategy='mirored'"
+    """
+    if name.startswith("--"):
+        text = str(value)
+        return f"{name} {text if len(text) <= 80 else f'{text[:80]}... ({len(text)} characters)'}"
+    return f"{name}={shorten(value)}"
+
+
+def spell(name: str, setting: str, value: str) -> str:
+    """How a fix names ``setting=value`` in the vocabulary of ``name``: ``--cpu-replicas 4`` when ``name`` is a
+    flag, else the keyword argument ``cpu_replicas=4`` (a string value quoted)."""
+    if name.startswith("--"):
+        return f"--{setting.replace('_', '-')} {value}"
+    return f"{setting}={value if value.isdigit() else repr(value)}"
 
 
 def setting_name(name: str, setting: Setting, env_var: str) -> str:

@@ -54,9 +54,13 @@ def _gpus(monkeypatch, count):
                      "(CUDA_VISIBLE_DEVICES is unset). Pass GPU ids below 2, or --devices gpu for all of them.",
                      id="a-gpu-past-the-last"),
         pytest.param(["--devices", "cpu:0,cpu:3", "--cpu-replicas", "2"], 0,
-                     "tfstrategy run: error: Received --devices cpu:0,cpu:3; this host has ['/cpu:0', '/cpu:1'] "
-                     "(CUDA_VISIBLE_DEVICES is unset). Pass --cpu-replicas 4 to rehearse 4 replicas on the CPU, or "
-                     "--devices cpu.", id="a-cpu-past-the-split"),
+                     "tfstrategy run: error: Received --devices cpu:0,cpu:3 with --cpu-replicas 2, which splits the CPU "
+                     "into 2 logical devices (/cpu:0 to /cpu:1). Pass --devices cpu:0,cpu:1 or --cpu-replicas 4.",
+                     id="a-cpu-past-the-split"),
+        pytest.param(["--devices", "cpu:9"], 0,
+                     "tfstrategy run: error: Received --devices cpu:9; this host has ['/cpu:0'] (CUDA_VISIBLE_DEVICES "
+                     "is unset). Pass --cpu-replicas 10 to split the CPU into 10 logical devices (/cpu:0 to /cpu:9), "
+                     "or --devices cpu.", id="a-cpu-without-a-split"),
     ],
 )
 def test_a_device_the_host_lacks_is_one_line_and_exit_2_before_the_script(flags, gpus, line, no_exec, monkeypatch,

@@ -90,7 +90,7 @@ def test_cli_bad_devices_is_one_line_and_exit_2():
     assert "Traceback" not in result.stderr
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("tfstrategy")]
     assert error_lines == [
-        "tfstrategy check: error: Received devices='gpu0'; 'gpu0' is not a device. Expected 'all', 'cpu', 'gpu', "
+        "tfstrategy check: error: Received --devices gpu0; 'gpu0' is not a device. Expected 'all', 'cpu', 'gpu', "
         "'gpu:0,gpu:1', '/gpu:0', '/device:GPU:1' or GPU ids such as '0,1'. Did you mean 'gpu:0'?"
     ]
 

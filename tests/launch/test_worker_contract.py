@@ -118,5 +118,5 @@ def test_settings_the_options_leave_open_come_from_the_environment_and_a_contrad
     assert (settings.precision, settings.job_id, settings.backup_dir) == ("mixed_bfloat16", "run-7", Path(tmp_path))
     with pytest.raises(SettingsConflictError, match="TFSTRATEGY_PRECISION"):
         worker_settings(LaunchOptions(command=COMMAND, num_workers=1, precision="float32"), env)
-    with pytest.raises(PrecisionError, match="--precision='half'"):
+    with pytest.raises(PrecisionError, match="--precision half"):
         Launcher(LaunchOptions(command=COMMAND, num_workers=1, precision="half"), env={})

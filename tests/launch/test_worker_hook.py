@@ -121,7 +121,7 @@ def test_run_audit_warn_reports_once_and_trains_on():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        pytest.param(["--cpu-replicas", "x", "--", "true"], "Received cpu_replicas='x'", id="bad-replicas"),
+        pytest.param(["--cpu-replicas", "x", "--", "true"], "Received --cpu-replicas x", id="bad-replicas"),
         pytest.param(["--devices", "gpu0", "--", "true"], "Did you mean 'gpu:0'", id="bad-devices"),
         pytest.param(["--cpu-replicas", "2"], "Received no command to run", id="no-command"),
     ],

@@ -99,6 +99,8 @@ def test_resolve(spec, host, expected):
         ),
         pytest.param("gpu:2", TWO_GPUS, "CUDA_VISIBLE_DEVICES is '0,1'). Pass GPU ids below 2", id="gpu-out-of-range"),
         pytest.param(["/cpu:0", "/cpu:7"], CPU_ONLY, "cpu_replicas=8", id="cpu-out-of-range-would-hang"),
+        pytest.param("cpu:9", CPU_ONLY, "Pass cpu_replicas=10 (--cpu-replicas 10) to split the CPU into 10 logical "
+                     "devices before TensorFlow starts, or name devices below /cpu:1.", id="one-cpu-past-the-split"),
         pytest.param("gpu", CPU_ONLY, "no GPU TensorFlow can see", id="gpu-keyword-no-gpu"),
     ],
 )

@@ -9,6 +9,7 @@ and the likely fix (``did you mean --max-restarts?``, ``-n/--num-workers`` for t
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -16,6 +17,8 @@ from typing import Any, NoReturn
 from tfstrategy.settings import closest, did_you_mean
 
 __all__ = ["Parser"]
+
+_VALUE_FOR_A_SWITCH = re.compile(r"^argument (?P<flag>\S+): ignored explicit argument '(?P<value>.*)'$", re.S)
 
 
 class Parser(argparse.ArgumentParser):
@@ -56,6 +59,10 @@ class Parser(argparse.ArgumentParser):
         unknown = self._unknown_flags()
         if unknown and (message.startswith(("unrecognized arguments", "the following arguments are required"))):
             message = self._unknown_message(unknown)
+        valued = _VALUE_FOR_A_SWITCH.match(message)
+        if valued is not None:  # argparse: "argument --tee: ignored explicit argument '3'"
+            flag = valued["flag"].split("/")[-1]
+            message = f"{flag} takes no value (received '{flag}={valued['value']}'); pass {flag} alone"
         self.exit(2, f"{self.prog}: error: {message}\n{self.short_usage()}\n")
 
     def short_usage(self) -> str:

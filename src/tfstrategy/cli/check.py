@@ -11,7 +11,15 @@ import os
 import sys
 from collections.abc import Iterator
 
-from tfstrategy.cli._common import add_output_arguments, add_strategy_arguments, import_tensorflow_quietly
+from tfstrategy._tf import ensure_tensorflow_installed
+from tfstrategy.cli._common import (
+    add_output_arguments,
+    add_strategy_arguments,
+    check_device_flag,
+    import_tensorflow_quietly,
+    names_gpus,
+    strategy_flags,
+)
 
 __all__ = ["DESCRIPTION", "check_parser"]
 
@@ -154,8 +162,24 @@ def _without_plotting() -> Iterator[None]:
             del sys.modules["matplotlib"]
 
 
+def validate_check_arguments(args: argparse.Namespace) -> None:
+    """What ``check`` can refuse before TensorFlow loads (seconds): its flags, and the settings select() reads.
+
+    Raises:
+        TFStrategyError: an invalid flag or ``TFSTRATEGY_*`` setting, or flags that cannot go together.
+    """
+    from tfstrategy.selection.select import resolve_request
+    from tfstrategy.training.precision import precision_environment
+
+    strategy_flags(args.strategy, args.devices, args.cpu_replicas)
+    precision_environment(args.precision, os.environ)
+    resolve_request(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)
+
+
 def check_command(args: argparse.Namespace) -> int:
     """Run the check; return the exit status."""
+    validate_check_arguments(args)
+    ensure_tensorflow_installed("this command")
     with _without_plotting():
         import_tensorflow_quietly(args.debug)
     with _collector_skips_objects_so_far():
@@ -169,6 +193,11 @@ def _check(args: argparse.Namespace) -> int:
     from tfstrategy.settings import StrategyKind
 
     request = resolve_request(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)
+    if args.devices is not None and request.devices is not None and names_gpus(request.devices):
+        # The GPUs --devices names, now that TensorFlow can count them (its CPUs were checked before the import).
+        from tfstrategy.selection.host import HostInfo
+
+        check_device_flag(args.devices, request.cpu_replicas, gpus=lambda: HostInfo.detect().gpus)
     # The request's cluster: a TF_CONFIG, or the one an environment derives (a Slurm step, a Kubernetes pod).
     cluster = request.cluster
     if cluster is not None and request.cluster_tasks > 1 and request.kind in (StrategyKind.AUTO,

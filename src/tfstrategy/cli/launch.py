@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tfstrategy._tf import ensure_tensorflow_installed
 from tfstrategy.cli._common import add_program_arguments, program_from_args, quiet_tensorflow
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT as JOIN_TIMEOUT_STATUS
@@ -161,7 +162,7 @@ def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     output.add_argument("--log-dir", type=Path, metavar="DIR",
                         help="write each worker's stdout and stderr to DIR/attempt-K/worker-I/{stdout,stderr}.log "
                         "instead of the console")
-    output.add_argument("--tee", action="store_true", help="with --log-dir: also copy the output to the console")
+    output.add_argument("--tee", action="store_true", help="with --log-dir: also copy every worker's output, both streams, to the console (takes no value)")
     output.add_argument("--console-workers", metavar="LIST",
                         help="only these workers' lines on the console, e.g. 0 or 1,2; the first one's progress bar "
                         "is live (like torchrun's --local-ranks-filter). Default: every worker's, worker 0's progress "
@@ -204,6 +205,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
     from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
 
     program = program_from_args(args)
+    _refuse_a_value_after_tee(args)
     if args.nnodes is None:  # not resolved yet (launch_command resolves it first)
         args, _ = node_arguments(args, os.environ)
     nodes = node_options_from_args(args, os.environ)
@@ -238,6 +240,23 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             profile_every=args.profile_every,
         )
     )
+
+
+def _refuse_a_value_after_tee(args: argparse.Namespace) -> None:
+    """``--tee 3`` (torchrun's, which picks the streams) would make ``3`` the program: say ``--tee`` takes no value.
+
+    Raises:
+        LaunchError: the program, given without ``--``, starts with a number right after ``--tee``.
+    """
+    program = list(args.program)
+    if not args.tee or not program or program[0] == "--" or not program[0].replace(",", "").isdigit():
+        return
+    rest = program[2:] if program[1:2] == ["--"] else program[1:]
+    log_dir = args.log_dir if args.log_dir is not None else "logs"
+    raise LaunchError(f"--tee takes no value (received '--tee {program[0]}'); it copies every worker's output, "
+                      f"both streams, to the console as well as to --log-dir. Drop the {program[0]} and put the "
+                      f"command after '--', e.g. tfstrategy launch -n {args.num_workers} --log-dir {log_dir} --tee -- "
+                      f"{' '.join(rest) or 'python train.py'}.")
 
 
 def _worker_indices(text: str) -> list[int]:
@@ -363,6 +382,7 @@ def launch_command(args: argparse.Namespace) -> int:
     if slurm is not None and slurm.node_rank == 0:
         print(f"tfstrategy launch: {slurm.describe()}", file=sys.stderr)
     worker_settings(options, os.environ)  # a setting the environment contradicts fails here, before any worker
+    ensure_tensorflow_installed("this command")  # the workers' hook needs it; checked after the flags
     if args.isolate_network:
         if not network_isolation.is_isolated():
             network_isolation.reexec_isolated(_command_line(options, debug=args.debug))

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Mapping
 
-from tfstrategy.cli._common import add_program_arguments, program_from_args, tensorflow_log_environment
-from tfstrategy.errors import DeviceError, LaunchError
+from tfstrategy._tf import ensure_tensorflow_installed
+from tfstrategy.cli._common import (
+    add_program_arguments,
+    check_device_flag,
+    device_flag_error,
+    program_from_args,
+    tensorflow_log_environment,
+    visible_gpus,
+)
+from tfstrategy.errors import LaunchError
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
-from tfstrategy.selection.devices import DeviceRequest, parse_devices
-from tfstrategy.selection.host import HostInfo
 from tfstrategy.training.precision import precision_environment
 
 __all__ = ["DESCRIPTION", "EPILOG", "run_parser", "check_device_flag", "device_flag_error", "visible_gpus"]
@@ -70,65 +74,6 @@ def run_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     return parser
 
 
-#: What the device check's child prints: the GPUs TensorFlow sees, without running the script.
-_COUNT_GPUS = "import tensorflow as tf; print('gpus', len(tf.config.list_physical_devices('GPU')))"
-
-
-def visible_gpus(environ: Mapping[str, str] | None = None) -> int | None:
-    """The GPUs TensorFlow sees here, from a ``python -c`` child (``None`` if it cannot tell).
-
-    A child, because importing TensorFlow in this process would start nothing the script
-    needs and costs seconds only when ``--devices`` names GPUs.
-    """
-    env = {**(os.environ if environ is None else environ), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    try:
-        done = subprocess.run([sys.executable, "-c", _COUNT_GPUS], capture_output=True, text=True, env=env,
-                              stdin=subprocess.DEVNULL, check=False)
-    except OSError:
-        return None
-    answer = [line.split() for line in done.stdout.splitlines() if line.startswith("gpus ")]
-    return int(answer[-1][1]) if done.returncode == 0 and answer and answer[-1][1].isdigit() else None
-
-
-def device_flag_error(spec: str, request: DeviceRequest, host: HostInfo) -> str | None:
-    """Why ``--devices spec`` cannot be honoured on ``host`` (one line: received, what the host has, the fix), or ``None``."""
-    if request.keyword in ("all", "cpu"):
-        return None
-    wanted = request.devices or ()
-    missing_gpu = (request.keyword == "gpu" and not host.gpus) or any(
-        device.kind == "GPU" and device.index >= host.gpus for device in wanted)
-    missing_cpu = [device for device in wanted if device.kind == "CPU" and device.index >= host.cpus]
-    if missing_gpu:
-        fix = ("Pass --devices cpu or omit --devices." if not host.gpus else
-               f"Pass GPU ids below {host.gpus}, or --devices gpu for all of them.")
-    elif missing_cpu:
-        needed = max(len(wanted), missing_cpu[-1].index + 1)
-        fix = f"Pass --cpu-replicas {needed} to rehearse {needed} replicas on the CPU, or --devices cpu."
-    else:
-        return None
-    return f"Received --devices {spec}; this host has {host.describe()}. {fix}"
-
-
-def check_device_flag(spec: str, cpu_replicas: int | None,
-                      gpus: Callable[[], int | None] = visible_gpus) -> None:
-    """``--devices``, checked against this host before the script starts (GPUs counted only when it names some).
-
-    Raises:
-        DeviceError: a malformed spec, or devices this host lacks.
-    """
-    request = parse_devices(spec, name="--devices")
-    if request is None:
-        return
-    names_gpus = request.keyword == "gpu" or any(device.kind == "GPU" for device in request.devices)
-    count = gpus() if names_gpus else 0
-    if count is None:
-        return  # TensorFlow could not tell here: the hook checks it in the script's process
-    host = HostInfo(cpus=cpu_replicas or 1, gpus=count, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-    error = device_flag_error(spec, request, host)
-    if error is not None:
-        raise DeviceError(error)
-
-
 def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The command line and environment ``run`` executes, validated.
 
@@ -142,7 +87,7 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
     from tfstrategy.worker_contract import hook_environment
 
-    replicas = validate_cpu_replicas(args.cpu_replicas)
+    replicas = validate_cpu_replicas(args.cpu_replicas, name="--cpu-replicas")
     if args.devices is not None:
         check_device_flag(args.devices, replicas)
     validate_launch_options(LaunchOptions(command=tuple(program), num_workers=1, audit=args.audit))
@@ -159,6 +104,7 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
 def run_command(args: argparse.Namespace) -> int:
     """Replace this process by the command, with the hook; returns only on error."""
     program, env = run_environment(args)
+    ensure_tensorflow_installed("this command")  # the hook and the script need it; after the flags are checked
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(program[0], program, env)

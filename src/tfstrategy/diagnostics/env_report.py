@@ -30,11 +30,11 @@ from tfstrategy.diagnostics.env_devices import DeviceFacts as DeviceFacts  # re-
 from tfstrategy.diagnostics.env_devices import GPUInfo as GPUInfo
 from tfstrategy.diagnostics.env_devices import describe_build as describe_build
 from tfstrategy.diagnostics.env_devices import describe_gpus as describe_gpus
-from tfstrategy.diagnostics.env_devices import describe_nvidia_smi, read_device_facts
+from tfstrategy.diagnostics.env_devices import describe_nvidia_smi, read_device_facts, read_nvidia_smi
 from tfstrategy.diagnostics.env_devices import parse_nvidia_smi as parse_nvidia_smi
 from tfstrategy.environments import ENVIRONMENTS, detect_environment, environment_type
 from tfstrategy.environments.base import variables_line
-from tfstrategy.errors import TFStrategyError
+from tfstrategy.errors import MissingDependencyError, TFStrategyError
 from tfstrategy.launch.exposure import describe_tf_config_exposure, network_interfaces
 from tfstrategy.multiworker.cluster import read_tf_config, validate_tf_config
 from tfstrategy.selection.choose import choose
@@ -104,7 +104,8 @@ class EnvReport:
     """Everything ``tfstrategy env`` prints, as plain values."""
 
     tfstrategy: str
-    tensorflow: str
+    #: TensorFlow's version, ``None`` when this Python cannot import it (the report is then read without it).
+    tensorflow: str | None
     keras: str
     python: str
     platform: str
@@ -247,23 +248,33 @@ def collect_env_report(env: Mapping[str, str] | None = None, *, compat: bool = F
     from tfstrategy import __version__
 
     env = os.environ if env is None else env
-    tf_ = tf()
     problems: list[str] = []
+    try:
+        tf_: Any = tf()
+    except MissingDependencyError as error:
+        # Without TensorFlow the report still says what it can (versions, TF_CONFIG, Slurm, nvidia-smi).
+        tf_ = None
+        problems.append(str(error))
     keras, keras_problem = keras_flavour(env)
-    if keras_problem:
+    if keras_problem and tf_ is not None:  # without TensorFlow, its extra installs Keras too
         problems.append(keras_problem)
     version_problem = _versions.detect(env).problem()
     if version_problem:
         problems.append(f"select() would raise UnsupportedVersionError: {version_problem}")
-    devices = read_device_facts()
-    host = dataclasses.replace(HostInfo.detect(), cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
     tf_config = read_tf_config_info(env)
-    selection = preview_selection(env, host, can_split_cpu=not devices.runtime_started)
+    if tf_ is None:
+        devices = DeviceFacts(physical=(), logical=(), nvidia_smi=read_nvidia_smi())
+        selection = SelectionPreview(error="MissingDependencyError: TensorFlow is not installed (see the Problem line)")
+    else:
+        devices = read_device_facts()
+        host = dataclasses.replace(HostInfo.detect(), cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
+        selection = preview_selection(env, host, can_split_cpu=not devices.runtime_started)
     environment_lines = [line for kind in ENVIRONMENTS for line in kind.report_lines(env)]
     if tf_config.error:
         problems.append(f"select() would raise ClusterConfigError: {tf_config.error}")
-    elif selection.error:
+    elif selection.error and tf_ is not None:
         problems.append(f"select() would raise {selection.error}")
+    compat = compat and tf_ is not None  # without TensorFlow every private name would be "missing"
     accessors = _compat.accessor_status(import_modules=compat)
     broken = [status.name for status in accessors if status.resolved is False]
     if broken:
@@ -272,13 +283,13 @@ def collect_env_report(env: Mapping[str, str] | None = None, *, compat: bool = F
     affinity = getattr(os, "sched_getaffinity", None)
     return EnvReport(
         tfstrategy=__version__,
-        tensorflow=tf_.__version__,
+        tensorflow=None if tf_ is None else tf_.__version__,
         keras=keras,
         python=f"{platform.python_version()} ({platform.python_implementation()})",
         platform=platform.platform(),
         cpu_cores=os.cpu_count(),
         usable_cores=len(affinity(0)) if affinity else None,
-        tf_build=dict(tf_.sysconfig.get_build_info()),
+        tf_build={} if tf_ is None else dict(tf_.sysconfig.get_build_info()),
         devices=devices,
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
         settings_env={key: shown_value(key, env[key]) for key in sorted(env) if key.startswith("TFSTRATEGY_")},
@@ -287,11 +298,12 @@ def collect_env_report(env: Mapping[str, str] | None = None, *, compat: bool = F
         environment_values={key: value for kind in ENVIRONMENTS for key, value in kind.report_values(env).items()},
         tf_config=tf_config,
         selection=selection,
-        patches=preview_patches(env),
+        patches=preview_patches(env) if tf_ is not None else ("none: TensorFlow is not installed",),
         problems=tuple(problems),
         **preview_steps(env),
         tensorflow_server=describe_tf_config_exposure(tf_config.config, network_interfaces()),
-        private_access=_compat.accessor_summary(accessors),
+        private_access=(_compat.accessor_summary(accessors) if tf_ is not None
+                        else "not checked: TensorFlow is not installed"),
         accessors={status.name: status.state() for status in accessors} if compat else {},
     )
 
@@ -381,15 +393,18 @@ def env_report_lines(report: EnvReport) -> list[tuple[str, str]]:
     state = "started" if devices.runtime_started else "not started (logical devices can still be split)"
     lines = [
         ("tfstrategy", report.tfstrategy),
-        ("TensorFlow", f"{report.tensorflow}, {describe_build(report.tf_build)}"),
+        ("TensorFlow", "not installed (see the Problem line)" if report.tensorflow is None
+         else f"{report.tensorflow}, {describe_build(report.tf_build)}"),
         ("Keras", report.keras),
         ("Python", report.python),
         ("Platform", report.platform),
         ("CPU cores", cores),
-        ("Physical devices", ", ".join(devices.physical) or "none"),
-        ("Logical devices", ", ".join(devices.logical) or "none"),
-        ("TensorFlow runtime", state),
-        ("GPUs", describe_gpus(devices)),
+        *(() if report.tensorflow is None else (
+            ("Physical devices", ", ".join(devices.physical) or "none"),
+            ("Logical devices", ", ".join(devices.logical) or "none"),
+            ("TensorFlow runtime", state),
+            ("GPUs", describe_gpus(devices)),
+        )),
         ("nvidia-smi", describe_nvidia_smi(devices.nvidia_smi)),
         ("CUDA_VISIBLE_DEVICES", "unset" if report.cuda_visible_devices is None else repr(report.cuda_visible_devices)),
         ("TF_CONFIG", report.tf_config.summary()),

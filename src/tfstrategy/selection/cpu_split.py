@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tfstrategy._tf import tf
 from tfstrategy.errors import RuntimeInitializedError, StrategyError
-from tfstrategy.settings import shorten
+from tfstrategy.settings import received
 
 __all__ = ["validate_cpu_replicas", "configure_cpu_replicas"]
 
@@ -20,7 +20,7 @@ def validate_cpu_replicas(cpu_replicas: object, *, name: str = "cpu_replicas") -
 
     Args:
         cpu_replicas: an int, or its text (from the CLI or ``TFSTRATEGY_CPU_REPLICAS``).
-        name: what the value is called in messages.
+        name: what the value is called in messages (``--cpu-replicas`` spells it as a flag).
 
     Raises:
         StrategyError: not a whole number from 1 to :data:`MAX_CPU_REPLICAS`.
@@ -31,13 +31,14 @@ def validate_cpu_replicas(cpu_replicas: object, *, name: str = "cpu_replicas") -
     if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() and len(value.strip()) <= 6:
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        example = "--cpu-replicas 4" if name.startswith("--") else "cpu_replicas=4 (--cpu-replicas 4)"
         raise StrategyError(
-            f"Received {name}={shorten(cpu_replicas)}; expected a whole number of at least 1, "
-            "e.g. cpu_replicas=4 (--cpu-replicas 4) to rehearse 4 replicas on the CPU."
+            f"Received {received(name, cpu_replicas)}; expected a whole number of at least 1, "
+            f"e.g. {example} to rehearse 4 replicas on the CPU."
         )
     if value > MAX_CPU_REPLICAS:
         raise StrategyError(
-            f"Received {name}={shorten(cpu_replicas)}; expected at most {MAX_CPU_REPLICAS}, because every logical CPU "
+            f"Received {received(name, cpu_replicas)}; expected at most {MAX_CPU_REPLICAS}, because every logical CPU "
             f"device gets its own thread pools and a copy of every variable ({MAX_CPU_REPLICAS} already take about a "
             "minute and 1 GB to check). Rehearse the replica count of the host you target, e.g. --cpu-replicas 8."
         )

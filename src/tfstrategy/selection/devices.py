@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from tfstrategy.errors import DeviceError
 from tfstrategy.selection.host import HostInfo
-from tfstrategy.settings import did_you_mean, shorten
+from tfstrategy.settings import did_you_mean, received, shorten
 
 __all__ = ["Device", "DeviceRequest", "parse_devices", "resolve_devices"]
 
@@ -67,7 +67,7 @@ class DeviceRequest:
 
 
 def _received(spec: object, name: str = "devices") -> str:
-    return f"Received {name}={shorten(spec)}"
+    return f"Received {received(name, spec)}"
 
 
 def _parse_item(item: object, spec: object, name: str = "devices") -> Device:
@@ -111,7 +111,8 @@ def parse_devices(spec: DeviceSpec | None, *, name: str = "devices") -> DeviceRe
         spec: ``None`` (no preference), a keyword (``"all"``, ``"cpu"``, ``"gpu"``),
             a comma-separated string (``"gpu:0,gpu:1"``, ``"0,1"``) or a list of
             device strings and GPU ids (``["/gpu:0", 1]``).
-        name: what the spec is called in messages (``TFSTRATEGY_DEVICES`` when read from there).
+        name: what the spec is called in messages (``TFSTRATEGY_DEVICES`` when read from there, ``--devices``
+            spells it as a flag).
 
     Returns:
         The parsed request, or ``None`` when ``spec`` is ``None``.
@@ -202,9 +203,10 @@ def resolve_devices(request: DeviceRequest | None, host: HostInfo) -> tuple[Devi
                 f"Pass GPU ids below {host.gpus}, or 'gpu' for all of them."
             )
         else:
+            needed = max(device.index for device in request.devices) + 1
             fix = (
-                f"To rehearse {len(request.devices)} replicas on the CPU, pass cpu_replicas="
-                f"{max(len(request.devices), missing[-1].index + 1)} (--cpu-replicas) before TensorFlow starts."
+                f"Pass cpu_replicas={needed} (--cpu-replicas {needed}) to split the CPU into {needed} logical devices "
+                f"before TensorFlow starts, or name devices below /cpu:{host.cpus}."
             )
         raise DeviceError(f"Received devices={shorten([str(d) for d in request.devices], 200)}; this host has {host.describe()}. {fix}")
     return request.devices

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfstrategy.errors import PrecisionError, TrainingError
-from tfstrategy.settings import ENV_PRECISION, did_you_mean, resolve_setting, setting_name, shorten
+from tfstrategy.settings import ENV_PRECISION, did_you_mean, received, resolve_setting, setting_name
 
 __all__ = [
     "PRECISIONS",
@@ -55,7 +55,7 @@ def parse_precision(value: object, *, name: str = "precision") -> str:
     if text in PRECISIONS:
         return text
     raise PrecisionError(
-        f"Received {name}={shorten(value)}; expected one of {', '.join(PRECISIONS)}."
+        f"Received {received(name, value)}; expected one of {', '.join(PRECISIONS)}."
         f"{did_you_mean(text, PRECISIONS) if text else ''} mixed_float16 suits GPUs "
         "with tensor cores, mixed_bfloat16 TPUs and recent CPUs; float32 is Keras' default."
     )

@@ -33,7 +33,7 @@ from typing import Any
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import DivergenceError, TrainingError
-from tfstrategy.settings import ENV_SENTINEL, resolve_setting, setting_name
+from tfstrategy.settings import ENV_SENTINEL, received, resolve_setting, setting_name
 
 __all__ = ["Sentinel", "divergence_sentinel", "parse_sentinel", "resolve_sentinel"]
 
@@ -57,7 +57,7 @@ def parse_sentinel(value: object, *, name: str = "sentinel") -> int | str | None
     if text.isdigit() and len(text) < 10:
         return int(text)
     raise TrainingError(
-        f"Received {name}={value!r}; expected 'epoch' (check at each epoch's end), a step interval such as 100, "
+        f"Received {received(name, value)}; expected 'epoch' (check at each epoch's end), a step interval such as 100, "
         "or 'off'."
     )
 
