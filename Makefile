@@ -50,7 +50,7 @@ test-extended: setup
 	$(BIN)/python -m pytest -m extended
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow and not multiprocess" -q
+	$(BIN)/python -m pytest -m "not slow and not multiprocess" -q $(TEST_PARALLEL)
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
