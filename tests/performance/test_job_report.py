@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 import math
 import random
 import xml.etree.ElementTree as ET
@@ -141,6 +142,17 @@ def test_a_short_run_gets_no_probe_that_would_cost_more_than_its_share():
     assert not (plan.input or plan.reduction or plan.larger_k) and plan.estimate == 0
     assert set(plan.skipped) == {"input", "reduction"}
     assert plan.skipped["input"] == "would cost about 4.3 s, past the probes' budget of 0.26 s (10% of the 2.6 s trained)"
+
+
+def test_a_probe_skipped_after_others_says_what_they_took_of_the_budget():
+    # A 1 s probe is not past a 5.5 s budget alone: past what the probes before it left of it (the guide's report).
+    plan = plan_probes(trained=3.0, share=1.0, step=0.02, setup=1.0, reduction_wanted=True, larger_k_wanted=True)
+    assert plan.input and plan.reduction and not plan.larger_k, plan
+    said = plan.skipped["larger K"]
+    cost, spent, budget = (float(x) for x in re.match(
+        r"would cost about ([0-9.]+) s after the ([0-9.]+) s planned for the probes before it, past the probes' "
+        r"budget of ([0-9.]+) s \(100% of the 3 s trained\)$", said).groups())
+    assert cost < budget < cost + spent + 0.05, said
 
 
 def test_a_long_run_gets_every_probe_and_a_larger_share_allows_a_short_one():

@@ -180,7 +180,8 @@ def plan_probes(*, trained: float, share: float, step: float, steps_per_executio
         if chosen[name]:
             spent += cost
         elif wanted[name]:
-            skipped[name] = (f"would cost about {cost:.2g} s, past the probes' budget of {budget:.2g} s "
+            before = f" after the {spent:.2g} s planned for the probes before it" if spent else ""
+            skipped[name] = (f"would cost about {cost:.2g} s{before}, past the probes' budget of {budget:.2g} s "
                              f"({share:.0%} of the {trained:.3g} s trained)")
     return ProbePlan(budget=budget, share=share, trained=trained, executions=executions, input_batches=input_batches,
                      reduce_rounds=reduce_rounds, input=chosen["input"], reduction=chosen["reduction"],
