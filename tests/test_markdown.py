@@ -177,3 +177,16 @@ def test_link_checker_sees_a_missing_anchor(tmp_path: Path) -> None:
     page.write_text("[ok](a.md#set-up-step-1) [bad](a.md#setup) [gone](c.md) [here](#b)\n\n# B\n")
     problems = link_problems(page)
     assert [problem.split(" -> ")[0] for problem in problems] == ["line 1: a.md#setup", "line 1: c.md"]
+
+
+def test_the_readme_commands_table_has_a_row_for_every_subcommand():
+    from tfstrategy.cli import build_parser
+
+    spec = importlib.util.spec_from_file_location("site_hook", ROOT / "docs" / "hooks" / "site.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## Commands", 1)[1].split("\n\n", 2)[1]
+    rows = [re.match(r"\| `tfstrategy (\S+)", line) for line in table.splitlines()]
+    assert [row.group(1) for row in rows if row] == hook.subcommands(build_parser())
