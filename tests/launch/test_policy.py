@@ -102,6 +102,20 @@ def test_root_cause_is_the_earliest_real_error_and_peers_echoes_are_consequences
     assert clock.now < 2 + 3 + 0.5  # within the settle window after the first (consequential) failure
 
 
+def test_every_worker_raising_the_same_error_on_its_own_is_no_consequence():
+    """Issue 45 point 5: worker 1's own KeyError after worker 0's is "also", not "as a consequence"."""
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 2:
+            fleet.at(0, 0).exit(1, _record("KeyError", "'accuracy'", 1002.0))
+            fleet.at(0, 1).exit(1, _record("KeyError", "'accuracy'", 1002.05))
+
+    result, err, _, _ = _run(scenario)
+    assert _headline(err) == "tfstrategy launch: worker 0 exited with status 1: KeyError: 'accuracy' (at train.py:12 in main)"
+    assert "  also: worker 1 exited with status 1: KeyError: 'accuracy'" in err
+    assert "consequence" not in err
+
+
 def test_a_sigkill_nobody_sent_suggests_the_oom_killer():
     def scenario(fleet, now, launcher):
         _joined_and_training(fleet)
