@@ -220,6 +220,27 @@ def test_another_workers_repeat_of_the_leads_line_is_shown_once_whichever_comes_
     assert stream.getvalue().splitlines() == ["[worker 0] Epoch 1/2", "[worker 1] saved my own shard"]
 
 
+def test_a_repeat_from_a_worker_whose_output_ended_before_the_lead_printed_it_is_shown_once():
+    """Issue 45 point 9: `launch -n 2 -- python -c "print('hi')"`, worker 1 first: one line, the lead's."""
+    console, stream, _ = _console()
+    console.line(1, "[worker 1] ", "hi")
+    console.flush(1)  # worker 1's output ended: its line still waits for the lead's
+    assert stream.getvalue() == ""
+    console.line(0, "[worker 0] ", "hi")
+    console.flush(0)
+    console.flush(2)
+    assert stream.getvalue().splitlines() == ["[worker 0] hi"]
+
+
+def test_a_line_of_a_worker_whose_output_ended_is_shown_once_the_leads_output_ends_without_it():
+    console, stream, clock = _console()
+    console.line(1, "[worker 1] ", "only me")
+    console.flush(1)
+    console.line(0, "[worker 0] ", "something else")
+    console.flush(0)  # the lead will not print it: no wait for the hold
+    assert stream.getvalue().splitlines() == ["[worker 0] something else", "[worker 1] only me"]
+
+
 def test_a_line_only_another_worker_prints_appears_with_its_prefix_after_the_hold():
     from tfstrategy.launch.console import HOLD_SECONDS
 
@@ -304,6 +325,7 @@ def test_tensorflows_shutdown_noise_stays_off_the_console_once_a_peer_ended(peer
 def test_debug_shows_the_noise_as_it_comes():
     console, stream, _ = _console(debug=True)
     console.ended(0, 0)
+    console.flush(0)  # the lead's output ended too: worker 1's lines wait for no repeat
     for text in HEARTBEAT:
         console.line(1, "[worker 1] ", text)
     console.flush(1)

@@ -4,7 +4,9 @@ One worker, the *lead* (worker 0 by default, the first of ``--console-workers``)
 progress updates (Keras' bar) drawn live when the console is a terminal; without a terminal its
 progress is printed as a line every :data:`PLAIN_PROGRESS_SECONDS` without another line. Every line
 of the lead is shown. Another worker's line waits up to :data:`HOLD_SECONDS` for the lead to print
-the same line, and is shown once (by the lead) if it did; its other lines keep their prefix. Known
+the same line, and is shown once (by the lead) if it did, whichever printed it first and even when
+that worker's output ended first (``python -c "print('hi')"`` on every worker is one line); its other
+lines keep their prefix. Known
 shutdown noise (TensorFlow's gRPC and coordination-service errors once a peer's output ended,
 absl's start-of-logging notice) and everything after Ctrl-C or SIGTERM stay off the console unless
 ``--debug``. The log files and failure reports keep every line: this decides only the console.
@@ -132,6 +134,7 @@ class Console:
         self._held: dict[int, collections.deque[_Held]] = {}
         self._lead_lines: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._ended: dict[int, int | None] = {}  # a worker whose output ended: its exit status once known
+        self._open: dict[int, int] = {}  # each registered worker's streams not ended yet
         self._noise_run: dict[int, int] = {}  # continuation lines left after a noise line, per worker
         self._dropping: dict[int, bool] = {}  # whether the worker's last noise line was kept off
         self._drawn: str | None = None  # the live progress line on the terminal
@@ -140,12 +143,14 @@ class Console:
 
     # --- the workers' side ----------------------------------------------------------------------
 
-    def register(self, index: int) -> None:
-        """A worker of this machine started; the first one is the lead unless the view names one."""
+    def register(self, index: int, streams: int = 1) -> None:
+        """A worker of this machine started with ``streams`` pumped streams; the first one is the lead unless the
+        view names one."""
         with self.lock:
             if self._lead is None:
                 self._lead = index
             self._ended.pop(index, None)
+            self._open[index] = streams
 
     def line(self, index: int, prefix: str, text: str) -> None:
         """One whole line of worker ``index``: shown, held for the lead's repeat, or kept off."""
@@ -195,9 +200,19 @@ class Console:
                 self._release(self._clock())
 
     def flush(self, index: int) -> None:
-        """Decide worker ``index``'s held lines now (its stream ended)."""
+        """One of worker ``index``'s streams ended: its held lines still wait for the lead's repeat (until the
+        lead's output ends too); once every worker's output ended, everything held is decided."""
         with self.lock:
-            self._release(self._clock(), final=index)
+            if self._open.get(index, 0) > 0:
+                self._open[index] -= 1
+            done = all(left == 0 for left in self._open.values())
+            final = -1 if done else index if index == self._lead or self._stopping else None
+            self._release(self._clock(), final=final)
+
+    def settle(self) -> None:
+        """Decide every held line now (the launcher is about to report the attempt's end)."""
+        with self.lock:
+            self._release(self._clock(), final=-1)
 
     # --- the launcher's side --------------------------------------------------------------------
 
@@ -265,7 +280,7 @@ class Console:
                 else:
                     seen = self._lead_lines.get(held.text)
                     if seen is None or now - seen > REPEAT_SECONDS:
-                        lead_over = self._lead is not None and self._lead in self._ended
+                        lead_over = self._lead is not None and self._open.get(self._lead) == 0
                         if not last and not lead_over and now < held.due:
                             break
                         self._show(index, held.prefix, held.text, now)

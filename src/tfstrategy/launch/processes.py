@@ -262,7 +262,7 @@ class LocalProcess:
                 path.parent.mkdir(parents=True, exist_ok=True)
             logs = (open(spec.logs[0], "ab"), open(spec.logs[1], "ab"))  # noqa: SIM115 (the pump closes them)
         if spec.console:
-            console.register(spec.index)
+            console.register(spec.index, streams=1 if err_r is None else 2)
         self._exited = False
         self._pumps = [Pump(out_r, prefix=prefix, console=show, log=logs[0], tail=self.tail, index=spec.index)]
         if err_r is not None:

@@ -166,6 +166,7 @@ class Launcher:
         """Leave nothing behind, whatever fails on the way: workers, the coordinator, the reaper, orphans."""
         try:
             self._stop(grace=0.0)
+            self._console.settle()
         finally:
             try:
                 if coordinator is not None:
@@ -309,6 +310,7 @@ class Launcher:
             if self._signal is not None or event.failure is None:
                 return self._ended(event, result)
             self._stop(grace=0.0)
+            self._console.settle()  # the workers' held lines above the report, not after it
             failure = event.failure
             result.failures.append(failure)
             self._keep_failure(attempt, failure, consequences)
