@@ -492,7 +492,9 @@ def test_tee_with_console_workers_shows_only_those_on_the_console(tmp_path):
                                 sys.executable, "-c", "import os, sys; print('hi from', os.environ['TFSTRATEGY_WORKER_INDEX']); "
                                 "print('to stderr', file=sys.stderr)", timeout=60)
     assert code == 0, err
-    assert sorted(out.splitlines()) == ["[worker 0] hi from 0", "[worker 0] to stderr"]
+    # Each stream to the launcher's own (issue 45 point 12): stderr with the launcher's lines.
+    assert out.splitlines() == ["[worker 0] hi from 0"]
+    assert "[worker 0] to stderr" in err.splitlines() and "[worker 1]" not in err, err
     assert (tmp_path / "attempt-0" / "worker-1" / "stderr.log").read_text() == "to stderr\n"
 
 

@@ -241,6 +241,21 @@ def test_a_line_of_a_worker_whose_output_ended_is_shown_once_the_leads_output_en
     assert stream.getvalue().splitlines() == ["[worker 0] something else", "[worker 1] only me"]
 
 
+def test_a_workers_stderr_lines_go_to_the_launchers_stderr_and_repeat_only_there():
+    """Issue 45 point 12: worker stdout -> launcher stdout, worker stderr -> launcher stderr."""
+    out, err, clock = io.StringIO(), io.StringIO(), _FakeClock()
+    console = Console(out, threading.Lock(), err=err, live=False, clock=clock)
+    for index in range(2):
+        console.register(index, streams=2)
+    console.line(0, "[worker 0] ", "hi")
+    console.line(0, "[worker 0] ", "a warning", err=True)
+    console.line(1, "[worker 1] ", "a warning", err=True)  # the lead's line on the same stream: shown once
+    console.line(1, "[worker 1] ", "hi", err=True)  # the same text on the other stream is no repeat
+    _later(console, clock, 5)
+    assert out.getvalue() == "[worker 0] hi\n"
+    assert err.getvalue() == "[worker 0] a warning\n[worker 1] hi\n"
+
+
 def test_a_line_only_another_worker_prints_appears_with_its_prefix_after_the_hold():
     from tfstrategy.launch.console import HOLD_SECONDS
 

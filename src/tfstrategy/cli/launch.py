@@ -44,7 +44,8 @@ DESCRIPTION = textwrap.dedent(
     (or tfstrategy.select()) in it forms the job, and a start-up hook gives every
     Python worker tfstrategy's side: the Keras workarounds its release needs, the
     "joined" signal, and a scope audit before fit (--audit).
-    Output lines are prefixed '[worker i]'. Worker 0's progress bar is live (on a
+    Output lines are prefixed '[worker i]': a worker's stdout goes to stdout, its
+    stderr to stderr, with the launcher's own lines. Worker 0's progress bar is live (on a
     terminal), a line every worker prints is shown once, and TensorFlow's shutdown
     noise stays in the log files (--console-workers, --debug).
 

@@ -92,8 +92,8 @@ class Launcher:
     Args:
         options: validated :class:`LaunchOptions`.
         env: base environment of the workers (``os.environ`` when omitted).
-        out: where prefixed worker output goes.
-        err: where the launcher's own messages go.
+        out: where the workers' prefixed stdout lines go.
+        err: where their prefixed stderr lines and the launcher's own messages go.
         spawn: starts one worker (default: a real process); tests pass fakes.
         coordinator: the job beyond this machine (default: local, or the rendezvous with ``--nnodes``).
         clock, wall, sleep: monotonic time, wall-clock time, and waiting (tests pass a fake clock).
@@ -108,7 +108,7 @@ class Launcher:
         self.settings()  # a setting the environment contradicts fails here, before anything starts
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self._lock = threading.Lock()
-        self._console = Console(self.out, self._lock, view=self.options.console_view)
+        self._console = Console(self.out, self._lock, err=self.err, view=self.options.console_view)
         self._spawn, self._coordinator = spawn, coordinator
         self._clock, self._wall, self._sleep = clock, wall, sleep
         self._signal: int | None = None
@@ -446,7 +446,8 @@ def launch(
         profile_dir: write performance reports there (as ``--profile --profile-dir``), every
             ``profile_every`` minutes on long jobs.
         env: the workers' base environment (``os.environ`` when omitted).
-        out: where ``[worker i]`` lines go (stdout); err: launcher messages (stderr).
+        out: where the workers' ``[worker i]`` stdout lines go (stdout); err: their stderr lines and the
+            launcher's messages (stderr).
 
     Returns:
         A :class:`RunResult`; ``returncode`` is 0 when every worker exited 0, 1 when one
