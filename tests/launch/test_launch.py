@@ -187,13 +187,31 @@ def test_options_from_command_line():
 
 
 @pytest.mark.multiprocess
-def test_failed_worker_stops_the_others_and_shows_its_last_lines():
+def test_failed_worker_stops_the_others_and_its_last_lines_are_shown_once():
     code, out, err, _ = _launch("-n", "3", "--", sys.executable, str(PLAIN_WORKER), "fail", timeout=60)
     assert code == 1  # a worker failed; its own status is in the report
     assert "[worker 1] line 29" in out and "[worker 2] ready" in out
     assert "worker 1 exited with status 3" in err
-    assert "  | line 29" in err and "  | line 14" not in err  # the last 15 lines
+    assert "  | " not in err and "the output of worker 1 is above (its [worker 1] lines)" in err  # shown live
     assert "stopped every worker" in err  # the launcher stopped workers 0 and 2 (they sleep for 600 s otherwise)
+
+
+@pytest.mark.multiprocess
+def test_a_failing_workers_traceback_is_on_the_console_once_on_stderr_then_a_short_report():
+    """Issue 45 points 4 and 12: the traceback live (on stderr), and a report that does not repeat it."""
+    code, out, err, _ = _launch("-n", "2", "--", sys.executable, str(PLAIN_WORKER), "raise", timeout=60)
+    assert code == 1, err
+    assert [line.split(" ", 3)[:3] for line in out.splitlines() if line.startswith("[worker 1]")] == \
+        [["[worker", "1]", "ready"]], out  # its stdout; worker 0 may be stopped before its own line
+    assert "Traceback" not in out, out
+    traceback = [line for line in err.splitlines() if line.startswith("[worker 1] ")]
+    assert traceback[0] == "[worker 1] Traceback (most recent call last):" and \
+        traceback[-1] == "[worker 1] KeyError: 'accuracy'", err
+    assert sum("KeyError: 'accuracy'" in line for line in err.splitlines()) == 2, err  # live, then the headline
+    report = [line for line in err.splitlines() if not line.startswith("[worker ")]
+    assert len(report) == 5, err  # starting, the headline, where its output is, stopped, the status line
+    assert report[1].startswith("tfstrategy launch: worker 1 ") and "KeyError: 'accuracy' (at " in report[1], err
+    assert report[2] == "the output of worker 1 is above (its [worker 1] lines)"
 
 
 @pytest.mark.multiprocess
@@ -362,11 +380,11 @@ def test_sigkilled_worker_is_restarted_and_resumes_to_the_same_weights(uninterru
 
 @pytest.mark.multiprocess
 def test_worker_that_never_starts_fails_the_job_within_the_timeout(tmp_path):
-    code, _, err, _ = _launch("-n", "2", "--timeout", "30", "--", sys.executable, str(FIT_WORKER), "--out", str(tmp_path), "--stall", timeout=120)
+    code, out, err, _ = _launch("-n", "2", "--timeout", "30", "--", sys.executable, str(FIT_WORKER), "--out", str(tmp_path), "--stall", timeout=120)
     assert code == 124
     assert "worker 1 did not join within --timeout 30 s: it never started creating its strategy" in err
     assert "worker 0 is creating its strategy" in err
-    assert "  | stalling before TensorFlow starts" in err
+    assert "[worker 1] stalling before TensorFlow starts" in out and "  | " not in err  # its lines once, live
 
 
 @pytest.mark.multiprocess

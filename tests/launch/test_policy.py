@@ -83,6 +83,35 @@ def test_first_failure_stops_the_group_at_once_and_names_the_worker():
     assert clock.now < 2.5
 
 
+TRACEBACK = ("Traceback (most recent call last):", '  File "train.py", line 12, in main', "KeyError: 'accuracy'")
+
+
+@pytest.mark.parametrize(("options", "repeated"), [
+    pytest.param({}, False, id="shown-live-not-repeated"),
+    pytest.param({"log_dir": "logs", "tee": True}, False, id="tee-not-repeated"),
+    pytest.param({"log_dir": "logs"}, True, id="log-dir-only-shown-in-the-report"),
+    pytest.param({"console_workers": frozenset({0})}, True, id="worker-off-the-console-shown-in-the-report"),
+])
+def test_a_failed_workers_last_lines_are_in_the_report_only_when_the_console_did_not_show_them(
+        options, repeated, tmp_path):
+    """Issue 45 point 4: a traceback shown live is not repeated under 'last N line(s)'."""
+    if "log_dir" in options:
+        options = {**options, "log_dir": tmp_path / options["log_dir"]}
+
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 2:
+            fleet.at(0, 1).exit(1, lines=TRACEBACK)
+
+    result, err, _, _ = _run(scenario, **options)
+    assert _headline(err) == "tfstrategy launch: worker 1 exited with status 1: KeyError: 'accuracy'"
+    assert ("last 3 line(s) of worker 1:\n  | Traceback (most recent call last):" in err) is repeated, err
+    # (the fakes keep no log files, so the report points at the console's lines)
+    assert ("the output of worker 1 is above (its [worker 1] lines)" in err) is (not repeated), err
+    if "log_dir" in options:  # the record keeps the lines either way
+        assert "  | KeyError: 'accuracy'" in next(tmp_path.glob("logs/**/failure.txt")).read_text()
+
+
 def test_root_cause_is_the_earliest_real_error_and_peers_echoes_are_consequences():
     """Worker 0's UnavailableError is seen first; worker 1's earlier ValueError is the root cause."""
     def scenario(fleet, now, launcher):

@@ -199,7 +199,6 @@ class Launcher:
         if log_dir is not None:
             self._say(f"each worker's output goes to {log_dir}/worker-<i>/stdout.log and stderr.log"
                       + (" (and to the console)" if self.options.tee else ""))
-        shown = self.options.console_workers
         for index, port in ports.items():
             files = {kind: attempt_dir / f"worker-{index}.{kind}" for kind in ("joined", "error", "progress")}
             contract = WorkerContract(
@@ -217,11 +216,9 @@ class Launcher:
             }
             worker_logs = None if log_dir is None else (log_dir / f"worker-{index}" / "stdout.log",
                                                         log_dir / f"worker-{index}" / "stderr.log")
-            # --console-workers names workers for the console, with --log-dir too (no --tee needed).
-            console = (log_dir is None or self.options.tee or shown is not None) and (shown is None or index in shown)
             spec = WorkerSpec(index=index, command=self.options.command, env=env, port=port,
                               join_file=files["joined"], error_file=files["error"], progress_file=files["progress"],
-                              logs=worker_logs, console=console)
+                              logs=worker_logs, console=self._on_console(index))
             spawn = self._spawn
             if spawn is None:
                 raise RuntimeError("Launcher._start() runs only inside run()")
@@ -237,6 +234,19 @@ class Launcher:
         return GroupMonitor(list(ports), policy_of(self.options), started=self._clock(),
                             lines=lambda index: handles[index].last_lines(), ports=ports,
                             peers_elsewhere=len(addresses) > count)
+
+    def _on_console(self, index: int) -> bool:
+        """Whether worker ``index``'s lines go to the console."""
+        shown = self.options.console_workers
+        # --console-workers names workers for the console, with --log-dir too (no --tee needed).
+        return ((self.options.log_dir is None or self.options.tee or shown is not None)
+                and (shown is None or index in shown))
+
+    def _shown_live(self, failure: Failure, local: Sequence[int], rank: int | None) -> bool:
+        """Whether ``failure``'s worker is one of this machine's whose lines reached the console."""
+        here = failure.node is None or failure.node == rank
+        return (here and failure.index is not None and failure.index in local and self._on_console(failure.index)
+                and self._console.lost is None)
 
     def _watch(self, coordinator: Coordinator, monitor: GroupMonitor, failed_at: float | None,
                result: RunResult) -> Decision | Event | None:
@@ -318,8 +328,10 @@ class Launcher:
             if failure.outcome is Outcome.STOPPED:  # the worker's one line, once: its peers stopped with it
                 self._say(failure.report())
             else:
-                self._say(f"{failure.report(consequences)}\nstopped {whose} {self._clock() - failed_at:.1f} s after "
-                          "the failure")
+                # The worker's last lines once: live on the console, else in the report.
+                shown = self._shown_live(failure, list(started.workers), coordinator.rank)
+                self._say(f"{failure.report(consequences, shown=shown)}\nstopped {whose} "
+                          f"{self._clock() - failed_at:.1f} s after the failure")
             if not event.restart:
                 if self.options.max_restarts and failure.outcome.restartable:
                     self._say(f"giving up after {attempt} restart(s)")
