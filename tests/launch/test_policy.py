@@ -112,6 +112,22 @@ def test_a_failed_workers_last_lines_are_in_the_report_only_when_the_console_did
         assert "  | KeyError: 'accuracy'" in next(tmp_path.glob("logs/**/failure.txt")).read_text()
 
 
+def test_a_second_run_with_the_same_log_dir_writes_a_run_folder_of_its_own(tmp_path):
+    """Issue 45 point 10: D/<run-id>/attempt-N, never the first run's D/attempt-0 again."""
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 2:
+            fleet.at(0, 1).exit(1, lines=TRACEBACK)
+
+    errs = [_run(scenario, log_dir=tmp_path)[1] for _ in range(2)]
+    runs = sorted(tmp_path.iterdir())
+    assert len(runs) == 2 and all((run / "attempt-0" / "failure.txt").is_file() for run in runs), runs
+    for run in runs:
+        said = [line for err in errs for line in err.splitlines() if f"/{run.name}/" in line]
+        assert said == [f"tfstrategy launch: run {run.name}: each worker's output goes to {run}/attempt-0/worker-<i>/"
+                        "stdout.log and stderr.log"], errs
+
+
 def test_root_cause_is_the_earliest_real_error_and_peers_echoes_are_consequences():
     """Worker 0's UnavailableError is seen first; worker 1's earlier ValueError is the root cause."""
     def scenario(fleet, now, launcher):

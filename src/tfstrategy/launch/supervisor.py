@@ -195,10 +195,11 @@ class Launcher:
         where = "" if coordinator.rank is None else f" (worker{span} of {len(addresses)})"
         self._say(f"starting {count} worker(s){where} on " + ", ".join(addresses[first:first + count])
                   + (f" (restart {attempt} of {self.options.max_restarts})" if attempt else ""))
-        log_dir = None if self.options.log_dir is None else self.options.log_dir / f"attempt-{attempt}"
-        if log_dir is not None:
-            self._say(f"each worker's output goes to {log_dir}/worker-<i>/stdout.log and stderr.log"
-                      + (" (and to the console)" if self.options.tee else ""))
+        run_log_dir = self.options.run_log_dir
+        log_dir = None if run_log_dir is None else run_log_dir / f"attempt-{attempt}"
+        if log_dir is not None:  # a run of its own (--run-id): a second run never overwrites the first's files
+            self._say(f"run {self.options.run_id}: each worker's output goes to {log_dir}/worker-<i>/stdout.log and "
+                      "stderr.log" + (" (and to the console)" if self.options.tee else ""))
         for index, port in ports.items():
             files = {kind: attempt_dir / f"worker-{index}.{kind}" for kind in ("joined", "error", "progress")}
             contract = WorkerContract(
@@ -341,9 +342,10 @@ class Launcher:
 
     def _keep_failure(self, attempt: int, failure: Failure, consequences: tuple[Failure, ...]) -> None:
         """With ``--log-dir``: the attempt's failure as reported (``failure.txt``) and as JSON (``failure.json``)."""
-        if self.options.log_dir is None:
+        run_log_dir = self.options.run_log_dir
+        if run_log_dir is None:
             return
-        where = self.options.log_dir / f"attempt-{attempt}"
+        where = run_log_dir / f"attempt-{attempt}"
         try:
             where.mkdir(parents=True, exist_ok=True)
             (where / "failure.txt").write_text(failure.report(consequences) + "\n")
@@ -427,6 +429,7 @@ def launch(
     grace: float = 10.0,
     nodes: NodeOptions | None = None,
     log_dir: str | os.PathLike[str] | None = None,
+    run_id: str | None = None,
     precision: str | None = None,
     sentinel: str = "epoch",
     profile_dir: str | os.PathLike[str] | None = None,
@@ -451,7 +454,8 @@ def launch(
         grace: seconds workers get to exit after SIGINT/SIGTERM is passed on.
         nodes: this machine's place in a job of several machines (``num_workers`` on each);
             ``None``: every worker on this machine.
-        log_dir: each worker's stdout and stderr to files under this directory.
+        log_dir: each worker's stdout and stderr to files under this directory, in ``log_dir/run_id/attempt-K``.
+        run_id: the run's folder under ``log_dir`` (default: its start time and a short random part).
         precision: the Keras global dtype policy every worker sets before building its model
             (``float32``, ``mixed_float16``, ``mixed_bfloat16``; default: ``TFSTRATEGY_PRECISION``).
         sentinel: the divergence sentinel's interval: ``epoch``, a step count, or ``off``.
@@ -475,7 +479,7 @@ def launch(
     options = LaunchOptions(
         command=tuple(command), num_workers=num_workers, max_restarts=max_restarts,
         backup_dir=checked_backup_dir(None if backup_dir is None else Path(backup_dir)), join_timeout=join_timeout,
-        audit=audit, grace=grace, nodes=nodes, log_dir=None if log_dir is None else Path(log_dir),
+        audit=audit, grace=grace, nodes=nodes, log_dir=None if log_dir is None else Path(log_dir), run_id=run_id,
         precision=precision, sentinel=sentinel, profile_dir=None if profile_dir is None else Path(profile_dir),
         profile_every=profile_every,
     )
