@@ -32,6 +32,8 @@ ENV_CPU_REPLICAS = "TFSTRATEGY_CPU_REPLICAS"
 ENV_COLLECTIVE_TIMEOUT = "TFSTRATEGY_COLLECTIVE_TIMEOUT"
 #: The ports ``tfstrategy launch`` gives its workers, LOW-HIGH, when ``--port-range`` is not given.
 ENV_PORT_RANGE = "TFSTRATEGY_PORT_RANGE"
+#: The run's folder under ``--log-dir`` (`tfstrategy launch --run-id`), e.g. the same on every node of one job.
+ENV_RUN_ID = "TFSTRATEGY_RUN_ID"
 #: The Keras global dtype policy set before the model is built: float32, mixed_float16 or mixed_bfloat16.
 ENV_PRECISION = "TFSTRATEGY_PRECISION"
 #: The divergence sentinel's interval: epoch, a step count, or off (`tfstrategy launch` defaults to epoch).

@@ -79,8 +79,9 @@ STALL_REPORT, STALL_TIMEOUT = 5, 10
 
 
 def _stall(mode: str, headline: str = "tfstrategy launch: worker 1 stalled: it ") -> tuple[str, str, float]:
-    """The stall's note (its diagnosis, if any, then what the launcher saw), the output, when it was found."""
-    code, out, err, _ = _fault(mode, "--stall-report", str(STALL_REPORT), "--stall-timeout", str(STALL_TIMEOUT))
+    """The stall's note (its diagnosis, if any, then what the launcher saw), the launcher's stderr (where the
+    workers' stacks, on their stderr, arrive), when it was found."""
+    code, _, err, _ = _fault(mode, "--stall-report", str(STALL_REPORT), "--stall-timeout", str(STALL_TIMEOUT))
     assert code == 125, err[-3000:]
     lines = err.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("tfstrategy launch: stall: worker 1"))
@@ -90,33 +91,33 @@ def _stall(mode: str, headline: str = "tfstrategy launch: worker 1 stalled: it "
           f"{COLLECTIVE_TIMEOUT} s; headline: {_headline(err)}")
     assert found < COLLECTIVE_TIMEOUT / 4
     assert _headline(err).startswith(headline)
-    return note, out, found
+    return note, err, found
 
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_a_sigstopped_worker_is_named_as_stopped_with_its_peers_stacks():
-    note, out, _ = _stall("sigstop", "tfstrategy launch: worker 1 is stopped (SIGSTOP or a debugger) after step ")
+    note, err, _ = _stall("sigstop", "tfstrategy launch: worker 1 is stopped (SIGSTOP or a debugger) after step ")
     assert re.match(r"tfstrategy launch: stall: worker 1 is stopped \(SIGSTOP or a debugger\) after step \d+; its "
                     r"peers wait for it", note)
     assert "  what the launcher saw: worker 1 is stopped (state T: SIGSTOP" in note
-    assert "[worker 0] Thread 0x" in out or "[worker 0] Current thread 0x" in out  # faulthandler's dump
+    assert "[worker 0] Thread 0x" in err or "[worker 0] Current thread 0x" in err  # faulthandler's dump
 
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_a_busy_loop_in_a_callback_is_named_with_its_stack():
-    note, out, _ = _stall("busy")
+    note, err, _ = _stall("busy")
     assert "has been outside its step" in note and "while worker(s) 0 wait" in note
-    assert re.search(r"\[worker 1\]   File \".*fault_worker.py\", line \d+ in on_train_batch_end", out)
+    assert re.search(r"\[worker 1\]   File \".*fault_worker.py\", line \d+ in on_train_batch_end", err)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_a_worker_blocked_on_input_is_named_with_its_stack():
-    note, out, _ = _stall("input")
+    note, err, _ = _stall("input")
     assert "has been outside its step" in note
-    assert re.search(r"\[worker 1\]   File \".*fault_worker.py\", line \d+ in on_train_batch_end", out)
+    assert re.search(r"\[worker 1\]   File \".*fault_worker.py\", line \d+ in on_train_batch_end", err)
 
 
 @pytest.mark.multiprocess
@@ -134,7 +135,7 @@ def test_a_carriage_return_flood_keeps_the_launcher_small_and_the_report_short()
     print(f"20 MB of \\r updates: launcher peak RSS {peak / 1024:.0f} MiB; report {len(err)} bytes")
     assert code == 1
     assert peak < 200 * 1024  # kB; the launcher holds at most a chunk and a line, never the stream
-    assert len(err) < 20_000 and "  | progress     999" in err
+    assert len(err) < 20_000 and "[worker 1] progress     999" in out  # its last state, once (not in the report)
     assert run.survivors == []
 
 

@@ -127,11 +127,39 @@ def _launch(*args: str, timeout: float) -> tuple[int, str, str, float]:
                      "1024 <= LOW <= HIGH", id="port-range-reversed"),
         pytest.param(["-n", "3", "--port-range", "29500-29501", "--", "true"], "--port-range 29500-29501, 2 port.s. "
                      "for -n 3; expected at least one port per worker", id="port-range-too-small"),
+        pytest.param(["-n", "2", "--run-id", "exp1", "--", "true"], "--run-id without --log-dir", id="run-id-without-log-dir"),
+        pytest.param(["-n", "2", "--log-dir", "/tmp", "--run-id", "../up", "--", "true"], "--run-id '../up'; expected "
+                     "one folder name", id="run-id-a-path"),
+        pytest.param(["-n", "2", "--log-dir", "/tmp", "--run-id", ".hidden", "--", "true"], "--run-id '.hidden'",
+                     id="run-id-hidden"),
     ],
 )
 def test_invalid_options_are_refused_before_starting(argv, message):
     with pytest.raises(LaunchError, match=message):
         options_from_args(build_parser().parse_args(["launch", *argv]))
+
+
+def test_each_run_with_a_log_dir_gets_a_folder_of_its_own(monkeypatch, tmp_path):
+    """Issue 45 point 10: --run-id, else TFSTRATEGY_RUN_ID, else a new id (its start time and a random part)."""
+    def options(*argv: str):
+        return options_from_args(build_parser().parse_args(["launch", "-n", "2", *argv, "--", "true"]))
+
+    monkeypatch.delenv("TFSTRATEGY_RUN_ID", raising=False)
+    first, second = options("--log-dir", str(tmp_path)), options("--log-dir", str(tmp_path))
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", first.run_id) and first.run_id != second.run_id
+    assert first.run_log_dir == tmp_path / first.run_id
+    from tfstrategy.cli.launch import _command_line  # --isolate-network runs it again: in the same folder
+
+    line = _command_line(first, debug=False)
+    assert line[line.index("--run-id") + 1] == first.run_id
+    assert options().run_id is None and options().run_log_dir is None  # no --log-dir: no folder
+    monkeypatch.setenv("TFSTRATEGY_RUN_ID", "from-env")
+    assert options("--log-dir", str(tmp_path)).run_log_dir == tmp_path / "from-env"
+    assert options("--log-dir", str(tmp_path), "--run-id", "exp1").run_id == "exp1"  # the flag wins
+    assert options().run_id is None  # the variable alone asks for no log directory
+    monkeypatch.setenv("TFSTRATEGY_RUN_ID", "a/b")
+    with pytest.raises(LaunchError, match="Received TFSTRATEGY_RUN_ID 'a/b'; expected one folder name"):
+        options("--log-dir", str(tmp_path))
 
 
 def test_port_range_comes_from_the_flag_else_the_environment(monkeypatch):
@@ -187,13 +215,31 @@ def test_options_from_command_line():
 
 
 @pytest.mark.multiprocess
-def test_failed_worker_stops_the_others_and_shows_its_last_lines():
+def test_failed_worker_stops_the_others_and_its_last_lines_are_shown_once():
     code, out, err, _ = _launch("-n", "3", "--", sys.executable, str(PLAIN_WORKER), "fail", timeout=60)
     assert code == 1  # a worker failed; its own status is in the report
     assert "[worker 1] line 29" in out and "[worker 2] ready" in out
     assert "worker 1 exited with status 3" in err
-    assert "  | line 29" in err and "  | line 14" not in err  # the last 15 lines
+    assert "  | " not in err and "the output of worker 1 is above (its [worker 1] lines)" in err  # shown live
     assert "stopped every worker" in err  # the launcher stopped workers 0 and 2 (they sleep for 600 s otherwise)
+
+
+@pytest.mark.multiprocess
+def test_a_failing_workers_traceback_is_on_the_console_once_on_stderr_then_a_short_report():
+    """Issue 45 points 4 and 12: the traceback live (on stderr), and a report that does not repeat it."""
+    code, out, err, _ = _launch("-n", "2", "--", sys.executable, str(PLAIN_WORKER), "raise", timeout=60)
+    assert code == 1, err
+    assert [line.split(" ", 3)[:3] for line in out.splitlines() if line.startswith("[worker 1]")] == \
+        [["[worker", "1]", "ready"]], out  # its stdout; worker 0 may be stopped before its own line
+    assert "Traceback" not in out, out
+    traceback = [line for line in err.splitlines() if line.startswith("[worker 1] ")]
+    assert traceback[0] == "[worker 1] Traceback (most recent call last):" and \
+        traceback[-1] == "[worker 1] KeyError: 'accuracy'", err
+    assert sum("KeyError: 'accuracy'" in line for line in err.splitlines()) == 2, err  # live, then the headline
+    report = [line for line in err.splitlines() if not line.startswith("[worker ")]
+    assert len(report) == 5, err  # starting, the headline, where its output is, stopped, the status line
+    assert report[1].startswith("tfstrategy launch: worker 1 ") and "KeyError: 'accuracy' (at " in report[1], err
+    assert report[2] == "the output of worker 1 is above (its [worker 1] lines)"
 
 
 @pytest.mark.multiprocess
@@ -362,11 +408,11 @@ def test_sigkilled_worker_is_restarted_and_resumes_to_the_same_weights(uninterru
 
 @pytest.mark.multiprocess
 def test_worker_that_never_starts_fails_the_job_within_the_timeout(tmp_path):
-    code, _, err, _ = _launch("-n", "2", "--timeout", "30", "--", sys.executable, str(FIT_WORKER), "--out", str(tmp_path), "--stall", timeout=120)
+    code, out, err, _ = _launch("-n", "2", "--timeout", "30", "--", sys.executable, str(FIT_WORKER), "--out", str(tmp_path), "--stall", timeout=120)
     assert code == 124
     assert "worker 1 did not join within --timeout 30 s: it never started creating its strategy" in err
     assert "worker 0 is creating its strategy" in err
-    assert "  | stalling before TensorFlow starts" in err
+    assert "[worker 1] stalling before TensorFlow starts" in out and "  | " not in err  # its lines once, live
 
 
 @pytest.mark.multiprocess
@@ -464,11 +510,15 @@ def test_log_dir_keeps_each_workers_streams_and_the_report_says_where(tmp_path):
                                 timeout=60)
     assert code == 1
     assert "[worker" not in out  # the files instead of the console
-    worker_1 = tmp_path / "attempt-0" / "worker-1"
+    # Issue 45 point 10: the run's own folder (its start time and a random part), said once.
+    [run] = tmp_path.iterdir()
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", run.name), run
+    worker_1 = run / "attempt-0" / "worker-1"
     assert "line 29" in (worker_1 / "stdout.log").read_text()
-    assert f"each worker's output goes to {tmp_path}/attempt-0/worker-<i>/stdout.log and stderr.log" in err
+    assert (f"tfstrategy launch: run {run.name}: each worker's output goes to {run}/attempt-0/worker-<i>/stdout.log "
+            "and stderr.log") in err.splitlines()
     assert f"full output of worker 1: {worker_1}/stdout.log, {worker_1}/stderr.log" in err
-    assert re.fullmatch(rf"tfstrategy launch: the job failed after [0-9.]+ s; exit status 1; output in {tmp_path}",
+    assert re.fullmatch(rf"tfstrategy launch: the job failed after [0-9.]+ s; exit status 1; output in {run}",
                         err.splitlines()[-1]), err.splitlines()[-1]
 
 
@@ -476,24 +526,28 @@ def test_log_dir_keeps_each_workers_streams_and_the_report_says_where(tmp_path):
 def test_log_dir_with_console_workers_shows_those_plain_logs_and_a_final_status_line(tmp_path):
     # Issue 35: --console-workers was ignored without --tee, colour codes landed in the files, and a
     # successful run with --log-dir ended without a word.
-    code, out, err, _ = _launch("-n", "2", "--log-dir", str(tmp_path), "--console-workers", "0", "--",
+    code, out, err, _ = _launch("-n", "2", "--log-dir", str(tmp_path), "--run-id", "green", "--console-workers", "0",
+                                "--",
                                 sys.executable, "-c", "import os; print('\\x1b[32mgreen\\x1b[0m', "
                                 "os.environ['TFSTRATEGY_WORKER_INDEX'])", timeout=60)
     assert code == 0, err
     assert out.splitlines() == ["[worker 0] \x1b[32mgreen\x1b[0m 0"]
-    assert (tmp_path / "attempt-0" / "worker-1" / "stdout.log").read_text() == "green 1\n"
-    assert re.fullmatch(rf"tfstrategy launch: 2 workers exited 0 in [0-9.]+ s; output in {tmp_path}",
+    assert (tmp_path / "green" / "attempt-0" / "worker-1" / "stdout.log").read_text() == "green 1\n"
+    assert re.fullmatch(rf"tfstrategy launch: 2 workers exited 0 in [0-9.]+ s; output in {tmp_path}/green",
                         err.splitlines()[-1]), err
 
 
 @pytest.mark.multiprocess
 def test_tee_with_console_workers_shows_only_those_on_the_console(tmp_path):
-    code, out, err, _ = _launch("-n", "2", "--log-dir", str(tmp_path), "--tee", "--console-workers", "0", "--",
+    code, out, err, _ = _launch("-n", "2", "--log-dir", str(tmp_path), "--run-id", "tee", "--tee", "--console-workers",
+                                "0", "--",
                                 sys.executable, "-c", "import os, sys; print('hi from', os.environ['TFSTRATEGY_WORKER_INDEX']); "
                                 "print('to stderr', file=sys.stderr)", timeout=60)
     assert code == 0, err
-    assert sorted(out.splitlines()) == ["[worker 0] hi from 0", "[worker 0] to stderr"]
-    assert (tmp_path / "attempt-0" / "worker-1" / "stderr.log").read_text() == "to stderr\n"
+    # Each stream to the launcher's own (issue 45 point 12): stderr with the launcher's lines.
+    assert out.splitlines() == ["[worker 0] hi from 0"]
+    assert "[worker 0] to stderr" in err.splitlines() and "[worker 1]" not in err, err
+    assert (tmp_path / "tee" / "attempt-0" / "worker-1" / "stderr.log").read_text() == "to stderr\n"
 
 
 @pytest.mark.multiprocess
@@ -537,7 +591,7 @@ def test_on_a_terminal_worker_0s_progress_bar_is_live_and_worker_1s_repeats_are_
     script = tmp_path / "fit.py"
     script.write_text(LIVE_FIT)
     terminal, launcher_side = pty.openpty()
-    run = Run("-n", "2", "--timeout", "120", "--log-dir", str(tmp_path / "logs"), "--tee", "--",
+    run = Run("-n", "2", "--timeout", "120", "--log-dir", str(tmp_path / "logs"), "--run-id", "live", "--tee", "--",
               sys.executable, str(script), stdout=launcher_side)
     os.close(launcher_side)
     chunks = []
@@ -556,7 +610,7 @@ def test_on_a_terminal_worker_0s_progress_bar_is_live_and_worker_1s_repeats_are_
     live = set(re.findall(r"\r\[worker 0\] (?:\x1b\[1m)? *(\d+/\d+)", out))
     assert len(live) >= 3, out  # states of the bar as it advanced, drawn in place
     assert "[worker 0] trained" in out and "[worker 1]" not in out, out
-    worker_1 = (tmp_path / "logs" / "attempt-0" / "worker-1" / "stdout.log").read_text()
+    worker_1 = (tmp_path / "logs" / "live" / "attempt-0" / "worker-1" / "stdout.log").read_text()
     assert "trained" in worker_1 and "\x1b" not in worker_1  # the file keeps every line, without colour codes
 
 

@@ -220,6 +220,42 @@ def test_another_workers_repeat_of_the_leads_line_is_shown_once_whichever_comes_
     assert stream.getvalue().splitlines() == ["[worker 0] Epoch 1/2", "[worker 1] saved my own shard"]
 
 
+def test_a_repeat_from_a_worker_whose_output_ended_before_the_lead_printed_it_is_shown_once():
+    """Issue 45 point 9: `launch -n 2 -- python -c "print('hi')"`, worker 1 first: one line, the lead's."""
+    console, stream, _ = _console()
+    console.line(1, "[worker 1] ", "hi")
+    console.flush(1)  # worker 1's output ended: its line still waits for the lead's
+    assert stream.getvalue() == ""
+    console.line(0, "[worker 0] ", "hi")
+    console.flush(0)
+    console.flush(2)
+    assert stream.getvalue().splitlines() == ["[worker 0] hi"]
+
+
+def test_a_line_of_a_worker_whose_output_ended_is_shown_once_the_leads_output_ends_without_it():
+    console, stream, clock = _console()
+    console.line(1, "[worker 1] ", "only me")
+    console.flush(1)
+    console.line(0, "[worker 0] ", "something else")
+    console.flush(0)  # the lead will not print it: no wait for the hold
+    assert stream.getvalue().splitlines() == ["[worker 0] something else", "[worker 1] only me"]
+
+
+def test_a_workers_stderr_lines_go_to_the_launchers_stderr_and_repeat_only_there():
+    """Issue 45 point 12: worker stdout -> launcher stdout, worker stderr -> launcher stderr."""
+    out, err, clock = io.StringIO(), io.StringIO(), _FakeClock()
+    console = Console(out, threading.Lock(), err=err, live=False, clock=clock)
+    for index in range(2):
+        console.register(index, streams=2)
+    console.line(0, "[worker 0] ", "hi")
+    console.line(0, "[worker 0] ", "a warning", err=True)
+    console.line(1, "[worker 1] ", "a warning", err=True)  # the lead's line on the same stream: shown once
+    console.line(1, "[worker 1] ", "hi", err=True)  # the same text on the other stream is no repeat
+    _later(console, clock, 5)
+    assert out.getvalue() == "[worker 0] hi\n"
+    assert err.getvalue() == "[worker 0] a warning\n[worker 1] hi\n"
+
+
 def test_a_line_only_another_worker_prints_appears_with_its_prefix_after_the_hold():
     from tfstrategy.launch.console import HOLD_SECONDS
 
@@ -304,6 +340,7 @@ def test_tensorflows_shutdown_noise_stays_off_the_console_once_a_peer_ended(peer
 def test_debug_shows_the_noise_as_it_comes():
     console, stream, _ = _console(debug=True)
     console.ended(0, 0)
+    console.flush(0)  # the lead's output ended too: worker 1's lines wait for no repeat
     for text in HEARTBEAT:
         console.line(1, "[worker 1] ", text)
     console.flush(1)

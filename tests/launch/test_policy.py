@@ -83,6 +83,51 @@ def test_first_failure_stops_the_group_at_once_and_names_the_worker():
     assert clock.now < 2.5
 
 
+TRACEBACK = ("Traceback (most recent call last):", '  File "train.py", line 12, in main', "KeyError: 'accuracy'")
+
+
+@pytest.mark.parametrize(("options", "repeated"), [
+    pytest.param({}, False, id="shown-live-not-repeated"),
+    pytest.param({"log_dir": "logs", "tee": True}, False, id="tee-not-repeated"),
+    pytest.param({"log_dir": "logs"}, True, id="log-dir-only-shown-in-the-report"),
+    pytest.param({"console_workers": frozenset({0})}, True, id="worker-off-the-console-shown-in-the-report"),
+])
+def test_a_failed_workers_last_lines_are_in_the_report_only_when_the_console_did_not_show_them(
+        options, repeated, tmp_path):
+    """Issue 45 point 4: a traceback shown live is not repeated under 'last N line(s)'."""
+    if "log_dir" in options:
+        options = {**options, "log_dir": tmp_path / options["log_dir"]}
+
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 2:
+            fleet.at(0, 1).exit(1, lines=TRACEBACK)
+
+    result, err, _, _ = _run(scenario, **options)
+    assert _headline(err) == "tfstrategy launch: worker 1 exited with status 1: KeyError: 'accuracy'"
+    assert ("last 3 line(s) of worker 1:\n  | Traceback (most recent call last):" in err) is repeated, err
+    # (the fakes keep no log files, so the report points at the console's lines)
+    assert ("the output of worker 1 is above (its [worker 1] lines)" in err) is (not repeated), err
+    if "log_dir" in options:  # the record keeps the lines either way
+        assert "  | KeyError: 'accuracy'" in next(tmp_path.glob("logs/**/failure.txt")).read_text()
+
+
+def test_a_second_run_with_the_same_log_dir_writes_a_run_folder_of_its_own(tmp_path):
+    """Issue 45 point 10: D/<run-id>/attempt-N, never the first run's D/attempt-0 again."""
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 2:
+            fleet.at(0, 1).exit(1, lines=TRACEBACK)
+
+    errs = [_run(scenario, log_dir=tmp_path)[1] for _ in range(2)]
+    runs = sorted(tmp_path.iterdir())
+    assert len(runs) == 2 and all((run / "attempt-0" / "failure.txt").is_file() for run in runs), runs
+    for run in runs:
+        said = [line for err in errs for line in err.splitlines() if f"/{run.name}/" in line]
+        assert said == [f"tfstrategy launch: run {run.name}: each worker's output goes to {run}/attempt-0/worker-<i>/"
+                        "stdout.log and stderr.log"], errs
+
+
 def test_root_cause_is_the_earliest_real_error_and_peers_echoes_are_consequences():
     """Worker 0's UnavailableError is seen first; worker 1's earlier ValueError is the root cause."""
     def scenario(fleet, now, launcher):
@@ -100,6 +145,20 @@ def test_root_cause_is_the_earliest_real_error_and_peers_echoes_are_consequences
     assert "  then, as a consequence: worker 0 exited with status 1: tensorflow.python.framework.errors_impl." \
            "UnavailableError: Collective ops is aborted by" in err
     assert clock.now < 2 + 3 + 0.5  # within the settle window after the first (consequential) failure
+
+
+def test_every_worker_raising_the_same_error_on_its_own_is_no_consequence():
+    """Issue 45 point 5: worker 1's own KeyError after worker 0's is "also", not "as a consequence"."""
+    def scenario(fleet, now, launcher):
+        _joined_and_training(fleet)
+        if now > 2:
+            fleet.at(0, 0).exit(1, _record("KeyError", "'accuracy'", 1002.0))
+            fleet.at(0, 1).exit(1, _record("KeyError", "'accuracy'", 1002.05))
+
+    result, err, _, _ = _run(scenario)
+    assert _headline(err) == "tfstrategy launch: worker 0 exited with status 1: KeyError: 'accuracy' (at train.py:12 in main)"
+    assert "  also: worker 1 exited with status 1: KeyError: 'accuracy'" in err
+    assert "consequence" not in err
 
 
 def test_a_sigkill_nobody_sent_suggests_the_oom_killer():

@@ -116,14 +116,14 @@ def test_the_diagnosis_is_kept_in_the_log_dir_as_text_and_json(tmp_path):
         if now > 1:
             fleet.at(0, 1).exit(1, _record("ValueError", "bad flag", 1001.0))
 
-    result, err, _, _ = _run(scenario, log_dir=tmp_path)
+    result, err, _, _ = _run(scenario, log_dir=tmp_path, run_id="r1")
     assert result.returncode == 1
-    text = (tmp_path / "attempt-0" / "failure.txt").read_text()
+    text = (tmp_path / "r1" / "attempt-0" / "failure.txt").read_text()
     assert text.startswith("worker 1 raised ValueError before joining: the job cannot form\n"
                            "  worker 1's error: ValueError: bad flag (at train.py:12 in main)\n"
                            "  worker 0 joined and waits for it\n")
     assert "  what the launcher saw: worker 1 exited with status 1 before joining: ValueError: bad flag" in text
-    record = json.loads((tmp_path / "attempt-0" / "failure.json").read_text())
+    record = json.loads((tmp_path / "r1" / "attempt-0" / "failure.json").read_text())
     assert record["headline"] == "worker 1 raised ValueError before joining: the job cannot form"
     assert record["diagnosis"][2] == "worker 0 joined and waits for it"
     assert (record["worker"], record["exit_status"], record["attempt"]) == (1, 1, 0)

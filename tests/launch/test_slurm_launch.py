@@ -227,7 +227,7 @@ def test_srun_launch_diagnoses_uneven_shards_on_node_0_and_in_the_log_dir(cluste
     variables = f"ALL,TF_CPP_MIN_LOG_LEVEL=2,PYTHONPATH={ROOT / 'src'},{ENV_LAUNCH_SECRET}={secrets.token_hex(16)}"
     srun = subprocess.Popen(
         [cluster._programs["srun"], "-n", "2", f"--export={variables}", sys.executable, "-m", "tfstrategy", "launch",
-         "-n", "1", *STALL, "--log-dir", str(logs), "--", sys.executable, str(WORKER), "uneven"],
+         "-n", "1", *STALL, "--log-dir", str(logs), "--run-id", "uneven", "--", sys.executable, str(WORKER), "uneven"],
         env=cluster.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     headline = re.compile(r"tfstrategy launch: (stall: )?(node \d:? )?" + HEADLINES["uneven"][0])
@@ -252,11 +252,12 @@ def test_srun_launch_diagnoses_uneven_shards_on_node_0_and_in_the_log_dir(cluste
                        r"127\.0\.0\.1:\d+ \(port SLURM_STEP_RESV_PORTS=\S+\)$", err, re.MULTILINE)
     assert len(steps) == 1, err[-5000:]
     assert "starting 1 worker(s) (worker 0 of 2)" in err and "starting 1 worker(s) (worker 1 of 2)" in err
-    text = (logs / "attempt-0" / "failure.txt").read_text()
-    record = json.loads((logs / "attempt-0" / "failure.json").read_text())
+    run = logs / "uneven"  # --run-id: both nodes' launchers write one run's folder
+    text = (run / "attempt-0" / "failure.txt").read_text()
+    record = json.loads((run / "attempt-0" / "failure.json").read_text())
     assert re.match(r"(stall: )?(node \d:? )?" + HEADLINES["uneven"][0], text), text[:2000]
     assert record["worker"] == 1 and re.match(HEADLINES["uneven"][0], record["diagnosis"][0]), record
-    planted = float(re.search(r"planted uneven at ([0-9.]+)", (logs / "attempt-0" / "worker-1" / "stdout.log")
+    planted = float(re.search(r"planted uneven at ([0-9.]+)", (run / "attempt-0" / "worker-1" / "stdout.log")
                               .read_text()).group(1))
     print(f"\nsrun -n 2 tfstrategy launch -n 1: {headline.search(err).group(0)} "
           f"({diagnosed - planted:.1f} s after worker 1's last batch)")

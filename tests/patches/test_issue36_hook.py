@@ -98,7 +98,7 @@ def test_launch_2_workers_give_the_one_device_answer(reference, tmp_path: Path):
     done = run_cli("launch", "-n", "2", "--timeout", "120", "--log-dir", str(tmp_path), "--",
                    sys.executable, str(SCRIPT), env=PLAIN_ENV, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
-    workers = sorted(tmp_path.glob("attempt-*/worker-*"))
+    workers = sorted(tmp_path.glob("*/attempt-*/worker-*"))  # the run's folder, then its attempt
     assert len(workers) == 2, workers
     for worker in workers:
         where = f"launch -n 2, {worker.name}"

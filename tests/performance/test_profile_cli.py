@@ -70,7 +70,8 @@ def test_launch_profile_writes_one_report_for_the_job(tmp_path):
     assert [r["part"] for r in job["recommendations"]][:2] in (["reduction"] * 2, ["compute", "reduction"]), job
     output = result.stdout + result.stderr
     assert output.count("tfstrategy performance report (") == 1 and output.count(" examples/s;") == 1, output
-    assert "[worker 0] tfstrategy performance report (2 workers, 2 replicas in sync" in output
+    # On stderr, as --help says (the worker prints it there; issue 45 point 12: the launcher keeps it there).
+    assert "[worker 0] tfstrategy performance report (2 workers, 2 replicas in sync" in result.stderr
     assert "<svg" in (tmp_path / "report.html").read_text()
 
 

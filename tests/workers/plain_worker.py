@@ -1,7 +1,8 @@
 """A worker without TensorFlow for the launcher's supervision tests (starts in milliseconds).
 
 Each worker first starts a child (``sleep``) so the tests can check that nothing survives.
-``fail``: worker 1 prints 30 lines and exits 3, the others wait. ``sleep``: every worker waits.
+``fail``: worker 1 prints 30 lines and exits 3, the others wait. ``raise``: worker 1 raises a KeyError three
+calls deep (a traceback on its stderr), the others wait. ``sleep``: every worker waits.
 ``joined``: worker 0 signals that it joined; worker 1 never does. ``leave``: worker 0 joins and waits;
 worker 1 exits 0 without ever joining.
 ``listen``: every worker listens on 0.0.0.0:<its TF_CONFIG port>, as TensorFlow's server does,
@@ -25,6 +26,15 @@ if mode == "fail" and index == 1:
     for line in range(30):
         print(f"line {line}", flush=True)
     sys.exit(3)
+if mode == "raise" and index == 1:
+
+    def metric(logs: dict[str, float]) -> float:
+        return logs["accuracy"]
+
+    def evaluate() -> float:
+        return metric({"loss": 0.5})
+
+    evaluate()
 if mode == "leave" and index == 1:
     sys.exit(0)
 if mode in ("joined", "leave") and index == 0:

@@ -17,7 +17,7 @@ from tfstrategy.cli._common import add_program_arguments, program_from_args, qui
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT as JOIN_TIMEOUT_STATUS
 from tfstrategy.launch.states import EXIT_STALL
-from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, ENV_PORT_RANGE
+from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, ENV_PORT_RANGE, ENV_RUN_ID
 
 if TYPE_CHECKING:  # the launcher's modules load when a job starts, not for `tfstrategy check`
     from tfstrategy.launch.console import ConsoleView
@@ -45,7 +45,8 @@ DESCRIPTION = textwrap.dedent(
     (or tfstrategy.select()) in it forms the job, and a start-up hook gives every
     Python worker tfstrategy's side: the Keras workarounds its release needs, the
     "joined" signal, and a scope audit before fit (--audit).
-    Output lines are prefixed '[worker i]'. Worker 0's progress bar is live (on a
+    Output lines are prefixed '[worker i]': a worker's stdout goes to stdout, its
+    stderr to stderr, with the launcher's own lines. Worker 0's progress bar is live (on a
     terminal), a line every worker prints is shown once, and TensorFlow's shutdown
     noise stays in the log files (--console-workers, --debug).
 
@@ -111,6 +112,7 @@ EPILOG = textwrap.dedent(
       tfstrategy launch -n 2 --timeout 60 -- python train.py
       tfstrategy launch -n 2 --audit stop -- python -m mypackage.train
       tfstrategy launch -n 4 --log-dir logs --tee --console-workers 0 -- python train.py
+                                           # output in logs/<run id>/attempt-0/worker-<i>/
 
     two machines, 10.0.0.5 (node 0) and 10.0.0.6, with 2 workers each:
       export TFSTRATEGY_LAUNCH_SECRET=$(cat ~/.tfstrategy-secret)   # the same file on both
@@ -160,8 +162,12 @@ def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                         "with --max-restarts) (default: 120; 0: only report stalls)")
     output = parser.add_argument_group("output")
     output.add_argument("--log-dir", type=Path, metavar="DIR",
-                        help="write each worker's stdout and stderr to DIR/attempt-K/worker-I/{stdout,stderr}.log "
-                        "instead of the console")
+                        help="write each worker's stdout and stderr to DIR/RUN_ID/attempt-K/worker-I/"
+                        "{stdout,stderr}.log instead of the console")
+    output.add_argument("--run-id", metavar="ID",
+                        help="with --log-dir: the run's folder under DIR, e.g. exp1 or \"$SLURM_JOB_ID\" (the same on "
+                        f"every node of one job) (default: ${ENV_RUN_ID}, else the start time and a short random part, "
+                        "e.g. 20261206-103000-3f9a, so a second run never overwrites the first)")
     output.add_argument("--tee", action="store_true", help="with --log-dir: also copy every worker's output, both streams, to the console (takes no value)")
     output.add_argument("--console-workers", metavar="LIST",
                         help="only these workers' lines on the console, e.g. 0 or 1,2; the first one's progress bar "
@@ -201,7 +207,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         LaunchError: invalid values.
     """
     from tfstrategy.launch import backup_dir
-    from tfstrategy.launch.options import parse_port_range
+    from tfstrategy.launch.options import parse_port_range, parse_run_id
     from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
 
     program = program_from_args(args)
@@ -215,6 +221,9 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         port_range = parse_port_range(args.port_range)
     elif os.environ.get(ENV_PORT_RANGE, "").strip():
         port_range = parse_port_range(os.environ[ENV_PORT_RANGE], source=ENV_PORT_RANGE)
+    run_id = args.run_id
+    if run_id is None and args.log_dir is not None and os.environ.get(ENV_RUN_ID, "").strip():
+        run_id = parse_run_id(os.environ[ENV_RUN_ID].strip(), source=ENV_RUN_ID)
     return validate_launch_options(
         LaunchOptions(
             command=tuple(program),
@@ -228,6 +237,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             stall_report=args.stall_report,
             stall_timeout=None if args.stall_timeout == 0 else args.stall_timeout,
             log_dir=args.log_dir,
+            run_id=run_id,
             tee=args.tee,
             # "all" names every worker, so that with --log-dir they reach the console without --tee.
             console_workers=(frozenset(range(max(args.num_workers, 0) * args.nnodes)) if view.every_line
@@ -355,7 +365,8 @@ def _command_line(options: LaunchOptions, *, debug: bool) -> list[str]:
     if options.backup_dir is not None:
         line += ["--backup-dir", str(options.backup_dir.resolve())]
     if options.log_dir is not None:
-        line += ["--log-dir", str(options.log_dir.resolve())] + (["--tee"] if options.tee else [])
+        line += ["--log-dir", str(options.log_dir.resolve()), "--run-id", str(options.run_id)]
+        line += ["--tee"] if options.tee else []
     if options.console_workers is not None:
         line += ["--console-workers", ",".join(str(index) for index in sorted(options.console_workers))]
     if options.port_range is not None:
@@ -406,6 +417,6 @@ def launch_command(args: argparse.Namespace) -> int:
     # One plain last line in every output mode (with --log-dir and no --tee it is the only one).
     print("tfstrategy launch: " + status_line(
         reason=result.reason.value, returncode=result.returncode, workers=options.num_workers,
-        seconds=time.monotonic() - started, restarts=result.restarts, nodes=args.nnodes, log_dir=options.log_dir,
+        seconds=time.monotonic() - started, restarts=result.restarts, nodes=args.nnodes, log_dir=options.run_log_dir,
     ), file=sys.stderr)
     return result.returncode

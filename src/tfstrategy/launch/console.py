@@ -4,10 +4,16 @@ One worker, the *lead* (worker 0 by default, the first of ``--console-workers``)
 progress updates (Keras' bar) drawn live when the console is a terminal; without a terminal its
 progress is printed as a line every :data:`PLAIN_PROGRESS_SECONDS` without another line. Every line
 of the lead is shown. Another worker's line waits up to :data:`HOLD_SECONDS` for the lead to print
-the same line, and is shown once (by the lead) if it did; its other lines keep their prefix. Known
+the same line, and is shown once (by the lead) if it did, whichever printed it first and even when
+that worker's output ended first (``python -c "print('hi')"`` on every worker is one line); its other
+lines keep their prefix. Known
 shutdown noise (TensorFlow's gRPC and coordination-service errors once a peer's output ended,
 absl's start-of-logging notice) and everything after Ctrl-C or SIGTERM stay off the console unless
 ``--debug``. The log files and failure reports keep every line: this decides only the console.
+
+The streams stay apart, as torchrun's: a worker's stdout lines go to the launcher's stdout, its
+stderr lines to the launcher's stderr (where the launcher's own lines go too); a line repeats the
+lead's only on the same stream.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ class _Held:
     text: str
     due: float
     noise: int  # 0: a line; 1: shutdown noise; 2: its continuation
+    err: bool = False  # from the worker's stderr
 
 
 def _visible(text: str) -> str:
@@ -103,22 +110,25 @@ def stopped_line(index: int, status: int, signum: int, grace: float) -> str:
 
 
 class Console:
-    """The launcher's output stream, shared by every worker's pumps: whole lines, never an exception.
+    """The launcher's output streams, shared by every worker's pumps: whole lines, never an exception.
 
     Characters the stream cannot encode are replaced; a reader that went away (``| head``)
     makes every later line be discarded (the job goes on).
 
     Args:
-        stream: where worker lines go.
+        stream: where the workers' stdout lines go (and the live progress line).
         lock: held while writing (the launcher's own messages take it too).
+        err: where the workers' stderr lines go (default: ``stream``).
         view: the policy (default: :class:`ConsoleView`'s).
         live: whether ``stream`` is a terminal that gets ``\\r`` progress (default: ``stream.isatty()``).
         clock: monotonic seconds (tests pass a fake).
     """
 
-    def __init__(self, stream: TextIO, lock: threading.Lock, *, view: ConsoleView | None = None,
-                 live: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, stream: TextIO, lock: threading.Lock, *, err: TextIO | None = None,
+                 view: ConsoleView | None = None, live: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stream, self.lock = stream, lock
+        self.err = stream if err is None else err
         self.view = view or ConsoleView()
         self.lost: OSError | None = None
         if live is None:
@@ -130,8 +140,9 @@ class Console:
         self._clock = clock
         self._lead = self.view.lead
         self._held: dict[int, collections.deque[_Held]] = {}
-        self._lead_lines: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._lead_lines: collections.OrderedDict[tuple[bool, str], float] = collections.OrderedDict()
         self._ended: dict[int, int | None] = {}  # a worker whose output ended: its exit status once known
+        self._open: dict[int, int] = {}  # each registered worker's streams not ended yet
         self._noise_run: dict[int, int] = {}  # continuation lines left after a noise line, per worker
         self._dropping: dict[int, bool] = {}  # whether the worker's last noise line was kept off
         self._drawn: str | None = None  # the live progress line on the terminal
@@ -140,15 +151,18 @@ class Console:
 
     # --- the workers' side ----------------------------------------------------------------------
 
-    def register(self, index: int) -> None:
-        """A worker of this machine started; the first one is the lead unless the view names one."""
+    def register(self, index: int, streams: int = 1) -> None:
+        """A worker of this machine started with ``streams`` pumped streams; the first one is the lead unless the
+        view names one."""
         with self.lock:
             if self._lead is None:
                 self._lead = index
             self._ended.pop(index, None)
+            self._open[index] = streams
 
-    def line(self, index: int, prefix: str, text: str) -> None:
-        """One whole line of worker ``index``: shown, held for the lead's repeat, or kept off."""
+    def line(self, index: int, prefix: str, text: str, *, err: bool = False) -> None:
+        """One whole line of worker ``index`` (``err``: from its stderr): shown, held for the lead's repeat, or kept
+        off."""
         with self.lock:
             now = self._clock()
             self._release(now)
@@ -163,13 +177,14 @@ class Console:
             noise = self._noise_kind(index, _visible(text))
             queue = self._held.setdefault(index, collections.deque())
             if not queue and not noise and (index == self._lead or self.view.every_line):
-                self._show(index, prefix, text, now)
+                self._show(index, prefix, text, now, err)
                 return
-            queue.append(_Held(prefix, text, now + (NOISE_HOLD_SECONDS if noise else HOLD_SECONDS), noise))
+            queue.append(_Held(prefix, text, now + (NOISE_HOLD_SECONDS if noise else HOLD_SECONDS), noise, err))
             self._release(now, final=index if len(queue) > MAX_HELD else None)
 
-    def progress(self, index: int, prefix: str, text: str) -> None:
-        """A ``\\r`` update of the line worker ``index`` is writing; only the lead's are shown."""
+    def progress(self, index: int, prefix: str, text: str, *, err: bool = False) -> None:
+        """A ``\\r`` update of the line worker ``index`` is writing; only the lead's are shown (drawn on the
+        terminal; without one, a line now and then on its stream)."""
         with self.lock:
             now = self._clock()
             self._release(now)
@@ -179,7 +194,7 @@ class Console:
                 self._draw(prefix + text)
             elif now - self._last_lead >= PLAIN_PROGRESS_SECONDS:
                 self._last_lead = now
-                self._write(prefix + _visible(text))
+                self._write(prefix + _visible(text), err=err)
 
     def ended(self, index: int, status: int | None = None) -> None:
         """Worker ``index``'s output ended (``status`` None) or it exited with ``status``."""
@@ -195,9 +210,19 @@ class Console:
                 self._release(self._clock())
 
     def flush(self, index: int) -> None:
-        """Decide worker ``index``'s held lines now (its stream ended)."""
+        """One of worker ``index``'s streams ended: its held lines still wait for the lead's repeat (until the
+        lead's output ends too); once every worker's output ended, everything held is decided."""
         with self.lock:
-            self._release(self._clock(), final=index)
+            if self._open.get(index, 0) > 0:
+                self._open[index] -= 1
+            done = all(left == 0 for left in self._open.values())
+            final = -1 if done else index if index == self._lead or self._stopping else None
+            self._release(self._clock(), final=final)
+
+    def settle(self) -> None:
+        """Decide every held line now (the launcher is about to report the attempt's end)."""
+        with self.lock:
+            self._release(self._clock(), final=-1)
 
     # --- the launcher's side --------------------------------------------------------------------
 
@@ -222,10 +247,10 @@ class Console:
             except (OSError, ValueError):
                 pass
 
-    def write_line(self, prefix: str, text: str) -> None:
+    def write_line(self, prefix: str, text: str, *, err: bool = False) -> None:
         """Write one line now, whatever the view."""
         with self.lock:
-            self._write(prefix + text)
+            self._write(prefix + text, err=err)
 
     # --- inside the lock ------------------------------------------------------------------------
 
@@ -259,26 +284,26 @@ class Console:
                     self._dropping[index] = dropping
                 if held.noise:
                     if not self._dropping.get(index, False):
-                        self._show(index, held.prefix, held.text, now)
+                        self._show(index, held.prefix, held.text, now, held.err)
                 elif index == self._lead or self.view.every_line:
-                    self._show(index, held.prefix, held.text, now)
+                    self._show(index, held.prefix, held.text, now, held.err)
                 else:
-                    seen = self._lead_lines.get(held.text)
+                    seen = self._lead_lines.get((held.err, held.text))
                     if seen is None or now - seen > REPEAT_SECONDS:
-                        lead_over = self._lead is not None and self._lead in self._ended
+                        lead_over = self._lead is not None and self._open.get(self._lead) == 0
                         if not last and not lead_over and now < held.due:
                             break
-                        self._show(index, held.prefix, held.text, now)
+                        self._show(index, held.prefix, held.text, now, held.err)
                 queue.popleft()
 
-    def _show(self, index: int, prefix: str, text: str, now: float) -> None:
+    def _show(self, index: int, prefix: str, text: str, now: float, err: bool = False) -> None:
         if index == self._lead:
             self._last_lead = now
-            self._lead_lines[text] = now
-            self._lead_lines.move_to_end(text)
+            self._lead_lines[err, text] = now
+            self._lead_lines.move_to_end((err, text))
             if len(self._lead_lines) > REPEAT_LINES:
                 self._lead_lines.popitem(last=False)
-        self._write(prefix + text, ends_progress=index == self._lead)
+        self._write(prefix + text, ends_progress=index == self._lead and not err, err=err)
 
     def _fit(self, text: str) -> str:
         try:
@@ -293,24 +318,25 @@ class Console:
         self._put(f"\r{self._fit(text)}\x1b[K")
         self._drawn = text
 
-    def _write(self, line: str, *, ends_progress: bool = True) -> None:
+    def _write(self, line: str, *, ends_progress: bool = True, err: bool = False) -> None:
         drawn = self._drawn
         if drawn is not None:
             self._put("\r\x1b[K")
             self._drawn = None
-        self._put(f"{line}\n")
+        self._put(f"{line}\n", self.err if err else self.stream)
         if drawn is not None and not ends_progress:
             self._draw(drawn)  # another worker's line went above the lead's progress
 
-    def _put(self, text: str) -> None:
+    def _put(self, text: str, stream: TextIO | None = None) -> None:
         if self.lost is not None:
             return
+        stream = self.stream if stream is None else stream
         try:
             try:
-                self.stream.write(text)
+                stream.write(text)
             except UnicodeEncodeError:
-                encoding = getattr(self.stream, "encoding", None) or "ascii"
-                self.stream.write(text.encode(encoding, errors="replace").decode(encoding))
-            self.stream.flush()
+                encoding = getattr(stream, "encoding", None) or "ascii"
+                stream.write(text.encode(encoding, errors="replace").decode(encoding))
+            stream.flush()
         except (BrokenPipeError, ValueError, OSError) as error:  # the reader went away
             self.lost = error if isinstance(error, OSError) else BrokenPipeError(str(error))

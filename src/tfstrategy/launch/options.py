@@ -6,8 +6,11 @@ import dataclasses
 import json
 import math
 import os
+import re
+import secrets
 import shutil
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +22,11 @@ from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
 from tfstrategy.settings import ENV_PROFILE, validate_audit_mode
 from tfstrategy.worker_contract import WorkerSettings
 
-__all__ = ["LaunchOptions", "validate_launch_options", "worker_settings", "parse_port_range", "worker_tf_config",
-           "cluster_tf_config"]
+__all__ = ["LaunchOptions", "validate_launch_options", "worker_settings", "parse_port_range", "parse_run_id",
+           "new_run_id", "worker_tf_config", "cluster_tf_config"]
+
+#: A run id: a folder name (letters, digits, ``.``, ``_``, ``-``), not starting with a dot.
+_RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,8 +48,10 @@ class LaunchOptions:
     stall_report: float = 30.0
     #: Seconds without progress that fail the group (exit 125, or a restart); ``None``: never for a stall.
     stall_timeout: float | None = 120.0
-    #: Each worker's stdout/stderr to ``DIR/attempt-K/worker-I/{stdout,stderr}.log``; ``None``: console only.
+    #: Each worker's stdout/stderr to ``DIR/RUN_ID/attempt-K/worker-I/{stdout,stderr}.log``; ``None``: console only.
     log_dir: Path | None = None
+    #: The run's folder under ``log_dir`` (``--run-id``); ``None``: a new one (:func:`new_run_id`) once validated.
+    run_id: str | None = None
     #: With ``log_dir``: also copy the output to the console.
     tee: bool = False
     #: Only these workers' lines on the console (``None``: every worker's).
@@ -61,13 +69,42 @@ class LaunchOptions:
     #: Minutes between performance reports on long jobs.
     profile_every: float = 10.0
 
+    @property
+    def run_log_dir(self) -> Path | None:
+        """This run's folder, ``log_dir/run_id`` (``None`` without ``log_dir``)."""
+        if self.log_dir is None:
+            return None
+        return self.log_dir / (self.run_id or "")
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A new run's id, its start time and a short random part: ``20261206-103000-3f9a`` (as torchrun's rdzv_id names
+    a run), so a second run with the same ``--log-dir`` writes a folder of its own."""
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{secrets.token_hex(2)}"
+
+
+def parse_run_id(text: str, source: str = "--run-id") -> str:
+    """``text`` as a run id, the name of one folder; ``source`` names where it came from.
+
+    Raises:
+        LaunchError: a path, an empty name, or characters other than letters, digits, ``.``, ``_`` and ``-``.
+    """
+    if not _RUN_ID.fullmatch(text):
+        raise LaunchError(f"Received {source} {text!r}; expected one folder name of letters, digits, '.', '_' and '-' "
+                          "(not starting with '.'), e.g. --run-id exp1 or --run-id \"$SLURM_JOB_ID\".")
+    return text
+
 
 def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
     """Check the options before anything starts; creates the backup directory.
 
+    Returns:
+        ``options``, with a new :attr:`~LaunchOptions.run_id` when ``log_dir`` is given without one.
+
     Raises:
         LaunchError: no command or one that cannot be run, fewer than one worker,
             a negative restart count, a timeout that is not a positive number,
+            a run id that is no folder name (or without a log directory),
             or a backup directory that cannot be created or written.
     """
     example = "tfstrategy launch -n 2 -- python train.py"
@@ -92,6 +129,13 @@ def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
     if stall is not None and (not math.isfinite(stall) or stall <= 0):
         raise LaunchError(f"Received --stall-timeout {stall:g}; expected seconds > 0 without progress before the job "
                           "fails, e.g. --stall-timeout 120 (or 0 to only report stalls).")
+    if options.run_id is not None and options.log_dir is None:
+        raise LaunchError("Received --run-id without --log-dir; expected --log-dir DIR too (the run's output goes to "
+                          "DIR/RUN_ID), or drop --run-id.")
+    if options.run_id is not None:
+        parse_run_id(options.run_id)
+    elif options.log_dir is not None:
+        options = dataclasses.replace(options, run_id=new_run_id())
     if options.tee and options.log_dir is None:
         raise LaunchError("Received --tee without --log-dir; expected --log-dir DIR too (--tee copies the log files' "
                           "lines to the console), or drop --tee.")

@@ -141,12 +141,13 @@ class Pump:
         index: the worker's index, for the console's view (``None``: every line as it comes).
         log: where the raw bytes go (``None``: no log file).
         tail: where the last lines are kept.
+        err: the worker's stderr (its lines go to the console's stderr).
     """
 
     def __init__(self, fd: int, *, prefix: str, console: Console | None, log: BinaryIO | None, tail: Tail,
-                 index: int | None = None) -> None:
+                 index: int | None = None, err: bool = False) -> None:
         self.fd, self.prefix, self.console, self.log, self.tail = fd, prefix, console, log, tail
-        self.index = index
+        self.index, self.err = index, err
         self._progress = b""
         self._plain = AnsiStripper()
         #: The largest the pending buffer ever was (bytes), for the memory bound's tests.
@@ -224,9 +225,9 @@ class Pump:
         if self.console is None:
             return
         if self.index is None:
-            self.console.write_line(self.prefix, text)
+            self.console.write_line(self.prefix, text, err=self.err)
         else:
-            self.console.line(self.index, self.prefix, text)
+            self.console.line(self.index, self.prefix, text, err=self.err)
 
     def _show_progress(self, pending: bytes) -> None:
         """The state a ``\\r`` progress bar shows now, to the console if it changed."""
@@ -234,7 +235,7 @@ class Pump:
         state = trimmed[trimmed.rfind(b"\r") + 1:].replace(b"\b", b"")
         if state and state != self._progress and self.console is not None and self.index is not None:
             self._progress = state
-            self.console.progress(self.index, self.prefix, state.decode("utf-8", errors="replace"))
+            self.console.progress(self.index, self.prefix, state.decode("utf-8", errors="replace"), err=self.err)
 
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the stream's end; whether it ended."""

@@ -136,7 +136,7 @@ class WorkerSpec:
     join_file: Path
     error_file: Path
     progress_file: Path
-    #: ``stdout.log``, ``stderr.log`` (``--log-dir``), or ``None``: merged output, no files.
+    #: ``stdout.log``, ``stderr.log`` (``--log-dir``), or ``None``: no files.
     logs: tuple[Path, Path] | None = None
     #: Whether this worker's lines go to the console.
     console: bool = True
@@ -236,22 +236,21 @@ class LocalProcess:
         fds: tuple[int, ...] = ()
         if lifeline is not None:
             fds = (lifeline.read_fd,)
+        # Two pipes, so the worker's stderr reaches the launcher's stderr (and its stdout, stdout).
         out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe() if spec.logs else (None, None)
+        err_r, err_w = os.pipe()
         try:
             self.process = subprocess.Popen(
-                list(spec.command), env=env, stdin=subprocess.DEVNULL, stdout=out_w,
-                stderr=subprocess.STDOUT if err_w is None else err_w, start_new_session=True, pass_fds=fds,
+                list(spec.command), env=env, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                start_new_session=True, pass_fds=fds,
             )
         except OSError:
             for fd in (out_r, out_w, err_r, err_w):
-                if fd is not None:
-                    os.close(fd)
+                os.close(fd)
             raise
         self.pid = self.process.pid
         os.close(out_w)
-        if err_w is not None:
-            os.close(err_w)
+        os.close(err_w)
         if lifeline is not None:
             lifeline.watch(self.process.pid)
         show = console if spec.console else None
@@ -262,11 +261,10 @@ class LocalProcess:
                 path.parent.mkdir(parents=True, exist_ok=True)
             logs = (open(spec.logs[0], "ab"), open(spec.logs[1], "ab"))  # noqa: SIM115 (the pump closes them)
         if spec.console:
-            console.register(spec.index)
+            console.register(spec.index, streams=2)
         self._exited = False
-        self._pumps = [Pump(out_r, prefix=prefix, console=show, log=logs[0], tail=self.tail, index=spec.index)]
-        if err_r is not None:
-            self._pumps.append(Pump(err_r, prefix=prefix, console=show, log=logs[1], tail=self.tail, index=spec.index))
+        self._pumps = [Pump(out_r, prefix=prefix, console=show, log=logs[0], tail=self.tail, index=spec.index),
+                       Pump(err_r, prefix=prefix, console=show, log=logs[1], tail=self.tail, index=spec.index, err=True)]
 
     def poll(self) -> int | None:
         return self.process.poll()

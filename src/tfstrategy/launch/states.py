@@ -158,10 +158,15 @@ class Failure:
                 "exit_status": self.exit_status, "time": self.time, "consequential": self.consequential,
                 "last_lines": list(self.last_lines), "logs": list(self.logs)}
 
-    def report(self, consequences: tuple[Failure, ...] = ()) -> str:
-        """The failure (its diagnosis and evidence first), its consequences on the peers, its last lines and logs.
+    def report(self, consequences: tuple[Failure, ...] = (), *, shown: bool = False) -> str:
+        """The failure (its diagnosis and evidence first), the peers' failures after it, its last lines and logs.
+
+        A peer's failure is said to be a consequence only when it is ``consequential`` (its error echoes
+        a lost peer); any other is ``also:``.
 
         A worker's stop line is the whole report (and where its logs are): the peers stopped with it.
+        ``shown``: the worker's lines are on the console already (live), so the report points at them (and at its
+        logs) instead of repeating them.
         """
         lines = [self.headline()]
         if self.outcome is Outcome.STOPPED:
@@ -170,8 +175,12 @@ class Failure:
             lines.extend(f"  {line}" for line in self.diagnosis[1:])
             lines.append(f"  what the launcher saw: {self.who} {self.reason}")
         for other in consequences:
-            lines.append(f"  then, as a consequence: {other.headline()}")
-        if self.last_lines:
+            # A consequence only on evidence: its error echoes a lost peer. Another worker's own error
+            # (every worker raising the same KeyError by itself) is not caused by this one.
+            lines.append(f"  {'then, as a consequence' if other.consequential else 'also'}: {other.headline()}")
+        if self.last_lines and shown and not self.logs:
+            lines.append(f"the output of {self.who} is above (its [worker {self.index}] lines)")
+        elif self.last_lines and not shown:
             lines.append(f"last {len(self.last_lines)} line(s) of {self.who}:")
             lines.extend(f"  | {line}" for line in self.last_lines)
         if self.logs:

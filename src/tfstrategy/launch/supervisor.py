@@ -92,8 +92,8 @@ class Launcher:
     Args:
         options: validated :class:`LaunchOptions`.
         env: base environment of the workers (``os.environ`` when omitted).
-        out: where prefixed worker output goes.
-        err: where the launcher's own messages go.
+        out: where the workers' prefixed stdout lines go.
+        err: where their prefixed stderr lines and the launcher's own messages go.
         spawn: starts one worker (default: a real process); tests pass fakes.
         coordinator: the job beyond this machine (default: local, or the rendezvous with ``--nnodes``).
         clock, wall, sleep: monotonic time, wall-clock time, and waiting (tests pass a fake clock).
@@ -108,7 +108,7 @@ class Launcher:
         self.settings()  # a setting the environment contradicts fails here, before anything starts
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self._lock = threading.Lock()
-        self._console = Console(self.out, self._lock, view=self.options.console_view)
+        self._console = Console(self.out, self._lock, err=self.err, view=self.options.console_view)
         self._spawn, self._coordinator = spawn, coordinator
         self._clock, self._wall, self._sleep = clock, wall, sleep
         self._signal: int | None = None
@@ -166,6 +166,7 @@ class Launcher:
         """Leave nothing behind, whatever fails on the way: workers, the coordinator, the reaper, orphans."""
         try:
             self._stop(grace=0.0)
+            self._console.settle()
         finally:
             try:
                 if coordinator is not None:
@@ -194,11 +195,11 @@ class Launcher:
         where = "" if coordinator.rank is None else f" (worker{span} of {len(addresses)})"
         self._say(f"starting {count} worker(s){where} on " + ", ".join(addresses[first:first + count])
                   + (f" (restart {attempt} of {self.options.max_restarts})" if attempt else ""))
-        log_dir = None if self.options.log_dir is None else self.options.log_dir / f"attempt-{attempt}"
-        if log_dir is not None:
-            self._say(f"each worker's output goes to {log_dir}/worker-<i>/stdout.log and stderr.log"
-                      + (" (and to the console)" if self.options.tee else ""))
-        shown = self.options.console_workers
+        run_log_dir = self.options.run_log_dir
+        log_dir = None if run_log_dir is None else run_log_dir / f"attempt-{attempt}"
+        if log_dir is not None:  # a run of its own (--run-id): a second run never overwrites the first's files
+            self._say(f"run {self.options.run_id}: each worker's output goes to {log_dir}/worker-<i>/stdout.log and "
+                      "stderr.log" + (" (and to the console)" if self.options.tee else ""))
         for index, port in ports.items():
             files = {kind: attempt_dir / f"worker-{index}.{kind}" for kind in ("joined", "error", "progress")}
             contract = WorkerContract(
@@ -216,11 +217,9 @@ class Launcher:
             }
             worker_logs = None if log_dir is None else (log_dir / f"worker-{index}" / "stdout.log",
                                                         log_dir / f"worker-{index}" / "stderr.log")
-            # --console-workers names workers for the console, with --log-dir too (no --tee needed).
-            console = (log_dir is None or self.options.tee or shown is not None) and (shown is None or index in shown)
             spec = WorkerSpec(index=index, command=self.options.command, env=env, port=port,
                               join_file=files["joined"], error_file=files["error"], progress_file=files["progress"],
-                              logs=worker_logs, console=console)
+                              logs=worker_logs, console=self._on_console(index))
             spawn = self._spawn
             if spawn is None:
                 raise RuntimeError("Launcher._start() runs only inside run()")
@@ -236,6 +235,19 @@ class Launcher:
         return GroupMonitor(list(ports), policy_of(self.options), started=self._clock(),
                             lines=lambda index: handles[index].last_lines(), ports=ports,
                             peers_elsewhere=len(addresses) > count)
+
+    def _on_console(self, index: int) -> bool:
+        """Whether worker ``index``'s lines go to the console."""
+        shown = self.options.console_workers
+        # --console-workers names workers for the console, with --log-dir too (no --tee needed).
+        return ((self.options.log_dir is None or self.options.tee or shown is not None)
+                and (shown is None or index in shown))
+
+    def _shown_live(self, failure: Failure, local: Sequence[int], rank: int | None) -> bool:
+        """Whether ``failure``'s worker is one of this machine's whose lines reached the console."""
+        here = failure.node is None or failure.node == rank
+        return (here and failure.index is not None and failure.index in local and self._on_console(failure.index)
+                and self._console.lost is None)
 
     def _watch(self, coordinator: Coordinator, monitor: GroupMonitor, failed_at: float | None,
                result: RunResult) -> Decision | Event | None:
@@ -309,6 +321,7 @@ class Launcher:
             if self._signal is not None or event.failure is None:
                 return self._ended(event, result)
             self._stop(grace=0.0)
+            self._console.settle()  # the workers' held lines above the report, not after it
             failure = event.failure
             result.failures.append(failure)
             self._keep_failure(attempt, failure, consequences)
@@ -316,8 +329,10 @@ class Launcher:
             if failure.outcome is Outcome.STOPPED:  # the worker's one line, once: its peers stopped with it
                 self._say(failure.report())
             else:
-                self._say(f"{failure.report(consequences)}\nstopped {whose} {self._clock() - failed_at:.1f} s after "
-                          "the failure")
+                # The worker's last lines once: live on the console, else in the report.
+                shown = self._shown_live(failure, list(started.workers), coordinator.rank)
+                self._say(f"{failure.report(consequences, shown=shown)}\nstopped {whose} "
+                          f"{self._clock() - failed_at:.1f} s after the failure")
             if not event.restart:
                 if self.options.max_restarts and failure.outcome.restartable:
                     self._say(f"giving up after {attempt} restart(s)")
@@ -327,9 +342,10 @@ class Launcher:
 
     def _keep_failure(self, attempt: int, failure: Failure, consequences: tuple[Failure, ...]) -> None:
         """With ``--log-dir``: the attempt's failure as reported (``failure.txt``) and as JSON (``failure.json``)."""
-        if self.options.log_dir is None:
+        run_log_dir = self.options.run_log_dir
+        if run_log_dir is None:
             return
-        where = self.options.log_dir / f"attempt-{attempt}"
+        where = run_log_dir / f"attempt-{attempt}"
         try:
             where.mkdir(parents=True, exist_ok=True)
             (where / "failure.txt").write_text(failure.report(consequences) + "\n")
@@ -413,6 +429,7 @@ def launch(
     grace: float = 10.0,
     nodes: NodeOptions | None = None,
     log_dir: str | os.PathLike[str] | None = None,
+    run_id: str | None = None,
     precision: str | None = None,
     sentinel: str = "epoch",
     profile_dir: str | os.PathLike[str] | None = None,
@@ -437,14 +454,16 @@ def launch(
         grace: seconds workers get to exit after SIGINT/SIGTERM is passed on.
         nodes: this machine's place in a job of several machines (``num_workers`` on each);
             ``None``: every worker on this machine.
-        log_dir: each worker's stdout and stderr to files under this directory.
+        log_dir: each worker's stdout and stderr to files under this directory, in ``log_dir/run_id/attempt-K``.
+        run_id: the run's folder under ``log_dir`` (default: its start time and a short random part).
         precision: the Keras global dtype policy every worker sets before building its model
             (``float32``, ``mixed_float16``, ``mixed_bfloat16``; default: ``TFSTRATEGY_PRECISION``).
         sentinel: the divergence sentinel's interval: ``epoch``, a step count, or ``off``.
         profile_dir: write performance reports there (as ``--profile --profile-dir``), every
             ``profile_every`` minutes on long jobs.
         env: the workers' base environment (``os.environ`` when omitted).
-        out: where ``[worker i]`` lines go (stdout); err: launcher messages (stderr).
+        out: where the workers' ``[worker i]`` stdout lines go (stdout); err: their stderr lines and the
+            launcher's messages (stderr).
 
     Returns:
         A :class:`RunResult`; ``returncode`` is 0 when every worker exited 0, 1 when one
@@ -460,7 +479,7 @@ def launch(
     options = LaunchOptions(
         command=tuple(command), num_workers=num_workers, max_restarts=max_restarts,
         backup_dir=checked_backup_dir(None if backup_dir is None else Path(backup_dir)), join_timeout=join_timeout,
-        audit=audit, grace=grace, nodes=nodes, log_dir=None if log_dir is None else Path(log_dir),
+        audit=audit, grace=grace, nodes=nodes, log_dir=None if log_dir is None else Path(log_dir), run_id=run_id,
         precision=precision, sentinel=sentinel, profile_dir=None if profile_dir is None else Path(profile_dir),
         profile_every=profile_every,
     )
