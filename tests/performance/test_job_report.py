@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import re
 import math
 import random
+import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
