@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import re
 import math
 import random
+import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
@@ -49,7 +49,7 @@ def test_the_job_has_one_throughput_and_each_worker_its_share():
         pytest.approx(116 * 256 / 4.2 / 2)] * 2
     assert job.waited(job.workers[1]) == pytest.approx(4.9) and job.waited(job.workers[0]) == 0
     text = job.text()
-    assert text.count(" examples/s;") == 1 and "  the job: 7,070 examples/s;" in text
+    assert text.count(" examples/s;") == 1 and "  the job: 7,070 in-step examples/s;" in text
     assert "  worker 0: 1 replica, 50% of the examples (3,535 examples/s)" in text
     assert "4.9 s more in its steps than the job (waiting for another worker)" in text
     data = json.loads(job.json())
@@ -251,3 +251,4 @@ def test_an_unsplit_step_is_drawn_as_one_grey_bar():
               if rect.find(f"{SVG}title") is not None]
     assert titles == ["not split: the probes did not run"] * 2  # the job's bar, and the worker's
     assert dataclasses.asdict(job.recommendations[0])["part"] == UNSPLIT
+
