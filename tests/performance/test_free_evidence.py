@@ -75,6 +75,18 @@ def test_a_step_that_keeps_the_cores_busy_is_compute_bound():
     assert on_gpus.inferred.bottleneck is None and "says nothing" in on_gpus.inferred.evidence
 
 
+def test_on_a_crowded_machine_an_idle_cpu_concludes_nothing():
+    alone = verdict(unprobed(sampled_py_function=0.019, cpu_seconds=0.004, pipeline_ops=(), load_average=1.0))
+    assert alone.inferred.bottleneck == WAITING
+    # Load average 5 on 2 cores: the step may wait for a core, not for input or the all-reduce.
+    crowded = verdict(unprobed(sampled_py_function=0.019, cpu_seconds=0.004, pipeline_ops=(), load_average=5.0))
+    assert crowded.inferred.bottleneck is None
+    assert "the machine is crowded (load average 5.0 on 2 core(s)): the step may wait for a core" in \
+        crowded.inferred.evidence
+    # The samples of input still conclude: they do not rest on the CPU.
+    assert verdict(unprobed(sampled_input=0.020, load_average=5.0)).inferred.bottleneck == "input"
+
+
 def test_without_evidence_it_says_it_cannot_tell_and_how_to_let_the_probes_run():
     report = verdict(unprobed())
     assert report.inferred.bottleneck is None

@@ -11,7 +11,9 @@ not split. Three figures were gathered while training at no cost:
 - ``cpu_seconds``: the process's CPU seconds per step. Against the step's wall
   times the cores it may use: well below means the step waits (for input, or
   for the all-reduce), near means it computes. On an accelerator the compute
-  burns no host CPU, so there this says nothing.
+  burns no host CPU, so there this says nothing; on a machine crowded with other
+  work (its load average well above its cores) the step may wait for a core, so
+  an idle CPU concludes nothing.
 
 :func:`infer` weighs them into a bottleneck with a certainty (``likely``,
 ``possibly``), or none ("cannot tell"). The samples come from the worker's
@@ -32,6 +34,9 @@ INPUT_POSSIBLY = 0.2
 CPU_BUSY = 0.7
 #: ... at most this share: the step waits.
 CPU_IDLE = 0.35
+#: A load average above this many times the cores: other work competes for them, and idle CPU may be a wait for a
+#: core, not for input or the all-reduce.
+CROWDED = 1.5
 #: The verdict for a step that waits, for input or the all-reduce (only the probes tell which).
 WAITING = "waiting"
 
@@ -70,7 +75,7 @@ def has_map(ops: Sequence[str]) -> bool:
 
 def infer(*, step: float, cores: int, cpu_seconds: float | None, sampled_input: float | None,
           sampled_py_function: float | None, pipeline_ops: Sequence[str] = (), replicas: int = 1, workers: int = 1,
-          accelerators: bool = False) -> Inference:
+          accelerators: bool = False, load_average: float | None = None) -> Inference:
     """The bottleneck the free samples point at, per step of ``step`` seconds (the median)."""
     if step <= 0:
         return Inference(bottleneck=None, certainty="", evidence="no step timed")
@@ -92,17 +97,22 @@ def infer(*, step: float, cores: int, cpu_seconds: float | None, sampled_input: 
         busy = cpu_seconds / (step * max(cores, 1))
         said.append(f"CPU {_ms(cpu_seconds)} a step, {busy:.0%} of {max(cores, 1)} core(s)"
                     + (" (the compute runs on the accelerators: it says nothing)" if accelerators else ""))
+    crowded = load_average is not None and load_average > CROWDED * max(cores, 1)
+    if crowded and busy is not None and busy < CPU_BUSY:
+        said.append(f"the machine is crowded (load average {load_average:.1f} on {max(cores, 1)} core(s)): "
+                    "the step may wait for a core")
     evidence = "; ".join(said) or "no samples (no step timed while sampling)"
     if accelerators:
         busy = None
+    idle = busy is not None and busy <= CPU_IDLE and not crowded
     if input_share >= INPUT_LIKELY:
         return Inference(bottleneck="input", certainty="likely", evidence=evidence)
-    if input_share >= INPUT_POSSIBLY and busy is not None and busy <= CPU_IDLE:
+    if input_share >= INPUT_POSSIBLY and idle:
         return Inference(bottleneck="input", certainty="possibly", evidence=evidence)
     if busy is not None and busy >= CPU_BUSY:
         return Inference(bottleneck="compute", certainty="likely" if input_share < INPUT_POSSIBLY else "possibly",
                          evidence=evidence)
-    if busy is not None and busy <= CPU_IDLE:
+    if idle:
         if replicas * workers > 1:
             return Inference(bottleneck=WAITING, certainty="possibly", evidence=evidence)
         return Inference(bottleneck="input", certainty="possibly", evidence=evidence)  # nothing else to wait for

@@ -33,6 +33,7 @@ from tfstrategy.performance.verdict import (
     Measurements,
     Recommendation,
     Report,
+    epoch_note,
     epoch_rate,
     free_samples,
     infer_from,
@@ -44,7 +45,7 @@ from tfstrategy.performance.verdict import (
 #: The measurements' numbers a worker sends (in this order), after its replicas, median, p90, split flag and shares.
 NUMBERS = ("steps", "seconds", "global_batch", "replicas", "workers", "worker", "steps_per_execution", "outside",
            "waited", "synthetic", "data_step", "input_batch", "allreduce", "synthetic_fastest", "cores",
-           "probe_seconds", "cpu_seconds", "sampled_input", "sampled_py_function", "epoch_seconds", "epoch_steps")
+           "probe_seconds", "cpu_seconds", "sampled_input", "sampled_py_function", "epoch_seconds", "epoch_steps", "load_average")
 #: Fields that are whole numbers.
 _INTEGERS = {"steps", "global_batch", "replicas", "workers", "worker", "steps_per_execution", "cores", "epoch_steps"}
 #: The length of one worker's row (:func:`figures_row`).
@@ -128,7 +129,7 @@ class JobReport:
     not_probed: dict[str, str]
     #: When the probes did not split the step: what the free samples point at.
     inferred: Inference | None = None
-    #: The job's examples per second over the epochs' wall time (tracing, epoch ends included), if timed.
+    #: The job's examples per second over the epochs' wall time (the traced first step, validation, epoch ends), if timed.
     epoch_examples_per_second: float | None = None
 
     def worker_examples_per_second(self, figures: WorkerFigures) -> float:
@@ -179,8 +180,7 @@ class JobReport:
         return "\n".join(lines)
 
     def _epoch_text(self) -> str:
-        rate = self.epoch_examples_per_second
-        return "" if rate is None else f" ({rate:,.0f}/s over the epochs' wall time: tracing and epoch ends included)"
+        return epoch_note(self.epoch_examples_per_second)
 
 
 def _worker_line(job: JobReport, figures: WorkerFigures) -> str:
@@ -226,7 +226,8 @@ def _job_measurements(workers: Sequence[WorkerFigures], steps: int, seconds: flo
     first = ms[0]
     means = {name: _mean([getattr(m, name) for m in ms])
              for name in ("outside", "waited", "synthetic", "data_step", "input_batch", "allreduce",
-                          "synthetic_fastest", "cpu_seconds", "sampled_input", "sampled_py_function")}
+                          "synthetic_fastest", "cpu_seconds", "sampled_input", "sampled_py_function",
+                          "load_average")}
     epochs = [(m.epoch_seconds, m.epoch_steps) for m in ms if m.epoch_seconds is not None and m.epoch_steps]
     larger = [m.larger_k for m in ms if m.larger_k is not None]
     return dataclasses.replace(
@@ -236,6 +237,7 @@ def _job_measurements(workers: Sequence[WorkerFigures], steps: int, seconds: flo
         data_step=means["data_step"], input_batch=means["input_batch"], allreduce=means["allreduce"],
         synthetic_fastest=means["synthetic_fastest"], cpu_seconds=means["cpu_seconds"],
         sampled_input=means["sampled_input"], sampled_py_function=means["sampled_py_function"],
+        load_average=means["load_average"],
         # Workers step together: the job's epochs took the least wall time any worker measured.
         epoch_seconds=min(e[0] for e in epochs) if len(epochs) == len(ms) else None,
         epoch_steps=min(e[1] for e in epochs) if len(epochs) == len(ms) else None,

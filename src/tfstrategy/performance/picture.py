@@ -12,7 +12,7 @@ import math
 from html import escape
 
 from tfstrategy.performance.job import JobReport, WorkerFigures
-from tfstrategy.performance.verdict import PARTS, UNSPLIT
+from tfstrategy.performance.verdict import PARTS, UNSPLIT, epoch_note
 
 #: Each part's colour (colour-blind safe: Okabe-Ito), and the colour of a step the probes did not split.
 COLOURS = {"input": "#E69F00", "reduction": "#56B4E9", "dispatch": "#CC79A7", "compute": "#009E73"}
@@ -109,9 +109,7 @@ def html(job: JobReport) -> str:
         verdict = f"not split by the probes; {job.inferred.headline()}"
     else:
         verdict = "the step was not split: the probes did not run"
-    epochs = job.epoch_examples_per_second
-    rate = f"<b>{job.examples_per_second:,.0f} in-step examples/s</b>" + (
-        f" ({epochs:,.0f}/s over the epochs' wall time: tracing and epoch ends included)" if epochs else "")
+    rate = f"<b>{job.examples_per_second:,.0f} in-step examples/s</b>" + epoch_note(job.epoch_examples_per_second)
     items = "".join(f"<li><b>{escape(r.part)}</b>: {escape(r.line())}</li>" for r in job.recommendations)
     cost = job.probe_cost()
     cost_text = (f"probes {job.probe_seconds:.2f} s" + (f" = {cost:.1%} of the {job.seconds:.1f} s trained"

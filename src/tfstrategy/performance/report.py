@@ -100,6 +100,13 @@ def _accelerators(strategy: Any) -> bool:
     return any(kind in str(device).upper() for device in devices for kind in ("GPU", "TPU"))
 
 
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform
+        return None
+
+
 def _cores() -> int:
     affinity = getattr(os, "sched_getaffinity", None)
     return len(affinity(0)) if affinity else (os.cpu_count() or 1)
@@ -208,6 +215,7 @@ class Tracker:
             outside=statistics.median(g / s for g, s in zip(times.gaps, times.steps)), cores=_cores(),
             probes_need_share=plan.needed_share, cpu_seconds=cpu, sampled_input=sampled_input,
             sampled_py_function=sampled_py_function, accelerators=_accelerators(strategy),
+            load_average=_load_average(),
             epoch_seconds=times.epoch_seconds or None, epoch_steps=times.epoch_steps or None, **probes)
         result = verdict(measurements)
         rows = gather_rows(strategy, figures_row(figures_of(result, _local_replicas(strategy))))

@@ -96,7 +96,9 @@ class Measurements:
     sampled_py_function: float | None = None
     #: Whether the replicas are GPUs or TPUs (their compute burns no host CPU).
     accelerators: bool = False
-    #: Wall seconds of the epochs (tracing, epoch ends and validation included; probes not), and their steps.
+    #: The machine's 1-minute load average at the report (other work competing for the cores), if known.
+    load_average: float | None = None
+    #: Wall seconds of the epochs (the traced first step, validation, epoch ends; not the probes), and their steps.
     epoch_seconds: float | None = None
     epoch_steps: int | None = None
 
@@ -340,7 +342,7 @@ def infer_from(m: Measurements, step: float) -> Inference:
     """What the free samples of ``m`` point at, for a step of ``step`` seconds."""
     return infer(step=step, cores=m.cores, cpu_seconds=m.cpu_seconds, sampled_input=m.sampled_input,
                  sampled_py_function=m.sampled_py_function, pipeline_ops=m.pipeline_ops, replicas=m.replicas,
-                 workers=m.workers, accelerators=m.accelerators)
+                 workers=m.workers, accelerators=m.accelerators, load_average=m.load_average)
 
 
 def unsplit_advice(m: Measurements, inferred: Inference) -> tuple[Recommendation, ...]:
@@ -368,9 +370,15 @@ def epoch_rate(m: Measurements) -> float | None:
     return m.epoch_steps * m.global_batch / m.epoch_seconds
 
 
+def epoch_note(rate: float | None) -> str:
+    """The epochs' rate beside the in-step one, saying what its time includes (``""`` if not timed)."""
+    if rate is None:
+        return ""
+    return f" ({rate:,.0f}/s over the epochs' wall time: the traced first step, validation and epoch ends included)"
+
+
 def epoch_text(m: Measurements) -> str:
-    rate = epoch_rate(m)
-    return "" if rate is None else f" ({rate:,.0f}/s over the epochs' wall time: tracing and epoch ends included)"
+    return epoch_note(epoch_rate(m))
 
 
 def free_samples(m: Measurements) -> dict[str, float | None]:
