@@ -83,8 +83,9 @@ def test_on_a_crowded_machine_an_idle_cpu_concludes_nothing():
     assert crowded.inferred.bottleneck is None
     assert "the machine is crowded (load average 5.0 on 2 core(s)): the step may wait for a core" in \
         crowded.inferred.evidence
-    # The samples of input still conclude: they do not rest on the CPU.
-    assert verdict(unprobed(sampled_input=0.020, load_average=5.0)).inferred.bottleneck == "input"
+    # The samples of input still conclude: they do not rest on the CPU (so the crowd goes unsaid).
+    sampled = verdict(unprobed(sampled_input=0.020, cpu_seconds=0.004, load_average=5.0)).inferred
+    assert sampled.bottleneck == "input" and "crowded" not in sampled.evidence
 
 
 def test_without_evidence_it_says_it_cannot_tell_and_how_to_let_the_probes_run():

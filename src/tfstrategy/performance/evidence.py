@@ -98,7 +98,7 @@ def infer(*, step: float, cores: int, cpu_seconds: float | None, sampled_input: 
         said.append(f"CPU {_ms(cpu_seconds)} a step, {busy:.0%} of {max(cores, 1)} core(s)"
                     + (" (the compute runs on the accelerators: it says nothing)" if accelerators else ""))
     crowded = load_average is not None and load_average > CROWDED * max(cores, 1)
-    if crowded and busy is not None and busy < CPU_BUSY:
+    if crowded and busy is not None and busy < CPU_BUSY and input_share < INPUT_LIKELY:  # when the CPU would decide
         said.append(f"the machine is crowded (load average {load_average:.1f} on {max(cores, 1)} core(s)): "
                     "the step may wait for a core")
     evidence = "; ".join(said) or "no samples (no step timed while sampling)"

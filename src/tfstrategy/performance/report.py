@@ -1,6 +1,6 @@
 """The performance report of a running job: when it is due, making it, printing and writing it.
 
-It rests on three modules:
+It rests on these modules:
 
 - :mod:`~tfstrategy.performance.timing`: :class:`StepTimes` times the job's
   own steps as it trains, and the helpers that time the probes' calls.
@@ -11,6 +11,10 @@ It rests on three modules:
   recommendations (pure).
 - :mod:`~tfstrategy.performance.job`, :mod:`~tfstrategy.performance.picture`:
   every worker's figures made one job report, and its picture (pure).
+- :mod:`~tfstrategy.performance.sampler`, :mod:`~tfstrategy.performance.evidence`:
+  free gauges read around each timed step (CPU time; stack samples of the
+  user's input and ``tf.py_function`` s, the ledger's under ``launch``), and
+  what they conclude when the probes do not fit their budget (pure).
 
 :class:`Tracker` decides when a report is due (a model's first ``fit``, then
 every ``every_minutes``; agreed across workers), plans the probes within
