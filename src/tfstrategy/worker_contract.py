@@ -46,6 +46,7 @@ from tfstrategy.settings import (
     ENV_PRECISION,
     ENV_PROFILE,
     ENV_PROFILE_EVERY,
+    ENV_PROFILE_PROBES,
     ENV_PROGRESS_FILE,
     ENV_RESTART,
     ENV_SENTINEL,
@@ -154,6 +155,8 @@ class WorkerSettings:
     #: The performance report's directory (``--profile``), and the minutes between reports.
     profile_dir: Path | None = None
     profile_every: float | None = None
+    #: The share of the time trained the report's probes may take (``--profile-probes``).
+    profile_probes: float | None = None
     #: The job's backup directory, and its identity in the backups.
     backup_dir: Path | None = None
     job_id: str | None = None
@@ -168,6 +171,7 @@ class WorkerSettings:
                             (ENV_PRECISION, self.precision), (ENV_SENTINEL, self.sentinel),
                             (ENV_PROFILE, self.profile_dir),
                             (ENV_PROFILE_EVERY, None if self.profile_every is None else f"{self.profile_every:g}"),
+                            (ENV_PROFILE_PROBES, None if self.profile_probes is None else f"{self.profile_probes:g}"),
                             (ENV_BACKUP_DIR, self.backup_dir), (ENV_JOB_ID, self.job_id),
                             (ENV_CPU_REPLICAS, self.cpu_replicas), (ENV_DEVICES, self.devices)):
             _put(environ, name, value)
@@ -189,6 +193,7 @@ class WorkerSettings:
             sentinel=_read(environ, ENV_SENTINEL, _sentinel, "epoch, a step interval such as 100, or off"),
             profile_dir=None if profile is None or profile.lower() == "off" else Path(profile),
             profile_every=_read(environ, ENV_PROFILE_EVERY, _minutes, "a number of minutes above 0"),
+            profile_probes=_read(environ, ENV_PROFILE_PROBES, _minutes, "a share of the time trained above 0"),
             backup_dir=_read(environ, ENV_BACKUP_DIR, Path, "a directory"),
             job_id=_read(environ, ENV_JOB_ID, str, "the job's identity"),
             cpu_replicas=_read(environ, ENV_CPU_REPLICAS, _integer(1), "a number of logical CPU devices, 1 or more"),

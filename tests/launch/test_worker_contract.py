@@ -25,7 +25,8 @@ def test_a_contract_survives_the_environment_whole(tmp_path):
         index=3, num_workers=4, restart=2, join_file=tmp_path / "j", error_file=tmp_path / "e",
         progress_file=tmp_path / "p", launcher_pid=123, lifeline_fd=7, job_tag="abc", node_rank=1,
         settings=WorkerSettings(audit="stop", summary=True, precision="mixed_bfloat16", sentinel="50",
-                                profile_dir=tmp_path / "prof", profile_every=2.5, backup_dir=tmp_path / "b",
+                                profile_dir=tmp_path / "prof", profile_every=2.5, profile_probes=0.5,
+                                backup_dir=tmp_path / "b",
                                 job_id="run-1", cpu_replicas=2, devices="cpu"))
     environ = contract.to_environ()
     assert all(name.startswith("TFSTRATEGY_") for name in environ)
@@ -89,12 +90,13 @@ def _worker_environ(options: LaunchOptions, env: dict[str, str]) -> dict[str, st
 def test_the_cli_and_the_api_give_the_workers_the_same_contract(tmp_path):
     """``tfstrategy launch`` and ``tfstrategy.launch.supervisor.launch()`` both build LaunchOptions, then one mapping."""
     argv = ["launch", "-n", "2", "--precision", "mixed_float16", "--sentinel", "20", "--profile", "--profile-dir",
-            str(tmp_path / "prof"), "--profile-every", "3", "--audit", "stop", "--", sys.executable, "train.py"]
+            str(tmp_path / "prof"), "--profile-every", "3", "--profile-probes", "2", "--audit", "stop", "--",
+            sys.executable, "train.py"]
     from_cli = options_from_args(build_parser().parse_args(argv))
     from_api = LaunchOptions(command=COMMAND, num_workers=2, precision="mixed_float16", sentinel="20",
-                             profile_dir=tmp_path / "prof", profile_every=3, audit="stop")
+                             profile_dir=tmp_path / "prof", profile_every=3, profile_probes=2, audit="stop")
     expected = WorkerSettings(audit="stop", summary=True, precision="mixed_float16", sentinel="20",
-                              profile_dir=tmp_path / "prof", profile_every=3.0)
+                              profile_dir=tmp_path / "prof", profile_every=3.0, profile_probes=2.0)
     assert worker_settings(from_cli, {}) == worker_settings(from_api, {}) == expected
     contract = WorkerContract.from_environ(_worker_environ(from_api, {}))
     assert contract.settings == expected

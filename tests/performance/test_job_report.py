@@ -49,7 +49,7 @@ def test_the_job_has_one_throughput_and_each_worker_its_share():
         pytest.approx(116 * 256 / 4.2 / 2)] * 2
     assert job.waited(job.workers[1]) == pytest.approx(4.9) and job.waited(job.workers[0]) == 0
     text = job.text()
-    assert text.count(" examples/s;") == 1 and "  the job: 7,070 examples/s;" in text
+    assert text.count(" examples/s;") == 1 and "  the job: 7,070 in-step examples/s;" in text
     assert "  worker 0: 1 replica, 50% of the examples (3,535 examples/s)" in text
     assert "4.9 s more in its steps than the job (waiting for another worker)" in text
     data = json.loads(job.json())
@@ -251,3 +251,28 @@ def test_an_unsplit_step_is_drawn_as_one_grey_bar():
               if rect.find(f"{SVG}title") is not None]
     assert titles == ["not split: the probes did not run"] * 2  # the job's bar, and the worker's
     assert dataclasses.asdict(job.recommendations[0])["part"] == UNSPLIT
+
+
+def test_every_label_of_the_picture_fits_inside_it():
+    """The labels were clipped on the left (``rker 0 (50% of examples)``): measured with a real font's metrics
+    (DejaVu Sans, as wide as common sans-serif fonts get), every text lies within the drawing."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    font, measure = FontProperties(family="DejaVu Sans", size=13), TextToPath()
+    for job in (two_workers(), combine([worker(i, replicas=24) for i in range(12)])):  # "worker 11 (8% of examples)"
+        drawing = ET.fromstring(svg(job))
+        width = float(drawing.get("width"))
+        for text in drawing.iter(f"{SVG}text"):
+            wide, _, _ = measure.get_text_width_height_descent(text.text, font, ismath=False)
+            x = float(text.get("x"))
+            left = {"end": x - wide, "middle": x - wide / 2}.get(text.get("text-anchor") or "", x)
+            assert 0 <= left and left + wide <= width, (text.text, left, wide, width)
+
+
+def test_the_picture_says_which_examples_per_second_it_shows():
+    job = combine([worker(0, epoch_seconds=8.0, epoch_steps=116)])
+    page = html(job)
+    assert "in-step examples/s</b> (3,712/s over the epochs' wall time" in page  # 116 x 256 / 8 s
+    assert "examples/s</b>" not in page.replace("in-step examples/s</b>", "")

@@ -49,6 +49,23 @@ def test_on_a_short_run_the_probes_cost_at_most_their_share(tmp_path):
     assert job["bottleneck"] == "unsplit" and "where a step goes: not split" in result.stderr
 
 
+def test_run_profile_names_a_slow_input_without_its_probes(tmp_path):
+    """Issue 45 point 3: 80 steps whose map waits 20 ms each are too short for the probes at their default share;
+    the report still names input-bound, from the stack samples and the CPU time, and how sure it is."""
+    sleepy = str(ROOT / "tests" / "workers" / "profile_sleepy_input.py")
+    result = run_cli("run", "--cpu-replicas", "2", "--profile", "--profile-dir", str(tmp_path), "--", sys.executable,
+                     sleepy, timeout=110)
+    assert result.returncode == 0, result.stderr[-3000:]
+    job, _ = _reports(tmp_path, 1)
+    assert job["bottleneck"] == "unsplit" and job["cost"]["not_probed"], job  # the probes did not fit ...
+    assert job["inferred"]["bottleneck"] == "input", job  # ... and the free samples still name the bottleneck
+    text = (tmp_path / "report.txt").read_text()
+    assert "input-bound (from the stack samples and CPU time, not probed: " in text, text
+    assert "(in the pipeline's map)" in text and "see the last line" not in text, text
+    assert [r["part"] for r in job["recommendations"]] == ["input", "unsplit"], job
+    assert "pass --profile-probes " in job["recommendations"][1]["action"], job
+
+
 def test_launch_profile_writes_one_report_for_the_job(tmp_path):
     """Two workers, one report: one throughput, each worker's share, one verdict led by its recommendation,
     a picture."""
@@ -69,7 +86,7 @@ def test_launch_profile_writes_one_report_for_the_job(tmp_path):
     assert job["bottleneck"] in ("reduction", "compute") and job["shares"]["reduction"] >= 0.2, job
     assert [r["part"] for r in job["recommendations"]][:2] in (["reduction"] * 2, ["compute", "reduction"]), job
     output = result.stdout + result.stderr
-    assert output.count("tfstrategy performance report (") == 1 and output.count(" examples/s;") == 1, output
+    assert output.count("tfstrategy performance report (") == 1 and output.count(" in-step examples/s") == 1, output
     # On stderr, as --help says (the worker prints it there; issue 45 point 12: the launcher keeps it there).
     assert "[worker 0] tfstrategy performance report (2 workers, 2 replicas in sync" in result.stderr
     assert "<svg" in (tmp_path / "report.html").read_text()

@@ -116,7 +116,7 @@ def test_the_text_and_json_say_the_same():
     assert text[0] == ("tfstrategy performance report (worker 1 of 2, 2 replicas in sync, steps_per_execution=1): "
                        "900 steps in 9.0 s")
     # A worker's own pace, named as such: the job's throughput, once, is the job report's (test_job_report.py).
-    assert text[1] == "  6,400 examples/s as this worker timed its steps; step 10 ms median, 10 ms p90 (global batch 64)"
+    assert text[1] == "  6,400 in-step examples/s as this worker timed its steps; step 10 ms median, 10 ms p90 (global batch 64)"
     assert text[2] == "  where a step goes: input 80%, reduction 0%, dispatch 0%, compute 20% -> input-bound"
     assert text[-1] == "  report cost: probes 0.45 s (5.0% of the 9.0 s trained); not probed: larger K: a short job"
     assert text[3].startswith("  recommendation (input): map(..., num_parallel_calls")

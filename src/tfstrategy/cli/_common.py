@@ -47,6 +47,11 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
 def add_output_arguments(parser: argparse.ArgumentParser, *, json_help: str) -> None:
     """Add ``--json`` and ``--debug``."""
     parser.add_argument("--json", action="store_true", help=json_help)
+    parser.add_argument("--profile-probes", metavar="SHARE",
+                        help="with --profile: the share of the time trained the report's probes, which split a step "
+                        "into its parts, may take: 0.1 by default (a tenth); on a run of a few seconds none fits, so "
+                        "the report names a bottleneck only from free samples: 2 lets them take twice the training "
+                        "(env TFSTRATEGY_PROFILE_PROBES)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own log lines")
 
 
@@ -100,12 +105,17 @@ def add_program_arguments(parser: argparse.ArgumentParser, *, where: str) -> Non
                         help="report where each training step's time goes (input, reduction, dispatch, compute), "
                         "with recommendations: at the end of each model's first fit and every --profile-every "
                         "minutes, one report for the job (worker 0's stderr) and a picture in --profile-dir; the probes take at most "
-                        "a tenth of the time trained (env TFSTRATEGY_PROFILE, TFSTRATEGY_PROFILE_PROBES)")
+                        "a tenth of the time trained, --profile-probes for another share (env TFSTRATEGY_PROFILE)")
     parser.add_argument("--profile-dir", default="tfstrategy-profile", metavar="DIR",
                         help="where --profile writes report.txt, report.json, report.html and worker-<i>.json "
                         "(default: ./tfstrategy-profile)")
     parser.add_argument("--profile-every", type=float, default=10.0, metavar="MIN",
                         help="minutes between --profile reports on long jobs, at an epoch's end (default: 10)")
+    parser.add_argument("--profile-probes", metavar="SHARE",
+                        help="with --profile: the share of the time trained the report's probes, which split a step "
+                        "into its parts, may take: 0.1 by default (a tenth); on a run of a few seconds none fits, so "
+                        "the report names a bottleneck only from free samples: 2 lets them take twice the training "
+                        "(env TFSTRATEGY_PROFILE_PROBES)")
     parser.add_argument("--debug", action="store_true",
                         help="show TensorFlow's own log lines, the hook's steps in the exit summary and tfstrategy's "
                         "frames in tracebacks (env TFSTRATEGY_DEBUG for the workers)")

@@ -248,6 +248,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
             sentinel=args.sentinel,
             profile_dir=Path(args.profile_dir) if args.profile else None,
             profile_every=args.profile_every,
+            profile_probes=args.profile_probes,
         )
     )
 
@@ -377,6 +378,8 @@ def _command_line(options: LaunchOptions, *, debug: bool) -> list[str]:
         line += ["--precision", options.precision]
     if options.profile_dir is not None:
         line += ["--profile", "--profile-dir", str(options.profile_dir), "--profile-every", f"{options.profile_every:g}"]
+        if options.profile_probes is not None:
+            line += ["--profile-probes", str(options.profile_probes)]
     return [*line, "--", *options.command]
 
 

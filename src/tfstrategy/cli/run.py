@@ -96,7 +96,7 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     env.update(precision_environment(args.precision, env))
     from tfstrategy.performance.environment import profile_environment
 
-    env.update(profile_environment(args.profile, args.profile_dir, args.profile_every))
+    env.update(profile_environment(args.profile, args.profile_dir, args.profile_every, args.profile_probes))
     env.update(tensorflow_log_environment(args.debug, env))
     return program, env
 

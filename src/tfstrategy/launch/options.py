@@ -19,7 +19,7 @@ from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import ConsoleView
 from tfstrategy.launch.diagnosis import LOOPBACK
 from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
-from tfstrategy.settings import ENV_PROFILE, validate_audit_mode
+from tfstrategy.settings import ENV_PROFILE, ENV_PROFILE_PROBES, validate_audit_mode
 from tfstrategy.worker_contract import WorkerSettings
 
 __all__ = ["LaunchOptions", "validate_launch_options", "worker_settings", "parse_port_range", "parse_run_id",
@@ -68,6 +68,8 @@ class LaunchOptions:
     profile_dir: Path | None = None
     #: Minutes between performance reports on long jobs.
     profile_every: float = 10.0
+    #: ``--profile-probes``: the share of the time trained the report's probes may take (``None``: the default).
+    profile_probes: str | float | None = None
 
     @property
     def run_log_dir(self) -> Path | None:
@@ -182,17 +184,23 @@ def worker_settings(options: LaunchOptions, environ: Mapping[str, str]) -> Worke
     sentinel = parse_sentinel(options.sentinel, name="--sentinel")
     profile_dir: Path | None
     profile_every: float | None
+    probes: float | None = None
     if options.profile_dir is not None:
-        profile = profile_environment(True, options.profile_dir, options.profile_every)
+        profile = profile_environment(True, options.profile_dir, options.profile_every, options.profile_probes)
         profile_dir, profile_every = Path(profile[ENV_PROFILE]), options.profile_every
+        probes = float(profile[ENV_PROFILE_PROBES]) if ENV_PROFILE_PROBES in profile else None
     else:
+        profile_environment(False, ".", options.profile_every, options.profile_probes)  # --profile-probes alone
         tracker = tracker_from_environment(dict(environ))
         profile_dir = None if tracker is None else Path(tracker["directory"])
         profile_every = None if tracker is None else float(tracker["every_minutes"])
+    if probes is None:  # the variable of the launcher's environment, checked, when no option set it
+        probes = given.profile_probes
     return dataclasses.replace(
         given, audit=validate_audit_mode(options.audit), summary=True, precision=precision,
         debug=options.console_view.debug or given.debug,
         sentinel="off" if sentinel is None else str(sentinel), profile_dir=profile_dir, profile_every=profile_every,
+        profile_probes=probes,
         backup_dir=options.backup_dir if options.backup_dir is not None else given.backup_dir,
     )
 

@@ -434,6 +434,7 @@ def launch(
     sentinel: str = "epoch",
     profile_dir: str | os.PathLike[str] | None = None,
     profile_every: float = 10.0,
+    profile_probes: float | None = None,
     env: Mapping[str, str] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
@@ -461,6 +462,8 @@ def launch(
         sentinel: the divergence sentinel's interval: ``epoch``, a step count, or ``off``.
         profile_dir: write performance reports there (as ``--profile --profile-dir``), every
             ``profile_every`` minutes on long jobs.
+        profile_probes: the share of the time trained the report's probes may take (as ``--profile-probes``;
+            default: ``TFSTRATEGY_PROFILE_PROBES``, else 0.1).
         env: the workers' base environment (``os.environ`` when omitted).
         out: where the workers' ``[worker i]`` stdout lines go (stdout); err: their stderr lines and the
             launcher's messages (stderr).
@@ -481,7 +484,7 @@ def launch(
         backup_dir=checked_backup_dir(None if backup_dir is None else Path(backup_dir)), join_timeout=join_timeout,
         audit=audit, grace=grace, nodes=nodes, log_dir=None if log_dir is None else Path(log_dir), run_id=run_id,
         precision=precision, sentinel=sentinel, profile_dir=None if profile_dir is None else Path(profile_dir),
-        profile_every=profile_every,
+        profile_every=profile_every, profile_probes=profile_probes,
     )
     # A backup directory that outlives this call unless the job succeeds, locked while it runs.
     return run_with_backup(options, lambda opts: Launcher(opts, env=env, out=out, err=err).run(), env=env,

@@ -30,18 +30,26 @@ def valid_probe_share(value: object, source: str = "probe_share") -> float:
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
     if number is None or not number > 0 or number != number or number == float("inf"):
-        raise TrainingError(f"Received {source}={value!r}; expected the share of the time trained the report's probes "
+        received = f"{source} {value}" if source.startswith("--") else f"{source}={value!r}"
+        raise TrainingError(f"Received {received}; expected the share of the time trained the report's probes "
                             "may take, a number above 0 (0.1: a tenth; 2: twice the training), e.g. 0.25.")
     return number
 
 
-def profile_environment(profile: bool, directory: str | os.PathLike[str], every_minutes: float) -> dict[str, str]:
-    """``TFSTRATEGY_PROFILE`` and ``TFSTRATEGY_PROFILE_EVERY`` for ``--profile`` (empty without it), validated.
+def profile_environment(profile: bool, directory: str | os.PathLike[str], every_minutes: float,
+                        probes: str | float | None = None) -> dict[str, str]:
+    """``TFSTRATEGY_PROFILE``, ``TFSTRATEGY_PROFILE_EVERY`` and, given ``probes`` (``--profile-probes``),
+    ``TFSTRATEGY_PROFILE_PROBES`` for ``--profile`` (empty without it), validated.
 
     Raises:
-        TrainingError: minutes not above 0, or a directory that is an existing file.
+        TrainingError: minutes not above 0, a directory that is an existing file, a probe share not above 0,
+            or ``--profile-probes`` without ``--profile``.
     """
+    share = None if probes is None else valid_probe_share(probes, "--profile-probes")
     if not profile:
+        if share is not None:
+            raise TrainingError(f"Received --profile-probes {probes} without --profile; expected it with the report it "
+                                f"sets the probes' share of: add --profile (--profile --profile-probes {probes}).")
         return {}
     if isinstance(every_minutes, bool) or not isinstance(every_minutes, (int, float)) or not every_minutes > 0:
         raise TrainingError(f"Received --profile-every {every_minutes!r}; expected a number of minutes above 0, "
@@ -50,7 +58,10 @@ def profile_environment(profile: bool, directory: str | os.PathLike[str], every_
     if path.exists() and not path.is_dir():
         raise TrainingError(f"Received --profile-dir {str(directory)!r}, which is a file; expected a directory "
                             "(made if missing) for the report's files. Name another one.")
-    return {ENV_PROFILE: str(path), ENV_PROFILE_EVERY: f"{every_minutes:g}"}
+    found = {ENV_PROFILE: str(path), ENV_PROFILE_EVERY: f"{every_minutes:g}"}
+    if share is not None:
+        found[ENV_PROFILE_PROBES] = f"{share:g}"
+    return found
 
 
 def tracker_from_environment(env: dict[str, str] | None = None) -> dict[str, Any] | None:

@@ -26,22 +26,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfstrategy.performance.environment import PROBE_SHARE
+from tfstrategy.performance.evidence import Inference
 from tfstrategy.performance.verdict import (
     PARTS,
     UNSPLIT,
     Measurements,
     Recommendation,
     Report,
+    epoch_note,
+    epoch_rate,
+    free_samples,
+    infer_from,
     recommendations,
-    unsplit_recommendation,
+    split_text,
+    unsplit_advice,
 )
 
 #: The measurements' numbers a worker sends (in this order), after its replicas, median, p90, split flag and shares.
 NUMBERS = ("steps", "seconds", "global_batch", "replicas", "workers", "worker", "steps_per_execution", "outside",
            "waited", "synthetic", "data_step", "input_batch", "allreduce", "synthetic_fastest", "cores",
-           "probe_seconds")
+           "probe_seconds", "cpu_seconds", "sampled_input", "sampled_py_function", "epoch_seconds", "epoch_steps", "load_average")
 #: Fields that are whole numbers.
-_INTEGERS = {"steps", "global_batch", "replicas", "workers", "worker", "steps_per_execution", "cores"}
+_INTEGERS = {"steps", "global_batch", "replicas", "workers", "worker", "steps_per_execution", "cores", "epoch_steps"}
 #: The length of one worker's row (:func:`figures_row`).
 ROW = 4 + len(PARTS) + len(NUMBERS) + 2
 
@@ -121,6 +127,10 @@ class JobReport:
     probe_seconds: float
     probe_share: float
     not_probed: dict[str, str]
+    #: When the probes did not split the step: what the free samples point at.
+    inferred: Inference | None = None
+    #: The job's examples per second over the epochs' wall time (the traced first step, validation, epoch ends), if timed.
+    epoch_examples_per_second: float | None = None
 
     def worker_examples_per_second(self, figures: WorkerFigures) -> float:
         """A worker's share of the job's throughput: its replicas' part of each global batch."""
@@ -139,8 +149,10 @@ class JobReport:
             "workers": len(self.workers), "replicas": self.replicas, "global_batch": self.global_batch,
             "steps_per_execution": self.steps_per_execution, "steps": self.steps, "seconds": self.seconds,
             "examples_per_second": self.examples_per_second,
+            "epoch_examples_per_second": self.epoch_examples_per_second,
             "step_seconds": {"median": self.median, "p90": self.p90},
             "shares": self.shares, "bottleneck": self.bottleneck,
+            "inferred": self.inferred.as_dict() if self.inferred else None,
             "recommendations": [dataclasses.asdict(r) for r in self.recommendations],
             "per_worker": [_worker_dict(self, figures) for figures in self.workers],
             "cost": {"probe_seconds": self.probe_seconds, "share_of_training": self.probe_cost(),
@@ -157,9 +169,9 @@ class JobReport:
         lines = [
             f"tfstrategy performance report ({who}, {self.replicas} replica{'s' if self.replicas != 1 else ''} in "
             f"sync, steps_per_execution={self.steps_per_execution}): {self.steps} steps in {self.seconds:.1f} s",
-            f"  the job: {self.examples_per_second:,.0f} examples/s; step {self.median * 1000:.3g} ms median, "
-            f"{self.p90 * 1000:.3g} ms p90 (global batch {self.global_batch})",
-            "  where a step goes: " + _split_text(self.shares, self.bottleneck),
+            f"  the job: {self.examples_per_second:,.0f} in-step examples/s{self._epoch_text()}; "
+            f"step {self.median * 1000:.3g} ms median, {self.p90 * 1000:.3g} ms p90 (global batch {self.global_batch})",
+            "  where a step goes: " + split_text(self.shares, self.bottleneck, self.inferred),
         ]
         if count > 1:
             lines += [_worker_line(self, figures) for figures in self.workers]
@@ -167,11 +179,8 @@ class JobReport:
         lines.append(_cost_line(self))
         return "\n".join(lines)
 
-
-def _split_text(shares: dict[str, float], bottleneck: str) -> str:
-    if bottleneck == UNSPLIT:
-        return "not split (the probes did not run: see the last line)"
-    return ", ".join(f"{part} {shares[part]:.0%}" for part in PARTS) + f" -> {bottleneck}-bound"
+    def _epoch_text(self) -> str:
+        return epoch_note(self.epoch_examples_per_second)
 
 
 def _worker_line(job: JobReport, figures: WorkerFigures) -> str:
@@ -179,7 +188,8 @@ def _worker_line(job: JobReport, figures: WorkerFigures) -> str:
     line = (f"  worker {figures.worker}: {figures.replicas} replica{'s' if figures.replicas != 1 else ''}, "
             f"{share:.0%} of the examples ({job.worker_examples_per_second(figures):,.0f} examples/s); "
             f"step {figures.median * 1000:.3g} ms median"
-            + (f"; {_split_text(figures.shares, figures.bottleneck)}" if figures.split else ""))
+            + (f"; {split_text(figures.shares, figures.bottleneck, None)}" if figures.split
+               else f"; not probed: {infer_from(figures.measurements, figures.median).headline()}"))
     waited = job.waited(figures)
     if waited >= 0.05 * job.seconds:
         line += f"; {waited:.1f} s more in its steps than the job (waiting for another worker)"
@@ -202,7 +212,7 @@ def _worker_dict(job: JobReport, figures: WorkerFigures) -> dict[str, Any]:
             "examples_per_second": job.worker_examples_per_second(figures),
             "step_seconds": {"median": figures.median, "p90": figures.p90}, "seconds": m.seconds,
             "waited_seconds": job.waited(figures), "shares": figures.shares, "bottleneck": figures.bottleneck,
-            "probe_seconds": m.probe_seconds}
+            "free_samples": free_samples(m), "probe_seconds": m.probe_seconds}
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -216,14 +226,21 @@ def _job_measurements(workers: Sequence[WorkerFigures], steps: int, seconds: flo
     first = ms[0]
     means = {name: _mean([getattr(m, name) for m in ms])
              for name in ("outside", "waited", "synthetic", "data_step", "input_batch", "allreduce",
-                          "synthetic_fastest")}
+                          "synthetic_fastest", "cpu_seconds", "sampled_input", "sampled_py_function",
+                          "load_average")}
+    epochs = [(m.epoch_seconds, m.epoch_steps) for m in ms if m.epoch_seconds is not None and m.epoch_steps]
     larger = [m.larger_k for m in ms if m.larger_k is not None]
     return dataclasses.replace(
         first, step_seconds=(median,), steps=steps, seconds=seconds, workers=len(workers),
         replicas=sum(figures.replicas for figures in workers), cores=min(m.cores for m in ms),
         outside=means["outside"] or 0.0, waited=means["waited"], synthetic=means["synthetic"],
         data_step=means["data_step"], input_batch=means["input_batch"], allreduce=means["allreduce"],
-        synthetic_fastest=means["synthetic_fastest"],
+        synthetic_fastest=means["synthetic_fastest"], cpu_seconds=means["cpu_seconds"],
+        sampled_input=means["sampled_input"], sampled_py_function=means["sampled_py_function"],
+        load_average=means["load_average"],
+        # Workers step together: the job's epochs took the least wall time any worker measured.
+        epoch_seconds=min(e[0] for e in epochs) if len(epochs) == len(ms) else None,
+        epoch_steps=min(e[1] for e in epochs) if len(epochs) == len(ms) else None,
         larger_k=(larger[0][0], statistics.fmean(k[1] for k in larger)) if larger else None,
         probe_seconds=max(m.probe_seconds for m in ms))
 
@@ -244,11 +261,14 @@ def combine(workers: Sequence[WorkerFigures], *, probe_share: float = PROBE_SHAR
         shares = {part: statistics.fmean(figures.shares[part] for figures in split) for part in PARTS}
         bottleneck = max(PARTS, key=lambda part: shares[part])
         advice = recommendations(shares, m, median, bottleneck)
+        inferred = None
     else:
         shares = dict(ordered[0].shares)
-        bottleneck, advice = UNSPLIT, (unsplit_recommendation(m),)
+        inferred = infer_from(m, median)
+        bottleneck, advice = UNSPLIT, unsplit_advice(m, inferred)
     return JobReport(workers=ordered, examples_per_second=steps * global_batch / seconds if seconds > 0 else 0.0,
                      steps=steps, seconds=seconds, global_batch=global_batch, replicas=m.replicas,
                      steps_per_execution=m.steps_per_execution, median=median, p90=p90, shares=shares,
                      bottleneck=bottleneck, recommendations=advice, probe_seconds=m.probe_seconds,
-                     probe_share=probe_share, not_probed=dict(ordered[0].measurements.not_probed))
+                     probe_share=probe_share, not_probed=dict(ordered[0].measurements.not_probed),
+                     inferred=inferred, epoch_examples_per_second=epoch_rate(m))

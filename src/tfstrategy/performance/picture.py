@@ -12,12 +12,28 @@ import math
 from html import escape
 
 from tfstrategy.performance.job import JobReport, WorkerFigures
-from tfstrategy.performance.verdict import PARTS, UNSPLIT
+from tfstrategy.performance.verdict import PARTS, UNSPLIT, epoch_note
 
 #: Each part's colour (colour-blind safe: Okabe-Ito), and the colour of a step the probes did not split.
 COLOURS = {"input": "#E69F00", "reduction": "#56B4E9", "dispatch": "#CC79A7", "compute": "#009E73"}
 UNSPLIT_COLOUR = "#999999"
 _WIDTH, _LEFT, _RIGHT, _BAR, _GAP, _TOP = 760, 170, 30, 26, 14, 40
+#: The labels' font size (px), and the space between a label and its bar.
+_FONT, _PAD = 13, 8
+#: Character widths in em at least as wide as the widest common sans-serif (DejaVu Sans), for a margin that fits.
+_WIDE, _NARROW = frozenset("%mwMW@"), frozenset(" .,:;!|'il()[]")
+
+
+def text_width(text: str, size: float = _FONT) -> float:
+    """An upper bound of ``text``'s width in px at ``size`` px (no font metrics here: a pure module)."""
+    ems = sum(1.0 if char in _WIDE else 0.4 if char in _NARROW else 0.8 if char.isupper() else 0.66
+              for char in text)
+    return ems * size
+
+
+def _left(labels: list[str]) -> float:
+    """The bars' left edge: after the longest label, and never less than the usual margin."""
+    return max(float(_LEFT), 2 * _PAD + max((text_width(label) for label in labels), default=0.0))
 
 
 def _tick_step(largest: float) -> float:
@@ -29,10 +45,11 @@ def _tick_step(largest: float) -> float:
     return next(float(step * power) for step in (1, 2, 5, 10) if step * power >= raw)
 
 
-def _bar(y: float, label: str, median_ms: float, shares: dict[str, float], split: bool, scale: float) -> list[str]:
+def _bar(y: float, label: str, median_ms: float, shares: dict[str, float], split: bool, scale: float,
+         left: float) -> list[str]:
     """One labelled bar: its segments, each with a tooltip, and its step in ms at its end."""
-    parts = [f'<text x="{_LEFT - 8}" y="{y + _BAR * 0.68:.1f}" text-anchor="end">{escape(label)}</text>']
-    x = float(_LEFT)
+    parts = [f'<text x="{left - _PAD:.1f}" y="{y + _BAR * 0.68:.1f}" text-anchor="end">{escape(label)}</text>']
+    x = left
     segments = [(part, shares[part]) for part in PARTS] if split else [(UNSPLIT, 1.0)]
     for part, share in segments:
         width = median_ms * share * scale
@@ -55,17 +72,19 @@ def svg(job: JobReport) -> str:
     largest = max(row[1] for row in rows)
     tick = _tick_step(largest)
     axis_end = math.ceil(largest / tick) * tick if largest > 0 else 1.0
+    left = _left([row[0] for row in rows])
+    width = round(left + _WIDTH - _LEFT)  # the bars keep their room; the labels get theirs
     scale = (_WIDTH - _LEFT - _RIGHT - 60) / axis_end
     height = _TOP + len(rows) * (_BAR + _GAP) + 60
-    body: list[str] = [f'<text x="{_LEFT}" y="22" font-weight="bold">median step, ms</text>']
+    body: list[str] = [f'<text x="{left:.1f}" y="22" font-weight="bold">median step, ms</text>']
     bottom = _TOP + len(rows) * (_BAR + _GAP)
     for index in range(int(round(axis_end / tick)) + 1):
-        x = _LEFT + index * tick * scale
+        x = left + index * tick * scale
         body.append(f'<line x1="{x:.1f}" y1="{_TOP - 6}" x2="{x:.1f}" y2="{bottom}" stroke="#dddddd"/>')
         body.append(f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{index * tick:g}</text>')
     for index, (label, median_ms, shares, split) in enumerate(rows):
-        body += _bar(_TOP + index * (_BAR + _GAP), label, median_ms, shares, split, scale)
-    x = float(_LEFT)
+        body += _bar(_TOP + index * (_BAR + _GAP), label, median_ms, shares, split, scale, left)
+    x = left
     unsplit = any(not row[3] for row in rows)
     for part in (*PARTS, UNSPLIT) if unsplit else PARTS:
         body.append(f'<rect x="{x:.1f}" y="{bottom + 30}" width="12" height="12" '
@@ -73,8 +92,8 @@ def svg(job: JobReport) -> str:
         name = "not split" if part == UNSPLIT else part
         body.append(f'<text x="{x + 16:.1f}" y="{bottom + 41}">{name}</text>')
         x += 16 + 9 * len(name) + 18
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
-            f'viewBox="0 0 {_WIDTH} {height}" font-family="sans-serif" font-size="13" role="img" '
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="{_FONT}" role="img" '
             f'aria-label="step-time breakdown per worker">' + "".join(body) + "</svg>")
 
 
@@ -84,8 +103,13 @@ def _label(job: JobReport, figures: WorkerFigures) -> str:
 
 def html(job: JobReport) -> str:
     """The whole report as one self-contained XHTML page: headline, picture, recommendations, text."""
-    verdict = ("the step was not split: the probes did not run" if job.bottleneck == UNSPLIT
-               else f"{job.bottleneck}-bound ({job.shares[job.bottleneck]:.0%} of a step)")
+    if job.bottleneck != UNSPLIT:
+        verdict = f"{job.bottleneck}-bound ({job.shares[job.bottleneck]:.0%} of a step)"
+    elif job.inferred is not None:
+        verdict = f"not split by the probes; {job.inferred.headline()}"
+    else:
+        verdict = "the step was not split: the probes did not run"
+    rate = f"<b>{job.examples_per_second:,.0f} in-step examples/s</b>" + epoch_note(job.epoch_examples_per_second)
     items = "".join(f"<li><b>{escape(r.part)}</b>: {escape(r.line())}</li>" for r in job.recommendations)
     cost = job.probe_cost()
     cost_text = (f"probes {job.probe_seconds:.2f} s" + (f" = {cost:.1%} of the {job.seconds:.1f} s trained"
@@ -98,7 +122,7 @@ def html(job: JobReport) -> str:
         "<style>body{font-family:sans-serif;margin:2em;max-width:60em}pre{background:#f6f6f6;padding:1em;"
         "white-space:pre-wrap}</style></head><body>"
         "<h1>tfstrategy performance report</h1>"
-        f"<p><b>{job.examples_per_second:,.0f} examples/s</b> for the job: {len(job.workers)} worker(s), "
+        f"<p>{rate} for the job: {len(job.workers)} worker(s), "
         f"{job.replicas} replica(s), global batch {job.global_batch}, {job.steps} steps in {job.seconds:.1f} s. "
         f"Verdict: <b>{escape(verdict)}</b>.</p>"
         f"{svg(job)}"

@@ -1,6 +1,6 @@
 """The performance report of a running job: when it is due, making it, printing and writing it.
 
-It rests on three modules:
+It rests on these modules:
 
 - :mod:`~tfstrategy.performance.timing`: :class:`StepTimes` times the job's
   own steps as it trains, and the helpers that time the probes' calls.
@@ -11,6 +11,10 @@ It rests on three modules:
   recommendations (pure).
 - :mod:`~tfstrategy.performance.job`, :mod:`~tfstrategy.performance.picture`:
   every worker's figures made one job report, and its picture (pure).
+- :mod:`~tfstrategy.performance.sampler`, :mod:`~tfstrategy.performance.evidence`:
+  free gauges read around each timed step (CPU time; stack samples of the
+  user's input and ``tf.py_function`` s, the ledger's under ``launch``), and
+  what they conclude when the probes do not fit their budget (pure).
 
 :class:`Tracker` decides when a report is due (a model's first ``fit``, then
 every ``every_minutes``; agreed across workers), plans the probes within
@@ -49,6 +53,7 @@ from tfstrategy.performance.environment import (
 from tfstrategy.performance.job import JobReport, combine, figures_of, figures_row, from_row
 from tfstrategy.performance.picture import html
 from tfstrategy.performance.probes import LARGER_K_AFTER_SECONDS, probe
+from tfstrategy.performance.sampler import StackSampler, ledger_gauges
 from tfstrategy.performance.timing import ProbePlan, StepTimes, median_seconds, plan_probes
 from tfstrategy.performance.verdict import Measurements, Report, verdict
 from tfstrategy.settings import ENV_PROFILE_PROBES
@@ -93,6 +98,19 @@ def gather_rows(strategy: Any, row: list[float]) -> list[list[float]]:
     return rows
 
 
+def _accelerators(strategy: Any) -> bool:
+    """Whether the replicas are GPUs or TPUs (device names)."""
+    devices = getattr(strategy.extended, "worker_devices", ()) or ()
+    return any(kind in str(device).upper() for device in devices for kind in ("GPU", "TPU"))
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform
+        return None
+
+
 def _cores() -> int:
     affinity = getattr(os, "sched_getaffinity", None)
     return len(affinity(0)) if affinity else (os.cpu_count() or 1)
@@ -129,6 +147,22 @@ class Tracker:
         self.function: Any = None
         #: A custom loop's last batch (:meth:`steps`), for its step without input.
         self.last_batch: Any = None
+        #: The report's own stack samples, while a fit runs in a process that keeps no ledger.
+        self.sampler: StackSampler | None = None
+
+    def start_gauges(self) -> None:
+        """Read the free gauges at each timed step: the ledger's samples if this worker keeps one, else our own."""
+        gauges = ledger_gauges()
+        if gauges is None:
+            self.sampler = self.sampler or StackSampler()
+            self.sampler.start()
+            gauges = self.sampler.gauges
+        self.times.gauges = gauges
+
+    def stop_gauges(self) -> None:
+        """Stop the report's own sampling (the sums read so far stay with the step times)."""
+        if self.sampler is not None:
+            self.sampler.stop()
 
     def due(self, strategy: Any, *, final: bool) -> bool:
         """A model's first report at a fit's end, then once ``every_minutes`` passed; agreed by all workers.
@@ -175,13 +209,18 @@ class Tracker:
             self._probe_custom_loop(model, probes, plan, step_function)
         seen_batch = probes.pop("global_batch", None)  # read from the probes' copy of the data
         worker, workers = _worker(strategy)
+        cpu, sampled_input, sampled_py_function = times.per_step()
         total = [(c + g + w) / s for c, g, w, s in zip(times.calls, times.gaps, times.waits or [0.0] * len(times.calls),
                                                        times.steps)]
         measurements = Measurements(
             step_seconds=tuple(total), steps=times.timed_steps(), seconds=times.seconds(),
             global_batch=global_batch or seen_batch or 0,
             replicas=int(strategy.num_replicas_in_sync), workers=workers, worker=worker, steps_per_execution=k,
-            outside=statistics.median(g / s for g, s in zip(times.gaps, times.steps)), cores=_cores(), **probes)
+            outside=statistics.median(g / s for g, s in zip(times.gaps, times.steps)), cores=_cores(),
+            probes_need_share=plan.needed_share, cpu_seconds=cpu, sampled_input=sampled_input,
+            sampled_py_function=sampled_py_function, accelerators=_accelerators(strategy),
+            load_average=_load_average(),
+            epoch_seconds=times.epoch_seconds or None, epoch_steps=times.epoch_steps or None, **probes)
         result = verdict(measurements)
         rows = gather_rows(strategy, figures_row(figures_of(result, _local_replicas(strategy))))
         job = combine([from_row(row, measurements) for row in rows], probe_share=self.probe_share)
@@ -233,19 +272,25 @@ class Tracker:
         The wait for each ``next()`` is input; the time until the loop asks for the next batch is the step.
         """
         self.times.new_run()
+        self.times.epoch_begins()
+        self.start_gauges()
         iterator = iter(batches)
-        while True:
-            asked = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                self.times.pause()
-                return
-            got = time.perf_counter()
-            self.times.begin(got, after_wait=True)
-            self.last_batch = batch
-            yield batch
-            self.times.end(1, wait=got - asked)
+        try:
+            while True:
+                asked = time.perf_counter()
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    self.times.pause()
+                    self.times.epoch_ends()
+                    return
+                got = time.perf_counter()
+                self.times.begin(got, after_wait=True)
+                self.last_batch = batch
+                yield batch
+                self.times.end(1, wait=got - asked)
+        finally:
+            self.stop_gauges()
 
 
 _ATTRIBUTE = "_tfstrategy_performance"
@@ -303,9 +348,11 @@ def _callback_class(base: type) -> type:
             function = getattr(self.model, "train_function", None)
             self.tracker.times.new_run(warm_up=function is None or function is not self.tracker.function)
             self.tracker.function = function
+            self.tracker.start_gauges()
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.tracker.times.pause()
+            self.tracker.times.epoch_begins()
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             self._first_batch = batch
@@ -316,10 +363,12 @@ def _callback_class(base: type) -> type:
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             self.tracker.times.pause()
+            self.tracker.times.epoch_ends()
             if self.tracker.reports and self.tracker.due(self._strategy(), final=False):
                 self._report()
 
         def on_train_end(self, logs: Any = None) -> None:
+            self.tracker.stop_gauges()
             if self.tracker.due(self._strategy(), final=True):
                 self._report()
 

@@ -33,6 +33,26 @@ class StepTimes:
     _warm_up: bool = True
     #: Seconds of the longest untimed first execution (it traced): the probes' estimate of a fixed cost.
     warm_up_seconds: float = 0.0
+    #: Free gauges read at each timed execution's begin and end (cumulative CPU seconds, and seconds the stack
+    #: samples saw input and a ``tf.py_function`` run: :mod:`~tfstrategy.performance.sampler`), and their sums.
+    gauges: Callable[[], tuple[float, float, float]] | None = None
+    gauged: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    _gauges_at_begin: tuple[float, float, float] | None = None
+    #: Wall seconds of the epochs ended since the last report, and the steps in them (the traced one included).
+    epoch_seconds: float = 0.0
+    epoch_steps: int = 0
+    _epoch_begun: float | None = None
+    _epoch_steps: int = 0
+
+    def epoch_begins(self) -> None:
+        self._epoch_begun, self._epoch_steps = time.perf_counter(), 0
+
+    def epoch_ends(self) -> None:
+        """An epoch (or a custom loop's pass) ended: its wall time and steps count towards the epochs' rate."""
+        if self._epoch_begun is not None:
+            self.epoch_seconds += time.perf_counter() - self._epoch_begun
+            self.epoch_steps += self._epoch_steps
+        self._epoch_begun, self._epoch_steps = None, 0
 
     def new_run(self, warm_up: bool = True) -> None:
         """A new ``fit`` (or loop); with ``warm_up`` its first execution traces, so it is not timed."""
@@ -47,6 +67,7 @@ class StepTimes:
         self._begun = time.perf_counter() if at is None else at
         if after_wait:
             self._last_end = self._begun
+        self._gauges_at_begin = self.gauges() if self.gauges is not None and not self._warm_up else None
 
     def end(self, steps: int, wait: float | None = None) -> None:
         now = time.perf_counter()
@@ -54,6 +75,8 @@ class StepTimes:
         self._begun, self._last_end = None, now
         if begun is None or steps < 1:
             return
+        self._epoch_steps += steps
+        at_begin, self._gauges_at_begin = self._gauges_at_begin, None
         if self._warm_up:
             self._warm_up = False
             self.warm_up_seconds = max(self.warm_up_seconds, now - begun)
@@ -63,6 +86,17 @@ class StepTimes:
         self.steps.append(steps)
         if wait is not None:
             self.waits.append(wait)
+        if at_begin is not None and self.gauges is not None:
+            for index, (before, after) in enumerate(zip(at_begin, self.gauges())):
+                self.gauged[index] += after - before
+
+    def per_step(self) -> tuple[float | None, float | None, float | None]:
+        """The gauges' (CPU, input, ``py_function``) seconds per timed step, or ``None`` without gauges."""
+        steps = self.timed_steps()
+        if self.gauges is None or steps == 0:
+            return None, None, None
+        cpu, input_, py_function = (value / steps for value in self.gauged)
+        return cpu, input_, py_function
 
     def timed_steps(self) -> int:
         return sum(self.steps)
@@ -73,6 +107,8 @@ class StepTimes:
     def clear(self) -> None:
         for timings in (self.calls, self.gaps, self.waits, self.steps):
             timings.clear()
+        self.gauged = [0.0, 0.0, 0.0]
+        self.epoch_seconds, self.epoch_steps = 0.0, 0
 
 
 def probe_count(seconds_each: float, low: int, high: int, aim: float = PROBE_SECONDS) -> int:
@@ -145,6 +181,8 @@ class ProbePlan:
     #: The probes' estimated cost, and why each probe left out was.
     estimate: float = 0.0
     skipped: dict[str, str] = field(default_factory=dict)
+    #: The share of ``trained`` every wanted probe would take (what would let them all run), if any was left out.
+    needed_share: float | None = None
 
 
 def plan_probes(*, trained: float, share: float, step: float, steps_per_execution: int = 1, setup: float = 0.0,
@@ -161,15 +199,19 @@ def plan_probes(*, trained: float, share: float, step: float, steps_per_executio
     budget = max(share * trained, 0.0)
     call = step * steps_per_execution
     setup = max(setup * SETUP_SHARE, SETUP_FLOOR)
-    aim = min(PROBE_SECONDS, budget / 6)  # about six timed series share the budget
-    executions = probe_count(call, 3, 20, aim)
-    input_batches = probe_count(step, 3, 50, aim)
-    reduce_rounds = probe_count(step, 3, 20, aim)
-    costs = {
-        "input": input_setups * setup + 2 * (executions + 1) * call + (input_batches + 1) * step,
-        "reduction": setup + 2 * (reduce_rounds + 1) * step,
-        "larger K": setup + (executions + 1) * call,
-    }
+
+    def counts_and_costs(aim: float) -> tuple[int, int, int, dict[str, float]]:
+        executions = probe_count(call, 3, 20, aim)
+        input_batches = probe_count(step, 3, 50, aim)
+        reduce_rounds = probe_count(step, 3, 20, aim)
+        return executions, input_batches, reduce_rounds, {
+            "input": input_setups * setup + 2 * (executions + 1) * call + (input_batches + 1) * step,
+            "reduction": setup + 2 * (reduce_rounds + 1) * step,
+            "larger K": setup + (executions + 1) * call,
+        }
+
+    # About six timed series share the budget.
+    executions, input_batches, reduce_rounds, costs = counts_and_costs(min(PROBE_SECONDS, budget / 6))
     wanted = {"input": input_wanted, "reduction": reduction_wanted, "larger K": larger_k_wanted}
     chosen: dict[str, bool] = {}
     skipped: dict[str, str] = {}
@@ -183,6 +225,12 @@ def plan_probes(*, trained: float, share: float, step: float, steps_per_executio
             before = f" after the {spent:.2g} s planned for the probes before it" if spent else ""
             skipped[name] = (f"would cost about {cost:.2g} s{before}, past the probes' budget of {budget:.2g} s "
                              f"({share:.0%} of the {trained:.3g} s trained)")
+    needed = None
+    if skipped and trained > 0:
+        # Every wanted probe at its largest counts (a larger share buys longer probes): what would let them all run.
+        largest = counts_and_costs(PROBE_SECONDS)[3]
+        wanted["larger K"] = larger_k_wanted and input_wanted
+        needed = sum(cost for name, cost in largest.items() if wanted[name]) / trained
     return ProbePlan(budget=budget, share=share, trained=trained, executions=executions, input_batches=input_batches,
                      reduce_rounds=reduce_rounds, input=chosen["input"], reduction=chosen["reduction"],
-                     larger_k=chosen["larger K"], estimate=spent, skipped=skipped)
+                     larger_k=chosen["larger K"], estimate=spent, skipped=skipped, needed_share=needed)

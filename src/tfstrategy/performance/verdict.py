@@ -33,10 +33,13 @@ recommendations, each with the gain it expects and why.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from tfstrategy.performance.evidence import WAITING, Inference, infer
 
 #: A share at least this large makes a recommendation worth giving.
 WORTH_FIXING = 0.2
@@ -84,6 +87,20 @@ class Measurements:
     probe_seconds: float = 0.0
     #: Why a probe did not run, by probe name.
     not_probed: dict[str, str] = field(default_factory=dict)
+    #: The share of the time trained every wanted probe would need (when some did not fit), from the plan.
+    probes_need_share: float | None = None
+    #: Free figures, per step, gathered while training (:mod:`~tfstrategy.performance.evidence`): the process's CPU
+    #: seconds, and the seconds the stack samples saw the input pipeline and a ``tf.py_function`` of the user's run.
+    cpu_seconds: float | None = None
+    sampled_input: float | None = None
+    sampled_py_function: float | None = None
+    #: Whether the replicas are GPUs or TPUs (their compute burns no host CPU).
+    accelerators: bool = False
+    #: The machine's 1-minute load average at the report (other work competing for the cores), if known.
+    load_average: float | None = None
+    #: Wall seconds of the epochs (the traced first step, validation, epoch ends; not the probes), and their steps.
+    epoch_seconds: float | None = None
+    epoch_steps: int | None = None
 
 
 #: The verdict when the probes did not run: the step is timed but not split.
@@ -113,6 +130,8 @@ class Report:
     shares: dict[str, float]
     bottleneck: str
     recommendations: tuple[Recommendation, ...]
+    #: When the probes did not split the step: what the free samples point at.
+    inferred: Inference | None = None
 
     def as_dict(self) -> dict[str, Any]:
         m = self.measurements
@@ -122,8 +141,11 @@ class Report:
             # This worker's steps times the global batch over its own seconds in them: the job's throughput,
             # once, is in the job's report (performance.job).
             "timed_examples_per_second": self.examples_per_second,
+            "epoch_examples_per_second": epoch_rate(m),
             "step_seconds": {"median": self.median, "p90": self.p90},
             "shares": self.shares, "bottleneck": self.bottleneck,
+            "inferred": self.inferred.as_dict() if self.inferred else None,
+            "free_samples": free_samples(m),
             "recommendations": [asdict(r) for r in self.recommendations],
             "probes": {"synthetic_step": m.synthetic, "data_step": m.data_step, "input_batch": m.input_batch,
                        "allreduce": m.allreduce,
@@ -142,13 +164,12 @@ class Report:
         lines = [
             f"tfstrategy performance report ({who}, {m.replicas} replica{'s' if m.replicas != 1 else ''} in sync, "
             f"steps_per_execution={m.steps_per_execution}): {m.steps} steps in {m.seconds:.1f} s",
-            f"  {self.examples_per_second:,.0f} examples/s"
+            f"  {self.examples_per_second:,.0f} in-step examples/s"
             + (" as this worker timed its steps" if m.workers > 1 else "")
+            + epoch_text(m)
             + f"; step {self.median * 1000:.3g} ms median, {self.p90 * 1000:.3g} ms p90 "
             f"(global batch {m.global_batch})",
-            "  where a step goes: " + (", ".join(f"{part} {self.shares[part]:.0%}" for part in PARTS)
-                                       + f" -> {self.bottleneck}-bound" if self.bottleneck != UNSPLIT
-                                       else "not split (the probes did not run)"),
+            "  where a step goes: " + split_text(self.shares, self.bottleneck, self.inferred),
         ]
         lines += [f"  recommendation ({r.part}): {r.line()}" for r in self.recommendations]
         skipped = "; ".join(f"{name}: {why}" for name, why in m.not_probed.items())
@@ -287,13 +308,92 @@ def is_split(m: Measurements) -> bool:
     return m.synthetic is not None or m.waited is not None
 
 
+def suggested_share(need: float | None) -> float:
+    """A round probe share a little above ``need`` (1, 2, 3 or 5 x 10^n): what to pass to let every probe run."""
+    if need is None or not need > 0:
+        return 1.0
+    aim = need * 1.25  # the probes' cost is an estimate
+    power = 10.0 ** math.floor(math.log10(aim))
+    return next(round(step * power, 6) for step in (1, 2, 3, 5, 10) if step * power >= aim)
+
+
 def unsplit_recommendation(m: Measurements) -> Recommendation:
-    """What to do when the probes did not run: let them."""
+    """What to do when the probes did not run: let them, with the option that does it."""
     budget = [reason for reason in m.not_probed.values() if "budget" in reason]
-    why = ("the probes would have cost more than they may" if budget else "the probes did not run")
-    return Recommendation(part=UNSPLIT, action="let the probes run: train longer before the report, or allow them a "
-                          "larger share of it (TFSTRATEGY_PROFILE_PROBES, performance_report(probe_share=...))",
-                          why=f"the step was timed but not split: {why} (the report's last line says why)")
+    share = suggested_share(m.probes_need_share)
+    if budget and m.probes_need_share is not None:
+        need = m.probes_need_share
+        why = ("the probes would have cost about " + (f"{need:.1f}x" if need >= 1 else f"{need:.0%} of")
+               + " the time trained, more than they may take")
+    elif budget:
+        why = "the probes would have cost more than they may"
+    else:
+        why = "the probes did not run"
+    return Recommendation(
+        part=UNSPLIT,
+        action=f"to split the step, let the probes run: pass --profile-probes {share:g} to tfstrategy run or launch "
+               f"(in code, performance_report(probe_share={share:g}); or set TFSTRATEGY_PROFILE_PROBES={share:g}), "
+               "or train longer before the report",
+        why=f"the step was timed but not split: {why} (the report's cost line, its last, names each probe left "
+            "out and what it would have cost)")
+
+
+def infer_from(m: Measurements, step: float) -> Inference:
+    """What the free samples of ``m`` point at, for a step of ``step`` seconds."""
+    return infer(step=step, cores=m.cores, cpu_seconds=m.cpu_seconds, sampled_input=m.sampled_input,
+                 sampled_py_function=m.sampled_py_function, pipeline_ops=m.pipeline_ops, replicas=m.replicas,
+                 workers=m.workers, accelerators=m.accelerators, load_average=m.load_average)
+
+
+def unsplit_advice(m: Measurements, inferred: Inference) -> tuple[Recommendation, ...]:
+    """The recommendations of a step the probes did not split: the inferred bottleneck's fix (its gain not
+    measured), then how to let the probes run."""
+    probes = unsplit_recommendation(m)
+    sure = f"the free samples point at {inferred.bottleneck} ({inferred.certainty}); not probed, so no gain is measured"
+    if inferred.bottleneck == "input":
+        return (Recommendation(part="input", action=_input_fix(m.pipeline_ops), why=sure), probes)
+    if inferred.bottleneck == "compute":
+        return (Recommendation(part="compute", action="nothing in the input to fix: more replicas or workers at the "
+                               "same per-replica batch, a faster device, or mixed precision on GPUs "
+                               "(--precision mixed_float16)", why=sure), probes)
+    if inferred.bottleneck == WAITING:
+        return (Recommendation(part=UNSPLIT, action=probes.action,
+                               why=f"{inferred.evidence}: the step waits, for input or for the all-reduce, and only "
+                                   "the probes tell which (its cost line, the report's last, names each probe left out)"),)
+    return (probes,)
+
+
+def epoch_rate(m: Measurements) -> float | None:
+    """Examples per second over the epochs' wall time (tracing, epoch ends, validation included), if timed."""
+    if m.epoch_seconds is None or m.epoch_steps is None or not m.epoch_seconds > 0:
+        return None
+    return m.epoch_steps * m.global_batch / m.epoch_seconds
+
+
+def epoch_note(rate: float | None) -> str:
+    """The epochs' rate beside the in-step one, saying what its time includes (``""`` if not timed)."""
+    if rate is None:
+        return ""
+    return f" ({rate:,.0f}/s over the epochs' wall time: the traced first step, validation and epoch ends included)"
+
+
+def epoch_text(m: Measurements) -> str:
+    return epoch_note(epoch_rate(m))
+
+
+def free_samples(m: Measurements) -> dict[str, float | None]:
+    """The free figures per step, for the JSON."""
+    return {"cpu_seconds": m.cpu_seconds, "input_seconds": m.sampled_input,
+            "py_function_seconds": m.sampled_py_function}
+
+
+def split_text(shares: dict[str, float], bottleneck: str, inferred: Inference | None) -> str:
+    """The "where a step goes" line: the probes' split, else what the free samples point at, and on what."""
+    if bottleneck != UNSPLIT:
+        return ", ".join(f"{part} {shares[part]:.0%}" for part in PARTS) + f" -> {bottleneck}-bound"
+    if inferred is None:
+        return "not split (the probes did not run)"
+    return f"not split by the probes; {inferred.headline()}: {inferred.evidence}"
 
 
 def verdict(m: Measurements) -> Report:
@@ -301,10 +401,12 @@ def verdict(m: Measurements) -> Report:
     median = statistics.median(m.step_seconds)
     split = shares(median, m)
     per_second = m.steps * m.global_batch / m.seconds if m.seconds > 0 else 0.0
+    inferred = None
     if is_split(m):
         bottleneck = max(PARTS, key=lambda part: split[part])
         advice = recommendations(split, m, median, bottleneck)
     else:
-        bottleneck, advice = UNSPLIT, (unsplit_recommendation(m),)
+        inferred = infer_from(m, median)
+        bottleneck, advice = UNSPLIT, unsplit_advice(m, inferred)
     return Report(measurements=m, median=median, p90=percentile(m.step_seconds, 90), examples_per_second=per_second,
-                  shares=split, bottleneck=bottleneck, recommendations=advice)
+                  shares=split, bottleneck=bottleneck, recommendations=advice, inferred=inferred)

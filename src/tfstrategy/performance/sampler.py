@@ -1,0 +1,82 @@
+"""The report's free gauges: the process's CPU time, and what stack samples saw TensorFlow run of the user's code.
+
+Read at each timed execution's begin and end (:class:`~tfstrategy.performance.timing.StepTimes`), they cost
+two clock readings and two attribute reads; what they add up to is what :mod:`~tfstrategy.performance.evidence`
+concludes from when the probes do not run. The samples are the worker's ledger's under ``tfstrategy launch``
+(its heartbeat already takes them: :mod:`tfstrategy.runtime.ledger`); elsewhere (``tfstrategy run``, a
+script's own callback) a :class:`StackSampler` of the report's takes them while ``fit`` runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from tfstrategy.runtime.ledger import TensorFlowRuns, current_keeper, tensorflow_runs_users_code
+
+#: Seconds between the report's own samples (20 a second: a few microseconds each, when no ledger samples).
+SAMPLE_SECONDS = 0.05
+
+#: Cumulative (CPU seconds, seconds input ran, seconds a ``tf.py_function`` ran).
+Gauges = Callable[[], tuple[float, float, float]]
+
+
+class StackSampler:
+    """A thread that samples every thread's stack and adds up the seconds it saw the user's input and
+    ``tf.py_function`` s run (the ledger keeper's counting, for a process that keeps no ledger)."""
+
+    def __init__(self, *, interval: float = SAMPLE_SECONDS,
+                 runs: Callable[[], TensorFlowRuns] = tensorflow_runs_users_code,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.interval, self._runs, self._clock = interval, runs, clock
+        self.input_seconds = 0.0
+        self.py_function_seconds = 0.0
+        self._last: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> None:
+        """One sample: the time since the last counts as input, or ``py_function`` time, by what runs now."""
+        now = self._clock()
+        try:
+            runs = self._runs()
+        except Exception:  # a stack that cannot be read must not stop the sampling
+            runs = TensorFlowRuns()
+        if self._last is not None:
+            if runs.input:
+                self.input_seconds += now - self._last
+            if runs.py_functions:
+                self.py_function_seconds += now - self._last
+        self._last = now
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def start(self) -> None:
+        """Sample in a daemon thread until :meth:`stop` (a no-op if it already runs)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._last = None
+        self._thread = threading.Thread(target=self._loop, name="tfstrategy-profile-samples", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling (waits for the thread: at most one interval)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=2 * self.interval + 1.0)
+
+    def gauges(self) -> tuple[float, float, float]:
+        return time.process_time(), self.input_seconds, self.py_function_seconds
+
+
+def ledger_gauges() -> Gauges | None:
+    """The live ledger's gauges (under ``tfstrategy launch``, where the heartbeat samples), or ``None``."""
+    keeper = current_keeper()
+    if keeper is None:
+        return None
+    return lambda: (time.process_time(), keeper.input_seconds, keeper.py_function_seconds)
