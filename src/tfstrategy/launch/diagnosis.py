@@ -13,7 +13,7 @@ import re
 import signal
 from collections.abc import Sequence
 
-from tfstrategy.launch.reports import ErrorRecord
+from tfstrategy.contract.reports import ErrorRecord
 from tfstrategy.launch.states import Failure
 from tfstrategy.multiworker.file_races import PREFIX as SHARED_PATH
 

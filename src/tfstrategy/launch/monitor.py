@@ -34,8 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfstrategy.contract.ledger import Ledger
+from tfstrategy.contract.reports import ErrorRecord
 from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
-from tfstrategy.launch.ledger import Ledger
 from tfstrategy.launch.ledger_diagnosis import (
     Diagnosis,
     WorkerView,
@@ -43,7 +44,6 @@ from tfstrategy.launch.ledger_diagnosis import (
     view_from_wire,
     view_to_wire,
 )
-from tfstrategy.launch.reports import ErrorRecord
 from tfstrategy.launch.states import EXIT_PREEMPTED, Failure, Outcome, WorkerState
 from tfstrategy.launch.stragglers import StragglerWatch
 from tfstrategy.launch.ticks import Decision, Observation, Policy

@@ -1,0 +1,11 @@
+"""The worker-launcher contract: what a worker and whatever started it (``launch``, ``k8s``) both know.
+
+Both sides import it, and it imports nothing of tfstrategy back but :mod:`tfstrategy.errors` and
+:mod:`tfstrategy.settings` (``tests/test_contract.py`` holds that), nor TensorFlow:
+
+- :mod:`~tfstrategy.contract.files`: the names of the files a worker shares with its launcher;
+- :mod:`~tfstrategy.contract.reports`, :mod:`~tfstrategy.contract.ledger`: the formats of those files
+  (error, progress, ledger), both sides of each.
+
+The ``TFSTRATEGY_*`` variables of a launched worker are :mod:`tfstrategy.worker_contract`'s.
+"""
