@@ -3,7 +3,7 @@
 Each pod of an Indexed Job gets ``JOB_COMPLETION_INDEX`` and the hostname ``<job>-<index>``;
 with the pod template's ``subdomain`` naming a headless Service, ``<job>-<index>.<service>``
 resolves to it from every pod of the namespace. The pods learn the rest from the
-variables of :data:`POD_VARIABLES`, which
+variables of :data:`POD_VARIABLES` (the pod contract, :mod:`tfstrategy.contract.pod`), which
 :class:`tfstrategy.environments.kubernetes.KubernetesEnvironment` reads to build
 ``TF_CONFIG``. Everything here returns plain dicts; :mod:`tfstrategy.kubernetes.yaml_text`
 writes them.
@@ -40,6 +40,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfstrategy.contract.pod import (
+    COMPLETION_INDEX,
+    ENV_K8S_FAILURES,
+    ENV_K8S_IGNORED_FAILURES,
+    ENV_K8S_JOB,
+    ENV_K8S_PORT,
+    ENV_K8S_SERVICE,
+    ENV_K8S_WORKERS,
+    FAILURE_COUNT_ANNOTATION,
+    IGNORED_FAILURE_COUNT_ANNOTATION,
+    JOB_NAME_LABEL,
+    POD_VARIABLES,
+)
 from tfstrategy.errors import LaunchError
 from tfstrategy.kubernetes.names import (
     DNS1035_LABEL,
@@ -72,34 +85,10 @@ __all__ = [
     "ENV_K8S_FAILURES", "ENV_K8S_IGNORED_FAILURES", "COMPLETION_INDEX", "CONTAINER_NAME",
 ]
 
-#: Set by Kubernetes in every pod of an Indexed Job.
-COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
-# The pod contract: what the generated Job gives each pod, read by KubernetesEnvironment.
-ENV_K8S_JOB = "TFSTRATEGY_K8S_JOB"
-ENV_K8S_SERVICE = "TFSTRATEGY_K8S_SERVICE"
-ENV_K8S_WORKERS = "TFSTRATEGY_K8S_WORKERS"
-ENV_K8S_PORT = "TFSTRATEGY_K8S_PORT"
-ENV_K8S_FAILURES = "TFSTRATEGY_K8S_FAILURES"
-ENV_K8S_IGNORED_FAILURES = "TFSTRATEGY_K8S_IGNORED_FAILURES"
-
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-failure-count"
-IGNORED_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-ignored-failure-count"
 CONTAINER_NAME = "worker"
 #: TensorFlow's PreemptionCheckpointHandler exits with 42 after saving, to ask for a restart.
 TENSORFLOW_RESTART_EXIT_CODE = 42
 DEFAULT_PORT = 2222  # Kubeflow TFJob's port, which images and firewall rules often already allow
-
-#: Each variable of the pod contract and the manifest field that sets it (for the environment's errors).
-POD_VARIABLES: Mapping[str, str] = {
-    COMPLETION_INDEX: "set by Kubernetes in a Job with spec.completionMode: Indexed",
-    ENV_K8S_JOB: f"the container's env, fieldRef metadata.labels['{JOB_NAME_LABEL}']",
-    ENV_K8S_SERVICE: "the container's env, equal to spec.template.spec.subdomain (the headless Service's name)",
-    ENV_K8S_WORKERS: "the container's env, equal to the Job's spec.completions and spec.parallelism",
-    ENV_K8S_PORT: "the container's env, equal to the container's ports[0].containerPort",
-    ENV_K8S_FAILURES: f"the container's env, fieldRef metadata.annotations['{FAILURE_COUNT_ANNOTATION}']",
-    ENV_K8S_IGNORED_FAILURES: f"the container's env, fieldRef metadata.annotations['{IGNORED_FAILURE_COUNT_ANNOTATION}']",
-}
 
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _RESERVED = frozenset({"TF_CONFIG", "TFSTRATEGY_BACKUP_DIR", "TFSTRATEGY_JOB_ID", *POD_VARIABLES})
