@@ -3,6 +3,7 @@
 Both sides import it, and it imports nothing of tfstrategy back but :mod:`tfstrategy.errors` and
 :mod:`tfstrategy.settings` (``tests/test_contract.py`` holds that), nor TensorFlow:
 
+- :mod:`~tfstrategy.contract.exits`: every exit status, one table (:data:`~tfstrategy.contract.exits.EXIT_STATUSES`);
 - :mod:`~tfstrategy.contract.files`: the names of the files a worker shares with its launcher;
 - :mod:`~tfstrategy.contract.reports`, :mod:`~tfstrategy.contract.ledger`: the formats of those files
   (error, progress, ledger), both sides of each;

@@ -9,7 +9,7 @@ Kubernetes sets ``JOB_COMPLETION_INDEX``; the generated Job sets the rest
 * **restart count**: the pod's retries of its index, from the Job controller's annotations
   ``batch.kubernetes.io/job-index-failure-count`` (failures counted against
   ``backoffLimitPerIndex``) plus ``...-ignored-failure-count`` (restarts the
-  ``podFailurePolicy`` ignored: preemption, exit 75 or 42), passed in by the Downward API;
+  ``podFailurePolicy`` ignored: tfstrategy's or TensorFlow's preemption exit status), passed in by the Downward API;
   absent annotations mean 0, as Kubernetes documents;
 * **preemption**: the kubelet sends SIGTERM (the base class's default), then SIGKILL after
   ``terminationGracePeriodSeconds`` (``tfstrategy k8s --grace``);

@@ -8,22 +8,15 @@ variables of :data:`POD_VARIABLES` (the pod contract, :mod:`tfstrategy.contract.
 ``TF_CONFIG``. Everything here returns plain dicts; :mod:`tfstrategy.kubernetes.yaml_text`
 writes them.
 
-Exit codes and ``podFailurePolicy`` (first matching rule wins):
-
-==============================  =========  =================================================
-pod ended with                  action     why
-==============================  =========  =================================================
-condition ``DisruptionTarget``  Ignore     preempted, evicted or drained: not the job's fault
-exit 75                         Ignore     tfstrategy's preemption: every worker saved; restart
-exit 42                         Ignore     TensorFlow's ``PreemptionCheckpointHandler`` asks for a
-                                           restart with 42 (the Kubernetes docs' example treats 42
-                                           as permanent: not here)
-exit 2                          FailJob    invalid options or usage (tfstrategy's CLI, argparse,
-                                           python's "can't open file"): a retry cannot help
-anything else (1, 137, ...)     Count      retried up to ``backoffLimitPerIndex`` times: a lost
-                                           peer makes the survivors exit 1 too, so 1 cannot mean
-                                           "user error, give up"
-==============================  =========  =================================================
+Exit codes and ``podFailurePolicy`` (first matching rule wins): a pod with the condition
+``DisruptionTarget`` (preempted, evicted or drained: not the job's fault) is restarted without
+counting; then each exit status of the contract's table
+(:data:`tfstrategy.contract.exits.EXIT_STATUSES`) gets its ``kubernetes`` action: ``Ignore`` for
+tfstrategy's preemption (every worker saved) and TensorFlow's ``PreemptionCheckpointHandler``
+restart request (which the Kubernetes docs' example treats as permanent: not here), ``FailJob`` for
+invalid options or usage (tfstrategy's CLI, argparse, python's "can't open file": a retry cannot
+help); anything else is counted, retried up to ``backoffLimitPerIndex`` times (a lost peer makes
+the survivors exit 1 too, so 1 cannot mean "user error, give up").
 
 ``maxFailedIndexes: 0`` fails the whole Job once one index used up its retries (its peers
 could never finish without it), and ``podReplacementPolicy: Failed`` keeps a replacement pod
@@ -40,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfstrategy.contract.exits import EXIT_STATUSES, PodAction
+from tfstrategy.contract.exits import EXIT_TENSORFLOW_RESTART as TENSORFLOW_RESTART_EXIT_CODE  # noqa: F401 (moved there)
 from tfstrategy.contract.pod import (
     COMPLETION_INDEX,
     ENV_K8S_FAILURES,
@@ -77,7 +72,6 @@ from tfstrategy.kubernetes.scheduling import (
     quantity,
     resources,
 )
-from tfstrategy.launch.states import EXIT_INVALID, EXIT_PREEMPTED
 
 __all__ = [
     "K8sOptions", "validate_k8s_options", "manifests", "job_manifest", "service_manifest", "network_policy_manifest",
@@ -86,8 +80,6 @@ __all__ = [
 ]
 
 CONTAINER_NAME = "worker"
-#: TensorFlow's PreemptionCheckpointHandler exits with 42 after saving, to ask for a restart.
-TENSORFLOW_RESTART_EXIT_CODE = 42
 DEFAULT_PORT = 2222  # Kubeflow TFJob's port, which images and firewall rules often already allow
 
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
@@ -221,13 +213,13 @@ def _check_placement(options: K8sOptions) -> None:
 
 
 def pod_failure_policy() -> dict[str, Any]:
-    """The Job's ``podFailurePolicy``, from tfstrategy's exit statuses (table in this module's docstring)."""
-    restart = sorted({EXIT_PREEMPTED, TENSORFLOW_RESTART_EXIT_CODE})
-    return {"rules": [
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        {"action": "Ignore", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In", "values": restart}},
-        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In", "values": [EXIT_INVALID]}},
-    ]}
+    """The Job's ``podFailurePolicy``, from the contract's exit statuses (each one's ``kubernetes`` action)."""
+    rules: list[dict[str, Any]] = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    for action in (PodAction.IGNORE, PodAction.FAIL_JOB):  # Count needs no rule: it is what an unmatched exit gets
+        codes = sorted(status.code for status in EXIT_STATUSES if status.kubernetes is action)
+        rules.append({"action": action.value,
+                      "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In", "values": codes}})
+    return {"rules": rules}
 
 
 def _metadata(options: K8sOptions, name: str) -> dict[str, Any]:
