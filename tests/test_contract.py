@@ -8,7 +8,6 @@ from it (the launcher's outcomes, the Kubernetes Job, the help, the docs).
 from __future__ import annotations
 
 import ast
-import importlib
 import re
 from collections import Counter
 from pathlib import Path
@@ -139,28 +138,6 @@ def test_every_outcome_has_one_status_in_the_table_and_exits_with_it():
         status = status_of_outcome(outcome.value)
         expected = status.code + signal.SIGTERM if status.plus_signal else status.code
         assert outcome.exit_status() == expected, outcome
-
-
-def test_the_old_names_are_the_contracts():
-    from tfstrategy import worker_contract
-    from tfstrategy.contract import exits, files, ledger, pod, reports
-    from tfstrategy.environments import kubernetes as pod_side
-    from tfstrategy.launch import ledger as old_ledger
-    from tfstrategy.launch import reports as old_reports
-    from tfstrategy.launch import states
-    from tfstrategy.multiworker import preemption
-
-    manifests = importlib.import_module("tfstrategy.kubernetes.manifests")  # the package's manifests() shadows it
-
-    assert (states.EXIT_INVALID, states.EXIT_PREEMPTED, states.EXIT_JOIN_TIMEOUT, states.EXIT_STALL) == (
-        exits.EXIT_INVALID, exits.EXIT_PREEMPTED, exits.EXIT_JOIN_TIMEOUT, exits.EXIT_STALL)
-    assert worker_contract.EXIT_STOPPED == exits.EXIT_STOPPED
-    assert preemption.PREEMPTED_EXIT_CODE == exits.EXIT_PREEMPTED
-    assert manifests.TENSORFLOW_RESTART_EXIT_CODE == exits.EXIT_TENSORFLOW_RESTART
-    assert manifests.POD_VARIABLES is pod.POD_VARIABLES
-    assert pod_side.POD_VARIABLES is pod.POD_VARIABLES
-    assert old_ledger.Ledger is ledger.Ledger and old_ledger.ledger_path is files.ledger_path
-    assert old_reports.ProgressWriter is reports.ProgressWriter and old_reports.ErrorRecord is reports.ErrorRecord
 
 
 def test_the_pod_failure_policy_is_the_tables_kubernetes_column():

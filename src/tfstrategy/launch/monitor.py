@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfstrategy.contract.exits import shell_status
+from tfstrategy.contract.exits import EXIT_PREEMPTED, shell_status
 from tfstrategy.contract.ledger import Ledger
 from tfstrategy.contract.reports import ErrorRecord
 from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
@@ -45,7 +45,7 @@ from tfstrategy.launch.ledger_diagnosis import (
     view_from_wire,
     view_to_wire,
 )
-from tfstrategy.launch.states import EXIT_PREEMPTED, Failure, Outcome, WorkerState
+from tfstrategy.launch.states import Failure, Outcome, WorkerState
 from tfstrategy.launch.stragglers import StragglerWatch
 from tfstrategy.launch.ticks import Decision, Observation, Policy
 from tfstrategy.worker_contract import stop_line

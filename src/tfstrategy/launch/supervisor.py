@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from tfstrategy.contract.exits import EXIT_JOIN_TIMEOUT, EXIT_PREEMPTED
 from tfstrategy.contract.files import worker_files
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import Console, stopped_line
@@ -62,7 +63,7 @@ from tfstrategy.launch.processes import (
     stop_workers,
 )
 from tfstrategy.launch.rendezvous import NodeOptions
-from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT, EXIT_PREEMPTED, Failure, Outcome, RunResult
+from tfstrategy.launch.states import Failure, Outcome, RunResult
 from tfstrategy.worker_contract import WorkerContract, WorkerSettings, hook_environment
 
 __all__ = [
