@@ -47,3 +47,28 @@ def test_the_slurm_module_moved_to_environments_and_its_names_warn_until_their_r
     assert moved is read_slurm_step
     with pytest.raises(AttributeError):
         old.Slurm  # noqa: B018  (only the names the old module had resolve)
+
+
+def test_the_names_that_moved_to_the_contract_still_import_from_their_old_modules():
+    """Module-level names, not the top-level API: their old modules re-export them as they are."""
+    import importlib
+
+    from tfstrategy import worker_contract
+    from tfstrategy.contract import exits, files, ledger, pod, reports
+    from tfstrategy.environments import kubernetes as pod_side
+    from tfstrategy.launch import ledger as old_ledger
+    from tfstrategy.launch import reports as old_reports
+    from tfstrategy.launch import states
+    from tfstrategy.multiworker import preemption
+
+    manifests = importlib.import_module("tfstrategy.kubernetes.manifests")  # the package's manifests() shadows it
+
+    assert (states.EXIT_INVALID, states.EXIT_PREEMPTED, states.EXIT_JOIN_TIMEOUT, states.EXIT_STALL) == (
+        exits.EXIT_INVALID, exits.EXIT_PREEMPTED, exits.EXIT_JOIN_TIMEOUT, exits.EXIT_STALL)
+    assert worker_contract.EXIT_STOPPED == exits.EXIT_STOPPED
+    assert preemption.PREEMPTED_EXIT_CODE == exits.EXIT_PREEMPTED
+    assert manifests.TENSORFLOW_RESTART_EXIT_CODE == exits.EXIT_TENSORFLOW_RESTART
+    assert manifests.POD_VARIABLES is pod.POD_VARIABLES
+    assert pod_side.POD_VARIABLES is pod.POD_VARIABLES
+    assert old_ledger.Ledger is ledger.Ledger and old_ledger.ledger_path is files.ledger_path
+    assert old_reports.ProgressWriter is reports.ProgressWriter and old_reports.ErrorRecord is reports.ErrorRecord

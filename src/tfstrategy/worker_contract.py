@@ -11,7 +11,8 @@ Every field may be absent: a process outside ``launch`` has none of them, a user
 settings (``TFSTRATEGY_BACKUP_DIR`` under Slurm), and the hook removes the supervision variables
 once it has taken them, so that a Python child of the worker does not act as the worker.
 
-This module imports nothing but the standard library and :mod:`tfstrategy.settings`.
+This module imports nothing but the standard library, :mod:`tfstrategy.settings` and the contract's
+exit statuses (:mod:`tfstrategy.contract.exits`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from tfstrategy.contract.exits import EXIT_STOPPED as EXIT_STOPPED  # re-exported: it moved there
 from tfstrategy.errors import LaunchError
 from tfstrategy.settings import (
     AUDIT_MODES,
@@ -62,11 +64,11 @@ STARTUP_DIR = Path(__file__).resolve().parent / "runtime" / "startup"
 #: The signal on which a launched Python worker prints every thread's stack to its stderr.
 STACK_SIGNAL = signal.SIGUSR2
 #: How a worker's one line begins when the hook stops it on a user error (a refused strategy, a missing device),
-#: and its exit status: the launcher makes that line its headline, once, and does not restart the job.
+#: and its exit status (:data:`EXIT_STOPPED`, from :mod:`tfstrategy.contract.exits`): the launcher makes that line
+#: its headline, once, and does not restart the job.
 #: (The scope audit's "tfstrategy stopped fit() ..." is an exception the script sees, not one of these.)
 STOP_PREFIXES = ("tfstrategy refused ", "tfstrategy stopped MirroredStrategy(", "tfstrategy stopped Model.fit() ",
                  "tfstrategy stopped the script ")
-EXIT_STOPPED = 2
 
 
 def stop_line(returncode: int | None, lines: Sequence[str]) -> str | None:

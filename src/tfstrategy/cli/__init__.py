@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -12,6 +13,7 @@ from tfstrategy.cli.env import env_parser
 from tfstrategy.cli.k8s import k8s_parser
 from tfstrategy.cli.launch import launch_parser
 from tfstrategy.cli.run import run_parser
+from tfstrategy.contract.exits import EXIT_FAILURE, EXIT_INVALID, signal_status
 from tfstrategy.errors import TFStrategyError
 
 SUBCOMMANDS = (check_parser, env_parser, run_parser, launch_parser, k8s_parser)
@@ -46,16 +48,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"{name}: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_INVALID
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
-        return 130
+        return signal_status(signal.SIGINT)
     except Exception as error:  # anything else is our bug or TensorFlow's: one line, details on demand
         if args.debug:
             raise
         first_line = (str(error).strip().splitlines() or [""])[0]
         print(f"{name}: failed: {type(error).__name__}: {first_line} (rerun with --debug for the traceback)", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":  # pragma: no cover

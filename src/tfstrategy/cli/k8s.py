@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 from tfstrategy.cli._common import program_from_args
+from tfstrategy.contract.exits import EXIT_INVALID, EXIT_PREEMPTED, EXIT_TENSORFLOW_RESTART
 from tfstrategy.errors import LaunchError
 from tfstrategy.kubernetes.manifests import DEFAULT_PORT, K8sOptions, validate_k8s_options
 from tfstrategy.kubernetes.names import name_from_command
@@ -27,7 +28,7 @@ from tfstrategy.settings import AUDIT_MODES
 __all__ = ["k8s_parser", "k8s_command", "options_from_args"]
 
 DESCRIPTION = textwrap.dedent(
-    """\
+    f"""\
     Write the manifests that run COMMAND as N pods of one MultiWorkerMirroredStrategy
     job on Kubernetes, without an operator: an Indexed Job (one pod per worker, pod i
     named <name>-i.<name> through a headless Service), the Service, and a NetworkPolicy
@@ -36,9 +37,9 @@ DESCRIPTION = textwrap.dedent(
     builds its TF_CONFIG from JOB_COMPLETION_INDEX and the variables the Job sets: the
     script needs no change. The image needs TensorFlow and tfstrategy.
 
-    Failures: a pod that exits 75 (tfstrategy's preemption: every worker saved) or 42
+    Failures: a pod that exits {EXIT_PREEMPTED} (tfstrategy's preemption: every worker saved) or {EXIT_TENSORFLOW_RESTART}
     (TensorFlow's restart request), or is evicted or preempted, is restarted without
-    counting; exit 2 (invalid options) fails the Job at once; any other failure
+    counting; exit {EXIT_INVALID} (invalid options) fails the Job at once; any other failure
     restarts that pod up to --max-restarts times (its peers fail and restart with
     it), then fails the Job. With --backup-pvc, callbacks=tfstrategy.backup_callbacks()
     in model.fit resumes every restarted worker from the newest step every worker
@@ -120,7 +121,7 @@ def k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="restart each pod up to K times after a failure (backoffLimitPerIndex; default: 3)")
     faults.add_argument("--grace", type=int, default=30, metavar="S",
                         help="seconds a pod gets after SIGTERM (eviction, preemption) to agree on a step, save its "
-                        "backup and exit 75 (terminationGracePeriodSeconds; default: 30)")
+                        f"backup and exit {EXIT_PREEMPTED} (terminationGracePeriodSeconds; default: 30)")
     faults.add_argument("--backup-pvc", metavar="CLAIM",
                         help="PersistentVolumeClaim holding the job's backups (a folder NAME on it)")
     faults.add_argument("--backup-dir", metavar="DIR",

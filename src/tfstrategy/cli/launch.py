@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 
 from tfstrategy._tf import ensure_tensorflow_installed
 from tfstrategy.cli._common import add_program_arguments, program_from_args, quiet_tensorflow
+from tfstrategy.contract.exits import EXIT_STALL, help_table
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT as JOIN_TIMEOUT_STATUS
-from tfstrategy.launch.states import EXIT_STALL
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, ENV_PORT_RANGE, ENV_RUN_ID
 
 if TYPE_CHECKING:  # the launcher's modules load when a job starts, not for `tfstrategy check`
@@ -38,7 +37,7 @@ FAMILIAR_FLAGS = {
 }
 
 DESCRIPTION = textwrap.dedent(
-    f"""\
+    """\
     Run COMMAND as N workers of one MultiWorkerMirroredStrategy job on this machine
     (like torchrun --standalone). The script needs no change: each worker gets a
     TF_CONFIG naming free ports on 127.0.0.1, so tf.distribute.MultiWorkerMirroredStrategy()
@@ -72,15 +71,9 @@ DESCRIPTION = textwrap.dedent(
     The workers die with the launcher, however it ends (SIGKILL included).
 
     Exit status (for Slurm --requeue and Kubernetes podFailurePolicy):
-      0    every worker exited 0
-      1    a worker failed (its own status or signal is in the report)
-      75   preempted: every worker saved and exited 75; requeue the job
-      {JOIN_TIMEOUT_STATUS}  not every worker (or node) joined within --timeout
-      {EXIT_STALL}  a worker stalled past --stall-timeout
-      128+N  the launcher received signal N (130 Ctrl-C, 143 SIGTERM, even when
-           workers had to be SIGKILLed after --grace)
-      2    invalid options
-
+    """
+) + help_table() + "\n\n" + textwrap.dedent(
+    """\
     Several machines (--nnodes N): run the same command on each, with its own
     --node-rank (or TFSTRATEGY_NODE_RANK) and the same --master HOST:PORT, the
     address of node 0's machine and a free port. Node 0's launcher hosts the

@@ -1,7 +1,7 @@
 """A pod of an Indexed Job written by ``tfstrategy k8s``: its cluster, read from the pod's variables.
 
 Kubernetes sets ``JOB_COMPLETION_INDEX``; the generated Job sets the rest
-(:data:`tfstrategy.kubernetes.manifests.POD_VARIABLES` names the field that sets each):
+(:data:`tfstrategy.contract.pod.POD_VARIABLES` names the field that sets each):
 
 * **cluster**: worker ``i`` is ``<job>-<i>.<service>:<port>`` for i in 0..N-1, the stable
   hostname an Indexed Job gives pod ``i`` when its ``subdomain`` names a headless Service;
@@ -9,7 +9,7 @@ Kubernetes sets ``JOB_COMPLETION_INDEX``; the generated Job sets the rest
 * **restart count**: the pod's retries of its index, from the Job controller's annotations
   ``batch.kubernetes.io/job-index-failure-count`` (failures counted against
   ``backoffLimitPerIndex``) plus ``...-ignored-failure-count`` (restarts the
-  ``podFailurePolicy`` ignored: preemption, exit 75 or 42), passed in by the Downward API;
+  ``podFailurePolicy`` ignored: tfstrategy's or TensorFlow's preemption exit status), passed in by the Downward API;
   absent annotations mean 0, as Kubernetes documents;
 * **preemption**: the kubelet sends SIGTERM (the base class's default), then SIGKILL after
   ``terminationGracePeriodSeconds`` (``tfstrategy k8s --grace``);
@@ -27,9 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tfstrategy.environments.base import ClusterEnvironment, read_count, variables_line
-from tfstrategy.errors import ClusterConfigError
-from tfstrategy.kubernetes.manifests import (
+from tfstrategy.contract.pod import (
     COMPLETION_INDEX,
     ENV_K8S_FAILURES,
     ENV_K8S_IGNORED_FAILURES,
@@ -39,6 +37,8 @@ from tfstrategy.kubernetes.manifests import (
     ENV_K8S_WORKERS,
     POD_VARIABLES,
 )
+from tfstrategy.environments.base import ClusterEnvironment, read_count, variables_line
+from tfstrategy.errors import ClusterConfigError
 from tfstrategy.multiworker.cluster import ClusterConfig, validate_tf_config
 
 __all__ = ["KubernetesEnvironment", "KubernetesPod", "read_pod"]

@@ -3,27 +3,20 @@
 Each pod of an Indexed Job gets ``JOB_COMPLETION_INDEX`` and the hostname ``<job>-<index>``;
 with the pod template's ``subdomain`` naming a headless Service, ``<job>-<index>.<service>``
 resolves to it from every pod of the namespace. The pods learn the rest from the
-variables of :data:`POD_VARIABLES`, which
+variables of :data:`POD_VARIABLES` (the pod contract, :mod:`tfstrategy.contract.pod`), which
 :class:`tfstrategy.environments.kubernetes.KubernetesEnvironment` reads to build
 ``TF_CONFIG``. Everything here returns plain dicts; :mod:`tfstrategy.kubernetes.yaml_text`
 writes them.
 
-Exit codes and ``podFailurePolicy`` (first matching rule wins):
-
-==============================  =========  =================================================
-pod ended with                  action     why
-==============================  =========  =================================================
-condition ``DisruptionTarget``  Ignore     preempted, evicted or drained: not the job's fault
-exit 75                         Ignore     tfstrategy's preemption: every worker saved; restart
-exit 42                         Ignore     TensorFlow's ``PreemptionCheckpointHandler`` asks for a
-                                           restart with 42 (the Kubernetes docs' example treats 42
-                                           as permanent: not here)
-exit 2                          FailJob    invalid options or usage (tfstrategy's CLI, argparse,
-                                           python's "can't open file"): a retry cannot help
-anything else (1, 137, ...)     Count      retried up to ``backoffLimitPerIndex`` times: a lost
-                                           peer makes the survivors exit 1 too, so 1 cannot mean
-                                           "user error, give up"
-==============================  =========  =================================================
+Exit codes and ``podFailurePolicy`` (first matching rule wins): a pod with the condition
+``DisruptionTarget`` (preempted, evicted or drained: not the job's fault) is restarted without
+counting; then each exit status of the contract's table
+(:data:`tfstrategy.contract.exits.EXIT_STATUSES`) gets its ``kubernetes`` action: ``Ignore`` for
+tfstrategy's preemption (every worker saved) and TensorFlow's ``PreemptionCheckpointHandler``
+restart request (which the Kubernetes docs' example treats as permanent: not here), ``FailJob`` for
+invalid options or usage (tfstrategy's CLI, argparse, python's "can't open file": a retry cannot
+help); anything else is counted, retried up to ``backoffLimitPerIndex`` times (a lost peer makes
+the survivors exit 1 too, so 1 cannot mean "user error, give up").
 
 ``maxFailedIndexes: 0`` fails the whole Job once one index used up its retries (its peers
 could never finish without it), and ``podReplacementPolicy: Failed`` keeps a replacement pod
@@ -40,6 +33,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfstrategy.contract.exits import EXIT_STATUSES, PodAction
+from tfstrategy.contract.exits import EXIT_TENSORFLOW_RESTART as TENSORFLOW_RESTART_EXIT_CODE  # noqa: F401 (moved there)
+from tfstrategy.contract.pod import (
+    COMPLETION_INDEX,
+    ENV_K8S_FAILURES,
+    ENV_K8S_IGNORED_FAILURES,
+    ENV_K8S_JOB,
+    ENV_K8S_PORT,
+    ENV_K8S_SERVICE,
+    ENV_K8S_WORKERS,
+    FAILURE_COUNT_ANNOTATION,
+    IGNORED_FAILURE_COUNT_ANNOTATION,
+    JOB_NAME_LABEL,
+    POD_VARIABLES,
+)
 from tfstrategy.errors import LaunchError
 from tfstrategy.kubernetes.names import (
     DNS1035_LABEL,
@@ -64,7 +72,6 @@ from tfstrategy.kubernetes.scheduling import (
     quantity,
     resources,
 )
-from tfstrategy.launch.states import EXIT_INVALID, EXIT_PREEMPTED
 
 __all__ = [
     "K8sOptions", "validate_k8s_options", "manifests", "job_manifest", "service_manifest", "network_policy_manifest",
@@ -72,34 +79,8 @@ __all__ = [
     "ENV_K8S_FAILURES", "ENV_K8S_IGNORED_FAILURES", "COMPLETION_INDEX", "CONTAINER_NAME",
 ]
 
-#: Set by Kubernetes in every pod of an Indexed Job.
-COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
-# The pod contract: what the generated Job gives each pod, read by KubernetesEnvironment.
-ENV_K8S_JOB = "TFSTRATEGY_K8S_JOB"
-ENV_K8S_SERVICE = "TFSTRATEGY_K8S_SERVICE"
-ENV_K8S_WORKERS = "TFSTRATEGY_K8S_WORKERS"
-ENV_K8S_PORT = "TFSTRATEGY_K8S_PORT"
-ENV_K8S_FAILURES = "TFSTRATEGY_K8S_FAILURES"
-ENV_K8S_IGNORED_FAILURES = "TFSTRATEGY_K8S_IGNORED_FAILURES"
-
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-failure-count"
-IGNORED_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-ignored-failure-count"
 CONTAINER_NAME = "worker"
-#: TensorFlow's PreemptionCheckpointHandler exits with 42 after saving, to ask for a restart.
-TENSORFLOW_RESTART_EXIT_CODE = 42
 DEFAULT_PORT = 2222  # Kubeflow TFJob's port, which images and firewall rules often already allow
-
-#: Each variable of the pod contract and the manifest field that sets it (for the environment's errors).
-POD_VARIABLES: Mapping[str, str] = {
-    COMPLETION_INDEX: "set by Kubernetes in a Job with spec.completionMode: Indexed",
-    ENV_K8S_JOB: f"the container's env, fieldRef metadata.labels['{JOB_NAME_LABEL}']",
-    ENV_K8S_SERVICE: "the container's env, equal to spec.template.spec.subdomain (the headless Service's name)",
-    ENV_K8S_WORKERS: "the container's env, equal to the Job's spec.completions and spec.parallelism",
-    ENV_K8S_PORT: "the container's env, equal to the container's ports[0].containerPort",
-    ENV_K8S_FAILURES: f"the container's env, fieldRef metadata.annotations['{FAILURE_COUNT_ANNOTATION}']",
-    ENV_K8S_IGNORED_FAILURES: f"the container's env, fieldRef metadata.annotations['{IGNORED_FAILURE_COUNT_ANNOTATION}']",
-}
 
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _RESERVED = frozenset({"TF_CONFIG", "TFSTRATEGY_BACKUP_DIR", "TFSTRATEGY_JOB_ID", *POD_VARIABLES})
@@ -232,13 +213,13 @@ def _check_placement(options: K8sOptions) -> None:
 
 
 def pod_failure_policy() -> dict[str, Any]:
-    """The Job's ``podFailurePolicy``, from tfstrategy's exit statuses (table in this module's docstring)."""
-    restart = sorted({EXIT_PREEMPTED, TENSORFLOW_RESTART_EXIT_CODE})
-    return {"rules": [
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        {"action": "Ignore", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In", "values": restart}},
-        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In", "values": [EXIT_INVALID]}},
-    ]}
+    """The Job's ``podFailurePolicy``, from the contract's exit statuses (each one's ``kubernetes`` action)."""
+    rules: list[dict[str, Any]] = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    for action in (PodAction.IGNORE, PodAction.FAIL_JOB):  # Count needs no rule: it is what an unmatched exit gets
+        codes = sorted(status.code for status in EXIT_STATUSES if status.kubernetes is action)
+        rules.append({"action": action.value,
+                      "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In", "values": codes}})
+    return {"rules": rules}
 
 
 def _metadata(options: K8sOptions, name: str) -> dict[str, Any]:

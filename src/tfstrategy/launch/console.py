@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from tfstrategy.contract.exits import EXIT_PREEMPTED, SIGNAL_BASE, signal_status
 from tfstrategy.native_log import ABSL_NOTICE as _ABSL_NOTICE  # boilerplate, whatever follows it
 from tfstrategy.worker_contract import STOP_PREFIXES
 
@@ -93,15 +94,15 @@ def stopped_line(index: int, status: int, signum: int, grace: float) -> str:
     """
     name = signal.Signals(signum).name
     what = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else name
-    if status == 128 + signum:
+    if status == signal_status(signum):
         return f"worker {index}: stopped by {what}"
-    if status == 128 + signal.SIGKILL:
+    if status == signal_status(signal.SIGKILL):
         return f"worker {index}: still running {grace:g} s (--grace) after {name}; killed (SIGKILL)"
-    if status == 75:
-        return f"worker {index}: saved and exited 75 (preempted)"
-    if status > 128:
+    if status == EXIT_PREEMPTED:
+        return f"worker {index}: saved and exited {EXIT_PREEMPTED} (preempted)"
+    if status > SIGNAL_BASE:
         try:
-            return f"worker {index}: killed by {signal.Signals(status - 128).name} after {what}"
+            return f"worker {index}: killed by {signal.Signals(status - SIGNAL_BASE).name} after {what}"
         except ValueError:
             pass
     if status == 0:

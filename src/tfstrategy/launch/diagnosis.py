@@ -13,7 +13,8 @@ import re
 import signal
 from collections.abc import Sequence
 
-from tfstrategy.launch.reports import ErrorRecord
+from tfstrategy.contract.exits import shell_status
+from tfstrategy.contract.reports import ErrorRecord
 from tfstrategy.launch.states import Failure
 from tfstrategy.multiworker.file_races import PREFIX as SHARED_PATH
 
@@ -48,7 +49,7 @@ def describe_status(returncode: int) -> str:
 
 def exit_status(returncode: int) -> int:
     """The shell's status of a Popen return code (128+N for signal N)."""
-    return 128 - returncode if returncode < 0 else returncode
+    return shell_status(returncode)
 
 
 def exception_line(lines: Sequence[str]) -> str | None:

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tfstrategy.launch.ledger import FunctionTrace, Ledger
+from tfstrategy.contract.ledger import FunctionTrace, Ledger
 
 __all__ = ["WorkerView", "Diagnosis", "diagnose", "PREPARE_HINT", "view_to_wire", "view_from_wire"]
 

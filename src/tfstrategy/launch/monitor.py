@@ -34,8 +34,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfstrategy.contract.exits import EXIT_PREEMPTED, shell_status
+from tfstrategy.contract.ledger import Ledger
+from tfstrategy.contract.reports import ErrorRecord
 from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
-from tfstrategy.launch.ledger import Ledger
 from tfstrategy.launch.ledger_diagnosis import (
     Diagnosis,
     WorkerView,
@@ -43,8 +45,7 @@ from tfstrategy.launch.ledger_diagnosis import (
     view_from_wire,
     view_to_wire,
 )
-from tfstrategy.launch.reports import ErrorRecord
-from tfstrategy.launch.states import EXIT_PREEMPTED, Failure, Outcome, WorkerState
+from tfstrategy.launch.states import Failure, Outcome, WorkerState
 from tfstrategy.launch.stragglers import StragglerWatch
 from tfstrategy.launch.ticks import Decision, Observation, Policy
 from tfstrategy.worker_contract import stop_line
@@ -284,7 +285,7 @@ class GroupMonitor:
                            outcome=Outcome.STOPPED)
         reason = failure_reason(code, lines, self._ports.get(worker.index), worker.joined, worker.error)
         when = min(worker.error.time, worker.wall_ended) if worker.error is not None else worker.wall_ended
-        return Failure(index=worker.index, reason=reason, status=128 - code if code < 0 else code, time=when,
+        return Failure(index=worker.index, reason=reason, status=shell_status(code), time=when,
                        consequential=is_consequence(worker.error, lines))
 
     def _ending(self, now: float, wall: float) -> tuple[Outcome, Failure | None, tuple[Failure, ...]] | None:
@@ -316,7 +317,7 @@ class GroupMonitor:
         if cause.consequential and now - first < self.policy.settle:
             return None  # the real failure is probably about to show (its process is still exiting)
         if all(w.returncode == EXIT_PREEMPTED for w in workers):
-            cause = Failure(index=None, reason="every worker exited with status 75 (preempted: saved, requeue me)",
+            cause = Failure(index=None, reason=f"every worker exited with status {EXIT_PREEMPTED} (preempted: saved, requeue me)",
                             status=EXIT_PREEMPTED, time=cause.time, outcome=Outcome.PREEMPTED)
         if cause.consequential:
             cause = dataclasses.replace(cause, reason=cause.reason + " (a consequence of a failure elsewhere: no "

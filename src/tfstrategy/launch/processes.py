@@ -3,7 +3,7 @@
 :class:`WorkerHandle` is all the supervisor knows of a worker; :class:`LocalProcess` is the real
 one (the launcher's policy tests use fakes that start nothing). A real worker runs in its own
 process group and session, with its output pumped (:mod:`tfstrategy.launch.output`), the
-files of :mod:`tfstrategy.launch.reports` beside its join file, and the launcher's lifeline:
+files of :mod:`tfstrategy.contract.reports` beside its join file, and the launcher's lifeline:
 the read end of a pipe whose end-of-file tells the worker's hook that the launcher is gone,
 and the :mod:`tfstrategy.launch.reaper` that stops everything of the job if the launcher dies.
 The launcher is also the subreaper of what its workers start (Linux), so a child that left its
@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from tfstrategy.contract.files import starting_file
+from tfstrategy.contract.ledger import Ledger, ledger_path, read_ledger
+from tfstrategy.contract.reports import read_error, read_progress
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch import reaper as reaper_script
 from tfstrategy.launch.diagnosis import LOOPBACK, describe_status, exception_line, exit_status, failure_reason
-from tfstrategy.launch.ledger import Ledger, ledger_path, read_ledger
 from tfstrategy.launch.monitor import Observation
 from tfstrategy.launch.output import Console, Pump, Tail
-from tfstrategy.launch.reports import read_error, read_progress
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 from tfstrategy.worker_contract import STACK_SIGNAL
 
@@ -275,7 +276,7 @@ class LocalProcess:
             self._exited = True
             self._console.ended(self.index, exit_status(code))  # a peer's errors about it are noise if 0
         joined = self.spec.join_file.exists()
-        starting = Path(f"{self.spec.join_file}.starting").exists()
+        starting = starting_file(self.spec.join_file).exists()
         now = time.monotonic()
         listening = self._listening
         if not joined and not listening and code is None and now >= self._next_port_check:

@@ -9,20 +9,9 @@ Pure values (no process, no clock): :mod:`tfstrategy.launch.monitor` moves worke
 strategy's constructor waits for every peer) and stalled (alive, not advancing while its peers
 wait in a collective).
 
-Exit statuses, for schedulers (Slurm ``--requeue``, Kubernetes ``podFailurePolicy``):
-
-======  ============  ==============================================================
-status  outcome       meaning
-======  ============  ==============================================================
-0       succeeded     every worker exited 0
-1       failed, lost  a worker failed (its own status and signal are in the report); node 0 was lost
-75      preempted     every worker saved and exited 75 (EX_TEMPFAIL): requeue the job
-124     join-timeout  not every worker (or node) joined within ``--timeout``
-125     stalled       a worker stalled: alive but not advancing past ``--stall-timeout``
-128+N   interrupted   the launcher itself received signal N (130 Ctrl-C, 143 SIGTERM) and stopped the job
-2       stopped       invalid options (nothing started), or a worker stopped the job with one line (a refused
-                      strategy, a missing device: ``STOP_PREFIXES``); never restarted
-======  ============  ==============================================================
+Exit statuses, for schedulers (Slurm ``--requeue``, Kubernetes ``podFailurePolicy``): each outcome's
+is in the one table of the worker-launcher contract, :data:`tfstrategy.contract.exits.EXIT_STATUSES`
+(``tfstrategy launch --help`` lists it); :meth:`Outcome.exit_status` reads it.
 """
 
 from __future__ import annotations
@@ -32,25 +21,20 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+# The exit statuses moved to the contract; their names stay importable here.
+from tfstrategy.contract.exits import EXIT_FAILURE as EXIT_FAILURE
+from tfstrategy.contract.exits import EXIT_INVALID as EXIT_INVALID
+from tfstrategy.contract.exits import EXIT_JOIN_TIMEOUT as EXIT_JOIN_TIMEOUT
+from tfstrategy.contract.exits import EXIT_PREEMPTED as EXIT_PREEMPTED
+from tfstrategy.contract.exits import EXIT_STALL as EXIT_STALL
+from tfstrategy.contract.exits import EXIT_SUCCESS as EXIT_SUCCESS
+from tfstrategy.contract.exits import signal_status as signal_status
+from tfstrategy.contract.exits import status_of_outcome
+
 __all__ = [
     "WorkerState", "Outcome", "EndReason", "RunResult", "Failure",
     "EXIT_SUCCESS", "EXIT_FAILURE", "EXIT_INVALID", "EXIT_PREEMPTED", "EXIT_JOIN_TIMEOUT", "EXIT_STALL", "signal_status",
 ]
-
-EXIT_SUCCESS = 0
-EXIT_FAILURE = 1
-#: A user error: a bad option, or a refusal before the first step (the CLI's one line). Kubernetes fails the Job on it.
-EXIT_INVALID = 2
-#: What a preempted worker exits with (EX_TEMPFAIL), and the launcher when every worker did.
-EXIT_PREEMPTED = 75
-#: As coreutils' ``timeout``.
-EXIT_JOIN_TIMEOUT = 124
-EXIT_STALL = 125
-
-
-def signal_status(signum: int) -> int:
-    """The shell's status for a process ended by signal ``signum`` (128+N)."""
-    return 128 + signum
 
 
 class WorkerState(str, Enum):
@@ -75,7 +59,7 @@ class Outcome(str, Enum):
     FAILED = "failed"  # a worker failed (possibly on another node)
     JOIN_TIMEOUT = "join-timeout"  # a worker or node did not join in time
     STALLED = "stalled"  # a worker made no progress past --stall-timeout
-    PREEMPTED = "preempted"  # every worker saved and exited 75
+    PREEMPTED = "preempted"  # every worker saved and exited EXIT_PREEMPTED
     INTERRUPTED = "interrupted"  # the launcher (or another node's) received SIGINT/SIGTERM
     LOST = "lost"  # the connection to node 0 broke
     STOPPED = "stopped"  # a worker stopped the job with one line (a user error: refused, missing device)
@@ -84,7 +68,7 @@ class Outcome(str, Enum):
         """The launcher's exit status for this outcome (``signum``: the signal that interrupted it)."""
         if self is Outcome.INTERRUPTED:
             return signal_status(signum if signum is not None else signal.SIGTERM)
-        return _EXIT_STATUS[self]
+        return status_of_outcome(self.value).code
 
     @property
     def restartable(self) -> bool:
@@ -92,9 +76,6 @@ class Outcome(str, Enum):
         return self is not Outcome.STOPPED
 
 
-_EXIT_STATUS = {Outcome.SUCCEEDED: EXIT_SUCCESS, Outcome.FAILED: EXIT_FAILURE, Outcome.JOIN_TIMEOUT: EXIT_JOIN_TIMEOUT,
-                Outcome.STALLED: EXIT_STALL, Outcome.PREEMPTED: EXIT_PREEMPTED, Outcome.LOST: EXIT_FAILURE,
-                Outcome.STOPPED: EXIT_INVALID}
 #: The name of :class:`Outcome` in tfstrategy 0.2 (removed in 0.4).
 EndReason = Outcome
 

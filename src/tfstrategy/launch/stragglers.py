@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tfstrategy.launch.ledger import Ledger
+from tfstrategy.contract.ledger import Ledger
 from tfstrategy.launch.ledger_diagnosis import Diagnosis
 
 __all__ = ["CPU_OVER_WAIT", "StragglerWatch"]

@@ -39,6 +39,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from tfstrategy.contract.exits import EXIT_JOIN_TIMEOUT, EXIT_PREEMPTED
+from tfstrategy.contract.files import worker_files
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import Console, stopped_line
 from tfstrategy.launch.coordinator import Coordinator, Event, LocalCoordinator
@@ -61,7 +63,7 @@ from tfstrategy.launch.processes import (
     stop_workers,
 )
 from tfstrategy.launch.rendezvous import NodeOptions
-from tfstrategy.launch.states import EXIT_JOIN_TIMEOUT, EXIT_PREEMPTED, Failure, Outcome, RunResult
+from tfstrategy.launch.states import Failure, Outcome, RunResult
 from tfstrategy.worker_contract import WorkerContract, WorkerSettings, hook_environment
 
 __all__ = [
@@ -201,10 +203,10 @@ class Launcher:
             self._say(f"run {self.options.run_id}: each worker's output goes to {log_dir}/worker-<i>/stdout.log and "
                       "stderr.log" + (" (and to the console)" if self.options.tee else ""))
         for index, port in ports.items():
-            files = {kind: attempt_dir / f"worker-{index}.{kind}" for kind in ("joined", "error", "progress")}
+            files = worker_files(attempt_dir, index)
             contract = WorkerContract(
-                index=index, num_workers=len(addresses), restart=attempt, join_file=files["joined"],
-                error_file=files["error"], progress_file=files["progress"], launcher_pid=os.getpid(),
+                index=index, num_workers=len(addresses), restart=attempt, join_file=files.join_file,
+                error_file=files.error_file, progress_file=files.progress_file, launcher_pid=os.getpid(),
                 lifeline_fd=None if self._lifeline is None else self._lifeline.read_fd, job_tag=self.tag,
                 node_rank=coordinator.rank, settings=settings)
             env = {
@@ -218,7 +220,7 @@ class Launcher:
             worker_logs = None if log_dir is None else (log_dir / f"worker-{index}" / "stdout.log",
                                                         log_dir / f"worker-{index}" / "stderr.log")
             spec = WorkerSpec(index=index, command=self.options.command, env=env, port=port,
-                              join_file=files["joined"], error_file=files["error"], progress_file=files["progress"],
+                              join_file=files.join_file, error_file=files.error_file, progress_file=files.progress_file,
                               logs=worker_logs, console=self._on_console(index))
             spawn = self._spawn
             if spawn is None:

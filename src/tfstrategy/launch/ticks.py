@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfstrategy.launch.ledger import Ledger
-from tfstrategy.launch.reports import ErrorRecord, Progress
+from tfstrategy.contract.ledger import Ledger
+from tfstrategy.contract.reports import ErrorRecord, Progress
 from tfstrategy.launch.states import Failure, Outcome
 
 __all__ = ["Policy", "Observation", "Decision"]
@@ -44,7 +44,7 @@ class Observation:
     stopped: bool = False
     #: Its TensorFlow server's port accepts connections (how a program without the hook joins).
     listening: bool = False
-    #: Its ledger as last written (:mod:`tfstrategy.launch.ledger`), if it keeps one.
+    #: Its ledger as last written (:mod:`tfstrategy.contract.ledger`), if it keeps one.
     ledger: Ledger | None = None
 
 

@@ -31,13 +31,11 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
+from tfstrategy.contract.exits import EXIT_PREEMPTED as PREEMPTED_EXIT_CODE  # re-exported: it moved there
 from tfstrategy.environments import preemption_signal, restart_count
 from tfstrategy.errors import PlatformError
 
 __all__ = ["preemption_callbacks"]
-
-#: Exit status of a worker that stopped for preemption after saving: EX_TEMPFAIL, "try again later".
-PREEMPTED_EXIT_CODE = 75
 
 
 class PreemptionWatcher:

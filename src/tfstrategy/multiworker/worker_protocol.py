@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tfstrategy.contract.files import starting_file
 from tfstrategy.errors import SaveError
 from tfstrategy.multiworker.cluster import load_cluster_config
 from tfstrategy.settings import ENV_BACKUP_DIR
@@ -51,7 +52,7 @@ def signal_joined(env: Mapping[str, str] | None = None) -> bool:
 def signal_starting(env: Mapping[str, str] | None = None) -> bool:
     """Tell ``tfstrategy launch`` this worker is creating its strategy (waiting for its peers)."""
     join_file = WorkerContract.from_environ(os.environ if env is None else env).join_file
-    return _touch(None if join_file is None else f"{join_file}.starting")
+    return _touch(None if join_file is None else str(starting_file(join_file)))
 
 
 def _touch(path: str | None) -> bool:

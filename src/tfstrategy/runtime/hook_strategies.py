@@ -17,6 +17,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
 
+from tfstrategy.contract.exits import EXIT_FAILURE, EXIT_STOPPED
 from tfstrategy.errors import DeviceError, TFStrategyError
 from tfstrategy.multiworker.cluster import ClusterConfig
 from tfstrategy.runtime import device_lists, one_job
@@ -25,7 +26,7 @@ from tfstrategy.runtime.process import KEY_STRIDE, RUNTIME
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 from tfstrategy.selection.names import strategy_name
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES
-from tfstrategy.worker_contract import EXIT_STOPPED, STOP_PREFIXES
+from tfstrategy.worker_contract import STOP_PREFIXES
 
 __all__ = ["chosen_devices", "keras_flavours", "prepare_collectives", "watch_strategies", "mirrored_devices",
            "refuse_unjoinable", "refuse_unjoined_fit", "stop"]
@@ -382,7 +383,7 @@ def _fail_if_never_joined(num_workers: int) -> None:
           "tf.distribute.MultiWorkerMirroredStrategy() (or MirroredStrategy()) and build the model in its scope, or "
           "run the script as one process.", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    os._exit(1)
+    os._exit(EXIT_FAILURE)
 
 
 def refuse_unjoined_fit(config: ClusterConfig | None) -> str | None:

@@ -14,11 +14,11 @@ A :class:`LedgerKeeper` has two sides, and they never wait for each other:
   user's code (:func:`users_code_tensorflow_runs`: a ``from_generator`` generator,
   input; a ``tf.py_function``/``tf.numpy_function``, neither input nor the step's
   own work: a measure of its own), and writes the ledger file
-  (:func:`tfstrategy.launch.ledger.write_ledger`, next to the progress file) at most once a second, only when something changed;
+  (:func:`tfstrategy.contract.ledger.write_ledger`, next to the progress file) at most once a second, only when something changed;
   :meth:`LedgerKeeper.flush` writes the last state at exit.
 
-The file format is :mod:`tfstrategy.launch.ledger` (a pure module both sides share,
-like :mod:`tfstrategy.launch.reports`). Nothing here imports TensorFlow.
+The file format is :mod:`tfstrategy.contract.ledger` (a pure module both sides share,
+like :mod:`tfstrategy.contract.reports`). Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
-from tfstrategy.launch.ledger import FunctionTrace, Ledger, ledger_path, write_ledger
+from tfstrategy.contract.ledger import FunctionTrace, Ledger, ledger_path, write_ledger
 from tfstrategy.runtime.process import RUNTIME
 
 __all__ = ["LedgerKeeper", "TensorFlowRuns", "current_keeper", "keep_ledger", "stop_ledger", "user_frame_of",

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tfstrategy.launch.ledger import FunctionTrace
+from tfstrategy.contract.ledger import FunctionTrace
 
 __all__ = ["GraphSummary", "fingerprint_traces", "summarize_graph", "trace_of"]
 

@@ -8,7 +8,7 @@ Each part is one small named step, recorded in ``RUNTIME.supervision`` (:mod:`tf
   worker's whole process group when that pipe reaches end-of-file. The launcher's reaper
   (:mod:`tfstrategy.launch.reaper`) stops whatever escaped both.
 - ``record_errors``: the first uncaught exception goes to ``TFSTRATEGY_ERROR_FILE``
-  (:func:`tfstrategy.launch.reports.write_error`), so the launcher names the root cause.
+  (:func:`tfstrategy.contract.reports.write_error`), so the launcher names the root cause.
 - ``dump_stacks``: every thread's Python stack goes to stderr on :data:`STACK_SIGNAL` (the
   launcher sends it to every worker when one stalls) and on a crash. On the signal, a thread of
   ours prints them while holding the GIL (woken by the signal's wakeup byte), because
@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from tfstrategy.contract.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
 from tfstrategy.errors import TFStrategyError
-from tfstrategy.launch.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
 from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper
 from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.worker_contract import STACK_SIGNAL, SUPERVISION_VARIABLES, WorkerContract

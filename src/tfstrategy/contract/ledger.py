@@ -1,0 +1,114 @@
+"""A worker's ledger: what it trained, as its launcher reads it to explain a hang or an abort.
+
+Both sides of the file live here, so they cannot drift apart. The worker (the start-up hook's
+``ledger`` step, or :func:`tfstrategy.select`) keeps one :class:`Ledger` in memory; its heartbeat
+thread writes it as JSON next to the progress file (:func:`~tfstrategy.contract.files.ledger_path`) when it
+changed, never from inside a step. The launcher reads every worker's ledger when a worker stalls, aborts or
+times out, compares them and names the worker and the reason
+(:mod:`tfstrategy.launch.ledger_diagnosis`).
+
+Nothing here imports TensorFlow (it moved here from ``tfstrategy.launch.ledger``, which still
+re-exports its names).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tfstrategy.contract.files import ledger_path
+
+__all__ = ["Ledger", "FunctionTrace", "ledger_path", "read_ledger", "write_ledger"]
+
+#: 2: ``py_function_seconds`` and ``py_function`` (a ``py_function`` was input in 1).
+_VERSION = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class FunctionTrace:
+    """One traced train/eval function, enough to tell two workers' functions apart."""
+
+    #: ``train``, ``test`` or ``predict`` (Keras), or ``custom`` (a ``strategy.run`` loop).
+    kind: str
+    #: A short hash of what the function computes (its variables' shapes and dtypes, its ops).
+    fingerprint: str
+    #: The collectives one call of it issues (all-reduces, all-gathers), where TensorFlow exposes them.
+    collectives: int | None = None
+    #: The epoch and step at which it was traced.
+    epoch: int = 0
+    step: int = 0
+    #: A few words a user recognises: ``"Sequential: 3 variables, 2 all-reduces"``.
+    summary: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ledger:
+    """One worker's account of its training, as last written."""
+
+    #: The epoch in progress (0-based; -1 before the first).
+    epoch: int = -1
+    #: Batches begun and steps ended in that epoch, and in all epochs.
+    batches: int = 0
+    steps: int = 0
+    total_steps: int = 0
+    #: ``(epoch, batches)`` each time the data ran out inside a begun batch (the last few).
+    end_of_data: tuple[tuple[int, int], ...] = ()
+    #: The functions traced, in order (the last few).
+    functions: tuple[FunctionTrace, ...] = ()
+    #: ``file:line in function`` of the deepest frame in the user's code on the main thread.
+    frame: str = ""
+    #: Mean seconds per recent step, and the part of it spent waiting for input (``None``: unknown).
+    step_seconds: float | None = None
+    input_seconds: float | None = None
+    #: Process CPU seconds per recent step (a worker waiting in a collective spends little).
+    cpu_seconds: float | None = None
+    #: Seconds per recent step TensorFlow ran the user's ``tf.py_function``/``tf.numpy_function`` (in a
+    #: ``dataset.map`` or in the step; not in ``input_seconds``), and the one seen most, ``file:line in name``.
+    py_function_seconds: float | None = None
+    py_function: str = ""
+    #: Wall-clock time of the write.
+    time: float = 0.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def input_wait(self) -> float | None:
+        """Seconds a step spends waiting for its input (``input_seconds``, else the worker's ``outside_seconds``)."""
+        if self.input_seconds is not None:
+            return self.input_seconds
+        value = self.extra.get("outside_seconds")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["version"] = _VERSION
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Ledger | None:
+        """The ledger in ``text``; ``None`` for another version or a malformed one."""
+        try:
+            data = json.loads(text)
+            if data.pop("version", None) != _VERSION:
+                return None
+            data["end_of_data"] = tuple(tuple(pair) for pair in data.get("end_of_data", ()))
+            data["functions"] = tuple(FunctionTrace(**trace) for trace in data.get("functions", ()))
+            return cls(**data)
+        except (ValueError, TypeError, AttributeError):
+            return None
+
+
+def write_ledger(path: str | os.PathLike[str], ledger: Ledger) -> None:
+    """Replace ``path`` with ``ledger`` at once (a reader never sees half a file)."""
+    target = Path(path)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(ledger.to_json())
+    os.replace(tmp, target)
+
+
+def read_ledger(path: str | os.PathLike[str]) -> Ledger | None:
+    """The ledger in ``path``; ``None`` when there is none yet (or it is unreadable)."""
+    try:
+        return Ledger.from_json(Path(path).read_text())
+    except OSError:
+        return None

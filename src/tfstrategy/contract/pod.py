@@ -1,0 +1,41 @@
+"""The pod contract of ``tfstrategy k8s``: the variables a generated Indexed Job gives each pod.
+
+:mod:`tfstrategy.kubernetes.manifests` writes them into the Job; the pod's side,
+:class:`tfstrategy.environments.kubernetes.KubernetesEnvironment`, reads them to build ``TF_CONFIG``.
+Both import them from here, so the pod's environment needs nothing of the manifest generator.
+Pure; nothing here imports TensorFlow or another module of tfstrategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["POD_VARIABLES", "COMPLETION_INDEX", "ENV_K8S_JOB", "ENV_K8S_SERVICE", "ENV_K8S_WORKERS", "ENV_K8S_PORT",
+           "ENV_K8S_FAILURES", "ENV_K8S_IGNORED_FAILURES", "JOB_NAME_LABEL", "FAILURE_COUNT_ANNOTATION",
+           "IGNORED_FAILURE_COUNT_ANNOTATION"]
+
+#: Set by Kubernetes in every pod of an Indexed Job.
+COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+# What the generated Job gives each pod, read by KubernetesEnvironment.
+ENV_K8S_JOB = "TFSTRATEGY_K8S_JOB"
+ENV_K8S_SERVICE = "TFSTRATEGY_K8S_SERVICE"
+ENV_K8S_WORKERS = "TFSTRATEGY_K8S_WORKERS"
+ENV_K8S_PORT = "TFSTRATEGY_K8S_PORT"
+ENV_K8S_FAILURES = "TFSTRATEGY_K8S_FAILURES"
+ENV_K8S_IGNORED_FAILURES = "TFSTRATEGY_K8S_IGNORED_FAILURES"
+
+#: The Job controller's label and annotations the Downward API passes in.
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-failure-count"
+IGNORED_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-ignored-failure-count"
+
+#: Each variable of the pod contract and the manifest field that sets it (for the environment's errors).
+POD_VARIABLES: Mapping[str, str] = {
+    COMPLETION_INDEX: "set by Kubernetes in a Job with spec.completionMode: Indexed",
+    ENV_K8S_JOB: f"the container's env, fieldRef metadata.labels['{JOB_NAME_LABEL}']",
+    ENV_K8S_SERVICE: "the container's env, equal to spec.template.spec.subdomain (the headless Service's name)",
+    ENV_K8S_WORKERS: "the container's env, equal to the Job's spec.completions and spec.parallelism",
+    ENV_K8S_PORT: "the container's env, equal to the container's ports[0].containerPort",
+    ENV_K8S_FAILURES: f"the container's env, fieldRef metadata.annotations['{FAILURE_COUNT_ANNOTATION}']",
+    ENV_K8S_IGNORED_FAILURES: f"the container's env, fieldRef metadata.annotations['{IGNORED_FAILURE_COUNT_ANNOTATION}']",
+}
