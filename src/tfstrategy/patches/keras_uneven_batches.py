@@ -108,7 +108,8 @@ class UnevenBatchesPatch(Patch):
     """Keras' ``train_step`` weights each replica's loss by its share of the global batch."""
 
     name = "keras_uneven_batches"
-    change_text = "each replica's loss weighted by its share of the batch, as uneven batches need (keras#19246)"
+    change_text = ("a step whose batch splits unevenly weights each replica's loss by its share (keras#19246); "
+                   "even ones run as Keras' own")
     upstream = "keras-team/keras#19246, tensorflow/tensorflow#58809: uneven last batch on 2+ replicas"
     verified_up_to = "3.15.1"
     targets = (STEP, SCALE, UNSCALE)
