@@ -106,6 +106,34 @@ def test_deferred_capture_inside_a_function():
     assert float(read()) == 6.0
 
 
+def test_graph_captures_of_a_function_and_of_a_function_inside_it():
+    variable = tf.Variable(2.0)
+    seen = {}
+
+    @tf.function
+    def outer():
+        @tf.function
+        def inner():
+            value = variable * 3.0
+            seen["inner"] = (_compat.graph_captures(tf.compat.v1.get_default_graph()),
+                             tf.compat.v1.get_default_graph())
+            return value
+
+        value = inner()
+        seen["outer"] = (_compat.graph_captures(tf.compat.v1.get_default_graph()), tf.compat.v1.get_default_graph())
+        return value
+
+    assert float(outer()) == 6.0
+    (outer_captures, _), outer_graph = seen["outer"]
+    (inner_captures, inner_outer), _ = seen["inner"]
+    assert inner_outer is outer_graph
+    # Each function captures the variable's handle (or, nested, the outer function's placeholder for it).
+    handle_inside = [inside for outside, inside in outer_captures if outside is variable.handle]
+    assert len(handle_inside) == 1
+    assert any(outside is variable.handle or outside is handle_inside[0] for outside, _ in inner_captures)
+    assert _compat.graph_captures(tf.Graph()) == ([], None)
+
+
 def test_runtime_and_creator_scope_state():
     assert _compat.runtime_started()  # conftest split the CPU and tests ran ops
     seen = []

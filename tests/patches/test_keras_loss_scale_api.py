@@ -42,8 +42,12 @@ def strategy():
     return tfstrategy.select(devices=["/cpu:0", "/cpu:1"], env={}).strategy  # applies the registry's patches
 
 
-def _loop(strategy, mixed: bool, scaled_calls: bool = True):
-    """Returns (weights before, weights after) of three steps of the guide's loop."""
+def _loop(strategy, mixed: bool, scaled_calls: bool = True, by_hand: bool = False, eager: bool = False):
+    """Returns (weights before, weights after) of three steps of the guide's loop.
+
+    ``by_hand``: the loss is multiplied by ``optimizer.dynamic_scale`` (built first) in place of the
+    Keras 2 calls; ``eager``: the step runs without ``tf.function``.
+    """
     keras.utils.set_random_seed(2)
     with strategy.scope():
         inputs = keras.Input((8,))
@@ -53,6 +57,8 @@ def _loop(strategy, mixed: bool, scaled_calls: bool = True):
         optimizer = keras.optimizers.SGD(0.5)
         if mixed:
             optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+        if by_hand:
+            optimizer.build(model.trainable_variables)
         loss_object = keras.losses.SparseCategoricalCrossentropy(reduction="none")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3 * GLOBAL_BATCH, 8)).astype("float32")
@@ -66,14 +72,18 @@ def _loop(strategy, mixed: bool, scaled_calls: bool = True):
                                               global_batch_size=GLOBAL_BATCH)
             if mixed and scaled_calls:
                 loss = optimizer.get_scaled_loss(loss)
+            if by_hand:
+                loss = loss * tf.cast(optimizer.dynamic_scale, loss.dtype)
         gradients = tape.gradient(loss, model.trainable_variables)
         if mixed and scaled_calls:
             gradients = optimizer.get_unscaled_gradients(gradients)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
 
-    @tf.function
     def distributed_step(batch):
         strategy.run(train_step, args=(batch,))
+
+    if not eager:
+        distributed_step = tf.function(distributed_step)
 
     before = [w.copy() for w in model.get_weights()]
     for batch in dataset:
@@ -98,6 +108,47 @@ def test_gradients_of_an_unscaled_loss_are_refused_before_the_weights_change(str
     policy("mixed_float16")
     with pytest.raises(TrainingError, match=r"not scaled.*32768.*keras-team/keras#19479.*optimizer.scale_loss\(loss\)"):
         _loop(strategy, mixed=True, scaled_calls=False)
+
+
+def test_a_loss_multiplied_by_the_dynamic_scale_by_hand_is_not_refused(strategy, policy):
+    """The graph shows the scale's variable among the loss's inputs: evidence that it was scaled."""
+    start, reference = _loop(tf.distribute.OneDeviceStrategy("/cpu:0"), mixed=False)
+    policy("mixed_float16")
+    _, by_hand = _loop(strategy, mixed=True, scaled_calls=False, by_hand=True)
+    assert _difference(by_hand, reference) <= TOLERANCES["mixed_float16"]
+
+
+def test_gradients_made_by_hand_are_applied_as_keras_applies_them(strategy):
+    """Keras' own tests pass ``grads * initial_scale`` straight to ``apply``: no tape took them, nothing is refused.
+
+    The shape of ``LossScaleOptimizer`` tests in Keras (keras/src/optimizers/loss_scale_optimizer_test.py):
+    eagerly, and here also traced inside ``strategy.run`` on 2 replicas.
+    """
+    optimizer = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5))
+    variable = keras.Variable([1.0, 2.0, 3.0, 4.0])
+    optimizer.apply([tf.constant([1.0, 6.0, 7.0, 2.0]) * optimizer.initial_scale], [variable])
+    np.testing.assert_allclose(variable.numpy(), [0.5, -1.0, -0.5, 3.0])
+
+    with strategy.scope():
+        optimizer = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.5))
+        variable = keras.Variable([1.0, 2.0, 3.0, 4.0])
+        optimizer.build([variable])
+
+    @tf.function
+    def step():
+        # Each replica's gradient is half the step's; the all-reduce sums them.
+        gradient = tf.constant([1.0, 6.0, 7.0, 2.0]) * optimizer.initial_scale / 2
+        strategy.run(lambda: optimizer.apply([gradient], [variable]))
+
+    step()
+    np.testing.assert_allclose(variable.numpy(), [0.5, -1.0, -0.5, 3.0])
+
+
+def test_an_eager_loop_without_scale_loss_is_warned_about_not_refused(strategy, policy):
+    """Eagerly there is no graph to show how the loss was computed: a warning, and Keras' own step."""
+    policy("mixed_float16")
+    with pytest.warns(RuntimeWarning, match=r"no scale_loss call.*32768.*keras-team/keras#19479"):
+        _loop(strategy, mixed=True, scaled_calls=False, eager=True)
 
 
 def test_upstream_keras_still_lacks_the_keras2_calls():

@@ -84,3 +84,29 @@ def test_without_the_patch_a_custom_train_step_keeps_keras_scaling(selected):
 
     with selected.strategy.scope():
         assert float(loss_module.scale_loss_for_distribution(tf.constant(1.0))) == 0.5
+
+
+def _fit_even(strategy) -> tuple[list[np.ndarray], list[float]]:
+    """Four steps of fit on global batches of 16 (8 per replica: every share is 1/2), then the weights."""
+    x, y = _data()
+    with strategy.scope():
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    history = model.fit(x[:32], y[:32], batch_size=16, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights(), history.history["loss"]
+
+
+def test_even_batches_train_bit_for_bit_as_without_the_patch(selected):
+    """The fix changes nothing where its bug's condition (replicas with different shares) does not hold."""
+    uneven.PATCH.remove()
+    try:
+        plain_weights, plain_loss = _fit_even(selected.strategy)
+    finally:
+        uneven.PATCH.forget()
+        uneven.PATCH.apply()
+    patched_weights, patched_loss = _fit_even(selected.strategy)
+    assert uneven.PATCH.change() is not None  # the patched train_step built this step
+    for patched, plain in zip(patched_weights, plain_weights):
+        np.testing.assert_array_equal(patched, plain)
+    assert patched_loss == plain_loss

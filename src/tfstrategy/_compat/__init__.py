@@ -44,6 +44,7 @@ from tfstrategy._compat.datasets import (
 )
 from tfstrategy._compat.distribute import (
     capture_call_time_value,
+    graph_captures,
     in_multi_worker_mode,
     is_default_strategy,
     mirrored_collective_key_base,
@@ -137,6 +138,7 @@ __all__ = [
     "backup_file_attributes",
     "backup_save_target",
     "capture_call_time_value",
+    "graph_captures",
     "checkpoint_module",
     "checkpoint_object_graph",
     "checkpoint_object_graph_key",

@@ -65,6 +65,19 @@ def capture_call_time_value(function: Any, spec: Any) -> Any:
     return tf().compat.v1.get_default_graph().capture_call_time_value(function, spec)
 
 
+@accessor("tensorflow.python.framework.func_graph:FuncGraph.captures",
+          "tensorflow.python.framework.func_graph:FuncGraph.outer_graph")
+def graph_captures(graph: Any) -> tuple[list[tuple[Any, Any]], Any]:
+    """A ``tf.function`` graph's captures as ``(outside value, placeholder inside)`` pairs, and its outer graph.
+
+    ``([], None)`` for a graph that is not a function's (it captures nothing).
+    """
+    captures = getattr(graph, "captures", None)
+    if captures is None:
+        return [], None
+    return list(captures), getattr(graph, "outer_graph", None)
+
+
 @accessor("tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver:expand_hostlist", "tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver:expand_tasks_per_node")
 def slurm_hostlist_helpers() -> tuple[Any, Any]:
     """TensorFlow's Slurm parsers: ``(expand_hostlist, expand_tasks_per_node)``."""

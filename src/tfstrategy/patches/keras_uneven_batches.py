@@ -21,6 +21,14 @@ losses, scaled the same way, still add up to one copy. Outside that step (a cust
 ``train_step``, ``evaluate``, one replica) both are Keras' own. Loss reductions that are not
 ``sum_over_batch_size`` (``sum``, ``mean_with_sample_weight``) are left as Keras makes them.
 
+Only where the bug's condition holds. The same all-reduce carries each replica's ``n_local**2``,
+so every replica knows whether the shares differ (``replicas * sum(n**2) != sum(n)**2``, exact
+in float64); when they are equal (every even batch) a ``tf.cond`` takes Keras' own
+``scale``/``unscale`` instead of multiplying by a share that equals ``1 / replicas`` only up to
+rounding, so an even-batch run trains bit for bit as plain Keras does. It is decided per step
+at run time: a replica's step is traced in a thread of its own and sees only its own static
+shape, and Keras' batches from NumPy arrays have a dynamic batch size anyway.
+
 The probe. One step of Keras' own ``train_step`` on a one-weight model, under a 2-replica
 ``MirroredStrategy`` over two devices of this host, on a global batch of 3 split 2/1: the bug
 moves the weight by a different amount than the same step on one device (computed in closed
@@ -100,7 +108,8 @@ class UnevenBatchesPatch(Patch):
     """Keras' ``train_step`` weights each replica's loss by its share of the global batch."""
 
     name = "keras_uneven_batches"
-    change_text = "each replica's loss weighted by its share of the batch, as uneven batches need (keras#19246)"
+    change_text = ("a step whose batch splits unevenly weights each replica's loss by its share (keras#19246); "
+                   "even ones run as Keras' own")
     upstream = "keras-team/keras#19246, tensorflow/tensorflow#58809: uneven last batch on 2+ replicas"
     verified_up_to = "3.15.1"
     targets = (STEP, SCALE, UNSCALE)
@@ -147,12 +156,24 @@ def _weighted_train_step(original: Any) -> Any:
         if context is None or context.num_replicas_in_sync < 2 or not fix_needed(model):
             return original(model, data)
         PATCH.acted()
-        local = tf_.cast(local_batch_size(data), tf_.float32)
-        total = context.all_reduce(tf_.distribute.ReduceOp.SUM, local)
-        with _batch_share(tf_.math.divide_no_nan(local, total)):
+        local = tf_.cast(local_batch_size(data), tf_.float64)
+        # One all-reduce of (n, n**2): the shares are all equal exactly when replicas * sum(n**2) == sum(n)**2
+        # (exact in float64 for any batch size), and then the step is Keras' own, bit for bit.
+        total, squares = tf_.unstack(context.all_reduce(tf_.distribute.ReduceOp.SUM, tf_.stack([local, local * local])))
+        uneven = tf_.not_equal(squares * context.num_replicas_in_sync, total * total)
+        share = tf_.cast(tf_.math.divide_no_nan(local, total), tf_.float32)
+        with _batch_share(_Share(share, uneven)):
             return original(model, data)
 
     return train_step
+
+
+class _Share:
+    """This replica's share of the global batch, and whether the replicas' shares differ (a bool tensor)."""
+
+    def __init__(self, value: Any, uneven: Any) -> None:
+        self.value = value
+        self.uneven = uneven
 
 
 def _scale(original: Any, *, inverse: bool) -> Any:
@@ -161,9 +182,16 @@ def _scale(original: Any, *, inverse: bool) -> Any:
         share = getattr(_SHARE, "value", None)
         if share is None:
             return original(value)
-        share = tf().cast(share, value.dtype)
-        # unscale(scale(v)) == v, and a replica with no example (share 0) reports 0 at weight 0.
-        return tf().math.divide_no_nan(value, share) if inverse else value * share
+        tf_ = tf()
+
+        def weighted() -> Any:
+            factor = tf_.cast(share.value, value.dtype)
+            # unscale(scale(v)) == v, and a replica with no example (share 0) reports 0 at weight 0.
+            return tf_.math.divide_no_nan(value, factor) if inverse else value * factor
+
+        # Even shares take Keras' own branch (not a multiplication by a share that equals 1/replicas only up
+        # to rounding), so an even batch computes exactly what plain Keras computes.
+        return tf_.cond(share.uneven, weighted, lambda: original(value))
 
     return scale
 
