@@ -511,9 +511,24 @@ def one_device_results(cell_id: str) -> dict[str, Any]:
 
 
 def run_cell(one: Cell) -> Outcome:
-    """The cell on one device and on 2 replicas, compared."""
+    """The cell on one device and on 2 replicas, compared.
+
+    The 2-replica strategy is selected first, so both sides run with tfstrategy's patches installed (they
+    change nothing on one device), whichever cell of the process comes first.
+    """
+    import keras
+
+    strategy = two_replicas()
+    policy = keras.config.dtype_policy().name
+    if policy != "float32":  # the tolerances are float32's
+        raise RuntimeError(f"Received Keras dtype policy {policy!r}; the matrix's tolerances are float32's. A test "
+                           "before this one left its policy set: restore it (keras.config.set_dtype_policy).")
     reference = one_device_results(one.id)
-    return compare(reference, one.driver(two_replicas()), one.rtol, one.atol)
+    losses = reference.get("logs", {}).get("loss", [])
+    if "steps" in reference and (reference["steps"] == 0 or len(set(losses)) < 2):
+        # Two runs that never trained agree trivially: such a cell would prove nothing.
+        raise RuntimeError(f"{one.id} did not train on one device: steps {reference['steps']}, losses {losses}")
+    return compare(reference, one.driver(strategy), one.rtol, one.atol)
 
 
 def _param(one: Cell, known: Known | None) -> Any:
