@@ -1,0 +1,27 @@
+"""docs/reference/equivalence.md shows the matrix the suite runs, and the matrix's own tables agree."""
+
+from __future__ import annotations
+
+import matrix_cells
+from helpers import ROOT
+
+
+def test_the_page_holds_the_table_the_matrix_renders():
+    page = matrix_cells.page_table(matrix_cells.DOCS_PAGE.read_text())
+    assert page == matrix_cells.render_table(), (
+        "docs/reference/equivalence.md is out of date; rewrite it with "
+        "`PYTHONPATH=src .venv/bin/python tests/equivalence/matrix_cells.py --write-docs`")
+
+
+def test_the_page_is_in_the_site_nav():
+    assert "reference/equivalence.md" in (ROOT / "mkdocs.yml").read_text()
+
+
+def test_every_row_has_one_outcome():
+    # A row is either known to differ (KNOWN) or measured equal (MEASURED_EQUAL), never both, never neither.
+    ids = [one.id for one in matrix_cells.CELLS]
+    rows = ids + [f"hook:{cell_id}" for cell_id in matrix_cells.HOOK_CELLS]
+    assert len(set(ids)) == len(ids)
+    assert set(matrix_cells.KNOWN) | set(matrix_cells.MEASURED_EQUAL) == set(rows)
+    assert not set(matrix_cells.KNOWN) & set(matrix_cells.MEASURED_EQUAL)
+    assert {one.why for one in matrix_cells.CELLS} <= set(matrix_cells.WHY)
