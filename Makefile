@@ -3,7 +3,7 @@
 #   make test        set up .venv and run the whole test suite, every tier, on two pytest workers (what CI runs)
 # For developers:
 #   make test-extended  only the long real-world tier (make test runs it too): the corpus of public scripts, Ray, joins after early ops, backup faults, the benchmark run
-#   make test-fast   the edit-test loop: no worker processes, no long training (under 2 minutes)
+#   make test-fast   the edit-test loop: no worker processes, no long training (CONTRIBUTING: the measured times)
 #   make lint        ruff, and mypy (strict over the whole package)
 #   make versions    the smoke set on the oldest supported TensorFlow/Keras and on tf_keras (own venvs)
 #   make bench       the benchmarks (tables, benchmarks/results/results.{json,png})

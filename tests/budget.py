@@ -12,6 +12,9 @@ Two limits, so that growth is seen the day it is added, not a round later:
 - **The suite's budget**: a whole run of ``make test`` (every tier, two pytest workers) should take at most
   ``SUITE_MINUTES``. The run prints its wall time against it and each exception's measured time against
   its grant.
+- **The quoted figures**: the README and CONTRIBUTING quote ``MEASURED`` word for word (``tests/test_budget.py``),
+  and a whole run that collects more than ``REMEASURE_GROWTH`` times the tests they were measured with fails,
+  saying to measure them anew, so that they cannot go stale.
 """
 
 from __future__ import annotations
@@ -24,6 +27,18 @@ import pytest
 CEILING_SECONDS = 120
 #: Minutes a whole ``make test`` run may take on 2 cores (pytest's part; lint adds about a minute).
 SUITE_MINUTES = 30
+
+#: The figures the README and CONTRIBUTING quote, each as they write it, measured on this project's 2-core
+#: development machine with nothing else running (CONTRIBUTING: "Measuring the suite"). When the suite grows
+#: past ``REMEASURE_GROWTH`` times ``MEASURED_TESTS``, measure again and update these and the docs together.
+MEASURED_TESTS = 2120
+MEASURED = {
+    "make test": "30 min 21 s of pytest (2,120 tests)",
+    "make test-fast": "2 min 17 s (1,822 tests)",
+    "make test-extended": "about 19 minutes (its 53 tests' times in the measured make test)",
+    ".ci/versions": "2 min 17 s (both venvs)",
+}
+REMEASURE_GROWTH = 1.15
 
 
 class BudgetError(pytest.UsageError):
@@ -74,6 +89,8 @@ class BudgetWatch:
         self.started = time.monotonic()
         self.granted: dict[str, tuple[float, str]] = {}
         self.taken: dict[str, float] = {}
+        #: Set at a whole run's end when the quoted figures were measured on a much smaller suite.
+        self.stale: str | None = None
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
@@ -101,3 +118,31 @@ class BudgetWatch:
             grant = self.granted.get(nodeid)
             why = f"granted {grant[0]:.0f} s: {grant[1]}" if grant else "an over_ceiling exception"
             terminalreporter.write_line(f"  over the ceiling: {seconds:6.1f} s {nodeid} ({why})")
+        if self.stale is not None:
+            terminalreporter.write_line(self.stale, red=True)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        config = session.config
+        if hasattr(config, "workerinput") or not whole_run(config):
+            return
+        self.stale = stale_figures(len(self.taken))
+        if self.stale is not None and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def whole_run(config: pytest.Config) -> bool:
+    """Whether this run is all of ``make test``: no paths, markers or keywords select a part."""
+    option = config.option
+    return (config.args_source is pytest.Config.ArgsSource.TESTPATHS and not option.markexpr and not option.keyword
+            and not option.deselect and not getattr(option, "lf", False))
+
+
+def stale_figures(collected: int) -> str | None:
+    """What a whole run of ``collected`` tests says when the quoted figures are older than the suite."""
+    if collected <= MEASURED_TESTS * REMEASURE_GROWTH:
+        return None
+    return (f"time budget: this run has {collected} tests, more than {REMEASURE_GROWTH:g}x the {MEASURED_TESTS} "
+            "that the README's and CONTRIBUTING's figures were measured with; measure make test, make test-fast "
+            "and .ci/versions again and update tests/budget.py's MEASURED and the docs (CONTRIBUTING: 'Measuring "
+            "the suite')")

@@ -40,3 +40,45 @@ def test_a_grant_that_breaks_the_rules_is_refused_saying_how_to_fix_it(over_ceil
 
 def test_pyproject_sets_the_ceiling_as_pytest_timeout(pytestconfig):
     assert float(pytestconfig.getini("timeout")) == CEILING_SECONDS
+
+
+def test_the_readme_and_contributing_quote_the_measured_figures_word_for_word():
+    from budget import MEASURED, MEASURED_TESTS
+    from helpers import ROOT
+
+    readme, contributing = ((ROOT / name).read_text() for name in ("README.md", "CONTRIBUTING.md"))
+    assert MEASURED_TESTS > 0 and all(MEASURED.values()), MEASURED
+    assert MEASURED["make test"] in readme
+    for target, figure in MEASURED.items():
+        assert figure in contributing, f"CONTRIBUTING.md does not quote {target}'s measured figure {figure!r}"
+
+
+def test_a_whole_run_much_larger_than_the_measured_suite_says_to_measure_again():
+    from budget import MEASURED_TESTS, REMEASURE_GROWTH, stale_figures
+
+    assert stale_figures(MEASURED_TESTS) is None
+    assert stale_figures(int(MEASURED_TESTS * REMEASURE_GROWTH)) is None
+    said = stale_figures(int(MEASURED_TESTS * REMEASURE_GROWTH) + 1)
+    assert said is not None and f"the {MEASURED_TESTS} that the README's and CONTRIBUTING's figures" in said
+    assert "update tests/budget.py's MEASURED and the docs" in said
+
+
+@pytest.mark.parametrize(
+    ("source", "options", "whole"),
+    [
+        pytest.param("TESTPATHS", {}, True, id="make-test"),
+        pytest.param("ARGS", {}, False, id="a-path"),
+        pytest.param("TESTPATHS", {"markexpr": "not slow"}, False, id="test-fast"),
+        pytest.param("TESTPATHS", {"keyword": "ray"}, False, id="keyword"),
+        pytest.param("TESTPATHS", {"deselect": ["tests/x.py"]}, False, id="deselect"),
+        pytest.param("TESTPATHS", {"lf": True}, False, id="last-failed"),
+    ],
+)
+def test_only_a_whole_run_is_held_to_the_measured_figures(source, options, whole):
+    from types import SimpleNamespace
+
+    from budget import whole_run
+
+    option = SimpleNamespace(**{"markexpr": "", "keyword": "", "deselect": None, **options})
+    config = SimpleNamespace(args_source=getattr(pytest.Config.ArgsSource, source), option=option)
+    assert whole_run(config) is whole  # type: ignore[arg-type]
