@@ -110,5 +110,8 @@ def test_at_the_default_share_a_short_fit_is_timed_but_not_probed(capsys):
     (job,) = tracker_for(model).job_reports
     m = report.measurements
     assert m.synthetic is None and "probes' budget" in m.not_probed["synthetic and input"]
-    assert job.bottleneck == "unsplit" and job.probe_cost() <= 0.1 and job.probe_share == 0.1
+    # No probe ran (the report's own reading of the pipeline's graph is what its cost line counts: a few ms, which
+    # on a loaded machine is more than 10% of this 0.3 s fit, so its share is not asserted).
+    assert m.data_step is None and m.allreduce is None and m.larger_k is None
+    assert job.bottleneck == "unsplit" and job.probe_share == 0.1
     assert "allowed 10%" in capsys.readouterr().err
