@@ -73,6 +73,31 @@ def test_under_launch_the_summary_says_what_changed_in_the_users_terms():
     assert "CollectiveAllReduceStrategy" not in line and "steps:" not in line and "patches:" not in line
 
 
+def test_without_debug_the_summary_names_the_workarounds_that_acted_and_with_debug_says_what_each_did(monkeypatch):
+    """Issue 45 point 7: under launch the workarounds' sentences made a 383-character summary."""
+    from types import SimpleNamespace
+
+    import tfstrategy.patches
+    from tfstrategy.runtime.steps import ApplyPatches
+
+    monkeypatch.setattr(tfstrategy.patches, "PATCHES", {
+        "keras_mwms": SimpleNamespace(change=lambda: "Keras 3's training step fixed for MultiWorkerMirroredStrategy "
+                                                     "(keras#20585)"),
+        "keras_loss_scale": SimpleNamespace(change=lambda: None),  # installed, never acted: not named
+        "keras_chief_files": SimpleNamespace(change=lambda: "Keras' files written by the chief only"),
+    })
+    patched = ApplyPatches.__new__(ApplyPatches)  # its statuses and inputs play no part in what it says
+    steps = [_FakeStep("watch_strategies", "2 workers joined one MultiWorkerMirroredStrategy"), patched]
+    state = _state(["MultiWorkerMirroredStrategy, 2 replicas"])
+    assert state.summary(changes(steps, debug=False)) == (
+        "tfstrategy: MultiWorkerMirroredStrategy, 2 replicas; 2 workers joined one MultiWorkerMirroredStrategy; "
+        "Keras workarounds acted: keras_mwms, keras_chief_files (--debug says what each changed); scope audit clean")
+    assert state.summary(changes(steps), debug=True).startswith(
+        "tfstrategy: MultiWorkerMirroredStrategy, 2 replicas; 2 workers joined one MultiWorkerMirroredStrategy; "
+        "Keras 3's training step fixed for MultiWorkerMirroredStrategy (keras#20585); Keras' files written by the "
+        "chief only; scope audit clean")
+
+
 def test_step_names_patches_and_replacements_only_under_debug():
     state = _state(["MirroredStrategy, 4 replicas"], steps=("split_cpu", "mirrored_devices"))
     quiet = state.summary(("the CPU split into 4 logical devices",), replacements=("scope_guard:fit:1",))

@@ -193,6 +193,16 @@ class ApplyPatches(Step):
         fixed = [text for text in (patch.change() for patch in PATCHES.values()) if text]
         return "; ".join(fixed) or None
 
+    def change_in_short(self) -> str | None:
+        """The exit summary's words without ``--debug``: which workarounds acted, by name (their upstream rows in
+        docs/reference/upstream-bugs.md), not what each did."""
+        from tfstrategy.patches import PATCHES
+
+        acted = [name for name, patch in PATCHES.items() if patch.change()]
+        if not acted:
+            return None
+        return f"Keras workarounds acted: {', '.join(acted)} (--debug says what each changed)"
+
     def _take(self) -> str | None:
         from tfstrategy.patches import apply_patches
         from tfstrategy.runtime.process import RUNTIME

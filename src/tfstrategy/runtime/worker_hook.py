@@ -178,9 +178,14 @@ def reset() -> None:
     RUNTIME.reset()
 
 
-def changes(steps: Iterable[Step]) -> tuple[str, ...]:
-    """What ``steps`` (and, through ``apply_patches``, the patches) changed for the script, in the user's terms."""
-    return tuple(text for text in (step.change() for step in steps) if text)
+def changes(steps: Iterable[Step], *, debug: bool = True) -> tuple[str, ...]:
+    """What ``steps`` (and, through ``apply_patches``, the patches) changed for the script, in the user's terms;
+    without ``debug`` the workarounds only by name (what each did is a sentence each: the line would run past 300)."""
+    from tfstrategy.runtime.steps import ApplyPatches
+
+    texts = (step.change_in_short() if isinstance(step, ApplyPatches) and not debug else step.change()
+             for step in steps)
+    return tuple(text for text in texts if text)
 
 
 def _print_summary() -> None:
@@ -190,6 +195,6 @@ def _print_summary() -> None:
 
     plan = RUNTIME.plans.get(HOOK)
     debug = os.environ.get(ENV_DEBUG, "").strip() == "1"
-    line = RUNTIME.hook.summary(changes(plan.steps if plan is not None else ()), debug=debug,
+    line = RUNTIME.hook.summary(changes(plan.steps if plan is not None else (), debug=debug), debug=debug,
                                 replacements=tuple(item.name for item in RUNTIME.unowned()))
     print(line, file=sys.stderr, flush=True)
