@@ -167,8 +167,7 @@ class GroupMonitor:
         """On node 0 of several: say at once that a worker on another node is stopped (its node's launcher sees
         it, and shares it in its views), rather than when TensorFlow's heartbeat aborts a peer 10 s or more later.
         Said once a stop; the stopped worker's node fails the job at its ``--stall-timeout``."""
-        stopped = {view.index: view for view in elsewhere
-                   if view.stopped and view.returncode is None}
+        stopped = {view.index: view for view in elsewhere if view.stopped and view.returncode is None}
         for index in sorted(stopped.keys() - self._remote_stops):
             node = index // max(len(self.workers), 1)  # node R runs workers R*K .. R*K+K-1
             decision.notes.append(f"stall: node {node}: worker {index} is stopped (SIGSTOP or a debugger) after step "
@@ -440,10 +439,8 @@ class GroupMonitor:
         threshold = self.stall_threshold()
         counted = [w for w in tracked if w.steps >= 0]
         last_advance = max((w.steps_at for w in counted), default=now)
-        # A worker just seen stopped is named as stopped once that is sure (a second on): no guess from the
-        # steps meanwhile (a loaded launcher may first see the stop after the stall threshold has passed).
-        # A worker stopped on another node (said above) is the cause of every wait here: its node's
-        # launcher times it out; a stall of the workers here would blame the wrong one.
+        # A worker seen stopped, here (named once sure, a second on) or on another node (its launcher times it
+        # out), is the cause of every wait: no stall guessed from the steps meanwhile would blame the right one.
         stopping = any(w.stopped_since is not None for w in tracked) or bool(self._remote_stops)
         if not found and not stopping and counted and len(counted) == len(tracked) and now - last_advance > threshold:
             waiting = [w for w in counted if w.in_step]
