@@ -317,7 +317,7 @@ def raw_handshake(port: int, rank: int = 1, *, rcvbuf: int | None = None, max_re
     deadline = time.monotonic() + GUARD
     challenge = wire.read_json(reader, deadline=deadline)
     nonce = secrets.token_hex(16)
-    job = {"nnodes": 2, "workers_per_node": 1, "max_restarts": max_restarts}
+    job = {"nnodes": "2", "workers_per_node": 1, "max_restarts": max_restarts}
     sock.sendall(wire.encode({"type": "hello", "rank": rank, "job": job, "nonce": nonce,
                               "proof": handshake.client_proof(SECRET, challenge["nonce"], nonce, rank)}))
     welcome = wire.read_json(reader, deadline=deadline)

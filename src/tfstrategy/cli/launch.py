@@ -10,7 +10,7 @@ import textwrap
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._tf import ensure_tensorflow_installed
 from tfstrategy.cli._common import add_program_arguments, program_from_args, quiet_tensorflow
@@ -175,9 +175,15 @@ def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                         help="run the job in a private network namespace with only loopback, so TensorFlow's servers "
                         "(which listen on 0.0.0.0) are unreachable from other hosts; workers then have no network")
     nodes = parser.add_argument_group("several machines (no scheduler)")
-    nodes.add_argument("--nnodes", type=int, metavar="N",
+    nodes.add_argument("--nnodes", action=_NodeCount, metavar="N|MIN:MAX",
                        help="machines in the job, each running this command with -n workers (default: 1, this one; "
-                       "inside a Slurm job step, the step's tasks)")
+                       "inside a Slurm job step, the step's tasks). MIN:MAX makes the job elastic: it starts with "
+                       "at least MIN nodes, goes on without a node it loses while MIN remain, and takes nodes "
+                       "(back) in up to MAX, each time resuming from the newest committed backup step "
+                       "(needs --backup-dir on a file system every node shares)")
+    nodes.add_argument("--rendezvous-wait", type=float, default=10.0, metavar="SECONDS",
+                       help="with --nnodes MIN:MAX, how long the first round waits for more than MIN nodes "
+                       "(default: 10)")
     nodes.add_argument("--node-rank", type=int, metavar="R",
                        help=f"this machine's rank 0..N-1, 0 on the --master machine (default: ${ENV_NODE_RANK})")
     nodes.add_argument("--master", metavar="HOST:PORT",
@@ -191,6 +197,20 @@ def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     add_program_arguments(parser, where=" in every worker")
     parser.set_defaults(command=launch_command)
     return parser
+
+
+class _NodeCount(argparse.Action):
+    """``--nnodes N`` or ``MIN:MAX``: ``nnodes`` is N (or MAX), ``min_nodes`` MIN (``None`` for a fixed count)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from tfstrategy.launch.rendezvous.options import parse_nnodes
+
+        try:
+            fewest, count = parse_nnodes(str(values))
+        except LaunchError as error:
+            raise argparse.ArgumentError(self, str(error)) from None
+        namespace.nnodes, namespace.min_nodes = count, fewest
 
 
 def options_from_args(args: argparse.Namespace) -> LaunchOptions:
@@ -346,7 +366,9 @@ def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> 
         rank = int(text)
     host, port = parse_master(args.master)
     node = validate_node_options(NodeOptions(nnodes=args.nnodes, node_rank=rank, master_host=host, master_port=port,
-                                             secret=b"", node_address=args.node_address))
+                                             secret=b"", node_address=args.node_address,
+                                             min_nodes=getattr(args, "min_nodes", None),
+                                             rendezvous_wait=getattr(args, "rendezvous_wait", 10.0)))
     return dataclasses.replace(node, secret=read_secret(args.secret_file, env))
 
 
@@ -398,7 +420,7 @@ def launch_command(args: argparse.Namespace) -> int:
               "other hosts cannot reach them", file=sys.stderr)
     # The resume command: under Slurm the same srun derives the nodes again (a fixed --node-rank would not).
     nodes = None if options.nodes is None or slurm is not None else [
-        "--nnodes", str(args.nnodes), "--node-rank", str(options.nodes.node_rank), "--master", args.master]
+        "--nnodes", options.nodes.shape, "--node-rank", str(options.nodes.node_rank), "--master", args.master]
     env = dict(os.environ)
     result = backup_dir.run_with_backup(options, lambda opts: Launcher(opts, env=env).run(), env=env,
                                         timeout=args.timeout, nodes=nodes,
@@ -408,6 +430,10 @@ def launch_command(args: argparse.Namespace) -> int:
         rejoined = ", ".join(f"{seconds:.1f} s" for seconds in result.rejoin_seconds) or "never"
         print(f"tfstrategy launch: {result.restarts} restart(s); failure to relaunch {timings}; "
               f"failure to all workers joined again {rejoined}", file=sys.stderr)
+    if result.reformations:
+        joined = ", ".join(f"{seconds:.1f} s" for seconds in result.reform_seconds) or "never"
+        print(f"tfstrategy launch: {len(result.reformations)} re-formation(s) for nodes lost or joined (not restarts); "
+              f"re-formation to all workers joined {joined}", file=sys.stderr)
     from tfstrategy.launch.output import status_line
 
     # One plain last line in every output mode (with --log-dir and no --tee it is the only one).

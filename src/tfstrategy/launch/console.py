@@ -236,6 +236,11 @@ class Console:
                 self._put("\n")  # the last progress state stays on the screen
                 self._drawn = None
 
+    def resuming(self) -> None:
+        """The workers stopped for an elastic re-formation: the next round's lines show again."""
+        with self.lock:
+            self._stopping = False
+
     def say(self, stream: TextIO, text: str) -> None:
         """Write the launcher's own line to ``stream``, clearing the live progress line first."""
         with self.lock:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from tfstrategy.launch.processes import LOOPBACK, free_ports
 from tfstrategy.launch.states import Failure, Outcome
 
-__all__ = ["Cluster", "Event", "Coordinator", "LocalCoordinator"]
+__all__ = ["Cluster", "Reformation", "Event", "Coordinator", "LocalCoordinator"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,22 @@ class Cluster:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Reformation:
+    """An elastic job's group re-forms as ``round`` with the nodes ``nodes``: ``lost`` left, ``joined`` came.
+
+    ``graceful``: the workers stop at a step they agree on (SIGTERM, as for a preemption), else at once
+    (a peer is gone: they are blocked in collectives with it). Not a restart: ``--max-restarts`` is not used.
+    """
+
+    round: int
+    nodes: tuple[int, ...]
+    lost: tuple[int, ...] = ()
+    joined: tuple[int, ...] = ()
+    graceful: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Event:
     """What the coordinator tells the supervisor, in the launcher's one vocabulary (:class:`Outcome`).
 
@@ -36,7 +52,8 @@ class Event:
       cause, here or elsewhere, and whether the group restarts;
     - ``INTERRUPTED``: a launcher received ``signum`` (on ``node``): stop every worker, pass it on;
     - ``JOIN_TIMEOUT`` or ``LOST`` without a failure: the job cannot go on (a node missing, node 0
-      lost), as ``message`` says.
+      lost), as ``message`` says;
+    - with a ``reform`` (``--nnodes MIN:MAX``): stop this machine's workers and form the next round.
     """
 
     outcome: Outcome
@@ -45,6 +62,7 @@ class Event:
     signum: int | None = None
     node: int | None = None
     message: str = ""
+    reform: Reformation | None = None
 
     @classmethod
     def failed(cls, failure: Failure, *, restart: bool = False) -> Event:

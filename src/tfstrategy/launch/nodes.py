@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch import exposure, processes
-from tfstrategy.launch.coordinator import Cluster, Event
+from tfstrategy.launch.coordinator import Cluster, Event, Reformation
 from tfstrategy.launch.rendezvous import EventKind, JobEvent, NodeOptions, RendezvousClient, RendezvousServer
 from tfstrategy.launch.rendezvous.wire import VIEWS, Failed, RoundFailed, Views
 from tfstrategy.launch.states import Failure, Outcome
@@ -85,6 +85,12 @@ class RendezvousCoordinator:
                 self._warned = True
                 if warning:
                     self.say(warning)
+            members = [int(rank) for rank in formed.data["nodes"]]
+            if self._rank not in members:  # formed at the deadline without this node (elastic)
+                return Event(outcome=Outcome.JOIN_TIMEOUT, message=(
+                    f"node 0 formed round {formed.round} at --timeout without node {self._rank} (nodes "
+                    f"{', '.join(map(str, members))}); restart this node's launcher to join the job again"))
+            self.first_worker = members.index(self._rank) * self.options.num_workers
             return Cluster(tuple(str(a) for a in formed.data["workers"]), self.first_worker)
         return self._event(formed)
 
@@ -128,6 +134,11 @@ class RendezvousCoordinator:
             return Event(outcome=Outcome.INTERRUPTED)
         if event.kind is EventKind.FINISHED:
             return Event(outcome=Outcome.SUCCEEDED)
+        if event.kind is EventKind.REFORM:
+            data = event.data
+            return Event(outcome=Outcome.INTERRUPTED, reform=Reformation(
+                round=int(data["round"]), nodes=tuple(data["nodes"]), lost=tuple(data["lost"]),
+                joined=tuple(data["joined"]), graceful=bool(data["graceful"]), reason=str(data["reason"])))
         if event.kind is EventKind.FAILED:
             return Event.failed(failure_from_event(event), restart=bool(event.data.get("restart")))
         if event.kind is EventKind.STOP:

@@ -116,6 +116,11 @@ def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
         raise LaunchError(f"Received -n {options.num_workers}; expected 1 or more workers, e.g. {example}.")
     if options.max_restarts < 0:
         raise LaunchError(f"Received --max-restarts {options.max_restarts}; expected 0 (never restart) or more.")
+    if options.nodes is not None and options.nodes.elastic and options.backup_dir is None:
+        raise LaunchError(
+            f"Received --nnodes {options.nodes.shape} without --backup-dir; an elastic job resumes every re-formed group "
+            "from the job's backup, which every node must read: pass --backup-dir DIR on a file system every node "
+            "shares (the same path on each), and save with callbacks=tfstrategy.preemption_callbacks().")
     timeout = options.join_timeout
     if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
         raise LaunchError(

@@ -184,6 +184,10 @@ class RunResult:
     rejoin_seconds: list[float] = field(default_factory=list)
     #: Seconds from a worker's last progress to the launcher reporting its stall.
     stall_seconds: list[float] = field(default_factory=list)
+    #: An elastic job's re-formations (:func:`tfstrategy.launch.elastic.reformation_record`), in order.
+    reformations: list[dict[str, Any]] = field(default_factory=list)
+    #: Seconds from a re-formation to every worker of the re-formed group having joined.
+    reform_seconds: list[float] = field(default_factory=list)
 
     def end(self, outcome: Outcome, signum: int | None = None) -> RunResult:
         """End the run with ``outcome``: its reason, and the exit status that follows from it."""

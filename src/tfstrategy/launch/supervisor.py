@@ -43,7 +43,8 @@ from tfstrategy.contract.exits import EXIT_JOIN_TIMEOUT, EXIT_PREEMPTED
 from tfstrategy.contract.files import worker_files
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import Console, stopped_line
-from tfstrategy.launch.coordinator import Coordinator, Event, LocalCoordinator
+from tfstrategy.launch.coordinator import Coordinator, Event, LocalCoordinator, Reformation
+from tfstrategy.launch.elastic import reformation_line, reformation_record
 from tfstrategy.launch.monitor import Decision, GroupMonitor, Policy
 from tfstrategy.launch.nodes import RendezvousCoordinator, secret_free_environment
 from tfstrategy.launch.options import (
@@ -182,7 +183,7 @@ class Launcher:
     # --- one attempt ------------------------------------------------------------------------------
 
     def _start(self, coordinator: Coordinator, run_dir: Path, settings: WorkerSettings,
-               attempt: int) -> GroupMonitor | Event:
+               attempt: int, restarts: int) -> GroupMonitor | Event:
         """Start this machine's workers for ``attempt`` once the coordinator formed its cluster."""
         count = self.options.num_workers
         formed = coordinator.form(attempt, coordinator.ports(count))
@@ -196,7 +197,7 @@ class Launcher:
         span = f" {first}" if count == 1 else f"s {first}..{first + count - 1}"
         where = "" if coordinator.rank is None else f" (worker{span} of {len(addresses)})"
         self._say(f"starting {count} worker(s){where} on " + ", ".join(addresses[first:first + count])
-                  + (f" (restart {attempt} of {self.options.max_restarts})" if attempt else ""))
+                  + (f" (restart {restarts} of {self.options.max_restarts})" if restarts else ""))
         run_log_dir = self.options.run_log_dir
         log_dir = None if run_log_dir is None else run_log_dir / f"attempt-{attempt}"
         if log_dir is not None:  # a run of its own (--run-id): a second run never overwrites the first's files
@@ -252,7 +253,7 @@ class Launcher:
                 and self._console.lost is None)
 
     def _watch(self, coordinator: Coordinator, monitor: GroupMonitor, failed_at: float | None,
-               result: RunResult) -> Decision | Event | None:
+               reformed_at: float | None, result: RunResult) -> Decision | Event | None:
         """The monitor loop: until the attempt ends here (a decision), elsewhere (an event), or a signal (``None``)."""
         shared: tuple[tuple[dict[str, Any], ...], float] = ((), -_SHARE_SECONDS)
         while True:
@@ -279,6 +280,9 @@ class Launcher:
             if decision.all_joined and failed_at is not None:
                 result.rejoin_seconds.append(now - failed_at)
                 self._say(f"all workers joined again {now - failed_at:.1f} s after the failure")
+            elif decision.all_joined and reformed_at is not None:
+                result.reform_seconds.append(now - reformed_at)
+                self._say(f"the re-formed group's workers all joined {now - reformed_at:.1f} s after the re-formation")
             if decision.outcome is not None:
                 result.stall_seconds.extend(monitor.stall_seconds)
                 return decision
@@ -291,14 +295,19 @@ class Launcher:
         ended = coordinator.connect()
         if ended is not None or self._signal is not None:
             return self._ended(ended, result)
-        attempt, failed_at = coordinator.round, None
+        attempt, failed_at, reformed_at = coordinator.round, None, None
+        restarts = 0  # the counted ones: a re-formation of an elastic job is not one
         while True:
-            started = self._start(coordinator, run_dir, settings, attempt)
+            started = self._start(coordinator, run_dir, settings, attempt, restarts if failed_at is not None else 0)
+            if isinstance(started, Event) and started.reform is not None and self._signal is None:
+                attempt, failed_at, reformed_at = self._reform(started.reform, result), None, self._clock()
+                continue
             if isinstance(started, Event) or self._signal is not None:
                 return self._ended(started if isinstance(started, Event) else None, result)
             if failed_at is not None:
                 result.restart_seconds.append(self._clock() - failed_at)
-            decision = self._watch(coordinator, started, failed_at, result)
+            decision = self._watch(coordinator, started, failed_at, reformed_at, result)
+            reformed_at = None
             if decision is None or self._signal is not None:
                 return self._ended(None, result)
             failed_at = self._clock()
@@ -320,6 +329,9 @@ class Launcher:
                 event = coordinator.decide(attempt, local)
                 if event.failure != local and event.failure is not None:
                     consequences = (local, *consequences)  # node 0 chose another node's failure
+            if event.reform is not None and self._signal is None:
+                attempt, failed_at, reformed_at = self._reform(event.reform, result), None, self._clock()
+                continue
             if self._signal is not None or event.failure is None:
                 return self._ended(event, result)
             self._stop(grace=0.0)
@@ -337,10 +349,34 @@ class Launcher:
                           f"{self._clock() - failed_at:.1f} s after the failure")
             if not event.restart:
                 if self.options.max_restarts and failure.outcome.restartable:
-                    self._say(f"giving up after {attempt} restart(s)")
+                    self._say(f"giving up after {restarts} restart(s)")
                 return result.end(failure.outcome)
             attempt += 1
-            result.restarts = attempt
+            restarts += 1
+            result.restarts = restarts
+
+    def _reform(self, reform: Reformation, result: RunResult) -> int:
+        """Stop this machine's workers for an elastic re-formation, say it in one line, keep its record; its round."""
+        stopping = self._clock()
+        if reform.graceful:  # they stop at one agreed step (the preemption callback), then exit 75
+            self._console.stopping()
+            self._stop(grace=self.options.grace, signum=signal.SIGTERM)
+            self._console.resuming()
+        else:  # a peer is gone: the survivors are blocked in collectives with it
+            self._stop(grace=0.0)
+        self._console.settle()
+        record = reformation_record(reform, self.options, self._wall(), self._clock() - stopping)
+        result.reformations.append(record)
+        self._say(reformation_line(reform, self.options.num_workers, record.get("step")))
+        run_log_dir = self.options.run_log_dir
+        if run_log_dir is not None:
+            try:
+                run_log_dir.mkdir(parents=True, exist_ok=True)
+                with open(run_log_dir / "reformations.jsonl", "a") as records:
+                    records.write(json.dumps(record) + "\n")
+            except OSError as error:
+                self._say(f"could not add the re-formation to {run_log_dir}/reformations.jsonl ({error.strerror})")
+        return reform.round
 
     def _keep_failure(self, attempt: int, failure: Failure, consequences: tuple[Failure, ...]) -> None:
         """With ``--log-dir``: the attempt's failure as reported (``failure.txt``) and as JSON (``failure.json``)."""

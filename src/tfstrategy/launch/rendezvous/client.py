@@ -66,6 +66,7 @@ class EventKind(str, Enum):
     """What node 0 tells every node."""
 
     CLUSTER = "cluster"  # every node joined the round: here are all the workers' addresses
+    REFORM = "reform"  # elastic: a node was lost or joined; the group re-forms as the next round
     FAILED = "failed"  # the round's first failure, and whether the group restarts
     STOP = "stop"  # a launcher received SIGINT/SIGTERM: every node passes it on to its workers
     TIMEOUT = "timeout"  # a node did not join the round within --timeout
@@ -108,7 +109,7 @@ class RendezvousClient:
     def __init__(self, node: NodeOptions, *, workers_per_node: int, max_restarts: int,
                  interrupted: Callable[[], bool]) -> None:
         self.node, self.interrupted = node, interrupted
-        self.job = {"nnodes": node.nnodes, "workers_per_node": workers_per_node, "max_restarts": max_restarts}
+        self.job = {"nnodes": node.shape, "workers_per_node": workers_per_node, "max_restarts": max_restarts}
         self.address = node.node_address or ""
         self.round = 0
         #: The job's identity, from node 0's welcome.
@@ -260,6 +261,8 @@ class RendezvousClient:
                 return None
             if event.kind in (EventKind.CLUSTER, EventKind.FAILED) and event.round < self.round:
                 continue
+            if event.kind is EventKind.REFORM and event.round <= self.round:
+                continue  # a re-formation this node already joined
             return event
 
     def _wait(self, kinds: tuple[EventKind, ...], timeout: float | None = None) -> JobEvent | None:
@@ -278,13 +281,14 @@ class RendezvousClient:
         """Offer this node's workers for ``round_``; the ``CLUSTER`` event, or what ended the job instead."""
         self.round = round_
         self._send(Join(round=round_, address=self.address, ports=list(ports)))
-        return self._wait((EventKind.CLUSTER, EventKind.FAILED, EventKind.STOP, EventKind.TIMEOUT, EventKind.LOST))
+        return self._wait((EventKind.CLUSTER, EventKind.REFORM, EventKind.FAILED, EventKind.STOP, EventKind.TIMEOUT,
+                           EventKind.LOST))
 
     def report_failure(self, failure: Failed) -> JobEvent | None:
         """Tell node 0 a local worker failed (whole: :meth:`Failed.bounded`); node 0's decision: the round's root
         cause (the earliest real failure of any node), restart or not."""
         self._send(failure)
-        return self._wait((EventKind.FAILED, EventKind.STOP, EventKind.LOST), timeout=30.0)
+        return self._wait((EventKind.FAILED, EventKind.REFORM, EventKind.STOP, EventKind.LOST), timeout=30.0)
 
     def share_views(self, views: Views) -> None:
         """Send node 0 this node's workers' compact views (for a diagnosis across nodes); no answer."""
@@ -293,7 +297,7 @@ class RendezvousClient:
     def finish(self, round_: int) -> JobEvent | None:
         """Tell node 0 this node's workers all exited 0; waits for every node's (or a failure, stop, loss)."""
         self._send(Done(round=round_))
-        return self._wait((EventKind.FINISHED, EventKind.FAILED, EventKind.STOP, EventKind.LOST))
+        return self._wait((EventKind.FINISHED, EventKind.REFORM, EventKind.FAILED, EventKind.STOP, EventKind.LOST))
 
     def request_stop(self, signum: int) -> None:
         """Ask node 0 to stop the whole job (this launcher received ``signum``)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from tfstrategy.errors import LaunchError
 from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 
-__all__ = ["NodeOptions", "ServerLimits", "parse_master", "read_secret", "validate_node_options", "MIN_SECRET_BYTES"]
+__all__ = ["NodeOptions", "ServerLimits", "parse_master", "parse_nnodes", "read_secret", "validate_node_options", "MIN_SECRET_BYTES"]
 
 #: Shortest secret accepted (bytes).
 MIN_SECRET_BYTES = 16
@@ -32,10 +32,44 @@ class NodeOptions:
     secret: bytes = field(repr=False)
     #: The address this node's workers are reached at; default: the one it reaches the master from.
     node_address: str | None = None
+    #: ``--nnodes MIN:MAX``: the fewest nodes the job trains with (``None``: exactly ``nnodes``, the maximum).
+    min_nodes: int | None = None
+    #: Seconds the first round waits for up to ``nnodes`` nodes once ``min_nodes`` are there (``--rendezvous-wait``).
+    rendezvous_wait: float = 10.0
 
     @property
     def master(self) -> str:
         return f"{self.master_host}:{self.master_port}"
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the group re-forms with the nodes present (``--nnodes MIN:MAX`` with MIN < MAX)."""
+        return self.min_nodes is not None and self.min_nodes < self.nnodes
+
+    @property
+    def fewest(self) -> int:
+        """The fewest nodes a round forms with."""
+        return self.nnodes if self.min_nodes is None else self.min_nodes
+
+    @property
+    def shape(self) -> str:
+        """``--nnodes`` as given: ``N`` or ``MIN:MAX``."""
+        return str(self.nnodes) if self.min_nodes is None else f"{self.min_nodes}:{self.nnodes}"
+
+
+def parse_nnodes(value: str) -> tuple[int | None, int]:
+    """``--nnodes N`` or ``MIN:MAX`` (torchrun's syntax) as ``(min or None, max)``.
+
+    Raises:
+        LaunchError: not a count or a ``MIN:MAX`` pair with 1 <= MIN <= MAX.
+    """
+    low, sep, high = value.strip().partition(":")
+    if not sep and low.isdigit():
+        return None, int(low)
+    if sep and low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high):
+        return int(low), int(high)
+    raise LaunchError(f"Received --nnodes {value!r}; expected a node count N, or MIN:MAX for an elastic job that "
+                      "goes on while at least MIN of up to MAX nodes are present, e.g. --nnodes 2 or --nnodes 1:4.")
 
 
 def parse_master(value: str) -> tuple[str, int]:
@@ -109,6 +143,11 @@ def validate_node_options(node: NodeOptions) -> NodeOptions:
     if node.nnodes < 2:
         raise LaunchError(f"Received --nnodes {node.nnodes} for a multi-node job; expected 2 or more "
                           "(omit --nnodes to run every worker on this machine).")
+    if node.min_nodes is not None and not 1 <= node.min_nodes <= node.nnodes:
+        raise LaunchError(f"Received --nnodes {node.shape}; expected MIN:MAX with 1 <= MIN <= MAX, e.g. --nnodes 1:4.")
+    if node.rendezvous_wait < 0:
+        raise LaunchError(f"Received --rendezvous-wait {node.rendezvous_wait:g}; expected seconds >= 0 (how long the "
+                          "first round waits for more than MIN nodes).")
     if not 0 <= node.node_rank < node.nnodes:
         raise LaunchError(
             f"Received --node-rank {node.node_rank} (or {ENV_NODE_RANK}) for --nnodes {node.nnodes}; expected 0.."

@@ -59,6 +59,7 @@ from tfstrategy.launch.rendezvous.wire import (
     LineReader,
     Message,
     ProtocolError,
+    Reform,
     RoundFailed,
     Stop,
     Stopped,
@@ -115,7 +116,9 @@ class RendezvousServer:
     def __init__(self, node: NodeOptions, *, workers_per_node: int, max_restarts: int, timeout: float | None,
                  say: Callable[[str], None], limits: ServerLimits | None = None) -> None:
         self.node, self.say, self.limits = node, say, limits or ServerLimits()
-        self.job = {"nnodes": node.nnodes, "workers_per_node": workers_per_node, "max_restarts": max_restarts}
+        self.job: dict[str, object] = {"nnodes": node.shape, "workers_per_node": workers_per_node,
+                                       "max_restarts": max_restarts}
+        self.max_restarts = max_restarts
         #: This job's identity: in every welcome and sealed message, so nothing of another job is accepted.
         self.job_id = secrets.token_hex(8)
         self.timeout = timeout
@@ -135,6 +138,10 @@ class RendezvousServer:
         self._reported: dict[str, float] = {}
         self.state = JobState.FORMING
         self.round = 0
+        #: Restarts after a failure of the job itself (a re-formation for a node lost or joined is not one).
+        self.restarts = 0
+        #: The ranks of the nodes in the running round (every node but in an elastic job).
+        self.members: list[int] = []
         self._round_started = time.monotonic()
         self._joins: dict[int, tuple[str, list[int]]] = {}
         self._done: set[int] = set()
@@ -281,6 +288,10 @@ class RendezvousServer:
             elif self.state is JobState.ENDED:
                 why = "the job has ended"
             if why is None:
+                if self.node.elastic and self.state is JobState.RUNNING and claimed not in self.members:
+                    # Before the welcome, so that the node joins the round that takes it in.
+                    self._reform_locked(lost=[], joined=[claimed], graceful=True,
+                                        reason=f"node {claimed} joined from {address}")
                 welcome: dict[str, Any] = {
                     "type": "welcome", "job_id": self.job_id, "round": self.round,
                     "heartbeat": limits.heartbeat_seconds, "dead_after": limits.dead_after,
@@ -350,7 +361,12 @@ class RendezvousServer:
                 self._broadcast(RoundFailed.of(rank, broke, restart=False))
             elif state is JobState.FORMING:
                 self._joins.pop(rank, None)  # it may come back before the deadline
-            elif state is JobState.RUNNING and rank not in self._done:
+                self._form_if_ready_locked(time.monotonic())  # elastic: the others need not wait for it
+            elif (state is JobState.RUNNING and rank in self.members and self.node.elastic
+                  and len(self._peers) >= self.node.fewest):
+                self._reform_locked(lost=[rank], joined=[], graceful=False,
+                                    reason=f"node {rank} lost ({peer.address}: it {closed.reason})")
+            elif state is JobState.RUNNING and rank in self.members and rank not in self._done:
                 self._failed_locked(rank, Failed.bounded(
                     round=self.round, worker=None, status=1, time=time.time(), consequential=False, outcome="failed",
                     lines=[], logs=[], reason=f"lost its control connection ({peer.address}): it {closed.reason}"))
@@ -378,24 +394,51 @@ class RendezvousServer:
                     raise ProtocolError(f"offered {len(message.ports)} port(s); expected -n "
                                         f"{self.job['workers_per_node']}, one per worker")
                 self._joins[rank] = (message.address, list(message.ports))
-                if len(self._joins) == self.node.nnodes:
-                    workers = [f"{self._host(address)}:{port}" for r in sorted(self._joins)
-                               for address, ports in [self._joins[r]] for port in ports]
-                    self.state = JobState.RUNNING
-                    self._broadcast(Cluster(round=self.round, workers=workers))
+                self._form_if_ready_locked(time.monotonic())
             elif isinstance(message, Failed) and current and self.state is JobState.RUNNING:
                 self._failed_locked(rank, message)
             elif isinstance(message, Views) and current and self.state is JobState.RUNNING:
                 self._views[rank] = message.views
             elif isinstance(message, Done) and current and self.state is JobState.RUNNING:
                 self._done.add(rank)
-                if len(self._done) == self.node.nnodes:
+                if self._done >= set(self.members):
                     self.state = JobState.ENDED
                     self._broadcast(Finished(round=self.round))
             elif isinstance(message, Stop) and self.state is not JobState.ENDED:
                 self.state = JobState.ENDED
                 self._broadcast(Stopped(node=rank, signal=message.signal))
             # Anything else is a message of an earlier round or state that crossed ours: nothing to do.
+
+    def _form_if_ready_locked(self, now: float, *, late: bool = False) -> None:
+        """Form the round once every node joined; in an elastic job, once at least MIN did and no node present is
+        still on its way (the first round also waits ``rendezvous_wait`` for more), or at the deadline (``late``)."""
+        joined, node = set(self._joins), self.node
+        if self.state is not JobState.FORMING or not joined:
+            return
+        ready = len(joined) == node.nnodes or (
+            node.elastic and len(joined) >= node.fewest
+            and (late or (joined >= set(self._peers)
+                          and (self.round > 0 or now - self._round_started >= node.rendezvous_wait))))
+        if not ready:
+            return
+        self.members = sorted(joined)
+        workers = [f"{self._host(address)}:{port}" for r in self.members
+                   for address, ports in [self._joins[r]] for port in ports]
+        self.state = JobState.RUNNING
+        self._broadcast(Cluster(round=self.round, workers=workers, nodes=self.members))
+
+    def _reform_locked(self, *, lost: list[int], joined: list[int], graceful: bool, reason: str) -> None:
+        """Elastic: end the running round and form the next with the nodes present (not a restart of the job)."""
+        self._new_round_locked()
+        present = sorted(set(self._peers) | set(joined))
+        self._broadcast(Reform(round=self.round, lost=lost, joined=joined, nodes=present, graceful=graceful,
+                               reason=reason[:2000]))
+
+    def _new_round_locked(self) -> None:
+        self.round += 1
+        self.state, self._joins, self._done, self.members = JobState.FORMING, {}, set(), []
+        self._failures, self._first_failure_at, self._views = {}, None, {}
+        self._round_started = time.monotonic()
 
     @staticmethod
     def _host(address: str) -> str:
@@ -415,17 +458,16 @@ class RendezvousServer:
         if self.state is not JobState.RUNNING or self._first_failure_at is None:
             return
         heard = set(self._failures) | self._done
-        if not (heard >= set(range(self.node.nnodes)) or now - self._first_failure_at >= self.limits.settle_seconds):
+        if not (heard >= set(self.members) or now - self._first_failure_at >= self.limits.settle_seconds):
             return
         reported = sorted(self._failures.items(), key=lambda item: item[1].time)
         rank, cause = root_cause(reported, self._views)
-        restart = self.round < self.job["max_restarts"] and not self._done and cause.outcome != "stopped"
+        restart = self.restarts < self.max_restarts and not self._done and cause.outcome != "stopped"
         self._broadcast(RoundFailed.of(rank, cause, restart=restart))
         self._failures, self._first_failure_at, self._views = {}, None, {}
         if restart:
-            self.round += 1
-            self.state, self._joins, self._done = JobState.FORMING, {}, set()
-            self._round_started = time.monotonic()
+            self.restarts += 1
+            self._new_round_locked()
         else:
             self.state = JobState.ENDED
 
@@ -443,9 +485,12 @@ class RendezvousServer:
                     next_beat = now + self.limits.heartbeat_seconds
                     self._broadcast(Heartbeat())
                 self._decide_locked(now)
+                self._form_if_ready_locked(now)
                 late = (self.state is JobState.FORMING and self.timeout is not None
                         and now - self._round_started > self.timeout)
                 if late:
+                    self._form_if_ready_locked(now, late=True)  # elastic: with the MIN or more that joined
+                if late and self.state is JobState.FORMING:
                     missing = [r for r in range(self.node.nnodes) if r not in self._joins]
                     arrived = {str(r): address for r, (address, _) in sorted(self._joins.items())}
                     self.state = JobState.ENDED

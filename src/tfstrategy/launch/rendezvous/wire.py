@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = [
-    "PROTOCOL", "ProtocolError", "LineReader", "Join", "Failed", "Done", "Stop", "Abort", "Heartbeat", "Views", "Cluster", "RoundFailed", "Stopped", "Timeout",
+    "PROTOCOL", "ProtocolError", "LineReader", "Join", "Failed", "Done", "Stop", "Abort", "Heartbeat", "Views", "Cluster", "Reform", "RoundFailed", "Stopped", "Timeout",
     "Finished", "Closing", "Message", "parse_message", "OUTCOMES",
 ]
 
-PROTOCOL = "tfstrategy-rendezvous/7"
+PROTOCOL = "tfstrategy-rendezvous/8"
 #: Longest line before authentication (a hello is ~300 bytes) and after it (a failure's last lines).
 HANDSHAKE_LINE = 4096
 MAX_LINE = 4 << 20
@@ -215,11 +215,26 @@ class Heartbeat(Message):
 
 @dataclass(frozen=True)
 class Cluster(Message):
-    """node 0 -> nodes: every worker's ``host:port`` for ``round``."""
+    """node 0 -> nodes: every worker's ``host:port`` for ``round``, and the ranks of the nodes in it (in that order)."""
 
     kind: ClassVar[str] = "cluster"
     round: int
     workers: list[str]
+    nodes: list[int]
+
+
+@dataclass(frozen=True)
+class Reform(Message):
+    """node 0 -> nodes (``--nnodes MIN:MAX``): the group re-forms as ``round`` with the nodes present; ``lost`` left,
+    ``joined`` came; ``graceful``: stop the workers at a step they agree on (SIGTERM), not at once."""
+
+    kind: ClassVar[str] = "reform"
+    round: int
+    lost: list[int]
+    joined: list[int]
+    nodes: list[int]
+    graceful: bool
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -279,8 +294,8 @@ class Closing(Message):
 
 
 TO_SERVER: dict[str, type[Message]] = {m.kind: m for m in (Join, Failed, Done, Stop, Abort, Heartbeat, Views)}
-TO_CLIENT: dict[str, type[Message]] = {m.kind: m for m in (Cluster, RoundFailed, Stopped, Timeout, Finished, Closing,
-                                                           Heartbeat)}
+TO_CLIENT: dict[str, type[Message]] = {m.kind: m for m in (Cluster, Reform, RoundFailed, Stopped, Timeout, Finished,
+                                                           Closing, Heartbeat)}
 
 _ROUNDS = 1_000_000
 _TEXT = 10_000
@@ -425,6 +440,8 @@ _FIELDS: dict[str, Check] = {
     "workers": _list(_text(300, _HOST_PORT), 1 << 16), "node": _int(0, 1 << 16), "restart": _bool,
     "missing": _list(_int(0, 1 << 16), 1 << 16), "arrived": _addresses,
     "diagnosis": _list(_text(LINE_CHARS), DIAGNOSIS_LINES), "views": _list(_WORKER_VIEW, VIEWS),
+    "nodes": _list(_int(0, 1 << 16), 1 << 16), "lost": _list(_int(0, 1 << 16), 1 << 16),
+    "joined": _list(_int(0, 1 << 16), 1 << 16), "graceful": _bool,
 }
 
 

@@ -1,0 +1,160 @@
+"""An elastic job end to end: `tfstrategy launch --nnodes 1:3`, three "machines" on loopback addresses.
+
+Node r's launcher runs one worker reached at 127.0.0.<r+2>; the backup directory is shared, as it would
+be on NFS. The job loses node 2 (its launcher SIGKILLed), then node 1, goes on alone, takes both back
+one after the other, and ends with the weights of one device trained on the same global batches. The
+workers wait at a gate step (tests/workers/elastic_worker.py) until the test has seen what it waits for
+(a committed step, a re-formation line), so every kill lands at a known step whatever the machine's
+speed. The rendezvous's rules are tested without processes in test_elastic_rendezvous.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_launch import TAG, _described, _tagged
+
+from helpers import ROOT, free_ports, node_port_range
+from tfstrategy.launch.elastic import newest_committed_step
+from tfstrategy.settings import ENV_LAUNCH_SECRET
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+WORKER = ROOT / "tests" / "workers" / "elastic_worker.py"
+SECRET = "tfstrategy-test-secret-0123456789"
+MASTER_HOST = "127.0.0.2"
+#: Float32 sums in another order on 1, 2 and 3 workers, over 50 Adam steps.
+TOLERANCE = 1e-5
+#: Long enough for a loaded machine; the test waits on events, this only ends a hang.
+GUARD = 240.0
+
+
+class Node:
+    """One node's launcher, its stderr read line by line as it comes."""
+
+    def __init__(self, rank: int, master: str, backup: Path, out: Path, log_dir: Path) -> None:
+        self.rank, self.tag, self.lines = rank, uuid.uuid4().hex, []
+        command = ["--nnodes", "1:3", "--node-rank", str(rank), "--master", master, "--node-address",
+                   f"127.0.0.{rank + 2}", *node_port_range(rank), "-n", "1", "--backup-dir", str(backup), "--timeout",
+                   "120", "--rendezvous-wait", "120", "--grace", "60", "--log-dir", str(log_dir), "--run-id",
+                   f"node-{rank}", "--", sys.executable, str(WORKER), "--out", str(out)]
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TAG: self.tag, ENV_LAUNCH_SECRET: SECRET}
+        self.process = subprocess.Popen([sys.executable, "-m", "tfstrategy", "launch", *command], cwd=ROOT, env=env,
+                                        text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def said(self, pattern: str) -> list[str]:
+        return [line for line in list(self.lines) if re.search(pattern, line)]
+
+    def kill(self) -> None:
+        """SIGKILL the launcher, as a machine that dies; its lifeline takes its workers with it."""
+        self.process.kill()
+        self.process.wait()
+        _wait(lambda: not _tagged(self.tag), f"node {self.rank}'s workers to end with their launcher")
+
+    def finish(self) -> int:
+        try:
+            code = self.process.wait(GUARD)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+            self._reader.join(10)
+        self.survivors = _described(_tagged(self.tag))
+        for pid in _tagged(self.tag):
+            os.kill(pid, signal.SIGKILL)
+        return code
+
+
+def _wait(done, what: str, nodes: list[Node] = ()) -> None:
+    deadline = time.monotonic() + GUARD
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}:\n" + "\n".join(
+                f"--- node {node.rank}:\n" + "\n".join(node.lines[-30:]) for node in nodes))
+        time.sleep(0.1)
+
+
+def _one_device_weights() -> list[np.ndarray]:
+    """The same training on one device, uninterrupted: the weights every elastic worker must end with."""
+    sys.path.insert(0, str(WORKER.parent))
+    try:
+        import elastic_worker
+    finally:
+        sys.path.remove(str(WORKER.parent))
+    import tensorflow as tf
+
+    model = elastic_worker.build(tf.distribute.get_strategy())
+    model.fit(elastic_worker.make_dataset(), epochs=5, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+def test_a_1_to_3_node_job_loses_two_nodes_takes_both_back_and_ends_with_one_devices_weights(tmp_path):
+    backup, out, logs = tmp_path / "backup", tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    backup.mkdir(mode=0o700)
+    gate = out / "gate"
+    gate.write_text("10")
+    master = f"{MASTER_HOST}:{free_ports(1, MASTER_HOST)[0]}"
+    nodes = {rank: Node(rank, master, backup, out, logs) for rank in (0, 1, 2)}
+    every = list(nodes.values())
+    try:
+        _wait(lambda: all(n.said(r"starting 1 worker\(s\) \(worker \d of 3\)") for n in every), "3 nodes to form", every)
+        _wait(lambda: newest_committed_step(backup) == 10, "step 10 committed by 3 workers", every)
+
+        nodes[2].kill()
+        _wait(lambda: nodes[0].said("node 2 lost: going on with 2 nodes \\(2 workers\\) from step 10"),
+              "nodes 0 and 1 to re-form", every)
+        gate.write_text("20")
+        _wait(lambda: newest_committed_step(backup) == 20, "step 20 committed by 2 workers", every)
+
+        nodes[1].kill()
+        _wait(lambda: nodes[0].said("node 1 lost: going on with 1 node \\(1 worker\\) from step 20"),
+              "node 0 to go on alone", every)
+        gate.write_text("30")
+        _wait(lambda: newest_committed_step(backup) == 30, "step 30 committed by node 0 alone", every)
+
+        nodes[1] = Node(1, master, backup, out, logs)  # the machines come back, one after the other
+        every = list(nodes.values())
+        _wait(lambda: nodes[0].said("node 1 joined: going on with 2 nodes"), "node 1 to be taken back", every)
+        _wait(lambda: len(nodes[0].said(r"starting 1 worker\(s\) \(worker 0 of 2\)")) == 2, "2 nodes again", every)
+        nodes[2] = Node(2, master, backup, out, logs)
+        every = list(nodes.values())
+        _wait(lambda: nodes[0].said("node 2 joined: going on with 3 nodes"), "node 2 to be taken back", every)
+        gate.unlink()  # train to the end
+        codes = {rank: node.finish() for rank, node in nodes.items()}
+    finally:
+        for node in every:
+            if node.process.poll() is None:
+                node.process.kill()
+    assert codes == {0: 0, 1: 0, 2: 0}, "\n".join("\n".join(n.lines[-20:]) for n in every)
+    assert all(node.survivors == [] for node in every)
+    assert not nodes[0].said("restart \\d of")  # re-formations are not restarts
+
+    reference = _one_device_weights()
+    finals = [json.loads((out / f"worker-{i}.json").read_text()) for i in range(3)]
+    for final in finals:
+        assert (final["workers"], final["steps"]) == (3, 50)
+        worst = max(float(np.max(np.abs(np.asarray(w) - r))) for w, r in zip(final["weights"], reference))
+        assert worst <= TOLERANCE, f"weights differ from one device's by {worst:.2e}"
+    records = [json.loads(line) for line in (logs / "node-0" / "reformations.jsonl").read_text().splitlines()]
+    assert [(r["lost"], r["joined"], r["nodes"], r["step"]) for r in records][:2] == [([2], [], [0, 1], 10),
+                                                                                       ([1], [], [0], 20)]
+    assert [r["joined"] for r in records[2:]] == [[1], [2]] and records[-1]["nodes"] == [0, 1, 2]
+    print("\n".join(nodes[0].lines))
