@@ -27,6 +27,7 @@ from test_launch import TAG, _described, _tagged
 
 from helpers import ROOT, free_ports, node_port_range
 from tfstrategy.launch.elastic import newest_committed_step
+from tfstrategy.multiworker.coordinated import FAULT_ENV
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -43,13 +44,14 @@ GUARD = 240.0
 class Node:
     """One node's launcher, its stderr read line by line as it comes."""
 
-    def __init__(self, rank: int, master: str, backup: Path, out: Path, log_dir: Path) -> None:
+    def __init__(self, rank: int, master: str, backup: Path, out: Path, log_dir: Path, *, nnodes: str = "1:3",
+                 env: dict[str, str] | None = None) -> None:
         self.rank, self.tag, self.lines = rank, uuid.uuid4().hex, []
-        command = ["--nnodes", "1:3", "--node-rank", str(rank), "--master", master, "--node-address",
+        command = ["--nnodes", nnodes, "--node-rank", str(rank), "--master", master, "--node-address",
                    f"127.0.0.{rank + 2}", *node_port_range(rank), "-n", "1", "--backup-dir", str(backup), "--timeout",
                    "120", "--rendezvous-wait", "120", "--grace", "60", "--log-dir", str(log_dir), "--run-id",
                    f"node-{rank}", "--", sys.executable, str(WORKER), "--out", str(out)]
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TAG: self.tag, ENV_LAUNCH_SECRET: SECRET}
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TAG: self.tag, ENV_LAUNCH_SECRET: SECRET, **(env or {})}
         self.process = subprocess.Popen([sys.executable, "-m", "tfstrategy", "launch", *command], cwd=ROOT, env=env,
                                         text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -158,3 +160,34 @@ def test_a_1_to_3_node_job_loses_two_nodes_takes_both_back_and_ends_with_one_dev
                                                                                        ([1], [], [0], 20)]
     assert [r["joined"] for r in records[2:]] == [[1], [2]] and records[-1]["nodes"] == [0, 1, 2]
     print("\n".join(nodes[0].lines))
+
+
+@pytest.mark.parametrize(("point", "resumed"), [
+    pytest.param("renamed", 5, id="between-the-weights-file-and-its-sidecar"),
+    pytest.param("before", 5, id="before-its-save-while-its-peer-saves"),
+])
+def test_a_node_that_dies_in_its_save_leaves_the_other_to_resume_from_the_step_both_committed(tmp_path, point, resumed):
+    """Node 1's machine dies (launcher and worker SIGKILLed) at ``point`` of its save of step 10: step 10 was not
+    written by every worker of the group, so node 0 goes on alone from step 5, and ends with one device's weights."""
+    backup, out, logs = tmp_path / "backup", tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    backup.mkdir(mode=0o700)
+    master = f"{MASTER_HOST}:{free_ports(1, MASTER_HOST)[0]}"
+    nodes = [Node(0, master, backup, out, logs, nnodes="1:2"),
+             Node(1, master, backup, out, logs, nnodes="1:2", env={FAULT_ENV: f"{point}@1:10:node"})]
+    try:
+        _wait(lambda: nodes[0].said("node 1 lost: going on with 1 node"), "node 0 to go on alone", nodes)
+        code = nodes[0].finish()
+    finally:
+        for node in nodes:
+            if node.process.poll() is None:
+                node.process.kill()
+    assert code == 0 and nodes[0].survivors == [], "\n".join(nodes[0].lines[-20:])
+    assert nodes[0].said(f"node 1 lost: going on with 1 node \\(1 worker\\) from step {resumed} ")
+    log = (logs / "node-0" / "attempt-1" / "worker-0" / "stderr.log").read_text()
+    assert f"worker-0 resumes from committed step {resumed} (epoch 0, batch {resumed})" in log, log[-2000:]
+    final = json.loads((out / "worker-0.json").read_text())
+    reference = _one_device_weights()
+    assert (final["workers"], final["steps"]) == (1, 50)
+    worst = max(float(np.max(np.abs(np.asarray(w) - r))) for w, r in zip(final["weights"], reference))
+    assert worst <= TOLERANCE, f"weights differ from one device's by {worst:.2e}"

@@ -109,10 +109,16 @@ def test_a_part_of_another_job_is_refused(tmp_path):
         # worker 1's part of 16 is truncated: every worker falls back to 8 together
         pytest.param([[16, 8], [16, 8]], [[True, True], [False, True]], 8, id="newest-damaged-on-one"),
         pytest.param([[16, 8], []], [[True, True], [True, True]], 16, id="record-lost-on-one"),
+        # elastic: worker 2 comes back with the backup of an older group (steps 8 and 4); it loads 16 from a peer's
+        # directory on the shared file system, and its older steps never win
+        pytest.param([[16, 12], [16, 12], [8, 4]], [[True] * 4, [True] * 4, [True, True, True, True]], 16,
+                     id="elastic-a-node-back-with-a-stale-backup"),
+        # elastic: a group of 3 resumes what a group of 2 committed (the new worker 2 has no record, loads a peer's)
+        pytest.param([[16, 8], [16, 8], []], [[True, True], [True, True], [True, True]], 16, id="elastic-grown-by-one"),
     ],
 )
 def test_every_worker_resumes_from_the_newest_step_all_can_load(committed, loadable, step):
-    assert commit.choose_resume(committed, loadable, [None, None]).step == step
+    assert commit.choose_resume(committed, loadable, [None] * len(committed)).step == step
 
 
 def test_committed_steps_no_worker_can_all_load_stop_every_worker():

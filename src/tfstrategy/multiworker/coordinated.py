@@ -47,7 +47,8 @@ from tfstrategy.selection.names import strategy_name
 __all__ = ["ResumePoint", "CoordinatedBackup", "FAULT_ENV"]
 
 #: Test-only fault injection: ``POINT@WORKER:STEP`` SIGKILLs that worker at that point of the save of that
-#: step, on the job's first start only. Points: see :data:`FAULT_POINTS`.
+#: step, on the job's first start only; ``POINT@WORKER:STEP:node`` SIGKILLs its launcher first, as a machine
+#: that dies mid-save (an elastic job goes on without it). Points: see :data:`FAULT_POINTS`.
 FAULT_ENV = "TFSTRATEGY_TEST_BACKUP_FAULT"
 FAULT_POINTS = ("before", "weights", "renamed", "written", "agreed", "committed")
 
@@ -99,7 +100,8 @@ class CoordinatedBackup:
         self.committed: tuple[int, ...] = ()
         self._lock: commit.DirectoryLock | None = None
         self._gather_fn: Any = None
-        self._fault = self._parse_fault(self.env.get(FAULT_ENV, ""))
+        self._fault_takes_node = self.env.get(FAULT_ENV, "").endswith(":node")
+        self._fault = self._parse_fault(self.env.get(FAULT_ENV, "").removesuffix(":node"))
 
     # --- collectives ------------------------------------------------------------------
 
@@ -147,6 +149,9 @@ class CoordinatedBackup:
 
     def _fault_point(self, point: str, step: int) -> None:
         if self._fault == (point, self.index, step):
+            if self._fault_takes_node:  # the launcher started this worker: its parent
+                _say(f"test fault: SIGKILL to this node's launcher at {point} of the save of step {step}")
+                os.kill(os.getppid(), signal.SIGKILL)
             _say(f"test fault: SIGKILL at {point} of the save of step {step}")
             os.kill(os.getpid(), signal.SIGKILL)
 
