@@ -8,13 +8,16 @@ environments; one process test runs issue 38's planted uneven shards under a rea
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from helpers import ROOT
@@ -190,6 +193,16 @@ def test_explicit_flags_win_and_the_node_address_flag_alone_keeps_the_rest_from_
     assert options.nodes is not None and (options.nodes.nnodes, options.nodes.node_rank) == (2, 1)
 
 
+def test_an_elastic_nnodes_in_a_step_keeps_min_max_and_takes_rank_and_master_from_the_step():
+    env = {**STEP, "SLURM_STEP_NODELIST": "vm", "SLURMD_NODENAME": "vm", "SLURM_STEP_TASKS_PER_NODE": "2"}
+    derived, slurm = node_arguments(_args("-n", "1", "--nnodes", "1:3"), env)
+    assert slurm is not None and (derived.min_nodes, derived.nnodes, derived.node_rank) == (1, 3, 1)
+    assert derived.master == "127.0.0.1:21234"
+    with pytest.raises(LaunchError, match=r"--nnodes 1:1 in a Slurm job step of 2 tasks; expected MAX >= the step's "
+                                          r"tasks, one launcher a node, e\.g\. --nnodes 1:2"):
+        node_arguments(_args("-n", "1", "--nnodes", "1:1"), env)
+
+
 def test_a_worker_the_launcher_started_inside_a_step_uses_the_launchers_tf_config_not_the_step():
     """``srun -n 2 tfstrategy launch -n 2``: worker 3 of 4 runs in task 1 of the 2-task step, whose variables it inherits."""
     workers = [f"127.0.0.{i // 2 + 1}:{41000 + i}" for i in range(4)]
@@ -261,3 +274,72 @@ def test_srun_launch_diagnoses_uneven_shards_on_node_0_and_in_the_log_dir(cluste
                               .read_text()).group(1))
     print(f"\nsrun -n 2 tfstrategy launch -n 1: {headline.search(err).group(0)} "
           f"({diagnosed - planted:.1f} s after worker 1's last batch)")
+
+
+@pytest.mark.multiprocess
+def test_srun_launch_elastic_loses_a_task_goes_on_and_takes_a_new_step_back(cluster, tmp_path):
+    """``srun -n 2 tfstrategy launch --nnodes 1:2``: task 1's launcher is SIGKILLed at step 10 (a node lost: task 0
+    goes on alone from step 10), then a new step of the same job (``srun --jobid``) joins as node 1; the job ends
+    with one device's weights."""
+    from test_elastic_job import GUARD, TOLERANCE, WORKER, _one_device_weights
+
+    from slurm_cluster import _processes_with_env
+    from tfstrategy.launch.elastic import newest_committed_step
+
+    backup, out = tmp_path / "backup", tmp_path / "out"
+    out.mkdir()
+    backup.mkdir(mode=0o700)
+    (out / "gate").write_text("10")
+    secret = secrets.token_hex(16)
+    variables = f"ALL,TF_CPP_MIN_LOG_LEVEL=2,PYTHONPATH={ROOT / 'src'},{ENV_LAUNCH_SECRET}={secret}"
+    job = ["-n", "1", "--backup-dir", str(backup), "--timeout", "120", "--grace", "60", "--", sys.executable,
+           str(WORKER), "--out", str(out)]
+
+    def srun(tasks: int, *launch: str, step_of: str | None = None) -> tuple[subprocess.Popen, list[str]]:
+        within = [] if step_of is None else ["--jobid", step_of, "--overlap"]  # a new step of that job's allocation
+        process = subprocess.Popen(
+            [cluster._programs["srun"], *within, "-n", str(tasks), f"--export={variables}", sys.executable, "-m", "tfstrategy",
+             "launch", *launch, *job], env=cluster.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True)
+        lines: list[str] = []
+        threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in process.stderr), daemon=True).start()
+        return process, lines
+
+    def wait(done, what: str) -> None:
+        deadline = time.monotonic() + GUARD
+        while not done():
+            assert time.monotonic() < deadline, f"gave up waiting for {what}:\n" + "\n".join(lines[-30:])
+            time.sleep(0.1)
+
+    step, lines = srun(2, "--nnodes", "1:2", "--rendezvous-wait", "60")
+    rejoined = None
+    try:
+        wait(lambda: newest_committed_step(backup) == 10, "step 10 committed by both tasks")
+        job_id, master = re.search(r"Slurm job (\d+) step \d+: .* rendezvous on (127\.0\.0\.1:\d+)",
+                                   "\n".join(lines)).groups()
+        task_1 = [pid for pid in _processes_with_env("SLURM_PROCID", "1")
+                  if b"tfstrategy\0launch" in open(f"/proc/{pid}/cmdline", "rb").read()
+                  and str(out).encode() in open(f"/proc/{pid}/cmdline", "rb").read()]
+        assert len(task_1) == 1, task_1
+        os.kill(task_1[0], signal.SIGKILL)
+        wait(lambda: any("node 1 lost: going on with 1 node (1 worker) from step 10" in line for line in lines),
+             "task 0 to go on alone")
+        (out / "gate").write_text("20")
+        wait(lambda: newest_committed_step(backup) == 20, "step 20 committed by task 0 alone")
+        rejoined, back = srun(1, "--nnodes", "1:2", "--node-rank", "1", "--master", master, step_of=job_id)
+        wait(lambda: any("node 1 joined: going on with 2 nodes (2 workers)" in line for line in lines), "node 1 back")
+        (out / "gate").unlink()
+        assert rejoined.wait(GUARD) == 0, "\n".join(back[-30:])
+        step.wait(GUARD)
+    finally:
+        for process in (step, rejoined):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(30)
+    assert any("this node's 1 worker exited 0" in line for line in lines), "\n".join(lines[-30:])
+    reference = _one_device_weights()
+    for index in (0, 1):
+        final = json.loads((out / f"worker-{index}.json").read_text())
+        assert (final["workers"], final["steps"]) == (2, 50)
+        worst = max(float(abs(np.asarray(w) - r).max()) for w, r in zip(final["weights"], reference))
+        assert worst <= TOLERANCE, f"weights differ from one device's by {worst:.2e}"

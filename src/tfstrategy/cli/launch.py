@@ -325,12 +325,20 @@ def node_arguments(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[ar
     """
     from tfstrategy.launch.slurm import slurm_nodes
 
-    explicit = any(value is not None for value in (args.nnodes, args.node_rank, args.master))
+    # --nnodes MIN:MAX alone makes a step's launchers elastic: the rank and the master still come from the step.
+    elastic = getattr(args, "min_nodes", None) is not None
+    explicit = (any(value is not None for value in (args.node_rank, args.master))
+                or (args.nnodes is not None and not elastic))
     slurm = slurm_nodes(env, explicit=explicit, secret_file=args.secret_file is not None)
     if slurm is None:
         return argparse.Namespace(**{**vars(args), "nnodes": 1 if args.nnodes is None else args.nnodes}), None
-    return argparse.Namespace(**{**vars(args), "nnodes": slurm.nnodes, "node_rank": slurm.node_rank,
-                                 "master": slurm.master, "node_address": args.node_address or slurm.node_address}), slurm
+    if elastic and args.nnodes < slurm.nnodes:
+        raise LaunchError(f"Received --nnodes {args.min_nodes}:{args.nnodes} in a Slurm job step of {slurm.nnodes} "
+                          f"tasks; expected MAX >= the step's tasks, one launcher a node, e.g. --nnodes "
+                          f"{min(args.min_nodes, slurm.nnodes)}:{slurm.nnodes}.")
+    return argparse.Namespace(**{**vars(args), "nnodes": args.nnodes if elastic else slurm.nnodes,
+                                 "node_rank": slurm.node_rank, "master": slurm.master,
+                                 "node_address": args.node_address or slurm.node_address}), slurm
 
 
 def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> NodeOptions | None:
