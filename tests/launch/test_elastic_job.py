@@ -1,8 +1,8 @@
 """An elastic job end to end: `tfstrategy launch --nnodes 1:3`, three "machines" on loopback addresses.
 
 Node r's launcher runs one worker reached at 127.0.0.<r+2>; the backup directory is shared, as it would
-be on NFS. The job loses node 2 (its launcher SIGKILLed), then node 1, goes on alone, takes both back
-one after the other, and ends with the weights of one device trained on the same global batches. The
+be on NFS. The job loses node 2 (its launcher SIGKILLed), then node 1 leaves (SIGTERM: a scale-down, a preempted
+machine), goes on alone, takes both back one after the other, and ends with the weights of one device trained on the same global batches. The
 workers wait at a gate step (tests/workers/elastic_worker.py) until the test has seen what it waits for
 (a committed step, a re-formation line), so every kill lands at a known step whatever the machine's
 speed. The rendezvous's rules are tested without processes in test_elastic_rendezvous.py.
@@ -107,7 +107,7 @@ def _one_device_weights() -> list[np.ndarray]:
     return model.get_weights()
 
 
-def test_a_1_to_3_node_job_loses_two_nodes_takes_both_back_and_ends_with_one_devices_weights(tmp_path):
+def test_a_1_to_3_node_job_loses_a_node_another_leaves_both_come_back_and_it_ends_with_one_devices_weights(tmp_path):
     backup, out, logs = tmp_path / "backup", tmp_path / "out", tmp_path / "logs"
     out.mkdir()
     backup.mkdir(mode=0o700)
@@ -126,9 +126,12 @@ def test_a_1_to_3_node_job_loses_two_nodes_takes_both_back_and_ends_with_one_dev
         gate.write_text("20")
         _wait(lambda: newest_committed_step(backup) == 20, "step 20 committed by 2 workers", every)
 
-        nodes[1].kill()
-        _wait(lambda: nodes[0].said("node 1 lost: going on with 1 node \\(1 worker\\) from step 20"),
+        leaving = nodes[1]
+        leaving.process.send_signal(signal.SIGTERM)  # a scale-down or a preempted machine: it leaves the job
+        _wait(lambda: nodes[0].said("node 1 left: going on with 1 node \\(1 worker\\) from step 20"),
               "node 0 to go on alone", every)
+        assert leaving.finish() == 75 and leaving.survivors == [], "\n".join(leaving.lines[-20:])
+        assert leaving.said("received SIGTERM: this node left the job, which goes on without it"), leaving.lines[-8:]
         gate.write_text("30")
         _wait(lambda: newest_committed_step(backup) == 30, "step 30 committed by node 0 alone", every)
 
@@ -156,8 +159,8 @@ def test_a_1_to_3_node_job_loses_two_nodes_takes_both_back_and_ends_with_one_dev
         worst = max(float(np.max(np.abs(np.asarray(w) - r))) for w, r in zip(final["weights"], reference))
         assert worst <= TOLERANCE, f"weights differ from one device's by {worst:.2e}"
     records = [json.loads(line) for line in (logs / "node-0" / "reformations.jsonl").read_text().splitlines()]
-    assert [(r["lost"], r["joined"], r["nodes"], r["step"]) for r in records][:2] == [([2], [], [0, 1], 10),
-                                                                                       ([1], [], [0], 20)]
+    assert [(r["lost"], r["joined"], r["nodes"], r["step"], r["graceful"]) for r in records][:2] == [
+        ([2], [], [0, 1], 10, False), ([1], [], [0], 20, True)]
     assert [r["joined"] for r in records[2:]] == [[1], [2]] and records[-1]["nodes"] == [0, 1, 2]
     print("\n".join(nodes[0].lines))
 

@@ -217,3 +217,25 @@ def test_the_newest_committed_step_is_read_from_every_workers_record(tmp_path):
     (tmp_path / "worker-2").mkdir()
     (tmp_path / "worker-2" / commit.RECORD_NAME).write_text(json.dumps({"format": 1}))  # unreadable: skipped
     assert newest_committed_step(tmp_path) == 50 and newest_committed_step(None) is None
+
+
+def test_a_node_that_leaves_re_forms_the_others_gracefully_and_no_round_waits_for_it(job_of):
+    job = job_of(1, 3)
+    job.connect(0, 1, 2)
+    assert _clusters(job.form(0, 0, 1, 2)) == [0, 1, 2]
+    answer = job.clients[2].request_leave(15, timeout=30)  # still connected while its workers stop
+    assert answer is not None and answer.kind is EventKind.REFORM
+    for rank in (0, 1):
+        reform = job.heard(rank, EventKind.REFORM)
+        assert (reform.data["lost"], reform.data["nodes"], reform.data["graceful"]) == ([2], [0, 1], True)
+    assert _clusters(job.form(1, 0, 1)) == [0, 1]
+
+
+@pytest.mark.parametrize(("fewest", "leaver"), [pytest.param(2, 1, id="below-min"), pytest.param(1, 0, id="node-0")])
+def test_a_leave_the_others_cannot_go_on_without_stops_the_job(job_of, fewest, leaver):
+    job = job_of(fewest, 3)
+    job.connect(0, 1)
+    assert _clusters(job.form(0, 0, 1)) == [0, 1]
+    answer = job.clients[leaver].request_leave(15, timeout=30)
+    assert answer is not None and answer.kind is EventKind.STOP and answer.data["signal"] == 15
+    assert job.heard(1 - leaver, EventKind.STOP).data["node"] == leaver

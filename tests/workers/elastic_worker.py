@@ -4,7 +4,8 @@ fit_worker.py's model, on 240 examples in global batches of 24 (10 steps an epoc
 workers split every batch evenly; ``preemption_callbacks(save_freq=5)`` (a committed step every 5, and a
 stop at one agreed step on SIGTERM). The test moves the job on by a gate: while ``<out>/gate`` holds a
 step S, every worker waits after reaching step S (after that step's backup), until the gate moves or the
-worker gets SIGTERM. Each worker of the group that finishes writes ``<out>/worker-<i>.json``.
+worker gets SIGTERM. Each worker of the group that finishes writes ``<out>/worker-<i>.json``; each start's
+first step appends a line to ``<out>/starts.jsonl`` (when, which worker of how many, the step).
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ def gate_callback(out: Path):
         def on_train_batch_end(self, batch, logs=None):
             step = int(self.model.optimizer.iterations.numpy())
             print(f"step {step}", flush=True)
+            if not getattr(self, "stamped", False):  # this start's first step, for benchmarks/elastic.py
+                self.stamped = True
+                record = {"time": time.time(), "index": int(os.environ.get("TFSTRATEGY_WORKER_INDEX", "0")),
+                          "workers": int(os.environ.get("TFSTRATEGY_NUM_WORKERS", "1")), "step": step}
+                with open(out / "starts.jsonl", "a") as starts:
+                    starts.write(json.dumps(record) + "\n")
             while not self.sigterm:
                 try:
                     gate = int((out / "gate").read_text())

@@ -108,6 +108,9 @@ class Coordinator(Protocol):
     def stop(self, signum: int) -> None:
         """This launcher received ``signum``: tell every machine."""
 
+    def leave(self, signum: int) -> bool:
+        """This launcher received ``signum`` in an elastic job: whether the others go on without this machine."""
+
     def close(self, grace: float) -> None:
         """Leave the job."""
 
@@ -157,6 +160,9 @@ class LocalCoordinator:
 
     def stop(self, signum: int) -> None:
         pass
+
+    def leave(self, signum: int) -> bool:
+        return False
 
     def close(self, grace: float) -> None:
         pass

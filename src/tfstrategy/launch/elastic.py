@@ -49,8 +49,8 @@ def _workers(count: int) -> str:
 def reformation_line(reform: Reformation, workers_per_node: int, step: int | None) -> str:
     """The one line a re-formation gets, e.g. ``node 2 lost: going on with 2 nodes (4 workers) from step 1,200``."""
     parts = []
-    if reform.lost:
-        parts.append(f"{_nodes(reform.lost)} lost")
+    if reform.lost:  # a node that asked to leave is lost at a step the workers agreed on
+        parts.append(f"{_nodes(reform.lost)} {'left' if reform.graceful else 'lost'}")
     if reform.joined:
         parts.append(f"{_nodes(reform.joined)} joined")
     count = len(reform.nodes)

@@ -121,6 +121,13 @@ class RendezvousCoordinator:
     def stop(self, signum: int) -> None:
         self._client.request_stop(signum)
 
+    def leave(self, signum: int) -> bool:
+        """Leave an elastic job (``--nnodes MIN:MAX``, not node 0): whether the others re-form without this node."""
+        if not self.node.elastic or self._rank == 0:
+            return False
+        answer = self._client.request_leave(signum, timeout=30.0)
+        return answer is not None and answer.kind is EventKind.REFORM
+
     def close(self, grace: float) -> None:
         """Leave the job; node 0 first lets the other nodes hear its last word and leave."""
         if self._server is not None:

@@ -404,6 +404,8 @@ class Launcher:
         """Stop for a signal (ours or another node's) or an event that ends the job; the launcher's result."""
         signum = self._signal
         coordinator = self._coordinator
+        if signum == signal.SIGTERM and coordinator is not None and coordinator.leave(signum):
+            return self._leave(result)
         if signum is not None and coordinator is not None:
             coordinator.stop(signum)
         elif signum is None and event is not None and event.outcome is Outcome.INTERRUPTED and event.signum is not None:
@@ -431,6 +433,16 @@ class Launcher:
             self._say(f"every worker exited with status {EXIT_PREEMPTED} (preempted, saved); so does the launcher")
             return result.end(Outcome.PREEMPTED)
         return result.end(Outcome.INTERRUPTED, signum)
+
+    def _leave(self, result: RunResult) -> RunResult:
+        """SIGTERM in an elastic job: the others re-form without this node; its workers stop at the step they agree on."""
+        stopping = self._clock()
+        self._console.stopping()
+        codes = self._stop(grace=self.options.grace, signum=signal.SIGTERM)
+        self._say(f"received SIGTERM: this node left the job, which goes on without it; its workers stopped "
+                  f"{self._clock() - stopping:.1f} s later (exit status {', '.join(map(str, codes)) or 'none'}); "
+                  f"exit status {EXIT_PREEMPTED}: start it again to take it back")
+        return result.end(Outcome.PREEMPTED)
 
     def _report_lost_output(self) -> None:
         lost = next((worker.output_lost() for worker in self._workers if worker.output_lost() is not None), None)

@@ -44,6 +44,7 @@ from tfstrategy.launch.rendezvous.wire import (
     Failed,
     Heartbeat,
     Join,
+    Leave,
     LineReader,
     Message,
     ProtocolError,
@@ -248,7 +249,7 @@ class RendezvousClient:
             time.sleep(every)
             channel.send(Heartbeat())
 
-    def _send(self, message: Join | Failed | Done | Stop | Views) -> None:
+    def _send(self, message: Join | Failed | Done | Stop | Leave | Views) -> None:
         if self._channel is not None:
             self._channel.send(message)
 
@@ -265,9 +266,10 @@ class RendezvousClient:
                 continue  # a re-formation this node already joined
             return event
 
-    def _wait(self, kinds: tuple[EventKind, ...], timeout: float | None = None) -> JobEvent | None:
+    def _wait(self, kinds: tuple[EventKind, ...], timeout: float | None = None, *,
+              interruptible: bool = True) -> JobEvent | None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.interrupted():
+        while not (interruptible and self.interrupted()):
             event = self.poll()
             if event is not None and event.kind in kinds:
                 return event
@@ -298,6 +300,13 @@ class RendezvousClient:
         """Tell node 0 this node's workers all exited 0; waits for every node's (or a failure, stop, loss)."""
         self._send(Done(round=round_))
         return self._wait((EventKind.FINISHED, EventKind.REFORM, EventKind.FAILED, EventKind.STOP, EventKind.LOST))
+
+    def request_leave(self, signum: int, timeout: float) -> JobEvent | None:
+        """Ask node 0 to re-form the others without this node (an elastic job); its answer: the ``REFORM`` every node
+        hears, or ``STOP`` when the others cannot go on without it."""
+        self._send(Leave(signal=signum))
+        return self._wait((EventKind.REFORM, EventKind.STOP, EventKind.FAILED, EventKind.LOST), timeout=timeout,
+                          interruptible=False)  # this launcher's own signal is what it answers
 
     def request_stop(self, signum: int) -> None:
         """Ask node 0 to stop the whole job (this launcher received ``signum``)."""

@@ -56,6 +56,7 @@ from tfstrategy.launch.rendezvous.wire import (
     Finished,
     Heartbeat,
     Join,
+    Leave,
     LineReader,
     Message,
     ProtocolError,
@@ -142,6 +143,8 @@ class RendezvousServer:
         self.restarts = 0
         #: The ranks of the nodes in the running round (every node but in an elastic job).
         self.members: list[int] = []
+        #: Nodes that asked to leave (``Leave``) and are still connected: no round waits for them.
+        self._leaving: set[int] = set()
         self._round_started = time.monotonic()
         self._joins: dict[int, tuple[str, list[int]]] = {}
         self._done: set[int] = set()
@@ -351,6 +354,7 @@ class RendezvousServer:
             if self._peers.get(rank) is not peer:
                 return
             del self._peers[rank]
+            self._leaving.discard(rank)
             state = self.state
             if closed.broken and state is not JobState.ENDED:
                 self.state = JobState.ENDED
@@ -404,10 +408,23 @@ class RendezvousServer:
                 if self._done >= set(self.members):
                     self.state = JobState.ENDED
                     self._broadcast(Finished(round=self.round))
-            elif isinstance(message, Stop) and self.state is not JobState.ENDED:
+            elif isinstance(message, Leave) and self.state is not JobState.ENDED and self._may_leave_locked(rank):
+                self._leaving.add(rank)
+                self._joins.pop(rank, None)
+                if self.state is JobState.RUNNING and rank in self.members:
+                    self._reform_locked(lost=[rank], joined=[], graceful=True,
+                                        reason=f"node {rank} leaves (it received signal {message.signal})")
+                else:
+                    self._form_if_ready_locked(time.monotonic())
+            elif isinstance(message, (Stop, Leave)) and self.state is not JobState.ENDED:
                 self.state = JobState.ENDED
                 self._broadcast(Stopped(node=rank, signal=message.signal))
             # Anything else is a message of an earlier round or state that crossed ours: nothing to do.
+
+    def _may_leave_locked(self, rank: int) -> bool:
+        """Whether node ``rank`` may leave an elastic job and the others go on (else its leave stops the job)."""
+        staying = set(self._peers) - self._leaving - {rank}
+        return self.node.elastic and rank != 0 and len(staying) >= self.node.fewest
 
     def _form_if_ready_locked(self, now: float, *, late: bool = False) -> None:
         """Form the round once every node joined; in an elastic job, once at least MIN did and no node present is
@@ -417,7 +434,7 @@ class RendezvousServer:
             return
         ready = len(joined) == node.nnodes or (
             node.elastic and len(joined) >= node.fewest
-            and (late or (joined >= set(self._peers)
+            and (late or (joined >= set(self._peers) - self._leaving
                           and (self.round > 0 or now - self._round_started >= node.rendezvous_wait))))
         if not ready:
             return
@@ -430,7 +447,7 @@ class RendezvousServer:
     def _reform_locked(self, *, lost: list[int], joined: list[int], graceful: bool, reason: str) -> None:
         """Elastic: end the running round and form the next with the nodes present (not a restart of the job)."""
         self._new_round_locked()
-        present = sorted(set(self._peers) | set(joined))
+        present = sorted((set(self._peers) | set(joined)) - set(lost) - self._leaving)
         self._broadcast(Reform(round=self.round, lost=lost, joined=joined, nodes=present, graceful=graceful,
                                reason=reason[:2000]))
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = [
-    "PROTOCOL", "ProtocolError", "LineReader", "Join", "Failed", "Done", "Stop", "Abort", "Heartbeat", "Views", "Cluster", "Reform", "RoundFailed", "Stopped", "Timeout",
+    "PROTOCOL", "ProtocolError", "LineReader", "Join", "Failed", "Done", "Stop", "Leave", "Abort", "Heartbeat", "Views", "Cluster", "Reform", "RoundFailed", "Stopped", "Timeout",
     "Finished", "Closing", "Message", "parse_message", "OUTCOMES",
 ]
 
@@ -191,6 +191,15 @@ class Stop(Message):
 
 
 @dataclass(frozen=True)
+class Leave(Message):
+    """node -> node 0 (``--nnodes MIN:MAX``): this launcher received ``signal`` (a scale-down, a preempted machine):
+    re-form the others without it, at a step the workers agree on."""
+
+    kind: ClassVar[str] = "leave"
+    signal: int
+
+
+@dataclass(frozen=True)
 class Abort(Message):
     """node -> node 0: this node's end of the connection broke the protocol (why); end the job."""
 
@@ -293,7 +302,7 @@ class Closing(Message):
     reason: str
 
 
-TO_SERVER: dict[str, type[Message]] = {m.kind: m for m in (Join, Failed, Done, Stop, Abort, Heartbeat, Views)}
+TO_SERVER: dict[str, type[Message]] = {m.kind: m for m in (Join, Failed, Done, Stop, Leave, Abort, Heartbeat, Views)}
 TO_CLIENT: dict[str, type[Message]] = {m.kind: m for m in (Cluster, Reform, RoundFailed, Stopped, Timeout, Finished,
                                                            Closing, Heartbeat)}
 
