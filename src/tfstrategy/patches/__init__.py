@@ -16,7 +16,8 @@ its share of an uneven batch) and :mod:`~tfstrategy.patches.keras_lazy_optimizer
 no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_legacy_optimizers`
 (``tf.keras.optimizers.legacy.SGD``/``Adam`` as Keras 3's) and
 :mod:`~tfstrategy.patches.keras_compile_scope` (``compile()`` outside the scope runs in the model's) and
-:mod:`~tfstrategy.patches.keras_jit_compile` (``jit_compile=True`` on 2+ local replicas: XLA off, in one line).
+:mod:`~tfstrategy.patches.keras_jit_compile` (``jit_compile=True`` on 2+ local replicas: XLA off, in one line) and
+:mod:`~tfstrategy.patches.keras_predict_on_batch` (``predict_on_batch`` split over the replicas).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one, and every other replacement of upstream
 code installed in this process (the start-up hook's rewrites, instance overrides:
@@ -36,6 +37,7 @@ Example:
     keras_legacy_optimizers: installed (keras.SGD, ...); keras 3.15.1
     keras_compile_scope: installed (Trainer.compile); keras 3.15.1; probes when a model first needs it
     keras_jit_compile: installed (Trainer.jit_compile); keras 3.15.1; probes when a model first needs it
+    keras_predict_on_batch: installed (backend.tensorflow.trainer.TensorFlowTrainer.predict_on_batch); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from tfstrategy.patches import (
     keras_loss_scale,
     keras_loss_scale_api,
     keras_mwms,
+    keras_predict_on_batch,
     keras_steps_per_execution,
     keras_uneven_batches,
 )
@@ -69,6 +72,7 @@ PATCHES: dict[str, Patch] = {
     keras_legacy_optimizers.PATCH.name: keras_legacy_optimizers.PATCH,
     keras_compile_scope.PATCH.name: keras_compile_scope.PATCH,
     keras_jit_compile.PATCH.name: keras_jit_compile.PATCH,
+    keras_predict_on_batch.PATCH.name: keras_predict_on_batch.PATCH,
 }
 
 
