@@ -152,11 +152,6 @@ _CLIPPED = ("clips each replica's gradient of its half batch before the all-redu
 #: cell ids; ``hook:`` + a cell id for the group run under ``tfstrategy run``. Measured values read
 #: "2 replicas vs one device".
 KNOWN: dict[str, Known] = {
-    "entry:custom_train_step": Known(
-        wrong="`compute_loss` returns the loss already divided by the replica count (scaled for the "
-              "all-reduce's gradient sum); the guide's `Mean` tracker reports that: loss halved in History and "
-              "`evaluate`. Weights and `mae` are right",
-        measured="loss 3.848 vs 7.696 (epoch 1), evaluate loss 0.3297 vs 0.6593: exactly x0.5"),
     "optimizers:clipnorm": Known(wrong=_CLIPPED, measured="epoch-2 loss 11.59 vs 11.90 (0.31); weights up to 0.036"),
     "optimizers:global_clipnorm": Known(wrong=_CLIPPED, measured="epoch-2 loss 11.85 vs 12.06 (0.21); weights up to 0.025"),
     "optimizers:clipvalue": Known(wrong=_CLIPPED, measured="epoch-2 loss 11.19 vs 11.63 (0.44); weights up to 0.040"),
@@ -165,7 +160,6 @@ KNOWN: dict[str, Known] = {
               "(the all-reduce sits inside the accumulate-or-apply `ops.cond`)",
         measured="no result (raises)", raises=RuntimeError),
 }
-KNOWN["hook:entry:custom_train_step"] = KNOWN["entry:custom_train_step"]
 
 
 def cell(cell_id: str) -> Cell:
@@ -333,6 +327,9 @@ def _outcome(cell_id: str) -> tuple[str, str]:
 FIXED: dict[str, str] = {
     "entry:predict_on_batch": "`keras_predict_on_batch` (no public report found; plain Keras: 32 rows for a batch of "
                               "16, rows 16-31 repeat rows 0-15)",
+    "entry:custom_train_step": "`keras_compute_loss` (keras-team/keras#16285; plain Keras: loss 3.848 vs 7.696 in "
+                               "epoch 1, evaluate loss 0.3297 vs 0.6593, exactly x0.5: `compute_loss` returns the loss "
+                               "divided by the replica count)",
 }
 
 
@@ -345,6 +342,7 @@ MEASURED_EQUAL: dict[str, str] = {
     "entry:train_on_batch": "0",
     "entry:test_on_batch": "0",
     "entry:predict_on_batch": "0",
+    "entry:custom_train_step": "4.8e-7 (epoch-1 loss 7.696)",
     "entry:custom_loop": "9.5e-7 (step-1 loss 15.85)",
     "inputs:numpy_uneven_2": "7.2e-7 (a prediction, -2.944)",
     "inputs:numpy_uneven_1": "1.9e-6 (epoch-1 loss 9.465)",
@@ -359,6 +357,7 @@ MEASURED_EQUAL: dict[str, str] = {
     "optimizers:lr_schedule": "9.5e-7 (epoch-1 loss 8.006)",
     "hook:entry:fit": "4.8e-7 (epoch-1 loss 7.696)",
     "hook:entry:predict": "0",
+    "hook:entry:custom_train_step": "4.8e-7 (epoch-1 loss 7.696)",
     "hook:entry:custom_loop": "9.5e-7 (step-1 loss 15.85)",
     "hook:inputs:numpy_uneven_1": "1.9e-6 (epoch-1 loss 9.465)",
 }

@@ -17,7 +17,8 @@ no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_
 (``tf.keras.optimizers.legacy.SGD``/``Adam`` as Keras 3's) and
 :mod:`~tfstrategy.patches.keras_compile_scope` (``compile()`` outside the scope runs in the model's) and
 :mod:`~tfstrategy.patches.keras_jit_compile` (``jit_compile=True`` on 2+ local replicas: XLA off, in one line) and
-:mod:`~tfstrategy.patches.keras_predict_on_batch` (``predict_on_batch`` split over the replicas).
+:mod:`~tfstrategy.patches.keras_predict_on_batch` (``predict_on_batch`` split over the replicas) and
+:mod:`~tfstrategy.patches.keras_compute_loss` (a custom step's ``compute_loss`` reports one device's loss, keras-team/keras#16285).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one, and every other replacement of upstream
 code installed in this process (the start-up hook's rewrites, instance overrides:
@@ -38,6 +39,7 @@ Example:
     keras_compile_scope: installed (Trainer.compile); keras 3.15.1; probes when a model first needs it
     keras_jit_compile: installed (Trainer.jit_compile); keras 3.15.1; probes when a model first needs it
     keras_predict_on_batch: installed (backend.tensorflow.trainer.TensorFlowTrainer.predict_on_batch); keras 3.15.1; probes when a model first needs it
+    keras_compute_loss: installed (trainers.trainer.Trainer.compute_loss, ...); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from __future__ import annotations
 from tfstrategy.patches import (
     keras_chief_files,
     keras_compile_scope,
+    keras_compute_loss,
     keras_end_of_data,
     keras_jit_compile,
     keras_lazy_optimizer,
@@ -73,6 +76,7 @@ PATCHES: dict[str, Patch] = {
     keras_compile_scope.PATCH.name: keras_compile_scope.PATCH,
     keras_jit_compile.PATCH.name: keras_jit_compile.PATCH,
     keras_predict_on_batch.PATCH.name: keras_predict_on_batch.PATCH,
+    keras_compute_loss.PATCH.name: keras_compute_loss.PATCH,
 }
 
 
