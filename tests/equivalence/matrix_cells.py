@@ -144,17 +144,10 @@ class Known:
     raises: type[BaseException] = AssertionError
 
 
-_CLIPPED = ("clips each replica's gradient of its half batch before the all-reduce sums them (Keras' "
-            "`BaseOptimizer._backend_apply_gradients` clips; `_backend_update_step` all-reduces later), so the "
-            "step is not the clipped global gradient")
-
 #: Cells that differ on 2 replicas (TF 2.21.0, Keras 3.15.1, tfstrategy's patches applied). Keys are
 #: cell ids; ``hook:`` + a cell id for the group run under ``tfstrategy run``. Measured values read
 #: "2 replicas vs one device".
 KNOWN: dict[str, Known] = {
-    "optimizers:clipnorm": Known(wrong=_CLIPPED, measured="epoch-2 loss 11.59 vs 11.90 (0.31); weights up to 0.036"),
-    "optimizers:global_clipnorm": Known(wrong=_CLIPPED, measured="epoch-2 loss 11.85 vs 12.06 (0.21); weights up to 0.025"),
-    "optimizers:clipvalue": Known(wrong=_CLIPPED, measured="epoch-2 loss 11.19 vs 11.63 (0.44); weights up to 0.040"),
     "optimizers:gradient_accumulation": Known(
         wrong="`fit` raises at its first step: RuntimeError, \"`merge_call` called while defining a new graph\" "
               "(the all-reduce sits inside the accumulate-or-apply `ops.cond`)",
@@ -322,6 +315,9 @@ def _outcome(cell_id: str) -> tuple[str, str]:
     return ("equal" if fixed is None else f"equal, fixed by tfstrategy: {fixed}"), MEASURED_EQUAL.get(cell_id, "-")
 
 
+_CLIPPED = ("`keras_clipping` (tensorflow/tensorflow#33929; plain Keras clips each replica's part of the gradient "
+            "before the all-reduce sums them, so the step is not the clipped global gradient")
+
 #: Cells plain Keras gets wrong on 2 replicas and tfstrategy's patches make equal: the patch, the public issue
 #: (if any), and plain Keras' difference. The hook's row of a cell shares its entry.
 FIXED: dict[str, str] = {
@@ -330,6 +326,12 @@ FIXED: dict[str, str] = {
     "entry:custom_train_step": "`keras_compute_loss` (keras-team/keras#16285; plain Keras: loss 3.848 vs 7.696 in "
                                "epoch 1, evaluate loss 0.3297 vs 0.6593, exactly x0.5: `compute_loss` returns the loss "
                                "divided by the replica count)",
+    "optimizers:clipnorm": f"{_CLIPPED}: epoch-2 loss 11.59 vs "
+                           "11.90, weights up to 0.036 away)",
+    "optimizers:global_clipnorm": f"{_CLIPPED}: epoch-2 loss "
+                                  "11.85 vs 12.06, weights up to 0.025 away)",
+    "optimizers:clipvalue": f"{_CLIPPED}: epoch-2 loss 11.19 "
+                            "vs 11.63, weights up to 0.040 away)",
 }
 
 
@@ -352,6 +354,9 @@ MEASURED_EQUAL: dict[str, str] = {
     "inputs:class_weight": "1.2e-7 (epoch-1 loss 1.615)",
     "inputs:validation_data": "4.8e-7 (epoch-1 loss 7.696)",
     "inputs:validation_split": "2.4e-7 (epoch-1 val_loss 2.270)",
+    "optimizers:clipnorm": "9.5e-7 (epoch-2 loss 11.90)",
+    "optimizers:global_clipnorm": "9.5e-7 (epoch-1 loss 12.33)",
+    "optimizers:clipvalue": "9.5e-7 (epoch-1 loss 12.23)",
     "optimizers:use_ema": "4.8e-7 (epoch-1 loss 7.696)",
     "optimizers:weight_decay": "1.2e-7 (a weight)",
     "optimizers:lr_schedule": "9.5e-7 (epoch-1 loss 8.006)",

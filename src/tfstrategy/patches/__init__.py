@@ -18,7 +18,8 @@ no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_
 :mod:`~tfstrategy.patches.keras_compile_scope` (``compile()`` outside the scope runs in the model's) and
 :mod:`~tfstrategy.patches.keras_jit_compile` (``jit_compile=True`` on 2+ local replicas: XLA off, in one line) and
 :mod:`~tfstrategy.patches.keras_predict_on_batch` (``predict_on_batch`` split over the replicas) and
-:mod:`~tfstrategy.patches.keras_compute_loss` (a custom step's ``compute_loss`` reports one device's loss, keras-team/keras#16285).
+:mod:`~tfstrategy.patches.keras_compute_loss` (a custom step's ``compute_loss`` reports one device's loss, keras-team/keras#16285) and
+:mod:`~tfstrategy.patches.keras_clipping` (``clipnorm``/``global_clipnorm``/``clipvalue`` clip the summed gradient).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one, and every other replacement of upstream
 code installed in this process (the start-up hook's rewrites, instance overrides:
@@ -40,12 +41,14 @@ Example:
     keras_jit_compile: installed (Trainer.jit_compile); keras 3.15.1; probes when a model first needs it
     keras_predict_on_batch: installed (backend.tensorflow.trainer.TensorFlowTrainer.predict_on_batch); keras 3.15.1; probes when a model first needs it
     keras_compute_loss: installed (trainers.trainer.Trainer.compute_loss, ...); keras 3.15.1; probes when a model first needs it
+    keras_clipping: installed (optimizers.base_optimizer.BaseOptimizer._clip_gradients, ...); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
 
 from tfstrategy.patches import (
     keras_chief_files,
+    keras_clipping,
     keras_compile_scope,
     keras_compute_loss,
     keras_end_of_data,
@@ -77,6 +80,7 @@ PATCHES: dict[str, Patch] = {
     keras_jit_compile.PATCH.name: keras_jit_compile.PATCH,
     keras_predict_on_batch.PATCH.name: keras_predict_on_batch.PATCH,
     keras_compute_loss.PATCH.name: keras_compute_loss.PATCH,
+    keras_clipping.PATCH.name: keras_clipping.PATCH,
 }
 
 
