@@ -19,7 +19,8 @@ no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_
 :mod:`~tfstrategy.patches.keras_jit_compile` (``jit_compile=True`` on 2+ local replicas: XLA off, in one line) and
 :mod:`~tfstrategy.patches.keras_predict_on_batch` (``predict_on_batch`` split over the replicas) and
 :mod:`~tfstrategy.patches.keras_compute_loss` (a custom step's ``compute_loss`` reports one device's loss, keras-team/keras#16285) and
-:mod:`~tfstrategy.patches.keras_clipping` (``clipnorm``/``global_clipnorm``/``clipvalue`` clip the summed gradient).
+:mod:`~tfstrategy.patches.keras_clipping` (``clipnorm``/``global_clipnorm``/``clipvalue`` clip the summed gradient) and
+:mod:`~tfstrategy.patches.keras_gradient_accumulation` (``gradient_accumulation_steps`` on 2+ replicas, keras-team/keras#20582).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one, and every other replacement of upstream
 code installed in this process (the start-up hook's rewrites, instance overrides:
@@ -42,6 +43,7 @@ Example:
     keras_predict_on_batch: installed (backend.tensorflow.trainer.TensorFlowTrainer.predict_on_batch); keras 3.15.1; probes when a model first needs it
     keras_compute_loss: installed (trainers.trainer.Trainer.compute_loss, ...); keras 3.15.1; probes when a model first needs it
     keras_clipping: installed (optimizers.base_optimizer.BaseOptimizer._clip_gradients, ...); keras 3.15.1; probes when a model first needs it
+    keras_gradient_accumulation: installed (backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from tfstrategy.patches import (
     keras_compile_scope,
     keras_compute_loss,
     keras_end_of_data,
+    keras_gradient_accumulation,
     keras_jit_compile,
     keras_lazy_optimizer,
     keras_legacy_optimizers,
@@ -81,6 +84,7 @@ PATCHES: dict[str, Patch] = {
     keras_predict_on_batch.PATCH.name: keras_predict_on_batch.PATCH,
     keras_compute_loss.PATCH.name: keras_compute_loss.PATCH,
     keras_clipping.PATCH.name: keras_clipping.PATCH,
+    keras_gradient_accumulation.PATCH.name: keras_gradient_accumulation.PATCH,
 }
 
 
