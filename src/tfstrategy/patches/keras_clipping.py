@@ -33,11 +33,9 @@ import threading
 import weakref
 from typing import Any
 
-from tfstrategy import _compat
 from tfstrategy._tf import tf
-from tfstrategy.patches.keras_uneven_batches import probe_devices
-from tfstrategy.patches.mechanism import Patch, ProbeResult
-from tfstrategy.selection.strategies import mirrored_strategy
+from tfstrategy.patches.keras_training_api import TrainingApiPatch, probe_strategy
+from tfstrategy.patches.mechanism import ProbeResult
 
 CLIP = "optimizers.base_optimizer.BaseOptimizer._clip_gradients"
 ALL_REDUCE = "backend.tensorflow.optimizer.TFOptimizer._all_reduce_sum_gradients"
@@ -61,25 +59,20 @@ def _summed() -> set[int]:
     return ids
 
 
-class ClippingPatch(Patch):
+class ClippingPatch(TrainingApiPatch):
     """Clipping optimizers clip the gradient summed over the replicas, not each replica's part."""
 
     name = "keras_clipping"
     change_text = ("clipnorm/global_clipnorm/clipvalue clip the gradient summed over the replicas, as one device "
                    "clips the global batch's, not each replica's part (tensorflow#33929)")
     upstream = "tensorflow/tensorflow#33929: gradient clipping before the cross-replica sum"
-    verified_up_to = "3.15.1"
     targets = (CLIP, ALL_REDUCE)
-    probe_on_first_use = True
-
-    def target_module(self) -> Any:
-        return _compat.keras3_training_api_root()
 
     def run_probe(self, module: Any) -> ProbeResult:
         import keras
 
         tf_ = tf()
-        strategy = mirrored_strategy(probe_devices())  # keys of its own: see mirrored_strategy
+        strategy = probe_strategy()
         with strategy.scope():
             weights = {option: keras.Variable([0.0], name=f"probe_{option}") for option in OPTIONS}
             optimizers = {option: keras.optimizers.SGD(1.0, **{option: 1.0}) for option in OPTIONS}
@@ -87,15 +80,11 @@ class ClippingPatch(Patch):
                 _PROBING.add(optimizer)
                 optimizer.build([weights[option]])
 
-        @tf_.function
-        def step() -> None:
-            def replica() -> None:
-                for option, optimizer in optimizers.items():
-                    optimizer.apply([tf_.constant([2.0])], [weights[option]])
+        def replica() -> None:
+            for option, optimizer in optimizers.items():
+                optimizer.apply([tf_.constant([2.0])], [weights[option]])
 
-            strategy.run(replica)
-
-        step()
+        tf_.function(lambda: strategy.run(replica))()
         moved = {option: round(-float(weights[option].numpy()[0]), 4) for option in OPTIONS}
         if set(moved.values()) - {1.0, 2.0}:
             raise RuntimeError(f"the probe's steps were {moved}, expected 1.0 (clipped sum) or 2.0 (summed clips)")

@@ -38,15 +38,18 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
-from tfstrategy.patches.keras_uneven_batches import probe_devices
-from tfstrategy.patches.mechanism import Patch, ProbeResult
-from tfstrategy.selection.strategies import mirrored_strategy
+from tfstrategy.patches.keras_training_api import TrainingApiPatch, probe_strategy
+from tfstrategy.patches.mechanism import ProbeResult
 
 COMPUTE_LOSS = "trainers.trainer.Trainer.compute_loss"
 KERAS_STEPS_CALL = "trainers.trainer.Trainer._compute_loss"
 
 #: How deep this thread is in Keras' own ``_compute_loss`` (its steps' call, which unscales by itself).
 _KERAS_OWN = threading.local()
+
+
+def _inside_keras_steps() -> bool:
+    return bool(getattr(_KERAS_OWN, "depth", 0))
 
 
 def overrides_a_step(model: Any) -> bool:
@@ -66,34 +69,27 @@ def reported_loss(scaled: Any, replicas: int) -> Any:
     return tf_.stop_gradient(unscaled) + (scaled - tf_.stop_gradient(scaled))
 
 
-class ComputeLossPatch(Patch):
+class ComputeLossPatch(TrainingApiPatch):
     """A custom step's ``compute_loss`` reports the unscaled loss, with the same gradient."""
 
     name = "keras_compute_loss"
     change_text = ("a custom train_step/test_step's compute_loss reports the loss one device reports, not the loss "
                    "divided by the replica count (keras#16285); its gradients are unchanged")
     upstream = "keras-team/keras#16285: custom train_step on x replicas reports the loss / x"
-    verified_up_to = "3.15.1"
     targets = (COMPUTE_LOSS, KERAS_STEPS_CALL)
-    probe_on_first_use = True
-
-    def target_module(self) -> Any:
-        return _compat.keras3_training_api_root()
 
     def run_probe(self, module: Any) -> ProbeResult:
         import keras
 
         tf_ = tf()
-        strategy = mirrored_strategy(probe_devices())  # keys of its own: see mirrored_strategy
+        strategy = probe_strategy()
         with strategy.scope():
             model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
             model.compile(optimizer="sgd", loss="mse")
         compute_loss = self.original(COMPUTE_LOSS)
 
-        @tf_.function
-        def losses() -> Any:
-            return strategy.run(lambda: compute_loss(model, y=tf_.ones((1, 1)), y_pred=tf_.fill((1, 1), 3.0)))
-
+        losses = tf_.function(
+            lambda: strategy.run(lambda: compute_loss(model, y=tf_.ones((1, 1)), y_pred=tf_.fill((1, 1), 3.0))))
         values = {round(float(value), 4) for value in strategy.experimental_local_results(losses())}
         if values not in ({4.0}, {2.0}):
             raise RuntimeError(f"the probe's squared error of 4 was reported as {sorted(values)}, expected 4 or 2")
@@ -115,7 +111,7 @@ class ComputeLossPatch(Patch):
         def compute_loss(model: Any, *args: Any, **kwargs: Any) -> Any:
             loss = original(model, *args, **kwargs)
             context = tf().distribute.get_replica_context()
-            if (loss is None or getattr(_KERAS_OWN, "depth", 0) or context is None or context.num_replicas_in_sync < 2
+            if (loss is None or _inside_keras_steps() or context is None or context.num_replicas_in_sync < 2
                     or not overrides_a_step(model) or PATCH.needed() is not True):
                 return loss
             PATCH.acted()

@@ -38,12 +38,10 @@ import functools
 import weakref
 from typing import Any
 
-from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
-from tfstrategy.patches.keras_uneven_batches import probe_devices
-from tfstrategy.patches.mechanism import Patch, ProbeResult
-from tfstrategy.selection.strategies import mirrored_strategy
+from tfstrategy.patches.keras_training_api import TrainingApiPatch, probe_strategy
+from tfstrategy.patches.mechanism import ProbeResult
 
 TARGET = "backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients"
 
@@ -80,37 +78,28 @@ def _apply_accumulated(optimizer: Any, context: Any, grads: list[Any], variables
     context.merge_call(cross_replica, args=(list(grads),))
 
 
-class GradientAccumulationPatch(Patch):
+class GradientAccumulationPatch(TrainingApiPatch):
     """``gradient_accumulation_steps`` on 2+ replicas: the accumulate-or-apply choice made across replicas."""
 
     name = "keras_gradient_accumulation"
     change_text = ("gradient_accumulation_steps accumulates per replica and all-reduces at the applied step, "
                    "instead of failing on 2+ replicas (keras#20582)")
     upstream = "keras-team/keras#20582: gradient accumulation raises merge_call errors under a tf.distribute strategy"
-    verified_up_to = "3.15.1"
     targets = (TARGET,)
-    probe_on_first_use = True
-
-    def target_module(self) -> Any:
-        return _compat.keras3_training_api_root()
 
     def run_probe(self, module: Any) -> ProbeResult:
         import keras
 
         tf_ = tf()
-        strategy = mirrored_strategy(probe_devices())  # keys of its own: see mirrored_strategy
+        strategy = probe_strategy()
         with strategy.scope():
             weight = keras.Variable([0.0], name="probe_accumulated")
             optimizer = keras.optimizers.SGD(1.0, gradient_accumulation_steps=2)
             _PROBING.add(optimizer)
             optimizer.build([weight])
 
-        @tf_.function
-        def step() -> None:
-            strategy.run(lambda: optimizer.apply([tf_.constant([1.0])], [weight]))
-
         try:
-            step()
+            tf_.function(lambda: strategy.run(lambda: optimizer.apply([tf_.constant([1.0])], [weight])))()
         except RuntimeError as error:
             if "merge_call" not in str(error):
                 raise

@@ -29,9 +29,8 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
-from tfstrategy.patches.keras_uneven_batches import probe_devices
-from tfstrategy.patches.mechanism import Patch, ProbeResult
-from tfstrategy.selection.strategies import mirrored_strategy
+from tfstrategy.patches.keras_training_api import TrainingApiPatch, probe_strategy
+from tfstrategy.patches.mechanism import ProbeResult
 
 TARGET = "backend.tensorflow.trainer.TensorFlowTrainer.predict_on_batch"
 
@@ -71,24 +70,19 @@ def distributed_batch(strategy: Any, x: Any) -> Any:
     return strategy.experimental_distribute_values_from_function(part)
 
 
-class PredictOnBatchPatch(Patch):
+class PredictOnBatchPatch(TrainingApiPatch):
     """``predict_on_batch`` gives each replica its part of the batch, not the whole batch."""
 
     name = "keras_predict_on_batch"
     change_text = "predict_on_batch splits the batch over the replicas (one row per example, not one per replica)"
     upstream = "no public report found: Keras 3 predict_on_batch on 2+ replicas returns replicas x the rows"
-    verified_up_to = "3.15.1"
     targets = (TARGET,)
-    probe_on_first_use = True
-
-    def target_module(self) -> Any:
-        return _compat.keras3_training_api_root()
 
     def run_probe(self, module: Any) -> ProbeResult:
         import keras
         import numpy as np
 
-        strategy = mirrored_strategy(probe_devices())  # keys of its own: see mirrored_strategy
+        strategy = probe_strategy()
         with strategy.scope():
             model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
         rows = len(np.asarray(self.original(TARGET)(model, np.ones((2, 1), "float32"))))
