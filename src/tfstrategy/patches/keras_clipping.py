@@ -33,6 +33,7 @@ import threading
 import weakref
 from typing import Any
 
+from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.keras_training_api import TrainingApiPatch, probe_strategy
 from tfstrategy.patches.mechanism import ProbeResult
@@ -108,7 +109,7 @@ class ClippingPatch(TrainingApiPatch):
             tf_ = tf()
             context = tf_.distribute.get_replica_context()
             if (not clips(optimizer) or context is None or context.num_replicas_in_sync < 2 or optimizer in _PROBING
-                    or not hasattr(optimizer, "_all_reduce_sum_gradients") or PATCH.needed() is not True):
+                    or not _compat.sums_gradients_across_replicas(optimizer) or PATCH.needed() is not True):
                 return original(optimizer, grads)
             PATCH.acted()
             present = [grad for grad in grads if grad is not None]

@@ -38,6 +38,7 @@ import functools
 import weakref
 from typing import Any
 
+from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
 from tfstrategy.patches.keras_training_api import TrainingApiPatch, probe_strategy
@@ -53,18 +54,16 @@ def _apply_accumulated(optimizer: Any, context: Any, grads: list[Any], variables
     """Keras' accumulate-or-apply ``cond``, taken in the cross-replica context (see the module docstring)."""
     tf_ = tf()
     steps = optimizer.gradient_accumulation_steps
-    accumulators = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)] for v in variables]
+    accumulators = _compat.gradient_accumulators(optimizer, variables)
 
     def replica_apply(local: list[Any]) -> None:
-        mean = [(grad + accumulator) / steps for grad, accumulator in zip(local, accumulators)]
-        mean = optimizer._clip_gradients(mean)
-        optimizer._apply_weight_decay(variables)
-        optimizer._backend_update_step(mean, variables, optimizer.learning_rate)
+        _compat.apply_step(optimizer, [(grad + accumulator) / steps for grad, accumulator in zip(local, accumulators)],
+                           variables)
 
     def cross_replica(distribution: Any, per_replica: list[Any]) -> None:
         def apply() -> None:
             distribution.extended.call_for_each_replica(replica_apply, args=(per_replica,))
-            optimizer._backend_reset_gradient_accumulators()
+            _compat.reset_gradient_accumulators(optimizer)
 
         def accumulate() -> None:
             # Each replica's gradient into that replica's copy of the accumulator (``update`` hands each device its
@@ -73,7 +72,7 @@ def _apply_accumulated(optimizer: Any, context: Any, grads: list[Any], variables
                 distribution.extended.update(accumulator.value, lambda variable, part: variable.assign_add(part),
                                              args=(grad,), group=False)
 
-        tf_.cond((optimizer._iterations + 1) % steps == 0, apply, accumulate)
+        tf_.cond((_compat.optimizer_calls(optimizer) + 1) % steps == 0, apply, accumulate)
 
     context.merge_call(cross_replica, args=(list(grads),))
 
