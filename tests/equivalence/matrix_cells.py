@@ -131,7 +131,8 @@ CELLS: tuple[Cell, ...] = (
 )
 
 #: Cells run together in one process under ``tfstrategy run --cpu-replicas 2`` (tests/workers/equivalence_worker.py).
-HOOK_CELLS = ("entry:fit", "entry:predict", "entry:custom_train_step", "entry:custom_loop", "inputs:numpy_uneven_1")
+HOOK_CELLS = ("entry:fit", "entry:predict", "entry:predict_on_batch", "entry:custom_train_step", "entry:custom_loop",
+              "inputs:numpy_uneven_1", "optimizers:clipnorm", "optimizers:gradient_accumulation")
 
 
 @dataclass(frozen=True)
@@ -361,9 +362,12 @@ MEASURED_EQUAL: dict[str, str] = {
     "optimizers:lr_schedule": "9.5e-7 (epoch-1 loss 8.006)",
     "hook:entry:fit": "4.8e-7 (epoch-1 loss 7.696)",
     "hook:entry:predict": "0",
+    "hook:entry:predict_on_batch": "0",
     "hook:entry:custom_train_step": "4.8e-7 (epoch-1 loss 7.696)",
     "hook:entry:custom_loop": "9.5e-7 (step-1 loss 15.85)",
     "hook:inputs:numpy_uneven_1": "1.9e-6 (epoch-1 loss 9.465)",
+    "hook:optimizers:clipnorm": "9.5e-7 (epoch-2 loss 11.90)",
+    "hook:optimizers:gradient_accumulation": "4.8e-7 (epoch-2 loss 4.274)",
 }
 
 
