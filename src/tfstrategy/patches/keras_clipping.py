@@ -109,7 +109,7 @@ class ClippingPatch(TrainingApiPatch):
             tf_ = tf()
             context = tf_.distribute.get_replica_context()
             if (not clips(optimizer) or context is None or context.num_replicas_in_sync < 2 or optimizer in _PROBING
-                    or not _compat.sums_gradients_across_replicas(optimizer) or PATCH.needed() is not True):
+                    or not _compat.sums_gradients_across_replicas(optimizer) or not PATCH.acts_on(context.strategy)):
                 return original(optimizer, grads)
             PATCH.acted()
             present = [grad for grad in grads if grad is not None]

@@ -112,7 +112,7 @@ class ComputeLossPatch(TrainingApiPatch):
             loss = original(model, *args, **kwargs)
             context = tf().distribute.get_replica_context()
             if (loss is None or _inside_keras_steps() or context is None or context.num_replicas_in_sync < 2
-                    or not overrides_a_step(model) or PATCH.needed() is not True):
+                    or not overrides_a_step(model) or not PATCH.acts_on(context.strategy)):
                 return loss
             PATCH.acted()
             return reported_loss(loss, context.num_replicas_in_sync)

@@ -110,7 +110,7 @@ class GradientAccumulationPatch(TrainingApiPatch):
         def _backend_apply_gradients(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
             context = tf().distribute.get_replica_context()
             if (not optimizer.gradient_accumulation_steps or context is None or context.num_replicas_in_sync < 2
-                    or optimizer in _PROBING or PATCH.needed() is not True):
+                    or optimizer in _PROBING or not PATCH.acts_on(context.strategy)):
                 return original(optimizer, grads, trainable_variables)
             if optimizer.use_ema:
                 raise TrainingError(

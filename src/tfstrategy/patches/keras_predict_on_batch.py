@@ -94,7 +94,7 @@ class PredictOnBatchPatch(TrainingApiPatch):
         @functools.wraps(original)
         def predict_on_batch(model: Any, x: Any) -> Any:
             strategy = model.distribute_strategy
-            if strategy.num_replicas_in_sync < 2 or PATCH.needed() is not True:
+            if strategy.num_replicas_in_sync < 2 or not PATCH.acts_on(strategy):
                 return original(model, x)
             split = distributed_batch(strategy, x)
             if split is None:

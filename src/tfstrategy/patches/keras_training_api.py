@@ -3,14 +3,16 @@
 :mod:`~tfstrategy.patches.keras_predict_on_batch`, :mod:`~tfstrategy.patches.keras_compute_loss`,
 :mod:`~tfstrategy.patches.keras_clipping` and :mod:`~tfstrategy.patches.keras_gradient_accumulation` replace
 functions of ``keras.src`` (:func:`tfstrategy._compat.keras3_training_api_root`), and each probes by running
-Keras' own code on a 2-replica ``MirroredStrategy`` of this host, so lazily, once a model first needs it.
+Keras' own code on a 2-replica ``MirroredStrategy`` of this host, so lazily, once a model first needs it. In a
+multi-worker job no probe decides (a worker may have one device, and every worker must build the same step): up
+to the verified release each fix acts there without one, as :mod:`~tfstrategy.patches.keras_uneven_batches` does.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tfstrategy import _compat
+from tfstrategy import _compat, _versions
 from tfstrategy.patches.keras_uneven_batches import probe_devices
 from tfstrategy.patches.mechanism import Patch
 from tfstrategy.selection.strategies import mirrored_strategy
@@ -29,3 +31,10 @@ class TrainingApiPatch(Patch):
 
     def target_module(self) -> Any:
         return _compat.keras3_training_api_root()
+
+    def acts_on(self, strategy: Any) -> bool:
+        """Whether the fix acts for a step on ``strategy`` (of 2+ replicas): the probe's answer, or, across
+        workers, whether the installed Keras is not newer than the release the fix was verified against."""
+        if _compat.in_multi_worker_mode(strategy):
+            return not _versions.newer_than(_compat.keras_version(_compat.keras_for()), self.verified_up_to)
+        return self.needed() is True
