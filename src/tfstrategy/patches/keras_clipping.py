@@ -35,7 +35,7 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
-from tfstrategy.patches.keras_training_api import TrainingApiPatch, probe_strategy
+from tfstrategy.patches.keras_training_api import TrainingApiPatch
 from tfstrategy.patches.mechanism import ProbeResult
 
 CLIP = "optimizers.base_optimizer.BaseOptimizer._clip_gradients"
@@ -69,11 +69,10 @@ class ClippingPatch(TrainingApiPatch):
     upstream = "tensorflow/tensorflow#33929: gradient clipping before the cross-replica sum"
     targets = (CLIP, ALL_REDUCE)
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def probe_on(self, strategy: Any) -> ProbeResult:
         import keras
 
         tf_ = tf()
-        strategy = probe_strategy()
         with strategy.scope():
             weights = {option: keras.Variable([0.0], name=f"probe_{option}") for option in OPTIONS}
             optimizers = {option: keras.optimizers.SGD(1.0, **{option: 1.0}) for option in OPTIONS}

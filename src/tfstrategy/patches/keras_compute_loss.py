@@ -38,7 +38,7 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
-from tfstrategy.patches.keras_training_api import TrainingApiPatch, probe_strategy
+from tfstrategy.patches.keras_training_api import TrainingApiPatch
 from tfstrategy.patches.mechanism import ProbeResult
 
 COMPUTE_LOSS = "trainers.trainer.Trainer.compute_loss"
@@ -78,11 +78,10 @@ class ComputeLossPatch(TrainingApiPatch):
     upstream = "keras-team/keras#16285: custom train_step on x replicas reports the loss / x"
     targets = (COMPUTE_LOSS, KERAS_STEPS_CALL)
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def probe_on(self, strategy: Any) -> ProbeResult:
         import keras
 
         tf_ = tf()
-        strategy = probe_strategy()
         with strategy.scope():
             model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
             model.compile(optimizer="sgd", loss="mse")

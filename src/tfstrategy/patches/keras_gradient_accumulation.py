@@ -41,7 +41,7 @@ from typing import Any
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
-from tfstrategy.patches.keras_training_api import TrainingApiPatch, probe_strategy
+from tfstrategy.patches.keras_training_api import TrainingApiPatch
 from tfstrategy.patches.mechanism import ProbeResult
 
 TARGET = "backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients"
@@ -86,11 +86,10 @@ class GradientAccumulationPatch(TrainingApiPatch):
     upstream = "keras-team/keras#20582: gradient accumulation raises merge_call errors under a tf.distribute strategy"
     targets = (TARGET,)
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def probe_on(self, strategy: Any) -> ProbeResult:
         import keras
 
         tf_ = tf()
-        strategy = probe_strategy()
         with strategy.scope():
             weight = keras.Variable([0.0], name="probe_accumulated")
             optimizer = keras.optimizers.SGD(1.0, gradient_accumulation_steps=2)

@@ -29,7 +29,7 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
-from tfstrategy.patches.keras_training_api import TrainingApiPatch, probe_strategy
+from tfstrategy.patches.keras_training_api import TrainingApiPatch
 from tfstrategy.patches.mechanism import ProbeResult
 
 TARGET = "backend.tensorflow.trainer.TensorFlowTrainer.predict_on_batch"
@@ -78,11 +78,10 @@ class PredictOnBatchPatch(TrainingApiPatch):
     upstream = "no public report found: Keras 3 predict_on_batch on 2+ replicas returns replicas x the rows"
     targets = (TARGET,)
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def probe_on(self, strategy: Any) -> ProbeResult:
         import keras
         import numpy as np
 
-        strategy = probe_strategy()
         with strategy.scope():
             model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
         rows = len(np.asarray(self.original(TARGET)(model, np.ones((2, 1), "float32"))))

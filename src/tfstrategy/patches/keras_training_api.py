@@ -14,7 +14,7 @@ from typing import Any
 
 from tfstrategy import _compat, _versions
 from tfstrategy.patches.keras_uneven_batches import probe_devices
-from tfstrategy.patches.mechanism import Patch
+from tfstrategy.patches.mechanism import Patch, ProbeResult
 from tfstrategy.selection.strategies import mirrored_strategy
 
 
@@ -31,6 +31,13 @@ class TrainingApiPatch(Patch):
 
     def target_module(self) -> Any:
         return _compat.keras3_training_api_root()
+
+    def run_probe(self, module: Any) -> ProbeResult:
+        return self.probe_on(probe_strategy())
+
+    def probe_on(self, strategy: Any) -> ProbeResult:
+        """Run Keras' own code on ``strategy`` (2 replicas of this host); may raise (the mechanism catches)."""
+        raise NotImplementedError
 
     def acts_on(self, strategy: Any) -> bool:
         """Whether the fix acts for a step on ``strategy`` (of 2+ replicas): the probe's answer, or, across
