@@ -13,8 +13,8 @@ The fix. On 2+ replicas in sync, ``predict_on_batch`` hands Keras' own code the 
 replica ``i`` (its global id, so across workers too) gets the ``i``-th of ``replicas`` contiguous
 parts of the rows, the first ``rows % replicas`` parts one row longer, and the concatenation is the
 batch's rows in order. Each row is computed by one replica whole, so the values are one device's.
-One device, or a batch that is not arrays or tensors of at least one dimension (Keras then does
-what it does), runs Keras' own function unchanged.
+One device, or a batch that is not dense or ragged arrays or tensors of at least one dimension (a
+``SparseTensor``: Keras then does what it does), runs Keras' own function unchanged.
 
 The probe. Keras' own ``predict_on_batch`` of a batch of 2 on a one-layer model under a 2-replica
 ``MirroredStrategy`` over two devices of this host: the bug returns 4 rows. It runs TensorFlow ops,
@@ -47,7 +47,8 @@ def _rows(leaves: list[Any]) -> int | None:
     counts = set()
     for leaf in leaves:
         shape = getattr(leaf, "shape", None)
-        if shape is None or len(shape) == 0 or shape[0] is None:
+        # A sparse tensor cannot be sliced by rows: Keras' own function takes such a batch.
+        if shape is None or len(shape) == 0 or shape[0] is None or isinstance(leaf, tf().sparse.SparseTensor):
             return None
         counts.add(int(shape[0]))
     return counts.pop() if len(counts) == 1 else None
