@@ -131,7 +131,8 @@ CELLS: tuple[Cell, ...] = (
 )
 
 #: Cells run together in one process under ``tfstrategy run --cpu-replicas 2`` (tests/workers/equivalence_worker.py).
-HOOK_CELLS = ("entry:fit", "entry:predict", "entry:custom_train_step", "entry:custom_loop", "inputs:numpy_uneven_1")
+HOOK_CELLS = ("entry:fit", "entry:predict", "entry:predict_on_batch", "entry:custom_train_step", "entry:custom_loop",
+              "inputs:numpy_uneven_1", "optimizers:clipnorm", "optimizers:gradient_accumulation")
 
 
 @dataclass(frozen=True)
@@ -144,32 +145,10 @@ class Known:
     raises: type[BaseException] = AssertionError
 
 
-_CLIPPED = ("clips each replica's gradient of its half batch before the all-reduce sums them (Keras' "
-            "`BaseOptimizer._backend_apply_gradients` clips; `_backend_update_step` all-reduces later), so the "
-            "step is not the clipped global gradient")
-
 #: Cells that differ on 2 replicas (TF 2.21.0, Keras 3.15.1, tfstrategy's patches applied). Keys are
 #: cell ids; ``hook:`` + a cell id for the group run under ``tfstrategy run``. Measured values read
 #: "2 replicas vs one device".
-KNOWN: dict[str, Known] = {
-    "entry:predict_on_batch": Known(
-        wrong="every replica predicts the whole batch and the outputs are concatenated "
-              "(`predict_on_batch` feeds `predict_function` the list `[(x,)]`, undistributed)",
-        measured="32 rows for a batch of 16: rows 16-31 repeat rows 0-15"),
-    "entry:custom_train_step": Known(
-        wrong="`compute_loss` returns the loss already divided by the replica count (scaled for the "
-              "all-reduce's gradient sum); the guide's `Mean` tracker reports that: loss halved in History and "
-              "`evaluate`. Weights and `mae` are right",
-        measured="loss 3.848 vs 7.696 (epoch 1), evaluate loss 0.3297 vs 0.6593: exactly x0.5"),
-    "optimizers:clipnorm": Known(wrong=_CLIPPED, measured="epoch-2 loss 11.59 vs 11.90 (0.31); weights up to 0.036"),
-    "optimizers:global_clipnorm": Known(wrong=_CLIPPED, measured="epoch-2 loss 11.85 vs 12.06 (0.21); weights up to 0.025"),
-    "optimizers:clipvalue": Known(wrong=_CLIPPED, measured="epoch-2 loss 11.19 vs 11.63 (0.44); weights up to 0.040"),
-    "optimizers:gradient_accumulation": Known(
-        wrong="`fit` raises at its first step: RuntimeError, \"`merge_call` called while defining a new graph\" "
-              "(the all-reduce sits inside the accumulate-or-apply `ops.cond`)",
-        measured="no result (raises)", raises=RuntimeError),
-}
-KNOWN["hook:entry:custom_train_step"] = KNOWN["entry:custom_train_step"]
+KNOWN: dict[str, Known] = {}
 
 
 def cell(cell_id: str) -> Cell:
@@ -326,7 +305,33 @@ def _tolerance(one: Cell) -> str:
 
 def _outcome(cell_id: str) -> tuple[str, str]:
     known = KNOWN.get(cell_id)
-    return ("equal", MEASURED_EQUAL.get(cell_id, "-")) if known is None else (f"**differs**: {known.wrong}", known.measured)
+    if known is not None:
+        return f"**differs**: {known.wrong}", known.measured
+    fixed = FIXED.get(cell_id.removeprefix("hook:"))
+    return ("equal" if fixed is None else f"equal, fixed by tfstrategy: {fixed}"), MEASURED_EQUAL.get(cell_id, "-")
+
+
+_CLIPPED = ("`keras_clipping` (tensorflow/tensorflow#33929; plain Keras clips each replica's part of the gradient "
+            "before the all-reduce sums them, so the step is not the clipped global gradient")
+
+#: Cells plain Keras gets wrong on 2 replicas and tfstrategy's patches make equal: the patch, the public issue
+#: (if any), and plain Keras' difference. The hook's row of a cell shares its entry.
+FIXED: dict[str, str] = {
+    "entry:predict_on_batch": "`keras_predict_on_batch` (no public report found; plain Keras: 32 rows for a batch of "
+                              "16, rows 16-31 repeat rows 0-15)",
+    "entry:custom_train_step": "`keras_compute_loss` (keras-team/keras#16285; plain Keras: loss 3.848 vs 7.696 in "
+                               "epoch 1, evaluate loss 0.3297 vs 0.6593, exactly x0.5: `compute_loss` returns the loss "
+                               "divided by the replica count)",
+    "optimizers:clipnorm": f"{_CLIPPED}: epoch-2 loss 11.59 vs "
+                           "11.90, weights up to 0.036 away)",
+    "optimizers:global_clipnorm": f"{_CLIPPED}: epoch-2 loss "
+                                  "11.85 vs 12.06, weights up to 0.025 away)",
+    "optimizers:clipvalue": f"{_CLIPPED}: epoch-2 loss 11.19 "
+                            "vs 11.63, weights up to 0.040 away)",
+    "optimizers:gradient_accumulation": "`keras_gradient_accumulation` (keras-team/keras#20582; plain Keras: `fit` "
+                                        "raises at its first step, RuntimeError \"`merge_call` called while defining a "
+                                        "new graph\": the all-reduce sits inside the accumulate-or-apply `ops.cond`)",
+}
 
 
 #: The largest absolute difference measured for each equal cell, and where (TF 2.21.0, Keras 3.15.1,
@@ -337,6 +342,8 @@ MEASURED_EQUAL: dict[str, str] = {
     "entry:predict": "0",
     "entry:train_on_batch": "0",
     "entry:test_on_batch": "0",
+    "entry:predict_on_batch": "0",
+    "entry:custom_train_step": "4.8e-7 (epoch-1 loss 7.696)",
     "entry:custom_loop": "9.5e-7 (step-1 loss 15.85)",
     "inputs:numpy_uneven_2": "7.2e-7 (a prediction, -2.944)",
     "inputs:numpy_uneven_1": "1.9e-6 (epoch-1 loss 9.465)",
@@ -346,13 +353,21 @@ MEASURED_EQUAL: dict[str, str] = {
     "inputs:class_weight": "1.2e-7 (epoch-1 loss 1.615)",
     "inputs:validation_data": "4.8e-7 (epoch-1 loss 7.696)",
     "inputs:validation_split": "2.4e-7 (epoch-1 val_loss 2.270)",
+    "optimizers:clipnorm": "9.5e-7 (epoch-2 loss 11.90)",
+    "optimizers:global_clipnorm": "9.5e-7 (epoch-1 loss 12.33)",
+    "optimizers:clipvalue": "9.5e-7 (epoch-1 loss 12.23)",
+    "optimizers:gradient_accumulation": "4.8e-7 (epoch-2 loss 4.274)",
     "optimizers:use_ema": "4.8e-7 (epoch-1 loss 7.696)",
     "optimizers:weight_decay": "1.2e-7 (a weight)",
     "optimizers:lr_schedule": "9.5e-7 (epoch-1 loss 8.006)",
     "hook:entry:fit": "4.8e-7 (epoch-1 loss 7.696)",
     "hook:entry:predict": "0",
+    "hook:entry:predict_on_batch": "0",
+    "hook:entry:custom_train_step": "4.8e-7 (epoch-1 loss 7.696)",
     "hook:entry:custom_loop": "9.5e-7 (step-1 loss 15.85)",
     "hook:inputs:numpy_uneven_1": "1.9e-6 (epoch-1 loss 9.465)",
+    "hook:optimizers:clipnorm": "9.5e-7 (epoch-2 loss 11.90)",
+    "hook:optimizers:gradient_accumulation": "4.8e-7 (epoch-2 loss 4.274)",
 }
 
 

@@ -133,3 +133,38 @@ def keras3_legacy_optimizer_packages() -> Any:
     if loaded is not None and all(loaded is not module for module in found.values()):
         found["tensorflow_keras"] = loaded
     return types.SimpleNamespace(**found) if found else None
+
+
+_BASE = "keras.src.optimizers.base_optimizer:BaseOptimizer"
+
+
+@accessor(f"{_BASE}._accumulated_gradients", f"{_BASE}._get_variable_index")
+def gradient_accumulators(optimizer: Any, variables: list[Any]) -> list[Any]:
+    """A Keras 3 optimizer's gradient accumulator of each of ``variables`` (``gradient_accumulation_steps``)."""
+    return [optimizer._accumulated_gradients[optimizer._get_variable_index(v)] for v in variables]
+
+
+@accessor(f"{_BASE}._iterations")
+def optimizer_calls(optimizer: Any) -> Any:
+    """How many times a Keras 3 optimizer applied gradients (``iterations`` counts accumulated steps once)."""
+    return optimizer._iterations
+
+
+@accessor(f"{_BASE}._clip_gradients", f"{_BASE}._apply_weight_decay", f"{_BASE}._backend_update_step")
+def apply_step(optimizer: Any, grads: list[Any], variables: list[Any]) -> None:
+    """Keras 3's step of an optimizer for ``grads``: clipping, weight decay, then the update (all-reduced on replicas)."""
+    grads = optimizer._clip_gradients(grads)
+    optimizer._apply_weight_decay(variables)
+    optimizer._backend_update_step(grads, variables, optimizer.learning_rate)
+
+
+@accessor(f"{_BASE}._backend_reset_gradient_accumulators")
+def reset_gradient_accumulators(optimizer: Any) -> None:
+    """Zero a Keras 3 optimizer's gradient accumulators (in a cross-replica context: every replica's copy)."""
+    optimizer._backend_reset_gradient_accumulators()
+
+
+@accessor("keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients")
+def sums_gradients_across_replicas(optimizer: Any) -> bool:
+    """Whether a Keras 3 optimizer is TensorFlow's, whose update step sums the replicas' gradients."""
+    return hasattr(optimizer, "_all_reduce_sum_gradients")

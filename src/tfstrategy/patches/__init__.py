@@ -16,7 +16,11 @@ its share of an uneven batch) and :mod:`~tfstrategy.patches.keras_lazy_optimizer
 no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_legacy_optimizers`
 (``tf.keras.optimizers.legacy.SGD``/``Adam`` as Keras 3's) and
 :mod:`~tfstrategy.patches.keras_compile_scope` (``compile()`` outside the scope runs in the model's) and
-:mod:`~tfstrategy.patches.keras_jit_compile` (``jit_compile=True`` on 2+ local replicas: XLA off, in one line).
+:mod:`~tfstrategy.patches.keras_jit_compile` (``jit_compile=True`` on 2+ local replicas: XLA off, in one line) and
+:mod:`~tfstrategy.patches.keras_predict_on_batch` (``predict_on_batch`` split over the replicas) and
+:mod:`~tfstrategy.patches.keras_compute_loss` (a custom step's ``compute_loss`` reports one device's loss, keras-team/keras#16285) and
+:mod:`~tfstrategy.patches.keras_clipping` (``clipnorm``/``global_clipnorm``/``clipvalue`` clip the summed gradient) and
+:mod:`~tfstrategy.patches.keras_gradient_accumulation` (``gradient_accumulation_steps`` on 2+ replicas, keras-team/keras#20582).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one, and every other replacement of upstream
 code installed in this process (the start-up hook's rewrites, instance overrides:
@@ -36,20 +40,28 @@ Example:
     keras_legacy_optimizers: installed (keras.SGD, ...); keras 3.15.1
     keras_compile_scope: installed (Trainer.compile); keras 3.15.1; probes when a model first needs it
     keras_jit_compile: installed (Trainer.jit_compile); keras 3.15.1; probes when a model first needs it
+    keras_predict_on_batch: installed (backend.tensorflow.trainer.TensorFlowTrainer.predict_on_batch); keras 3.15.1; probes when a model first needs it
+    keras_compute_loss: installed (trainers.trainer.Trainer.compute_loss, ...); keras 3.15.1; probes when a model first needs it
+    keras_clipping: installed (optimizers.base_optimizer.BaseOptimizer._clip_gradients, ...); keras 3.15.1; probes when a model first needs it
+    keras_gradient_accumulation: installed (backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
 
 from tfstrategy.patches import (
     keras_chief_files,
+    keras_clipping,
     keras_compile_scope,
+    keras_compute_loss,
     keras_end_of_data,
+    keras_gradient_accumulation,
     keras_jit_compile,
     keras_lazy_optimizer,
     keras_legacy_optimizers,
     keras_loss_scale,
     keras_loss_scale_api,
     keras_mwms,
+    keras_predict_on_batch,
     keras_steps_per_execution,
     keras_uneven_batches,
 )
@@ -69,6 +81,10 @@ PATCHES: dict[str, Patch] = {
     keras_legacy_optimizers.PATCH.name: keras_legacy_optimizers.PATCH,
     keras_compile_scope.PATCH.name: keras_compile_scope.PATCH,
     keras_jit_compile.PATCH.name: keras_jit_compile.PATCH,
+    keras_predict_on_batch.PATCH.name: keras_predict_on_batch.PATCH,
+    keras_compute_loss.PATCH.name: keras_compute_loss.PATCH,
+    keras_clipping.PATCH.name: keras_clipping.PATCH,
+    keras_gradient_accumulation.PATCH.name: keras_gradient_accumulation.PATCH,
 }
 
 
