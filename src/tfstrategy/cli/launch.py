@@ -87,6 +87,14 @@ DESCRIPTION = textwrap.dedent(
     A node silent for 10 s (frozen, unplugged) is lost: that fails the round. When
     node 0's launcher is lost, every node stops: restart the launcher on all nodes.
 
+    Elastic (--nnodes MIN:MAX, with --backup-dir on a file system every node
+    shares): the job starts with MIN to MAX nodes; a node lost while MIN remain,
+    or one whose launcher gets SIGTERM (it leaves and exits 75), re-forms the
+    others without it; a node that starts (again) while fewer than MAX train is
+    taken in at a step the workers agree on. Each re-formed group resumes from the
+    newest committed backup step; re-formations do not use --max-restarts.
+    Node 0 must stay. docs/guides/elastic.md has the rules.
+
     What is authenticated: only this control channel. Every message carries the
     job's identity, a sequence number and an HMAC under per-connection keys, so a
     man in the middle can cut it (the job stops, naming the node) but cannot join,
