@@ -27,8 +27,10 @@ def pod_metadata(job: dict[str, Any], index: int, *, failures: int = 0, ignored:
     return {"labels": labels, "annotations": annotations}
 
 
-def pod_environment(job: dict[str, Any], index: int, *, failures: int = 0, ignored: int = 0) -> dict[str, str]:
-    """The variables the Job's container sees in pod ``index`` (JOB_COMPLETION_INDEX and its resolved env)."""
+def pod_environment(job: dict[str, Any], index: int, *, failures: int = 0, ignored: int = 0,
+                    secrets: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
+    """The variables the Job's container sees in pod ``index`` (JOB_COMPLETION_INDEX and its resolved env);
+    ``secrets``: the namespace's Secrets, by name, each its keys' values."""
     assert job["spec"]["completionMode"] == "Indexed"
     metadata = pod_metadata(job, index, failures=failures, ignored=ignored)
     (container,) = job["spec"]["template"]["spec"]["containers"]
@@ -37,11 +39,20 @@ def pod_environment(job: dict[str, Any], index: int, *, failures: int = 0, ignor
         if "value" in entry:
             env[entry["name"]] = entry["value"]
             continue
+        if "secretKeyRef" in entry["valueFrom"]:
+            ref = entry["valueFrom"]["secretKeyRef"]
+            env[entry["name"]] = (secrets or {})[ref["name"]][ref["key"]]  # a missing Secret: the pod never starts
+            continue
         path = entry["valueFrom"]["fieldRef"]["fieldPath"]
         match = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
         assert match, f"a fieldRef the test's kubelet does not know: {path}"
         env[entry["name"]] = metadata[match[1]].get(match[2], "")  # a missing key is an empty value
     return env
+
+
+def expand(word: str, env: dict[str, str]) -> str:
+    """``$(NAME)`` in a command word as the kubelet expands it: the container's variable, left as is if undefined."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), word)
 
 
 def policy_action(job: dict[str, Any], exit_code: int, *, condition: str | None = None) -> str:

@@ -7,12 +7,15 @@ unknown fields, so a misspelt or misplaced field fails here as `kubectl apply` w
 from __future__ import annotations
 
 import json
+import os
+from unittest import mock
 
 import pytest
-from k8s_pods import pod_environment, policy_action
+from k8s_pods import expand, pod_environment, policy_action
 
 from tfstrategy.cli import build_parser, main
 from tfstrategy.cli.k8s import options_from_args
+from tfstrategy.cli.launch import options_from_args as launch_options
 from tfstrategy.kubernetes import dump_all, manifests
 from tfstrategy.kubernetes.yaml_text import dump
 
@@ -276,3 +279,57 @@ def test_a_library_caller_cannot_queue_a_job_that_requests_nothing():
         manifests(options)
     besteffort = manifests(K8sOptions(command=("python", "t.py"), num_workers=2, image="x", name="t", cpu=None, memory=None))
     assert "resources" not in besteffort[-1]["spec"]["template"]["spec"]["containers"][0]
+
+
+# --- elastic jobs (--elastic MIN:MAX): each pod one node of tfstrategy launch --nnodes MIN:MAX -------------
+
+ELASTIC = ["--elastic", "2:4", "--image", "x", "--launch-secret", "train-secret", "--backup-pvc", "claim", "--name",
+           "train", "--port", "23456"]
+
+
+def test_an_elastic_job_validates_and_its_pods_run_one_node_each_of_an_elastic_launch():
+    objects = {obj["kind"]: obj for obj in generate(ELASTIC, ["python", "train.py"])}
+    for version in KUBERNETES_VERSIONS:
+        for obj in objects.values():
+            kubernetes_validate.validate(obj, version, strict=True)
+    job, service, policy = objects["Job"], objects["Service"], objects["NetworkPolicy"]
+    spec = job["spec"]
+    # Elastic Indexed Jobs (GA in 1.31): completions may change when it changes with an equal parallelism.
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 4
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["command"] == [
+        "tfstrategy", "launch", "--nnodes", "2:4", "--master", "train-0.train:23457", "--node-address",
+        "train-$(TFSTRATEGY_NODE_RANK).train", "-n", "1", "--port-range",
+        "23456-23456", "--backup-dir", "/backups", "--grace", "25", "--", "python", "train.py"]
+    env = pod_environment(job, 3, secrets={"train-secret": {"secret": "s" * 32}})
+    assert env["TFSTRATEGY_NODE_RANK"] == "3" and env["TFSTRATEGY_LAUNCH_SECRET"] == "s" * 32
+    assert env["TFSTRATEGY_JOB_ID"] == "train" and not any(key.startswith("TFSTRATEGY_K8S_") for key in env)
+    ports = {23456, 23457}
+    assert {p["containerPort"] for p in container["ports"]} == {p["port"] for p in service["spec"]["ports"]} == ports
+    assert {p["port"] for p in policy["spec"]["ingress"][0]["ports"]} == ports
+    # the pod's launcher reads its rank and secret from that environment, and its options parse
+    args = build_parser().parse_args([expand(word, env) for word in container["command"][1:]])
+    with mock.patch.dict(os.environ, env):
+        options = launch_options(args)
+    assert options.nodes is not None and (options.nodes.min_nodes, options.nodes.nnodes) == (2, 4)
+    assert (options.nodes.node_rank, options.nodes.master) == (3, "train-0.train:23457")
+    assert options.nodes.node_address == "train-3.train"  # the pod's own name through the headless Service
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    pytest.param(["--elastic", "2:4", "--image", "x", "--launch-secret", "s"], "without --backup-pvc", id="no-claim"),
+    pytest.param(["--elastic", "2:4", "--image", "x", "--backup-pvc", "c"], "without --launch-secret", id="no-secret"),
+    pytest.param(["--elastic", "2-4", "--image", "x"], "--elastic '2-4'; expected MIN:MAX", id="not-min-max"),
+    pytest.param(["--elastic", "3:2", "--image", "x", "--backup-pvc", "c", "--launch-secret", "s"],
+                 "expected 1 <= MIN <= MAX", id="min-above-max"),
+    pytest.param(["-n", "3", "--elastic", "1:4", "--image", "x", "--backup-pvc", "c", "--launch-secret", "s"],
+                 "with -n 3; expected 1 <= MIN <= MAX and -n MAX", id="n-not-max"),
+    pytest.param(["--elastic", "1:2", "--image", "x", "--backup-pvc", "c", "--launch-secret", "s", "--no-hook"],
+                 "with --no-hook", id="no-hook"),
+    pytest.param(["-n", "2", "--image", "x", "--launch-secret", "s"], "without --elastic", id="secret-not-elastic"),
+    pytest.param(["--image", "x"], "Received no -n", id="no-count"),
+])
+def test_bad_elastic_input_is_one_line_naming_the_flag(argv, named, capsys):
+    assert main(["k8s", *argv, "--", "python", "t.py"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], lines

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from k8s_pods import pod_environment, policy_action
+from k8s_pods import expand, pod_environment, policy_action
 
 from helpers import ROOT
 from tfstrategy.cli import main
@@ -85,17 +85,21 @@ def generate(tmp_path: Path, *flags: str) -> dict:
 class Pod:
     """One attempt of one index: the manifest's command in pod i's namespace, with pod i's environment."""
 
-    def __init__(self, job: dict, index: int, namespace: str, logs: Path, *, failures: int, ignored: int) -> None:
+    def __init__(self, job: dict, index: int, namespace: str, logs: Path, *, failures: int, ignored: int,
+                 secrets: dict[str, dict[str, str]] | None = None) -> None:
         self.index, self.failures, self.ignored = index, failures, ignored
         (container,) = job["spec"]["template"]["spec"]["containers"]
         command = [part for word in container["command"]
                    for part in ([sys.executable, "-m", "tfstrategy"] if word == "tfstrategy" else
                                 [sys.executable] if word == "python" else [word])]
         # No TF_CONFIG: tfstrategy run's hook derives it from the detected KubernetesEnvironment.
-        env = pod_environment(job, index, failures=failures, ignored=ignored)
+        env = pod_environment(job, index, failures=failures, ignored=ignored, secrets=secrets)
+        command = [expand(word, env) for word in command]
         env.update(PATH=os.environ["PATH"], HOME=os.environ.get("HOME", "/root"), TF_CPP_MIN_LOG_LEVEL="2",
                    PYTHONPATH=str(ROOT / "src"))
         self.log = logs / f"pod-{index}-attempt-{failures + ignored}.log"
+        while self.log.exists():  # a pod of the same index started again (scaled up)
+            self.log = self.log.with_name(f"{self.log.stem}+.log")
         with self.log.open("w") as out:
             self.process = subprocess.Popen(["ip", "netns", "exec", namespace, *command], env=env, stdout=out,
                                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
@@ -189,3 +193,61 @@ def test_a_pod_killed_mid_step_restarts_its_peers_and_every_pod_resumes_exactly(
     for pod in pods:
         for got, want in zip(pod["weights"], launched["weights"]):
             np.testing.assert_array_equal(np.array(got), np.array(want))
+
+
+def test_an_elastic_job_scaled_down_and_up_trains_on_and_ends_with_one_devices_weights(pod_network, tmp_path):
+    """`tfstrategy k8s --elastic 1:2`: pod 1 is deleted (its launcher gets SIGTERM, as when completions and
+    parallelism are patched down to 1) at step 10; pod 0 trains on alone to step 20; pod 1 is created again (patched
+    back to 2) and taken in; both end at step 50 with the weights of one device on the same global batches."""
+    sys.path.insert(0, str(ROOT / "tests" / "launch"))
+    from test_elastic_job import TOLERANCE, WORKER, _one_device_weights
+
+    from tfstrategy.launch.elastic import newest_committed_step
+
+    backups, out, logs = tmp_path / "claim", tmp_path / "out", tmp_path / "logs"
+    backups.mkdir(mode=0o700)
+    out.mkdir()
+    (out / "gate").write_text("10")
+    path = tmp_path / "job.yaml"
+    assert main(["k8s", "--elastic", "1:2", "--image", "unused", "--name", "train", "--launch-secret", "train-secret",
+                 "--backup-pvc", "claim", "--backup-dir", str(backups), "-o", str(path), "--", "python", str(WORKER),
+                 "--out", str(out)]) == 0
+    (job,) = [obj for obj in yaml.safe_load_all(path.read_text()) if obj["kind"] == "Job"]
+    resolve(pod_network, [f"train-{i}.train" for i in range(2)])
+    secrets = {"train-secret": {"secret": "k8s-test-secret-0123456789abcdef"}}
+    logs.mkdir()
+
+    def start(index: int) -> Pod:
+        return Pod(job, index, pod_network[index], logs, failures=0, ignored=0, secrets=secrets)
+
+    def wait(done, what: str) -> None:
+        deadline = time.monotonic() + DEADLINE
+        while not done():
+            assert time.monotonic() < deadline, f"gave up waiting for {what}\n" + tail(pods)
+            time.sleep(0.1)
+
+    pods = [start(0), start(1)]
+    try:
+        wait(lambda: newest_committed_step(backups) == 10, "step 10 committed by both pods")
+        pods[1].process.send_signal(15)  # the kubelet's SIGTERM to the deleted pod's first process
+        wait(lambda: pods[1].exit_code() is not None, "pod 1 to leave")
+        assert pods[1].exit_code() == 75 and policy_action(job, 75) == "Ignore"
+        wait(lambda: "node 1 left: going on with 1 node (1 worker) from step 10" in pods[0].log.read_text(),
+             "pod 0 to go on alone")
+        (out / "gate").write_text("20")
+        wait(lambda: newest_committed_step(backups) == 20, "step 20 committed by pod 0 alone")
+        pods.append(start(1))  # scaled up again: the Job controller creates index 1 anew
+        wait(lambda: "node 1 joined: going on with 2 nodes (2 workers) from step 20" in pods[0].log.read_text(),
+             "pod 1 to be taken back")
+        (out / "gate").unlink()
+        wait(lambda: pods[0].exit_code() is not None and pods[2].exit_code() is not None, "the job to end")
+        assert (pods[0].exit_code(), pods[2].exit_code()) == (0, 0), tail(pods)
+    finally:
+        for pod in pods:
+            pod.kill()
+    reference = _one_device_weights()
+    for index in (0, 1):
+        final = json.loads((out / f"worker-{index}.json").read_text())
+        assert (final["workers"], final["steps"]) == (2, 50)
+        worst = max(float(np.max(np.abs(np.asarray(w) - r))) for w, r in zip(final["weights"], reference))
+        assert worst <= TOLERANCE, f"weights differ from one device's by {worst:.2e}"

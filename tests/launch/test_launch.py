@@ -200,6 +200,23 @@ def test_ports_of_a_range_skip_the_ones_in_use_and_refuse_when_too_few_are_free(
             sock.close()
 
 
+def test_a_port_whose_connections_linger_in_time_wait_is_free_and_a_listening_one_is_not():
+    """A worker that ended leaves its accepted connections in TIME_WAIT on its port for a minute; TensorFlow binds the
+    port again at once (SO_REUSEADDR), so an elastic job re-formed on a one-port --port-range must not wait."""
+    from tfstrategy.launch.processes import free_ports
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    accepted.close()  # the server's side closes first: its end of the connection waits in TIME_WAIT on `port`
+    client.close()
+    with pytest.raises(LaunchError, match=f"--port-range {port}-{port}, in which 0 port"):
+        free_ports(1, port_range=(port, port))  # still listening
+    listener.close()
+    assert free_ports(1, port_range=(port, port)) == [port]
+
+
 @pytest.mark.multiprocess
 def test_workers_listen_on_ports_of_the_port_range():
     code, _, err, _ = _launch("-n", "2", "--port-range", "29800-29899", "--", sys.executable, str(PLAIN_WORKER),

@@ -67,8 +67,8 @@ def k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser: argparse.ArgumentParser = subparsers.add_parser("k8s", help="write Kubernetes manifests (Indexed Job) that run a script as N workers",
                                    description=DESCRIPTION, epilog=EPILOG,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-n", "--num-workers", type=int, required=True, metavar="N",
-                        help="pods in the job, one worker each")
+    parser.add_argument("-n", "--num-workers", type=int, metavar="N",
+                        help="pods in the job, one worker each (with --elastic: MAX, its default)")
     parser.add_argument("--image", required=True, metavar="IMAGE",
                         help="container image with TensorFlow and tfstrategy, e.g. registry.example.com/train:1")
     parser.add_argument("--name", metavar="NAME",
@@ -126,6 +126,18 @@ def k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="PersistentVolumeClaim holding the job's backups (a folder NAME on it)")
     faults.add_argument("--backup-dir", metavar="DIR",
                         help="where the backups are mounted in each pod, TFSTRATEGY_BACKUP_DIR (default: /backups)")
+    elastic = parser.add_argument_group(
+        "elastic jobs", "Each pod runs one node of 'tfstrategy launch --nnodes MIN:MAX' (docs/guides/elastic.md):\n"
+        "pod 0 hosts the rendezvous on --port + 1; a pod lost or deleted re-forms the others\n"
+        "without it, a pod that (re)starts is taken in, each group resumes from the backups.\n"
+        "Scale by changing completions and parallelism together (Kubernetes 1.31+):\n"
+        "kubectl patch job NAME --type=merge -p '{\"spec\":{\"completions\":2,\"parallelism\":2}}'")
+    elastic.add_argument("--elastic", metavar="MIN:MAX",
+                         help="an elastic Indexed Job of MAX pods that trains on while MIN remain (needs "
+                         "--backup-pvc, a ReadWriteMany claim, and --launch-secret)")
+    elastic.add_argument("--launch-secret", metavar="SECRET",
+                         help="the Secret whose key 'secret' holds the launchers' shared secret, e.g. from kubectl "
+                         "create secret generic train-secret --from-literal=secret=$(openssl rand -hex 32)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for every pod (repeatable)")
     parser.add_argument("--no-network-policy", action="store_true",
@@ -172,9 +184,14 @@ def options_from_args(args: argparse.Namespace) -> K8sOptions:
         raise LaunchError(f"Received --backup-dir {args.backup_dir} without --backup-pvc; a directory in a pod "
                           "disappears with the pod. Name the PersistentVolumeClaim to keep the backups on, "
                           "e.g. --backup-pvc train-backups.")
+    elastic = _elastic(args.elastic)
+    workers = args.num_workers if args.num_workers is not None else (elastic[1] if elastic else None)
+    if workers is None:
+        raise LaunchError("Received no -n; expected the number of pods, e.g. tfstrategy k8s -n 4 --image IMAGE -- "
+                          "python train.py (or --elastic MIN:MAX).")
     return validate_k8s_options(K8sOptions(
-        command=command, num_workers=args.num_workers, image=args.image,
-        name=args.name if args.name is not None else name_from_command(command, args.num_workers),
+        command=command, num_workers=workers, image=args.image,
+        name=args.name if args.name is not None else name_from_command(command, workers),
         namespace=args.namespace, port=args.port, cpu=args.cpu, memory=args.memory, cpu_limit=args.cpu_limit,
         gpus=args.gpus, backup_pvc=args.backup_pvc,
         backup_dir=args.backup_dir or "/backups", max_restarts=args.max_restarts, grace=args.grace, env=_env_pairs(args.env),
@@ -183,7 +200,23 @@ def options_from_args(args: argparse.Namespace) -> K8sOptions:
         node_selector=parse_node_selector(args.node_selector),
         tolerations=tuple(parse_toleration(text) for text in args.toleration),
         image_pull_secrets=tuple(args.image_pull_secret), service_account=args.service_account,
+        elastic=elastic, launch_secret=args.launch_secret,
     ))
+
+
+def _elastic(text: str | None) -> tuple[int, int] | None:
+    """``--elastic MIN:MAX`` as ``(MIN, MAX)``.
+
+    Raises:
+        LaunchError: not two counts ``MIN:MAX``.
+    """
+    if text is None:
+        return None
+    low, sep, high = text.partition(":")
+    if not (sep and low.isdigit() and high.isdigit()):
+        raise LaunchError(f"Received --elastic {text!r}; expected MIN:MAX, the fewest and the most pods the job trains "
+                          "with, e.g. --elastic 2:4.")
+    return int(low), int(high)
 
 
 def k8s_command(args: argparse.Namespace) -> int:

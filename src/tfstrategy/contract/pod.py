@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = ["POD_VARIABLES", "COMPLETION_INDEX", "ENV_K8S_JOB", "ENV_K8S_SERVICE", "ENV_K8S_WORKERS", "ENV_K8S_PORT",
-           "ENV_K8S_FAILURES", "ENV_K8S_IGNORED_FAILURES", "JOB_NAME_LABEL", "FAILURE_COUNT_ANNOTATION",
+           "ENV_K8S_FAILURES", "ENV_K8S_IGNORED_FAILURES", "JOB_NAME_LABEL", "COMPLETION_INDEX_ANNOTATION", "FAILURE_COUNT_ANNOTATION",
            "IGNORED_FAILURE_COUNT_ANNOTATION"]
 
 #: Set by Kubernetes in every pod of an Indexed Job.
@@ -26,6 +26,7 @@ ENV_K8S_IGNORED_FAILURES = "TFSTRATEGY_K8S_IGNORED_FAILURES"
 
 #: The Job controller's label and annotations the Downward API passes in.
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-failure-count"
 IGNORED_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-ignored-failure-count"
 

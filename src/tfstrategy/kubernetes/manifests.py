@@ -37,6 +37,7 @@ from tfstrategy.contract.exits import EXIT_STATUSES, PodAction
 from tfstrategy.contract.exits import EXIT_TENSORFLOW_RESTART as TENSORFLOW_RESTART_EXIT_CODE  # noqa: F401 (moved there)
 from tfstrategy.contract.pod import (
     COMPLETION_INDEX,
+    COMPLETION_INDEX_ANNOTATION,
     ENV_K8S_FAILURES,
     ENV_K8S_IGNORED_FAILURES,
     ENV_K8S_JOB,
@@ -72,6 +73,7 @@ from tfstrategy.kubernetes.scheduling import (
     quantity,
     resources,
 )
+from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
 
 __all__ = [
     "K8sOptions", "validate_k8s_options", "manifests", "job_manifest", "service_manifest", "network_policy_manifest",
@@ -119,6 +121,15 @@ class K8sOptions:
     tolerations: tuple[Toleration, ...] = ()
     image_pull_secrets: tuple[str, ...] = ()
     service_account: str | None = None
+    #: ``--elastic MIN:MAX``: each pod runs one node of ``tfstrategy launch --nnodes MIN:MAX`` (``num_workers`` is MAX).
+    elastic: tuple[int, int] | None = None
+    #: The Secret whose key ``secret`` is the launchers' shared secret (``--launch-secret``; elastic jobs).
+    launch_secret: str | None = None
+
+    @property
+    def rendezvous_port(self) -> int:
+        """Node 0's rendezvous port in an elastic job: the one after TensorFlow's."""
+        return self.port + 1
 
 
 def validate_k8s_options(options: K8sOptions) -> K8sOptions:
@@ -163,7 +174,38 @@ def validate_k8s_options(options: K8sOptions) -> K8sOptions:
             raise LaunchError(f"Received --env {key}=...; tfstrategy sets {key} in each pod from the other flags. "
                               "Drop it (the port is --port, the backups --backup-pvc and --backup-dir).")
     _check_placement(options)
+    _check_elastic(options)
     return options
+
+
+def _check_elastic(options: K8sOptions) -> None:
+    if options.elastic is None:
+        if options.launch_secret is not None:
+            raise LaunchError(f"Received --launch-secret {options.launch_secret} without --elastic; only an elastic "
+                              "job's launchers use it. Drop it, or add --elastic MIN:MAX.")
+        return
+    fewest, most = options.elastic
+    example = ("e.g. tfstrategy k8s --elastic 2:4 --launch-secret train-secret --backup-pvc train-backups "
+               "--image IMAGE -- python train.py")
+    if not 1 <= fewest <= most or most != options.num_workers:
+        raise LaunchError(f"Received --elastic {fewest}:{most} with -n {options.num_workers}; expected 1 <= MIN <= MAX "
+                          f"and -n MAX (or no -n), {example}.")
+    if options.backup_pvc is None:
+        raise LaunchError(f"Received --elastic {fewest}:{most} without --backup-pvc; every re-formed group resumes "
+                          "from the job's backups, which every pod must read: name a ReadWriteMany "
+                          f"PersistentVolumeClaim, {example}.")
+    if options.launch_secret is None:
+        raise LaunchError(f"Received --elastic {fewest}:{most} without --launch-secret; the pods' launchers prove to "
+                          "each other that they belong to the job with a shared secret. Create one (kubectl create "
+                          "secret generic train-secret --from-literal=secret=$(python -c 'import secrets; "
+                          f"print(secrets.token_hex(32))')) and name it, {example}.")
+    check_names("--launch-secret", [options.launch_secret], "train-secret")
+    if not options.hook:
+        raise LaunchError(f"Received --elastic {fewest}:{most} with --no-hook; each pod runs 'tfstrategy launch', "
+                          "which always starts the script under tfstrategy's hook. Drop --no-hook.")
+    if options.rendezvous_port > 65535:
+        raise LaunchError(f"Received --port {options.port} with --elastic; the rendezvous listens on the next port, "
+                          "which must be 65535 or less. Pick a lower --port.")
 
 
 def _check_name(options: K8sOptions) -> None:
@@ -236,6 +278,13 @@ def _field(path: str) -> dict[str, Any]:
 
 def pod_environment(options: K8sOptions) -> list[dict[str, Any]]:
     """The container's ``env``: the pod contract, the backups and the user's ``--env``."""
+    if options.elastic is not None:  # the pod's launcher forms the cluster: no pod contract
+        return [
+            {"name": ENV_NODE_RANK, **_field(f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']")},
+            {"name": ENV_LAUNCH_SECRET, "valueFrom": {"secretKeyRef": {"name": options.launch_secret, "key": "secret"}}},
+            {"name": "TFSTRATEGY_JOB_ID", **_field(f"metadata.labels['{JOB_NAME_LABEL}']")},
+            *({"name": key, "value": value} for key, value in options.env.items()),
+        ]
     env: list[dict[str, Any]] = [
         {"name": ENV_K8S_JOB, **_field(f"metadata.labels['{JOB_NAME_LABEL}']")},
         {"name": ENV_K8S_SERVICE, "value": options.name},
@@ -252,14 +301,31 @@ def pod_environment(options: K8sOptions) -> list[dict[str, Any]]:
     return env
 
 
+def pod_command(options: K8sOptions) -> list[str]:
+    """What each pod runs: the command under ``tfstrategy run``, or, elastic, one node of ``tfstrategy launch``."""
+    if options.elastic is not None:
+        fewest, most = options.elastic
+        # The pod's stable name (<job>-<index>.<service>), which the kubelet expands from the pod's rank.
+        return ["tfstrategy", "launch", "--nnodes", f"{fewest}:{most}", "--master",
+                f"{options.name}-0.{options.name}:{options.rendezvous_port}",
+                "--node-address", f"{options.name}-$({ENV_NODE_RANK}).{options.name}", "-n", "1",
+                "--port-range", f"{options.port}-{options.port}", "--backup-dir", options.backup_dir,
+                "--grace", str(max(1, options.grace - 5)), *options.run_options, "--", *options.command]
+    return ["tfstrategy", "run", *options.run_options, "--", *options.command] if options.hook else list(options.command)
+
+
+def _ports(options: K8sOptions) -> list[tuple[str, int]]:
+    ports = [("tf-grpc", options.port)]
+    return ports if options.elastic is None else [*ports, ("rendezvous", options.rendezvous_port)]
+
+
 def job_manifest(options: K8sOptions) -> dict[str, Any]:
-    """The Indexed Job: one pod per worker, each running the command under ``tfstrategy run``."""
-    command = ["tfstrategy", "run", *options.run_options, "--", *options.command] if options.hook else list(options.command)
+    """The Indexed Job: one pod per worker, each running the command under ``tfstrategy run`` (or ``launch``)."""
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": options.image,
-        "command": command,
-        "ports": [{"name": "tf-grpc", "containerPort": options.port, "protocol": "TCP"}],
+        "command": pod_command(options),
+        "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in _ports(options)],
         "env": pod_environment(options),
     }
     amounts = resources(options.cpu, options.memory, options.cpu_limit, options.gpus)
@@ -316,7 +382,7 @@ def service_manifest(options: K8sOptions) -> dict[str, Any]:
             # A pod's name resolves before it is Ready: workers connect to each other while starting.
             "publishNotReadyAddresses": True,
             "selector": {JOB_NAME_LABEL: options.name},
-            "ports": [{"name": "tf-grpc", "port": options.port, "targetPort": options.port, "protocol": "TCP"}],
+            "ports": [{"name": name, "port": port, "targetPort": port, "protocol": "TCP"} for name, port in _ports(options)],
         },
     }
 
@@ -331,7 +397,8 @@ def network_policy_manifest(options: K8sOptions) -> dict[str, Any]:
         "spec": {
             "podSelector": pods,
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": pods}], "ports": [{"protocol": "TCP", "port": options.port}]}],
+            "ingress": [{"from": [{"podSelector": pods}],
+                         "ports": [{"protocol": "TCP", "port": port} for _, port in _ports(options)]}],
         },
     }
 

@@ -67,6 +67,9 @@ def free_ports(count: int, host: str = LOOPBACK, port_range: tuple[int, int] | N
             candidates = random.sample(range(low, high + 1), high - low + 1)
             while candidates and len(sockets) < count:
                 sock = socket.socket(family, socket.SOCK_STREAM)
+                # As TensorFlow's gRPC server binds: a port whose last worker's connections linger in TIME_WAIT
+                # is free for it (an elastic job re-forms on the same --port-range at once); a listener is not.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     sock.bind(("::" if family == socket.AF_INET6 else "", candidates.pop()))
                 except OSError:
