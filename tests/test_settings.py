@@ -8,7 +8,6 @@ from tfstrategy.cli.check import _check_collective_timeout
 from tfstrategy.errors import SettingsConflictError, StrategyError
 from tfstrategy.runtime.hook_steps import WatchStrategies
 from tfstrategy.runtime.inputs import PlanInputs
-from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.selection.choose import Choice
 from tfstrategy.selection.select import Selection, resolve_request
 from tfstrategy.settings import (
@@ -17,6 +16,7 @@ from tfstrategy.settings import (
     StrategyKind,
     resolve_collective_timeout,
 )
+from tfstrategy.state.registry import RUNTIME
 
 TWO_WORKERS = '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}'
 

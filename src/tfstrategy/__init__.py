@@ -29,7 +29,6 @@ if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on 
     from tfstrategy.patches import apply_patches, patch_status
     from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
     from tfstrategy.performance.report import performance_report
-    from tfstrategy.runtime import reset
     from tfstrategy.scope.audit import audit_scope, require_scope, scope_guard
     from tfstrategy.scope.build import build_in_scope
     from tfstrategy.scope.restore import restore_checkpoint
@@ -39,6 +38,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on 
     from tfstrategy.selection.select import Selection, select
     from tfstrategy.selection.strategies import build
     from tfstrategy.settings import StrategyKind
+    from tfstrategy.state.registry import reset
     from tfstrategy.training.batching import plan_batch
     from tfstrategy.training.custom_loop import make_train_step
     from tfstrategy.training.datasets import plan_dataset, prepare_dataset
@@ -116,7 +116,7 @@ _PUBLIC = {
     "patch_status": "tfstrategy.patches",
     "fix_steps_per_execution": "tfstrategy.patches.keras_steps_per_execution",
     "performance_report": "tfstrategy.performance.report",
-    "reset": "tfstrategy.runtime",
+    "reset": "tfstrategy.state.registry",
     "audit_scope": "tfstrategy.scope.audit",
     "require_scope": "tfstrategy.scope.audit",
     "scope_guard": "tfstrategy.scope.audit",

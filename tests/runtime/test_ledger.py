@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from tfstrategy.launch.ledger import Ledger, ledger_path, read_ledger
 from tfstrategy.launch.reports import ProgressWriter
-from tfstrategy.runtime import RUNTIME, worker_watch
+from tfstrategy.runtime import worker_watch
 from tfstrategy.runtime.inputs import PlanInputs
 from tfstrategy.runtime.ledger import (
     LedgerKeeper,
@@ -29,6 +29,7 @@ from tfstrategy.runtime.ledger import (
 )
 from tfstrategy.runtime.ledger_traces import summarize_graph
 from tfstrategy.runtime.steps import KeepLedger
+from tfstrategy.state.registry import RUNTIME
 
 
 class Clock:

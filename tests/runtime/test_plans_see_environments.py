@@ -18,10 +18,10 @@ from tfstrategy.cli import main
 from tfstrategy.environments import ClusterEnvironment
 from tfstrategy.errors import ClusterConfigError
 from tfstrategy.multiworker.cluster import ClusterConfig, tf_config_from_hosts
-from tfstrategy.runtime import RUNTIME, reset
 from tfstrategy.runtime.inputs import derive_inputs
 from tfstrategy.runtime.plan import plan_steps
 from tfstrategy.runtime.worker_hook import hook_plan
+from tfstrategy.state.registry import RUNTIME, reset
 
 
 class ToyScheduler(ClusterEnvironment):

@@ -14,9 +14,10 @@ import pytest
 import tfstrategy
 from tfstrategy.diagnostics.env_report import preview_steps
 from tfstrategy.patches import PATCHES, patch_status
-from tfstrategy.runtime import RUNTIME, reset, worker_hook
+from tfstrategy.runtime import worker_hook
 from tfstrategy.runtime.hook_keras import keras2_aliases
 from tfstrategy.runtime.rewrites import rewrites
+from tfstrategy.state.registry import RUNTIME, reset
 from tfstrategy.training.precision import global_policy
 from tfstrategy.training.steps_per_execution import tune_at_first_fit
 

@@ -324,7 +324,7 @@ def preview_steps(env: Mapping[str, str]) -> dict[str, Any]:
     replacements installed in this process."""
     from tfstrategy.runtime.inputs import HOOK, SELECT, derive_inputs
     from tfstrategy.runtime.plan import plan_steps
-    from tfstrategy.runtime.process import RUNTIME
+    from tfstrategy.state.registry import RUNTIME
 
     result: dict[str, Any] = {"replacements": RUNTIME.lines()}
     for key, consumer in (("select_steps", SELECT), ("hook_steps", HOOK)):

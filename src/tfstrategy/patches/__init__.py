@@ -54,7 +54,7 @@ from tfstrategy.patches import (
     keras_uneven_batches,
 )
 from tfstrategy.patches.mechanism import Patch, PatchStatus
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.state.registry import RUNTIME
 
 #: Every patch, by name, in the order they are applied.
 PATCHES: dict[str, Patch] = {
@@ -86,7 +86,7 @@ def patch_status() -> tuple[PatchStatus, ...]:
     """What each patch found and installed so far, then every other replacement installed in this process.
 
     No probing, no installing. The others are the start-up hook's rewrites and the
-    overrides of one object's attribute (:meth:`tfstrategy.runtime.ProcessRuntime.override_attribute`).
+    overrides of one object's attribute (:meth:`tfstrategy.state.ProcessRuntime.override_attribute`).
     """
     others = tuple(item.status() for item in RUNTIME.replacements() if item.name not in PATCHES)
     return tuple(patch.status() for patch in PATCHES.values()) + others

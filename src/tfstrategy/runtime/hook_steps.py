@@ -58,7 +58,7 @@ class WatchStrategies(Step):
                 "gets the collective timeout, if one is set)")
 
     def change(self) -> str | None:
-        from tfstrategy.runtime.process import RUNTIME
+        from tfstrategy.state.registry import RUNTIME
 
         if not (self.inputs.multi_worker and RUNTIME.hook.joined):
             return None

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import FrameType
 
 from tfstrategy.contract.ledger import FunctionTrace, Ledger, ledger_path, write_ledger
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["LedgerKeeper", "TensorFlowRuns", "current_keeper", "keep_ledger", "stop_ledger", "user_frame_of",
            "users_code_tensorflow_runs"]

@@ -160,7 +160,7 @@ def _recording_weights_in_scope(original: Callable[..., Any]) -> Callable[..., A
     layers are hooked at the first ``scope()`` instead, where the user's model is about to be built.
     """
 
-    from tfstrategy.runtime.process import RUNTIME
+    from tfstrategy.state.registry import RUNTIME
 
     def scope(self: Any) -> Any:
         if RUNTIME.replacement("ledger_weights") is None:

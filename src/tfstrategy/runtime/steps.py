@@ -205,7 +205,7 @@ class ApplyPatches(Step):
 
     def _take(self) -> str | None:
         from tfstrategy.patches import apply_patches
-        from tfstrategy.runtime.process import RUNTIME
+        from tfstrategy.state.registry import RUNTIME
 
         self.statuses = apply_patches()
         installed = [status.name for status in self.statuses if status.installed]

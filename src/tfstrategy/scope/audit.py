@@ -329,7 +329,7 @@ def guard_model(model: Any, strategy: Any) -> Any:
         guarded.__tfstrategy_guard__ = True  # type: ignore[attr-defined]
         return guarded
 
-    from tfstrategy.runtime.process import RUNTIME
+    from tfstrategy.state.registry import RUNTIME
 
     for name in GUARDED_METHODS:
         method = getattr(model, name)

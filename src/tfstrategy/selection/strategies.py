@@ -8,9 +8,9 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import StrategyError
 from tfstrategy.multiworker.cluster import load_cluster_config
-from tfstrategy.runtime.process import KEY_STRIDE, RUNTIME
 from tfstrategy.selection.choose import Choice
 from tfstrategy.settings import DEFAULT_COLLECTIVE_TIMEOUT, StrategyKind
+from tfstrategy.state.registry import KEY_STRIDE, RUNTIME
 
 __all__ = ["LOCAL_KEY_BASE", "build", "mirrored_strategy"]
 

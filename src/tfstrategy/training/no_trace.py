@@ -180,7 +180,7 @@ def skip_build_peek(model: Any) -> None:
         # Looked up at each call: another patch may wrap the class's method later.
         return _compat.class_build_peek(model, iterator=iterator, data_batch=data_batch)
 
-    from tfstrategy.runtime.process import RUNTIME
+    from tfstrategy.state.registry import RUNTIME
 
     RUNTIME.override_attribute(model, _compat.build_peek_attribute(), _maybe_symbolic_build,
                                name=f"skip_build_peek:{id(model)}", note="fit skips Keras' peek at one batch")

@@ -355,7 +355,7 @@ def tune_at_first_fit(model: Any) -> None:
     An instance override of ``model.fit`` registered with the process runtime, one shot: the first call removes
     it (the scope guard's wrapper, or Keras' own method, is back) and then tunes and fits.
     """
-    from tfstrategy.runtime.process import RUNTIME
+    from tfstrategy.state.registry import RUNTIME
 
     fit = model.fit
 
