@@ -23,7 +23,7 @@ assert "tensorflow" not in sys.modules
 import tfstrategy.launch.states  # the subpackage the public function shares its name with
 from tfstrategy.launch.supervisor import launch
 assert tfstrategy.launch is launch, tfstrategy.launch
-from tfstrategy.selection.select import select
+from tfstrategy.runtime.select import select
 assert tfstrategy.select is select and "select" in dir(tfstrategy)
 print("lazy", len([name for name in sys.modules if name.startswith("tfstrategy")]))
 """

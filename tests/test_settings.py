@@ -8,8 +8,8 @@ from tfstrategy.cli.check import _check_collective_timeout
 from tfstrategy.errors import SettingsConflictError, StrategyError
 from tfstrategy.runtime.hook_steps import WatchStrategies
 from tfstrategy.runtime.inputs import PlanInputs
+from tfstrategy.runtime.select import Selection, resolve_request
 from tfstrategy.selection.choose import Choice
-from tfstrategy.selection.select import Selection, resolve_request
 from tfstrategy.settings import (
     DEFAULT_COLLECTIVE_TIMEOUT,
     ENV_COLLECTIVE_TIMEOUT,

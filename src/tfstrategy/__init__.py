@@ -29,13 +29,13 @@ if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on 
     from tfstrategy.patches import apply_patches, patch_status
     from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
     from tfstrategy.performance.report import performance_report
+    from tfstrategy.runtime.select import Selection, select
     from tfstrategy.scope.audit import audit_scope, require_scope, scope_guard
     from tfstrategy.scope.build import build_in_scope
     from tfstrategy.scope.restore import restore_checkpoint
     from tfstrategy.selection.choose import choose
     from tfstrategy.selection.cpu_split import configure_cpu_replicas
     from tfstrategy.selection.host import HostInfo
-    from tfstrategy.selection.select import Selection, select
     from tfstrategy.selection.strategies import build
     from tfstrategy.settings import StrategyKind
     from tfstrategy.state.registry import reset
@@ -125,8 +125,8 @@ _PUBLIC = {
     "choose": "tfstrategy.selection.choose",
     "configure_cpu_replicas": "tfstrategy.selection.cpu_split",
     "HostInfo": "tfstrategy.selection.host",
-    "Selection": "tfstrategy.selection.select",
-    "select": "tfstrategy.selection.select",
+    "Selection": "tfstrategy.runtime.select",
+    "select": "tfstrategy.runtime.select",
     "build": "tfstrategy.selection.strategies",
     "StrategyKind": "tfstrategy.settings",
     "plan_batch": "tfstrategy.training.batching",

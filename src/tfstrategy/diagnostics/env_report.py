@@ -37,9 +37,9 @@ from tfstrategy.environments.base import variables_line
 from tfstrategy.errors import MissingDependencyError, TFStrategyError
 from tfstrategy.launch.exposure import describe_tf_config_exposure, network_interfaces
 from tfstrategy.multiworker.cluster import read_tf_config, validate_tf_config
+from tfstrategy.runtime.select import resolve_request
 from tfstrategy.selection.choose import choose
 from tfstrategy.selection.host import HostInfo
-from tfstrategy.selection.select import resolve_request
 from tfstrategy.settings import StrategyKind
 
 __all__ = ["EnvReport", "collect_env_report", "format_env_report", "env_report_as_dict"]

@@ -375,11 +375,13 @@ def current_keeper() -> LedgerKeeper | None:
     return _KEEPER[0] if _KEEPER else None
 
 
-def keep_ledger() -> str | None:
+def keep_ledger(traces: Callable[[], str] = lambda: "") -> str | None:
     """Keep a ledger beside this worker's progress file (``None`` outside ``tfstrategy launch``).
 
-    The heartbeat thread samples and writes it (:mod:`tfstrategy.runtime.worker_watch`); the
-    fingerprints of traced functions come from :func:`tfstrategy.runtime.ledger_traces.fingerprint_traces`.
+    The heartbeat thread samples and writes it (:mod:`tfstrategy.runtime.worker_watch`); ``traces``
+    installs what fingerprints traced functions (the ``ledger`` step passes
+    :func:`tfstrategy.runtime.ledger_traces.fingerprint_traces`, which reads the keeper back) and
+    returns what it adds to the step's line.
     """
     if not RUNTIME.progress:
         return None
@@ -391,10 +393,7 @@ def keep_ledger() -> str | None:
     keeper = LedgerKeeper(ledger_path(progress))
     _KEEPER.append(keeper)
     atexit.register(_flush_at_exit, keeper)
-    from tfstrategy.runtime.ledger_traces import fingerprint_traces
-
-    traces = fingerprint_traces()
-    return f"per-epoch batches, end of data, the user's frame{traces} in {keeper.path}"
+    return f"per-epoch batches, end of data, the user's frame{traces()} in {keeper.path}"
 
 
 def stop_ledger() -> None:

@@ -208,4 +208,3 @@ def _recording_weights(original: Callable[..., Any]) -> Callable[..., Any]:
     add_weight.__wrapped__ = original  # type: ignore[attr-defined]
     add_weight.__doc__ = original.__doc__
     return add_weight
-    return ", the fingerprint of each traced train/eval function"

@@ -130,8 +130,9 @@ class KeepLedger(Step):
 
     def _take(self) -> str | None:
         from tfstrategy.runtime.ledger import keep_ledger
+        from tfstrategy.runtime.ledger_traces import fingerprint_traces
 
-        return keep_ledger()
+        return keep_ledger(fingerprint_traces)
 
     def undo(self) -> None:
         if self.state == "taken":

@@ -131,17 +131,21 @@ class AuditReport:
 
 
 def strategy_of(strategy_or_selection: Any) -> Any:
-    """The ``tf.distribute.Strategy`` of a strategy or a :class:`tfstrategy.Selection`."""
-    from tfstrategy.selection.select import Selection
+    """The ``tf.distribute.Strategy`` of a strategy or a :class:`tfstrategy.Selection`.
 
-    if isinstance(strategy_or_selection, Selection):
-        return strategy_or_selection.strategy
-    if not hasattr(strategy_or_selection, "extended") or not hasattr(strategy_or_selection, "scope"):
+    A selection is known by what it holds (its ``strategy``), not by its class: the audit
+    stands below ``select()`` and needs nothing of it.
+    """
+    strategy = strategy_or_selection
+    held = getattr(strategy, "strategy", None)
+    if held is not None and not hasattr(strategy, "extended"):
+        strategy = held
+    if not hasattr(strategy, "extended") or not hasattr(strategy, "scope"):
         raise BuildError(
             f"Received {type(strategy_or_selection).__name__}; expected a tf.distribute.Strategy or a "
             "tfstrategy.Selection (from tfstrategy.select())."
         )
-    return strategy_or_selection
+    return strategy
 
 
 def _owned_variables(model: Any, optimizer: Any, metrics: Iterable[Any]) -> list[tuple[str, Any]]:
