@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on 
     from tfstrategy.training.sentinel import divergence_sentinel
     from tfstrategy.training.steps_per_execution import tune_steps_per_execution
 
-__version__ = "0.2.0"
+from tfstrategy._release import __version__ as __version__
 
 __all__ = [
     # Select the strategy (how-to steps 2 and 5).

@@ -245,7 +245,7 @@ def collect_env_report(env: Mapping[str, str] | None = None, *, compat: bool = F
         - tfstrategy: 0.1.0
         ...
     """
-    from tfstrategy import __version__
+    from tfstrategy._release import __version__
 
     env = os.environ if env is None else env
     problems: list[str] = []
