@@ -264,7 +264,9 @@ import json
 import tfstrategy
 from tensorflow.python.eager import context
 
-report = tfstrategy.collect_env_report()
+from tfstrategy.diagnostics.env_report import collect_env_report
+
+report = collect_env_report()
 untouched = context.context()._context_handle is None
 selection = tfstrategy.select(cpu_replicas=2)
 print(json.dumps({"untouched": untouched, "logical": report.devices.logical,

@@ -13,7 +13,7 @@ import pytest
 
 import tfstrategy
 from tfstrategy.diagnostics.env_report import preview_steps
-from tfstrategy.patches import PATCHES, patch_status
+from tfstrategy.patches import PATCHES, apply_patches, patch_status
 from tfstrategy.runtime import worker_hook
 from tfstrategy.runtime.hook_keras import keras2_aliases
 from tfstrategy.runtime.rewrites import rewrites
@@ -38,7 +38,7 @@ def clean_runtime():
     reset()
     yield
     reset()
-    tfstrategy.apply_patches()  # as any select() leaves the process for the tests after this one
+    apply_patches()  # as any select() leaves the process for the tests after this one
 
 
 def test_two_different_jobs_in_one_process(clean_runtime, capsys, monkeypatch):

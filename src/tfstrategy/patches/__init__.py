@@ -23,7 +23,7 @@ code installed in this process (the start-up hook's rewrites, instance overrides
 see :mod:`tfstrategy.runtime`); ``tfstrategy env`` prints it.
 
 Example:
-    >>> for status in tfstrategy.apply_patches():
+    >>> for status in apply_patches():
     ...     print(status.line())
     keras_mwms: installed (TensorFlowTrainer._maybe_symbolic_build, reduce_per_replica); keras 3.15.1
     keras_steps_per_execution: installed (TensorFlowTrainer._make_function); keras 3.15.1; probes when a model first needs it

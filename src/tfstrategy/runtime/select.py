@@ -2,7 +2,7 @@
 
 :func:`select` derives its plan's inputs (argument > ``TFSTRATEGY_*`` >
 default, and the cluster environment: :func:`resolve_request`), chooses purely
-(:func:`~tfstrategy.choose`), builds the strategy (:func:`~tfstrategy.build`),
+(:func:`~tfstrategy.selection.choose.choose`), builds the strategy (:func:`~tfstrategy.selection.strategies.build`),
 and around those takes the steps of its plan (:class:`tfstrategy.runtime.plan.Plan`,
 the same step objects ``tfstrategy env`` prints), each recorded on the
 :class:`Selection`: ``split_cpu``, ``set_tf_config`` (a cluster environment

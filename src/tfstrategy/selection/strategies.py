@@ -53,7 +53,7 @@ def build(choice: Choice, *, collective_timeout: float | None = DEFAULT_COLLECTI
     """Instantiate the strategy a :class:`Choice` describes, and nothing else.
 
     Args:
-        choice: the output of :func:`~tfstrategy.choose`.
+        choice: the output of :func:`~tfstrategy.selection.choose.choose`.
         collective_timeout: for multi-worker, seconds a collective may wait for
             a peer before raising (``None``: wait forever, as TensorFlow does).
 
