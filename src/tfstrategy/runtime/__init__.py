@@ -14,18 +14,6 @@ What all of it installs registers with :data:`tfstrategy.state.RUNTIME`, on the 
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from tfstrategy._moved import moved_names
 
-_NEW_HOME = "tfstrategy.state"
-_REMOVED_IN = "0.4"
-_NAMES = ("RUNTIME", "Override", "ProcessRuntime", "reset")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"{__name__}.{name} moved to {_NEW_HOME} (from {_NEW_HOME} import {name}); the old name is "
-                  f"removed in tfstrategy {_REMOVED_IN}.", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(_NEW_HOME), name)
+__getattr__ = moved_names(__name__, "tfstrategy.state", ("RUNTIME", "Override", "ProcessRuntime", "reset"))

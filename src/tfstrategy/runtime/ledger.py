@@ -39,7 +39,7 @@ from types import FrameType
 from tfstrategy.contract.ledger import FunctionTrace, Ledger, ledger_path, write_ledger
 from tfstrategy.state.registry import RUNTIME
 
-__all__ = ["LedgerKeeper", "TensorFlowRuns", "current_keeper", "keep_ledger", "stop_ledger", "user_frame_of",
+__all__ = ["LedgerKeeper", "TensorFlowRuns", "UsersCodeSeconds", "current_keeper", "keep_ledger", "stop_ledger", "user_frame_of",
            "users_code_tensorflow_runs"]
 
 #: At most one write of the ledger file per this many seconds (plus one at exit).
@@ -62,7 +62,37 @@ class TensorFlowRuns:
     py_functions: tuple[str, ...] = ()
 
 
-class LedgerKeeper:
+class UsersCodeSeconds:
+    """Seconds stack samples saw TensorFlow run the user's input and ``py_function`` s: each sample counts the
+    time since the previous one by what runs now. The ledger's heartbeat samples with it, and the performance
+    report's own sampler where no ledger is kept (:class:`~tfstrategy.performance.sampler.StackSampler`)."""
+
+    def __init__(self, runs: Callable[[], TensorFlowRuns] | None = None) -> None:
+        self._runs = runs if runs is not None else tensorflow_runs_users_code
+        #: Seconds the samples saw tf.data run the user's code (a ``from_generator`` generator): the input a
+        #: ``tf.function`` reads inside the step (Keras' ``fit``), which no batch callback can time.
+        self.input_seconds = 0.0
+        #: Seconds the samples saw TensorFlow run the user's ``tf.py_function``/``tf.numpy_function`` (in a
+        #: ``dataset.map`` or in the step: the stack cannot tell which).
+        self.py_function_seconds = 0.0
+        self._sampled_at: float | None = None
+
+    def _sample_users_code(self, now: float) -> TensorFlowRuns:
+        """Count the time since the last sample as input, or ``py_function`` time, by what TensorFlow runs now."""
+        try:
+            runs = self._runs()
+        except Exception:  # a stack that cannot be read must not stop the sampling
+            runs = TensorFlowRuns()
+        if self._sampled_at is not None:
+            if runs.input:
+                self.input_seconds += now - self._sampled_at
+            if runs.py_functions:
+                self.py_function_seconds += now - self._sampled_at
+        self._sampled_at = now
+        return runs
+
+
+class LedgerKeeper(UsersCodeSeconds):
     """One worker's ledger in memory, its counters fed by the training loop, sampled and written by the heartbeat.
 
     ``clock`` (monotonic seconds), ``cpu_clock`` (process CPU seconds), ``wall`` (epoch seconds),
@@ -77,8 +107,8 @@ class LedgerKeeper:
                  write: Callable[[Path, Ledger], None] = write_ledger) -> None:
         self.path = Path(path)
         self._clock, self._cpu_clock, self._wall = clock, cpu_clock, wall
+        super().__init__(runs)
         self._frame = frame if frame is not None else main_thread_user_frame
-        self._runs = runs if runs is not None else tensorflow_runs_users_code
         self._write = write
         # The training loop's side (written by one thread, read by the heartbeat's).
         self.epoch = -1
@@ -105,14 +135,8 @@ class LedgerKeeper:
         self._urgent = False
         # The heartbeat's side: samples of (clock, total steps, outside, CPU, input and py_function seconds).
         self._samples: deque[tuple[float, int, float, float, float, float]] = deque(maxlen=_WINDOW)
-        #: Seconds the heartbeat saw tf.data run the user's code (a ``from_generator`` generator): the input a
-        #: ``tf.function`` reads inside the step (Keras' ``fit``), which no batch callback can time.
-        self.input_seconds = 0.0
-        #: Seconds the heartbeat saw TensorFlow run the user's ``tf.py_function``/``tf.numpy_function`` (in a
-        #: ``dataset.map`` or in the step: the stack cannot tell which), and how often it saw each function.
-        self.py_function_seconds = 0.0
+        #: How often the heartbeat saw each of the user's ``py_function`` s run (its seconds: ``py_function_seconds``).
         self.py_function_places: Counter[str] = Counter()
-        self._sampled_at: float | None = None
         self._written: Ledger | None = None
         self._last_frame = ""
         self._written_at = float("-inf")
@@ -237,21 +261,13 @@ class LedgerKeeper:
         return (round((last[0] - first[0]) / steps, 6), round(waited / steps, 6),
                 round((last[3] - first[3]) / steps, 6), round((last[5] - first[5]) / steps, 6))
 
-    def _sample_users_code(self, now: float) -> None:
-        """Count the time since the last sample as input, or ``py_function`` time, by what TensorFlow runs now."""
-        try:
-            runs = self._runs()
-        except Exception:  # a stack that cannot be read must not stop the heartbeat
-            runs = TensorFlowRuns()
-        if self._sampled_at is not None:
-            if runs.input:
-                self.input_seconds += now - self._sampled_at
-            if runs.py_functions:
-                self.py_function_seconds += now - self._sampled_at
+    def _sample_users_code(self, now: float) -> TensorFlowRuns:
+        """The shared count, and how often each ``py_function`` place was seen."""
+        runs = super()._sample_users_code(now)
         for place in runs.py_functions:
             if place in self.py_function_places or len(self.py_function_places) < _PLACES:
                 self.py_function_places[place] += 1
-        self._sampled_at = now
+        return runs
 
     def sample(self) -> bool:
         """Take one sample; write the ledger if it changed and the last write is old enough. Whether it wrote."""

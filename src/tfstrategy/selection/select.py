@@ -3,18 +3,6 @@ above what it chooses and builds with); these names resolve with a DeprecationWa
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from tfstrategy._moved import moved_names
 
-_NEW_HOME = "tfstrategy.runtime.select"
-_REMOVED_IN = "0.4"
-_NAMES = ("Request", "Selection", "resolve_request", "select")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"{__name__}.{name} moved to {_NEW_HOME} (from {_NEW_HOME} import {name}); the old module is "
-                  f"removed in tfstrategy {_REMOVED_IN}.", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(_NEW_HOME), name)
+__getattr__ = moved_names(__name__, "tfstrategy.runtime.select", ("Request", "Selection", "resolve_request", "select"))
