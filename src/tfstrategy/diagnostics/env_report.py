@@ -41,6 +41,7 @@ from tfstrategy.runtime.select import resolve_request
 from tfstrategy.selection.choose import choose
 from tfstrategy.selection.host import HostInfo
 from tfstrategy.settings import StrategyKind
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["EnvReport", "collect_env_report", "format_env_report", "env_report_as_dict"]
 
@@ -324,7 +325,6 @@ def preview_steps(env: Mapping[str, str]) -> dict[str, Any]:
     replacements installed in this process."""
     from tfstrategy.runtime.inputs import HOOK, SELECT, derive_inputs
     from tfstrategy.runtime.plan import plan_steps
-    from tfstrategy.state.registry import RUNTIME
 
     result: dict[str, Any] = {"replacements": RUNTIME.lines()}
     for key, consumer in (("select_steps", SELECT), ("hook_steps", HOOK)):

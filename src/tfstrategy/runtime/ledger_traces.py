@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tfstrategy.contract.ledger import FunctionTrace
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["GraphSummary", "fingerprint_traces", "summarize_graph", "trace_of"]
 
@@ -159,8 +160,6 @@ def _recording_weights_in_scope(original: Callable[..., Any]) -> Callable[..., A
     The ledger step runs while TensorFlow is imported, often from inside Keras' own import: Keras'
     layers are hooked at the first ``scope()`` instead, where the user's model is about to be built.
     """
-
-    from tfstrategy.state.registry import RUNTIME
 
     def scope(self: Any) -> Any:
         if RUNTIME.replacement("ledger_weights") is None:

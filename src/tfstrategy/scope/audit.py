@@ -26,6 +26,7 @@ from tfstrategy._tf import tf
 from tfstrategy.errors import BuildError, ScopeError
 from tfstrategy.scope.creation_sites import site_of
 from tfstrategy.selection.names import strategy_name
+from tfstrategy.state.registry import RUNTIME
 from tfstrategy.training.precision import float16_output_message
 
 __all__ = ["VariableRecord", "AuditReport", "strategy_of", "audit_scope", "require_scope", "guard_model", "scope_guard"]
@@ -332,8 +333,6 @@ def guard_model(model: Any, strategy: Any) -> Any:
 
         guarded.__tfstrategy_guard__ = True  # type: ignore[attr-defined]
         return guarded
-
-    from tfstrategy.state.registry import RUNTIME
 
     for name in GUARDED_METHODS:
         method = getattr(model, name)
