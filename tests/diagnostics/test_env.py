@@ -11,11 +11,12 @@ import pytest
 import tensorflow as tf
 
 from helpers import ROOT
-from tfstrategy import TFStrategyError, collect_env_report, select
+from tfstrategy import TFStrategyError, select
 from tfstrategy.diagnostics import env_report
 from tfstrategy.diagnostics.env_report import (
     DeviceFacts,
     GPUInfo,
+    collect_env_report,
     describe_build,
     describe_gpus,
     env_report_as_dict,
