@@ -21,11 +21,9 @@ from tfstrategy.state.status import MISSING, PatchStatus
 
 __all__ = ["Rewrite", "install_rewrite", "remove_rewrites", "rewrites"]
 
+
 class Rewrite(Replacement):
     """One rewrite of the hook: ``factories`` maps a target path to ``original -> replacement``."""
-
-    upstream = "none: a rewrite of tfstrategy's start-up hook, not a workaround"
-    verified_up_to = ""
 
     def __init__(self, name: str, module: Callable[..., ModuleType | None],
                  factories: Mapping[str, Callable[..., Any]], *, detail: str = "") -> None:
