@@ -3,7 +3,7 @@
 Read at each timed execution's begin and end (:class:`~tfstrategy.performance.timing.StepTimes`), they cost
 two clock readings and two attribute reads; what they add up to is what :mod:`~tfstrategy.performance.evidence`
 concludes from when the probes do not run. The samples are the worker's ledger's under ``tfstrategy launch``
-(its heartbeat already takes them: :mod:`tfstrategy.runtime.ledger`); elsewhere (``tfstrategy run``, a
+(its heartbeat already takes them and shares its counter: :mod:`tfstrategy.stacks`); elsewhere (``tfstrategy run``, a
 script's own callback) a :class:`StackSampler` of the report's takes them while ``fit`` runs.
 """
 
@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tfstrategy.runtime.ledger import TensorFlowRuns, UsersCodeSeconds, current_keeper, tensorflow_runs_users_code
+from tfstrategy.stacks import TensorFlowRuns, UsersCodeSeconds, shared_counter, tensorflow_runs_users_code
 
 #: Seconds between the report's own samples (20 a second: a few microseconds each, when no ledger samples).
 SAMPLE_SECONDS = 0.05
@@ -24,7 +24,7 @@ Gauges = Callable[[], tuple[float, float, float]]
 
 class StackSampler(UsersCodeSeconds):
     """A thread that samples every thread's stack and adds up the seconds it saw the user's input and
-    ``tf.py_function`` s run (the ledger keeper's counting, :class:`~tfstrategy.runtime.ledger.UsersCodeSeconds`,
+    ``tf.py_function`` s run (the ledger keeper's counting, :class:`~tfstrategy.stacks.UsersCodeSeconds`,
     for a process that keeps no ledger)."""
 
     def __init__(self, *, interval: float = SAMPLE_SECONDS,
@@ -65,7 +65,7 @@ class StackSampler(UsersCodeSeconds):
 
 def ledger_gauges() -> Gauges | None:
     """The live ledger's gauges (under ``tfstrategy launch``, where the heartbeat samples), or ``None``."""
-    keeper = current_keeper()
-    if keeper is None:
+    counter = shared_counter()
+    if counter is None:
         return None
-    return lambda: (time.process_time(), keeper.input_seconds, keeper.py_function_seconds)
+    return lambda: (time.process_time(), counter.input_seconds, counter.py_function_seconds)
