@@ -4,7 +4,7 @@
 # For developers:
 #   make test-extended  only the long real-world tier (make test runs it too): the corpus of public scripts, Ray, joins after early ops, backup faults, the benchmark run
 #   make test-fast   the edit-test loop: no worker processes, no long training (CONTRIBUTING: the measured times)
-#   make lint        ruff, and mypy (strict over the whole package)
+#   make lint        ruff, mypy (strict over the whole package), the import-linter contracts (pyproject.toml) and tests/test_rules.py
 #   make versions    the smoke set on the oldest supported TensorFlow/Keras and on tf_keras (own venvs)
 #   make bench       the benchmarks (tables, benchmarks/results/results.{json,png})
 #   make docs        the documentation site, strictly (a broken link or missing docstring fails): site/
@@ -55,6 +55,8 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python -m mypy
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_rules.py
 
 versions:
 	bash .ci/versions

@@ -117,12 +117,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from tfstrategy.launch.ledger import read_ledger
     from tfstrategy.launch.reports import ProgressWriter
-    from tfstrategy.runtime import RUNTIME, worker_watch
     from tfstrategy.runtime import ledger as ledger_module
+    from tfstrategy.runtime import worker_watch
     from tfstrategy.runtime.inputs import PlanInputs
     from tfstrategy.runtime.ledger import current_keeper
     from tfstrategy.runtime.ledger_traces import summarize_graph
     from tfstrategy.runtime.steps import KeepLedger
+    from tfstrategy.state.registry import RUNTIME
 
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{index}" for index in range(args.replicas)])
     features, labels = workloads.make_data(args.steps * workloads.GLOBAL_BATCH)

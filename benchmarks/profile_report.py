@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         print(json.dumps(cost_worker(args.workloads.split(","), args.pairs, args.cost_steps, args.hook_calls)))
         return 0
-    from suites import Budget
+    from budgets import Budget
 
     budget = Budget.quick() if args.quick else Budget()
     machine = machine_info()

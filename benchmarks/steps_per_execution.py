@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     replica_counts = [int(part) for part in args.replicas.split(",")]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tfstrategy
+    from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
     from tfstrategy.selection.cpu_split import configure_cpu_replicas
 
     configure_cpu_replicas(max(replica_counts))
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
             model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", steps_per_execution=spe)
         if fixed:
-            tfstrategy.fix_steps_per_execution(model)
+            fix_steps_per_execution(model)
         data = tfstrategy.prepare_dataset(source, strategy, global_batch=args.global_batch)
         try:
             model.fit(data, epochs=1, verbose=0)  # warm-up: tracing

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tfstrategy
+    from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
 
     # Step 2: select the strategy first (before anything starts TensorFlow, so
     # --cpu-replicas can split the CPU), then build and compile in its scope.
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model()
         model.compile(optimizer="adam", loss="mse", metrics=["mae"], steps_per_execution=args.steps_per_execution)
     # Keras 3.15 fails steps_per_execution > 1 on 2+ replicas; a no-op elsewhere.
-    tfstrategy.fix_steps_per_execution(model)
+    fix_steps_per_execution(model)
 
     # Step 3: batch with the global batch, checked against the replicas.
     train_source, validation_source = make_train_dataset(), make_validation_dataset()

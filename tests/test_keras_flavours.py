@@ -20,6 +20,7 @@ import tfstrategy
 from helpers import ROOT, mirrored, run_cli
 from tfstrategy import _compat, _versions
 from tfstrategy.errors import ScopeError
+from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
 from tfstrategy.scope.creation_sites import recording
 
 pytestmark = pytest.mark.smoke
@@ -89,7 +90,7 @@ def test_steps_per_execution_8_on_two_replicas_equals_one_replica():
                 weights = model.get_weights()
             model.set_weights(weights)
             model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", steps_per_execution=steps)
-        tfstrategy.fix_steps_per_execution(model)
+        fix_steps_per_execution(model)
         model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1, verbose=0)
         results.append(model.get_weights())
     for a, b in zip(*results):

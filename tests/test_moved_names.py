@@ -23,7 +23,7 @@ assert "tensorflow" not in sys.modules
 import tfstrategy.launch.states  # the subpackage the public function shares its name with
 from tfstrategy.launch.supervisor import launch
 assert tfstrategy.launch is launch, tfstrategy.launch
-from tfstrategy.selection.select import select
+from tfstrategy.runtime.select import select
 assert tfstrategy.select is select and "select" in dir(tfstrategy)
 print("lazy", len([name for name in sys.modules if name.startswith("tfstrategy")]))
 """
@@ -72,3 +72,36 @@ def test_the_names_that_moved_to_the_contract_still_import_from_their_old_module
     assert pod_side.POD_VARIABLES is pod.POD_VARIABLES
     assert old_ledger.Ledger is ledger.Ledger and old_ledger.ledger_path is files.ledger_path
     assert old_reports.ProgressWriter is reports.ProgressWriter and old_reports.ErrorRecord is reports.ErrorRecord
+
+
+_OFF_THE_TOP_LEVEL = {
+    "StrategyKind": "tfstrategy.settings", "choose": "tfstrategy.selection.choose",
+    "build": "tfstrategy.selection.strategies", "HostInfo": "tfstrategy.selection.host",
+    "configure_cpu_replicas": "tfstrategy.selection.cpu_split", "apply_patches": "tfstrategy.patches",
+    "fix_steps_per_execution": "tfstrategy.patches.keras_steps_per_execution",
+    "signal_joined": "tfstrategy.multiworker.worker_protocol", "tf_config_from_slurm": "tfstrategy.environments.slurm",
+    "collect_env_report": "tfstrategy.diagnostics.env_report",
+}
+
+
+def test_the_top_level_is_what_a_script_calls_and_the_rest_warns_from_its_module():
+    import importlib
+
+    assert len(tfstrategy.__all__) <= 25, tfstrategy.__all__
+    assert not set(_OFF_THE_TOP_LEVEL) & set(tfstrategy.__all__)
+    for name, home in _OFF_THE_TOP_LEVEL.items():
+        with pytest.warns(DeprecationWarning, match=rf"import it from {home} .* removed in tfstrategy 0\.4"):
+            moved = getattr(tfstrategy, name)
+        assert moved is getattr(importlib.import_module(home), name)
+
+
+def test_the_runtime_and_select_modules_of_0_2_name_their_new_homes():
+    import tfstrategy.runtime as old_runtime
+    import tfstrategy.selection.select as old_select
+    from tfstrategy.runtime.select import select
+    from tfstrategy.state import RUNTIME
+
+    with pytest.warns(DeprecationWarning, match=r"moved to tfstrategy\.state .*removed in tfstrategy 0\.4"):
+        assert old_runtime.RUNTIME is RUNTIME
+    with pytest.warns(DeprecationWarning, match=r"moved to tfstrategy\.runtime\.select .*removed in tfstrategy 0\.4"):
+        assert old_select.select is select

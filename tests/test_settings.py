@@ -8,15 +8,15 @@ from tfstrategy.cli.check import _check_collective_timeout
 from tfstrategy.errors import SettingsConflictError, StrategyError
 from tfstrategy.runtime.hook_steps import WatchStrategies
 from tfstrategy.runtime.inputs import PlanInputs
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.runtime.select import Selection, resolve_request
 from tfstrategy.selection.choose import Choice
-from tfstrategy.selection.select import Selection, resolve_request
 from tfstrategy.settings import (
     DEFAULT_COLLECTIVE_TIMEOUT,
     ENV_COLLECTIVE_TIMEOUT,
     StrategyKind,
     resolve_collective_timeout,
 )
+from tfstrategy.state.registry import RUNTIME
 
 TWO_WORKERS = '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}'
 

@@ -16,46 +16,33 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on first use
     from tfstrategy.diagnostics.check import run_check
-    from tfstrategy.diagnostics.env_report import collect_env_report
     from tfstrategy.diagnostics.equivalence import replica_equivalence
-    from tfstrategy.environments.slurm import tf_config_from_slurm
     from tfstrategy.errors import TFStrategyError
     from tfstrategy.launch.supervisor import launch
     from tfstrategy.multiworker.chief_files import is_chief
     from tfstrategy.multiworker.cluster import tf_config_from_hosts
     from tfstrategy.multiworker.preemption import preemption_callbacks
     from tfstrategy.multiworker.saving import save_model
-    from tfstrategy.multiworker.worker_protocol import backup_callbacks, signal_joined
-    from tfstrategy.patches import apply_patches, patch_status
-    from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution
+    from tfstrategy.multiworker.worker_protocol import backup_callbacks
+    from tfstrategy.patches import patch_status
     from tfstrategy.performance.report import performance_report
-    from tfstrategy.runtime import reset
+    from tfstrategy.runtime.select import Selection, select
     from tfstrategy.scope.audit import audit_scope, require_scope, scope_guard
     from tfstrategy.scope.build import build_in_scope
     from tfstrategy.scope.restore import restore_checkpoint
-    from tfstrategy.selection.choose import choose
-    from tfstrategy.selection.cpu_split import configure_cpu_replicas
-    from tfstrategy.selection.host import HostInfo
-    from tfstrategy.selection.select import Selection, select
-    from tfstrategy.selection.strategies import build
-    from tfstrategy.settings import StrategyKind
+    from tfstrategy.state.registry import reset
     from tfstrategy.training.batching import plan_batch
     from tfstrategy.training.custom_loop import make_train_step
     from tfstrategy.training.datasets import plan_dataset, prepare_dataset
     from tfstrategy.training.sentinel import divergence_sentinel
     from tfstrategy.training.steps_per_execution import tune_steps_per_execution
 
-__version__ = "0.2.0"
+from tfstrategy._release import __version__ as __version__
 
 __all__ = [
     # Select the strategy (how-to steps 2 and 5).
     "select",
     "Selection",
-    "StrategyKind",
-    "choose",
-    "build",
-    "HostInfo",
-    "configure_cpu_replicas",
     # Build in scope and audit (step 2).
     "build_in_scope",
     "audit_scope",
@@ -68,26 +55,21 @@ __all__ = [
     "prepare_dataset",
     "make_train_step",
     "divergence_sentinel",
-    "fix_steps_per_execution",
     "tune_steps_per_execution",
     "performance_report",
     # Keras workarounds.
-    "apply_patches",
     "patch_status",
     "reset",
     # Diagnostics (steps 1 and 6).
     "run_check",
     "replica_equivalence",
-    "collect_env_report",
     # Multi-worker.
     "launch",
     "backup_callbacks",
     "preemption_callbacks",
     "save_model",
     "is_chief",
-    "signal_joined",
     "tf_config_from_hosts",
-    "tf_config_from_slurm",
     # Errors: the base class; every error class is in tfstrategy.errors.
     "TFStrategyError",
 ]
@@ -101,9 +83,7 @@ globals().pop("launch")
 #: ``import tfstrategy`` pay only for what they touch.
 _PUBLIC = {
     "run_check": "tfstrategy.diagnostics.check",
-    "collect_env_report": "tfstrategy.diagnostics.env_report",
     "replica_equivalence": "tfstrategy.diagnostics.equivalence",
-    "tf_config_from_slurm": "tfstrategy.environments.slurm",
     "TFStrategyError": "tfstrategy.errors",
     "launch": "tfstrategy.launch.supervisor",
     "is_chief": "tfstrategy.multiworker.chief_files",
@@ -111,24 +91,16 @@ _PUBLIC = {
     "preemption_callbacks": "tfstrategy.multiworker.preemption",
     "save_model": "tfstrategy.multiworker.saving",
     "backup_callbacks": "tfstrategy.multiworker.worker_protocol",
-    "signal_joined": "tfstrategy.multiworker.worker_protocol",
-    "apply_patches": "tfstrategy.patches",
     "patch_status": "tfstrategy.patches",
-    "fix_steps_per_execution": "tfstrategy.patches.keras_steps_per_execution",
     "performance_report": "tfstrategy.performance.report",
-    "reset": "tfstrategy.runtime",
+    "reset": "tfstrategy.state.registry",
     "audit_scope": "tfstrategy.scope.audit",
     "require_scope": "tfstrategy.scope.audit",
     "scope_guard": "tfstrategy.scope.audit",
     "build_in_scope": "tfstrategy.scope.build",
     "restore_checkpoint": "tfstrategy.scope.restore",
-    "choose": "tfstrategy.selection.choose",
-    "configure_cpu_replicas": "tfstrategy.selection.cpu_split",
-    "HostInfo": "tfstrategy.selection.host",
-    "Selection": "tfstrategy.selection.select",
-    "select": "tfstrategy.selection.select",
-    "build": "tfstrategy.selection.strategies",
-    "StrategyKind": "tfstrategy.settings",
+    "Selection": "tfstrategy.runtime.select",
+    "select": "tfstrategy.runtime.select",
     "plan_batch": "tfstrategy.training.batching",
     "make_train_step": "tfstrategy.training.custom_loop",
     "plan_dataset": "tfstrategy.training.datasets",
@@ -139,7 +111,7 @@ _PUBLIC = {
 
 #: The release that removes the 0.1 names below (each still resolves with a DeprecationWarning until then).
 _ALIASES_REMOVED_IN = "0.4"
-#: Names exported by tfstrategy 0.1 that moved: name -> module that has it now.
+#: Names exported by tfstrategy 0.1 (or 0.2's top level) that moved: name -> module that has it now.
 _MOVED = {
     "AuditReport": "tfstrategy.scope.audit",
     "VariableRecord": "tfstrategy.scope.audit",
@@ -164,6 +136,19 @@ _MOVED = {
     "apply_keras_mwms_fix": "tfstrategy.patches.keras_mwms",
     "recording": "tfstrategy.scope.creation_sites",
     "start_recording": "tfstrategy.scope.creation_sites",
+    # Top-level in 0.2, not what a training script calls (the pure choice and build that select() runs, the
+    # CPU split, the patches and the join signal that select() and the hook take as steps, the env report
+    # that `tfstrategy env` prints, the Slurm TF_CONFIG that select() derives): their modules keep them.
+    "StrategyKind": "tfstrategy.settings",
+    "choose": "tfstrategy.selection.choose",
+    "build": "tfstrategy.selection.strategies",
+    "HostInfo": "tfstrategy.selection.host",
+    "configure_cpu_replicas": "tfstrategy.selection.cpu_split",
+    "fix_steps_per_execution": "tfstrategy.patches.keras_steps_per_execution",
+    "apply_patches": "tfstrategy.patches",
+    "collect_env_report": "tfstrategy.diagnostics.env_report",
+    "signal_joined": "tfstrategy.multiworker.worker_protocol",
+    "tf_config_from_slurm": "tfstrategy.environments.slurm",
     **{
         name: "tfstrategy.errors"
         for name in (

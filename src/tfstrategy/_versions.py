@@ -23,19 +23,21 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+# Which Keras tf.keras is reads TensorFlow's lazy loader, a private name: _compat owns it, and these names
+# stay importable here.
+from tfstrategy._compat.keras_flavour import LEGACY_KERAS_TRUE as LEGACY_KERAS_TRUE
+from tfstrategy._compat.keras_flavour import keras_package as keras_package
+from tfstrategy._compat.keras_flavour import legacy_keras_requested as legacy_keras_requested
 from tfstrategy.errors import UnsupportedVersionError
 
 MIN_TENSORFLOW = "2.16"
 MIN_KERAS = "3.10"
 MIN_TF_KERAS = "2.16"
-#: The values of TF_USE_LEGACY_KERAS that make TensorFlow load tf_keras as tf.keras.
-LEGACY_KERAS_TRUE = ("true", "True", "1")
 
 _TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel", "tf-nightly")
 
@@ -66,34 +68,6 @@ def installed(*distributions: str) -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
-
-
-def legacy_keras_requested(env: Mapping[str, str] | None = None) -> bool:
-    """Whether ``TF_USE_LEGACY_KERAS`` asks ``tf.keras`` to load tf_keras (TensorFlow's own rule).
-
-    The variable only counts until ``tf.keras`` is first used; :func:`keras_package`
-    says what ``tf.keras`` is.
-    """
-    env = os.environ if env is None else env
-    return env.get("TF_USE_LEGACY_KERAS") in LEGACY_KERAS_TRUE
-
-
-def keras_package(env: Mapping[str, str] | None = None) -> str:
-    """``"tf_keras"`` or ``"keras"``: the package ``tf.keras`` is, or will be, in this process.
-
-    Once TensorFlow is imported and ``tf.keras`` resolved, what it resolved to
-    (a host may set ``TF_USE_LEGACY_KERAS`` afterwards, as Ray Train does, and
-    TensorFlow ignores it then); before that, what ``TF_USE_LEGACY_KERAS``
-    will make it. An explicit ``env`` other than ``os.environ`` is a preview of
-    another process: only its variable counts.
-    """
-    if env is None or env is os.environ:
-        from tfstrategy import _compat
-
-        resolved = _compat.resolved_tf_keras()
-        if resolved is not None:
-            return resolved
-    return "tf_keras" if legacy_keras_requested(env) else "keras"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -124,7 +124,7 @@ import sys
 from tfstrategy.cli import build_parser
 args = build_parser().parse_args(["check"])
 assert args.command.__name__ == "check_command"
-import tfstrategy.diagnostics.check, tfstrategy.errors, tfstrategy.multiworker.cluster, tfstrategy.selection.select
+import tfstrategy.diagnostics.check, tfstrategy.errors, tfstrategy.multiworker.cluster, tfstrategy.runtime.select
 off_path = ["tfstrategy.runtime.worker_hook", "tfstrategy.runtime.worker_watch", "tfstrategy.launch.reports",
             "tfstrategy.multiworker.peers", "tfstrategy.training.sentinel", "tfstrategy.training.datasets",
             "tfstrategy.training.batching"]

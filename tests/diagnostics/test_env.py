@@ -11,11 +11,12 @@ import pytest
 import tensorflow as tf
 
 from helpers import ROOT
-from tfstrategy import TFStrategyError, collect_env_report, select
+from tfstrategy import TFStrategyError, select
 from tfstrategy.diagnostics import env_report
 from tfstrategy.diagnostics.env_report import (
     DeviceFacts,
     GPUInfo,
+    collect_env_report,
     describe_build,
     describe_gpus,
     env_report_as_dict,
@@ -264,7 +265,9 @@ import json
 import tfstrategy
 from tensorflow.python.eager import context
 
-report = tfstrategy.collect_env_report()
+from tfstrategy.diagnostics.env_report import collect_env_report
+
+report = collect_env_report()
 untouched = context.context()._context_handle is None
 selection = tfstrategy.select(cpu_replicas=2)
 print(json.dumps({"untouched": untouched, "logical": report.devices.logical,

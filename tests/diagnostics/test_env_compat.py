@@ -46,7 +46,9 @@ import tfstrategy
 from tfstrategy import _compat
 
 before = sorted({name.split(".")[0] for name in sys.modules} & {"tensorflow", "keras"})
-report = tfstrategy.collect_env_report(compat=True)
+from tfstrategy.diagnostics.env_report import collect_env_report
+
+report = collect_env_report(compat=True)
 print(json.dumps({"before": before, "started": _compat.runtime_started(),
                   "missing": [name for name, state in report.accessors.items() if state != "resolved"]}))
 """

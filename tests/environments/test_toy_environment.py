@@ -108,9 +108,9 @@ def test_a_bad_toy_variable_is_one_line_naming_it(toy):
 
 def test_select_plans_tf_config_from_the_toy(toy_environ):
     from tfstrategy.runtime.plan import plan_steps
+    from tfstrategy.runtime.select import resolve_request
     from tfstrategy.selection.choose import choose
     from tfstrategy.selection.host import HostInfo
-    from tfstrategy.selection.select import resolve_request
 
     request = resolve_request()
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tfstrategy.runtime import hook_datasets
 from tfstrategy.runtime.hook_datasets import fewest_files
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.state.registry import RUNTIME
 
 AUTO, DATA = tf.data.experimental.AutoShardPolicy.AUTO, tf.data.experimental.AutoShardPolicy.DATA
 

@@ -13,6 +13,7 @@ import pytest
 
 from helpers import ROOT
 from tfstrategy.diagnostics.equivalence import TOLERANCES
+from tfstrategy.patches import apply_patches
 
 FIT_WORKER = ROOT / "tests" / "workers" / "fit_worker.py"
 DIVERGE_WORKER = ROOT / "tests" / "workers" / "diverge_worker.py"
@@ -41,9 +42,8 @@ def test_two_workers_under_a_policy_fit_like_one_process(policy, tmp_path):
     import keras
     import tensorflow as tf
 
-    import tfstrategy
 
-    tfstrategy.apply_patches()
+    apply_patches()
     keras.mixed_precision.set_global_policy(policy)
     try:
         model, history = _fit_worker().train(tf.distribute.get_strategy(), epochs=3)

@@ -98,8 +98,8 @@ def test_list_logical_devices_in_a_launched_worker_lists_its_own_devices_until_i
     """The hook configures the cluster at import; plain TensorFlow lists local devices until the strategy starts it."""
     import tensorflow as tf
 
-    from tfstrategy.runtime import RUNTIME
     from tfstrategy.runtime.hook_strategies import _local_devices
+    from tfstrategy.state.registry import RUNTIME
 
     cluster = [tf.config.LogicalDevice(f"/job:worker/replica:0/task:{task}/device:CPU:0", "CPU") for task in (0, 1)]
     listed = _local_devices(lambda device_type=None: cluster, ("worker", 1))

@@ -144,7 +144,7 @@ def test_a_stack_request_while_python_finalizes_does_not_kill_the_worker(tmp_pat
 def progress_file(tmp_path):
     """The hook's progress file, as under launch; the hook's state forgotten afterwards."""
     from tfstrategy.launch.reports import ProgressWriter
-    from tfstrategy.runtime import RUNTIME
+    from tfstrategy.state.registry import RUNTIME
 
     RUNTIME.progress.append(ProgressWriter(tmp_path / "progress"))
     yield tmp_path / "progress"
@@ -204,7 +204,7 @@ def test_a_dataset_of_unknown_length_leaves_no_step_begun_after_each_epoch_and_e
 
 
 def test_reset_forgets_the_hooks_state():
-    from tfstrategy.runtime import RUNTIME, reset
+    from tfstrategy.state.registry import RUNTIME, reset
 
     RUNTIME.hook.steps.append(("x", "y"))
     RUNTIME.supervision["heartbeat"] = "in a file"

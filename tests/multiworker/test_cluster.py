@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tfstrategy import select, tf_config_from_hosts, tf_config_from_slurm
+from tfstrategy import select, tf_config_from_hosts
+from tfstrategy.environments.slurm import tf_config_from_slurm
 from tfstrategy.errors import ClusterConfigError, StrategyError
 from tfstrategy.multiworker.cluster import load_cluster_config, validate_tf_config
 from tfstrategy.multiworker.worker_protocol import worker_backup_dir

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tfstrategy import select, tf_config_from_hosts, tf_config_from_slurm
+from tfstrategy import select, tf_config_from_hosts
+from tfstrategy.environments.slurm import tf_config_from_slurm
 from tfstrategy.errors import ClusterConfigError
 from tfstrategy.multiworker.cluster import read_tf_config, validate_tf_config
 

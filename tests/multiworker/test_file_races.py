@@ -14,7 +14,7 @@ import zipfile
 import pytest
 
 from tfstrategy.multiworker.file_races import PREFIX, install_excepthook, race_of, shared_path_message
-from tfstrategy.runtime import RUNTIME
+from tfstrategy.state.registry import RUNTIME
 
 
 def _raised(function, *args):

@@ -14,7 +14,7 @@ from tfstrategy.environments.slurm import (
     tf_config_from_slurm,
 )
 from tfstrategy.errors import ClusterConfigError, SettingsConflictError
-from tfstrategy.selection.select import resolve_request
+from tfstrategy.runtime.select import resolve_request
 
 STEP = {
     "SLURM_JOB_ID": "7",

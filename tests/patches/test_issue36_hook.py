@@ -46,7 +46,7 @@ def _plain(split: int | None) -> subprocess.CompletedProcess:
     """The script as ``python`` runs it: with the library's patches on one device, or plain TF on ``split`` CPUs."""
     env = {**os.environ, **PLAIN_ENV}
     if split is None:
-        command = ["-c", "import runpy, sys, tfstrategy; tfstrategy.apply_patches(); sys.argv = [sys.argv[1]]; "
+        command = ["-c", "import runpy, sys, tfstrategy.patches; tfstrategy.patches.apply_patches(); sys.argv = [sys.argv[1]]; "
                          "runpy.run_path(sys.argv[0], run_name='__main__')", str(SCRIPT)]
     else:
         command, env["ISSUE36_CPU_SPLIT"] = [str(SCRIPT)], str(split)

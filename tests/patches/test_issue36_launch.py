@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tfstrategy
 from helpers import ROOT
 from tfstrategy import _versions
+from tfstrategy.patches import apply_patches
 
 SCRIPT = ROOT / "tests" / "workers" / "issue36_script.py"
 
@@ -34,7 +34,7 @@ def test_two_workers_run_the_unchanged_script_like_one_process(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tf.keras.optimizers.legacy.Adam does not exist in Keras 3" in done.stdout + done.stderr
-    tfstrategy.apply_patches()
+    apply_patches()
     spec = importlib.util.spec_from_file_location("issue36_script", SCRIPT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

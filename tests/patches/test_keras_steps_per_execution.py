@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import mirrored
-from tfstrategy import _versions, fix_steps_per_execution, prepare_dataset
+from tfstrategy import _versions, prepare_dataset
 from tfstrategy.diagnostics.equivalence import (
     initial_weights,
     max_difference,
@@ -17,7 +17,7 @@ from tfstrategy.diagnostics.equivalence import (
 )
 from tfstrategy.patches import keras_end_of_data as end_of_data
 from tfstrategy.patches import keras_steps_per_execution as spe_fix
-from tfstrategy.patches.keras_steps_per_execution import uses_fixed_loop
+from tfstrategy.patches.keras_steps_per_execution import fix_steps_per_execution, uses_fixed_loop
 
 pytestmark = [
     pytest.mark.smoke,

@@ -20,7 +20,7 @@ from tfstrategy.performance.job import combine, figures_of, figures_row, from_ro
 from tfstrategy.performance.sampler import StackSampler
 from tfstrategy.performance.timing import StepTimes, plan_probes
 from tfstrategy.performance.verdict import UNSPLIT, Measurements, suggested_share, verdict
-from tfstrategy.runtime.ledger import TensorFlowRuns
+from tfstrategy.stacks import TensorFlowRuns
 
 #: What a plan too short for its probes says of them (the report's cost line).
 SKIPPED = {"synthetic and input": "would cost about 4 s, past the probes' budget of 0.17 s (10% of the 1.67 s trained)"}

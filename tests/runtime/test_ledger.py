@@ -18,17 +18,13 @@ import tensorflow as tf
 
 from tfstrategy.launch.ledger import Ledger, ledger_path, read_ledger
 from tfstrategy.launch.reports import ProgressWriter
-from tfstrategy.runtime import RUNTIME, worker_watch
+from tfstrategy.runtime import worker_watch
 from tfstrategy.runtime.inputs import PlanInputs
-from tfstrategy.runtime.ledger import (
-    LedgerKeeper,
-    TensorFlowRuns,
-    current_keeper,
-    user_frame_of,
-    users_code_tensorflow_runs,
-)
+from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper
 from tfstrategy.runtime.ledger_traces import summarize_graph
 from tfstrategy.runtime.steps import KeepLedger
+from tfstrategy.stacks import TensorFlowRuns, user_frame_of, users_code_tensorflow_runs
+from tfstrategy.state.registry import RUNTIME
 
 
 class Clock:

@@ -18,10 +18,11 @@ from tfstrategy.cli import main
 from tfstrategy.environments import ClusterEnvironment
 from tfstrategy.errors import ClusterConfigError
 from tfstrategy.multiworker.cluster import ClusterConfig, tf_config_from_hosts
-from tfstrategy.runtime import RUNTIME, reset
+from tfstrategy.patches import apply_patches
 from tfstrategy.runtime.inputs import derive_inputs
 from tfstrategy.runtime.plan import plan_steps
 from tfstrategy.runtime.worker_hook import hook_plan
+from tfstrategy.state.registry import RUNTIME, reset
 
 
 class ToyScheduler(ClusterEnvironment):
@@ -69,7 +70,7 @@ def test_select_sees_it(monkeypatch):
         assert RUNTIME.plans["select"].inputs.environment.describe() == "toy job: worker 0 of 1"
     finally:
         reset()
-        tfstrategy.apply_patches()
+        apply_patches()
 
 
 def test_the_hooks_plan_sees_it():

@@ -13,10 +13,11 @@ import pytest
 
 import tfstrategy
 from tfstrategy.diagnostics.env_report import preview_steps
-from tfstrategy.patches import PATCHES, patch_status
-from tfstrategy.runtime import RUNTIME, reset, worker_hook
+from tfstrategy.patches import PATCHES, apply_patches, patch_status
+from tfstrategy.runtime import worker_hook
 from tfstrategy.runtime.hook_keras import keras2_aliases
 from tfstrategy.runtime.rewrites import rewrites
+from tfstrategy.state.registry import RUNTIME, reset
 from tfstrategy.training.precision import global_policy
 from tfstrategy.training.steps_per_execution import tune_at_first_fit
 
@@ -37,7 +38,7 @@ def clean_runtime():
     reset()
     yield
     reset()
-    tfstrategy.apply_patches()  # as any select() leaves the process for the tests after this one
+    apply_patches()  # as any select() leaves the process for the tests after this one
 
 
 def test_two_different_jobs_in_one_process(clean_runtime, capsys, monkeypatch):

@@ -22,12 +22,12 @@ from tfstrategy.cli.run import run_environment
 from tfstrategy.errors import DeviceError
 from tfstrategy.launch.options import worker_settings
 from tfstrategy.patches.mechanism import Patch, _outside_the_callers_scopes
-from tfstrategy.runtime import RUNTIME, reset, tracebacks
+from tfstrategy.runtime import tracebacks
 from tfstrategy.runtime.inputs import PlanInputs
-from tfstrategy.runtime.process import HookState
 from tfstrategy.runtime.step import Step
 from tfstrategy.runtime.worker_hook import changes
 from tfstrategy.selection.devices import parse_devices
+from tfstrategy.state.registry import RUNTIME, HookState, reset
 from tfstrategy.worker_contract import WorkerContract
 
 PACKAGE = str(Path(tracebacks.__file__).resolve().parent.parent)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tfstrategy.errors import DeviceError, StrategyError
+from tfstrategy.runtime.select import resolve_request
 from tfstrategy.selection.cpu_split import MAX_CPU_REPLICAS, validate_cpu_replicas
 from tfstrategy.selection.devices import parse_devices
-from tfstrategy.selection.select import resolve_request
 
 
 @pytest.mark.parametrize(

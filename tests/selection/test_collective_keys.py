@@ -16,8 +16,8 @@ import pytest
 
 from helpers import ROOT
 from tfstrategy import _versions
-from tfstrategy.runtime.process import KEY_STRIDE
 from tfstrategy.selection.strategies import LOCAL_KEY_BASE
+from tfstrategy.state.registry import KEY_STRIDE
 
 SCRIPT = ROOT / "tests" / "workers" / "collective_keys_script.py"
 
@@ -46,8 +46,8 @@ def test_probes_and_selections_never_share_keys_where_plain_strategies_break_the
 
 def test_the_last_strategy_with_keys_of_its_own_is_made_and_the_next_is_refused_in_one_line(monkeypatch):
     from tfstrategy.errors import StrategyError
-    from tfstrategy.runtime.process import RUNTIME
     from tfstrategy.selection.strategies import mirrored_strategy
+    from tfstrategy.state.registry import RUNTIME
 
     monkeypatch.setattr(RUNTIME, "next_number", lambda counter, start=0: 11_473)
     assert mirrored_strategy(["/cpu:0"]).extended._collective_key_base == 2_147_300_000

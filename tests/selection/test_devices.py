@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tfstrategy import HostInfo
 from tfstrategy.errors import DeviceError
 from tfstrategy.selection.devices import Device, parse_devices, resolve_devices
+from tfstrategy.selection.host import HostInfo
 
 GPU0, GPU1 = Device("GPU", 0), Device("GPU", 1)
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
-from tfstrategy import HostInfo, StrategyKind, choose, select
+from tfstrategy import select
 from tfstrategy.errors import RuntimeInitializedError, SettingsConflictError, StrategyError
+from tfstrategy.selection.choose import choose
 from tfstrategy.selection.devices import parse_devices
-from tfstrategy.settings import resolve_setting
+from tfstrategy.selection.host import HostInfo
+from tfstrategy.settings import StrategyKind, resolve_setting
 
 AUTO = StrategyKind.AUTO
 

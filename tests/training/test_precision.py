@@ -18,14 +18,14 @@ from tfstrategy.diagnostics.equivalence import (
     train_weights,
 )
 from tfstrategy.errors import PrecisionError, SettingsConflictError, TrainingError
-from tfstrategy.patches import keras_loss_scale
+from tfstrategy.patches import apply_patches, keras_loss_scale
 from tfstrategy.training.precision import float16_outputs, parse_precision, resolve_precision
 
 
 @pytest.fixture
 def policy():
     """Set a Keras global policy for one test and put float32 back."""
-    tfstrategy.apply_patches()
+    apply_patches()
 
     def set_policy(name: str) -> None:
         keras.mixed_precision.set_global_policy(name)
@@ -137,7 +137,7 @@ def test_upstream_keras_applies_overflowing_steps():
     try:
         assert keras_loss_scale.PATCH.needed() is True
     finally:
-        tfstrategy.apply_patches()
+        apply_patches()
 
 
 @pytest.mark.slow

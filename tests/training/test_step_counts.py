@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tfstrategy.patches import keras_end_of_data
+from tfstrategy.patches import apply_patches, keras_end_of_data
 
 WORKER = Path(__file__).with_name("steps_worker.py")
 #: Fresh runs per mode. Plain Keras' fit took 4, 5 or 6 steps from run to run (never 4 in 8 runs measured), and
@@ -83,7 +83,7 @@ def test_the_fixed_function_counts_no_step_past_the_end():
     import tfstrategy
     from helpers import mirrored
 
-    tfstrategy.apply_patches()
+    apply_patches()
     strategy = mirrored(2)
 
     def examples():

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import tfstrategy
 from tfstrategy.patches import keras_jit_compile, keras_uneven_batches
+from tfstrategy.selection.cpu_split import configure_cpu_replicas
 
 STRATEGIES = 8
 DEVICES = ["/cpu:0", "/cpu:1"]
@@ -49,7 +50,7 @@ def report(source: str, width: int, make) -> None:
 
 
 def main() -> None:
-    tfstrategy.configure_cpu_replicas(len(DEVICES))
+    configure_cpu_replicas(len(DEVICES))
     print_every_key_base()
     for patch in (keras_uneven_batches.UnevenBatchesPatch(), keras_jit_compile.JitCompilePatch()):
         patch.probe()

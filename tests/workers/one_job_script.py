@@ -55,7 +55,7 @@ elif case == "loop":  # a custom loop without any strategy
 elif case == "child":  # a data-loader-like Python child inherits PYTHONPATH and TFSTRATEGY_HOOK
     import subprocess
 
-    child = ("import tensorflow as tf\nfrom tfstrategy.runtime import RUNTIME\n"
+    child = ("import tensorflow as tf\nfrom tfstrategy.state.registry import RUNTIME\n"
              "print('child hook steps', len(RUNTIME.hook.steps), tf.distribute.MirroredStrategy.__new__ is object.__new__)")
     print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout.strip())
     strategy = tf.distribute.MirroredStrategy()

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
 from tfstrategy._compat.registry import accessor
+
+#: The values of TF_USE_LEGACY_KERAS that make TensorFlow load tf_keras as tf.keras.
+LEGACY_KERAS_TRUE = ("true", "True", "1")
 
 
 def is_tf_keras_object(obj: Any) -> bool:
@@ -16,8 +21,6 @@ def is_tf_keras_object(obj: Any) -> bool:
 
 def keras_for(obj: Any = None) -> ModuleType:
     """The Keras package ``obj`` belongs to, or the one ``tf.keras`` resolves to when ``obj`` is ``None``."""
-    from tfstrategy._versions import keras_package
-
     if is_tf_keras_object(obj) if obj is not None else keras_package() == "tf_keras":
         import tf_keras
 
@@ -59,3 +62,29 @@ def resolved_tf_keras() -> str | None:
 def keras_version(module: ModuleType) -> str:
     """The ``__version__`` of a Keras package (Keras 3 or tf_keras)."""
     return str(getattr(module, "__version__", "0"))
+
+
+def legacy_keras_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TF_USE_LEGACY_KERAS`` asks ``tf.keras`` to load tf_keras (TensorFlow's own rule).
+
+    The variable only counts until ``tf.keras`` is first used; :func:`keras_package`
+    says what ``tf.keras`` is.
+    """
+    env = os.environ if env is None else env
+    return env.get("TF_USE_LEGACY_KERAS") in LEGACY_KERAS_TRUE
+
+
+def keras_package(env: Mapping[str, str] | None = None) -> str:
+    """``"tf_keras"`` or ``"keras"``: the package ``tf.keras`` is, or will be, in this process.
+
+    Once TensorFlow is imported and ``tf.keras`` resolved, what it resolved to
+    (a host may set ``TF_USE_LEGACY_KERAS`` afterwards, as Ray Train does, and
+    TensorFlow ignores it then); before that, what ``TF_USE_LEGACY_KERAS``
+    will make it. An explicit ``env`` other than ``os.environ`` is a preview of
+    another process: only its variable counts.
+    """
+    if env is None or env is os.environ:
+        resolved = resolved_tf_keras()
+        if resolved is not None:
+            return resolved
+    return "tf_keras" if legacy_keras_requested(env) else "keras"

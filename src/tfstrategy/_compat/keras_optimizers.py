@@ -116,7 +116,7 @@ def keras3_legacy_optimizer_packages() -> Any:
     """
     import types
 
-    from tfstrategy._versions import keras_package
+    from tfstrategy._compat.keras_flavour import keras_package
 
     if keras3_tensorflow_trainer() is None or keras_package() != "keras":
         return None

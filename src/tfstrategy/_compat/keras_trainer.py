@@ -6,6 +6,7 @@ from types import ModuleType
 from typing import Any
 
 from tfstrategy._compat.registry import accessor
+from tfstrategy.state.replacement import get_path as get_path  # one walker of dotted paths, the replacements'
 
 
 @accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer")
@@ -78,14 +79,6 @@ def keras3_tree() -> ModuleType:
 
     module: ModuleType = tree
     return module
-
-
-def get_path(root: Any, path: str) -> Any:
-    """``root.a.b`` for ``path="a.b"``; ``AttributeError`` if any part is missing."""
-    value = root
-    for part in path.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def set_path(root: Any, path: str, value: Any) -> None:

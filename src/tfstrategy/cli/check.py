@@ -168,7 +168,7 @@ def validate_check_arguments(args: argparse.Namespace) -> None:
     Raises:
         TFStrategyError: an invalid flag or ``TFSTRATEGY_*`` setting, or flags that cannot go together.
     """
-    from tfstrategy.selection.select import resolve_request
+    from tfstrategy.runtime.select import resolve_request
     from tfstrategy.training.precision import precision_environment
 
     strategy_flags(args.strategy, args.devices, args.cpu_replicas)
@@ -189,7 +189,7 @@ def check_command(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from tfstrategy.diagnostics.check import run_check
     from tfstrategy.errors import PeerTimeoutError
-    from tfstrategy.selection.select import resolve_request, select
+    from tfstrategy.runtime.select import resolve_request, select
     from tfstrategy.settings import StrategyKind
 
     request = resolve_request(strategy=args.strategy, devices=args.devices, cpu_replicas=args.cpu_replicas)

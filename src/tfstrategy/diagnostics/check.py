@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfstrategy._tf import tf
+from tfstrategy.runtime.select import Selection, select
 from tfstrategy.scope.audit import audit_scope
 from tfstrategy.selection.names import strategy_name
-from tfstrategy.selection.select import Selection, select
 
 #: The seed's smoke-test batch; rounded up to a multiple of the replicas.
 SEED_BATCH = 8

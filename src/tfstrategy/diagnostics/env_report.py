@@ -37,10 +37,11 @@ from tfstrategy.environments.base import variables_line
 from tfstrategy.errors import MissingDependencyError, TFStrategyError
 from tfstrategy.launch.exposure import describe_tf_config_exposure, network_interfaces
 from tfstrategy.multiworker.cluster import read_tf_config, validate_tf_config
+from tfstrategy.runtime.select import resolve_request
 from tfstrategy.selection.choose import choose
 from tfstrategy.selection.host import HostInfo
-from tfstrategy.selection.select import resolve_request
 from tfstrategy.settings import StrategyKind
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["EnvReport", "collect_env_report", "format_env_report", "env_report_as_dict"]
 
@@ -245,7 +246,7 @@ def collect_env_report(env: Mapping[str, str] | None = None, *, compat: bool = F
         - tfstrategy: 0.1.0
         ...
     """
-    from tfstrategy import __version__
+    from tfstrategy._release import __version__
 
     env = os.environ if env is None else env
     problems: list[str] = []
@@ -324,7 +325,6 @@ def preview_steps(env: Mapping[str, str]) -> dict[str, Any]:
     replacements installed in this process."""
     from tfstrategy.runtime.inputs import HOOK, SELECT, derive_inputs
     from tfstrategy.runtime.plan import plan_steps
-    from tfstrategy.runtime.process import RUNTIME
 
     result: dict[str, Any] = {"replacements": RUNTIME.lines()}
     for key, consumer in (("select_steps", SELECT), ("hook_steps", HOOK)):

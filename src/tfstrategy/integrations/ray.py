@@ -43,8 +43,8 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import CheckpointError, ClusterConfigError, MissingDependencyError
 from tfstrategy.multiworker.cluster import load_cluster_config
+from tfstrategy.runtime.select import Selection, select
 from tfstrategy.scope.build import BuildReport, ModelSource, build_in_scope
-from tfstrategy.selection.select import Selection, select
 
 __all__ = ["RayRun", "prepare", "report_callback", "report_epoch"]
 

@@ -4,6 +4,12 @@ The manifests are plain data, so block-style YAML is a few rules: a string is wr
 bare only when YAML would read it back as the same string, else as a JSON string (JSON's
 double-quoted strings are YAML's too). ``tests/kubernetes`` reads every generated text
 back with PyYAML and compares it with the data.
+
+Why not PyYAML here: ``tfstrategy k8s`` runs wherever tfstrategy is installed, without
+TensorFlow and with ``packaging`` its one dependency; PyYAML would make it a second one,
+or put the command behind a ``k8s`` extra, for these sixty lines over plain data (the
+manifests hold only dicts, lists, strings, integers and booleans). PyYAML stays the
+judge: the tests read every text back with it.
 """
 
 from __future__ import annotations

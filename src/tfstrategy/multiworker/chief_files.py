@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tfstrategy.multiworker.cluster import ClusterConfig, load_cluster_config
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["is_chief", "chief_write", "keep_per_worker", "private_directory", "remove_private_directory"]
 

@@ -123,7 +123,7 @@ def install_excepthook() -> None:
         if message:
             print(message, file=sys.stderr, flush=True)
 
-    from tfstrategy.runtime.process import RUNTIME
+    from tfstrategy.state.registry import RUNTIME
 
     RUNTIME.override_attribute(sys, "excepthook", excepthook, name="shared_path_line",
                                note="after an uncaught error's traceback, the line naming a path two workers wrote")

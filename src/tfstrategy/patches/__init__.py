@@ -27,7 +27,7 @@ code installed in this process (the start-up hook's rewrites, instance overrides
 see :mod:`tfstrategy.runtime`); ``tfstrategy env`` prints it.
 
 Example:
-    >>> for status in tfstrategy.apply_patches():
+    >>> for status in apply_patches():
     ...     print(status.line())
     keras_mwms: installed (TensorFlowTrainer._maybe_symbolic_build, reduce_per_replica); keras 3.15.1
     keras_steps_per_execution: installed (TensorFlowTrainer._make_function); keras 3.15.1; probes when a model first needs it
@@ -66,7 +66,7 @@ from tfstrategy.patches import (
     keras_uneven_batches,
 )
 from tfstrategy.patches.mechanism import Patch, PatchStatus
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.state.registry import RUNTIME
 
 #: Every patch, by name, in the order they are applied.
 PATCHES: dict[str, Patch] = {
@@ -102,7 +102,7 @@ def patch_status() -> tuple[PatchStatus, ...]:
     """What each patch found and installed so far, then every other replacement installed in this process.
 
     No probing, no installing. The others are the start-up hook's rewrites and the
-    overrides of one object's attribute (:meth:`tfstrategy.runtime.ProcessRuntime.override_attribute`).
+    overrides of one object's attribute (:meth:`tfstrategy.state.ProcessRuntime.override_attribute`).
     """
     others = tuple(item.status() for item in RUNTIME.replacements() if item.name not in PATCHES)
     return tuple(patch.status() for patch in PATCHES.values()) + others

@@ -251,7 +251,7 @@ def fix_steps_per_execution(model: Any) -> bool:
         >>> with strategy.scope():
         ...     model = build_model()
         ...     model.compile(optimizer="adam", loss="mse", steps_per_execution=32)
-        >>> tfstrategy.fix_steps_per_execution(model)
+        >>> fix_steps_per_execution(model)
         True
     """
     if _compat.is_tf_keras_object(model) or PATCH.target_module() is None:

@@ -23,40 +23,14 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
 
 from tfstrategy import _compat, _versions
+from tfstrategy.state.replacement import Replacement
+from tfstrategy.state.status import PatchStatus
 
-
-@dataclass(frozen=True, kw_only=True)
-class PatchStatus:
-    """What one patch found in the installed library, and what it installed."""
-
-    name: str
-    library: str
-    #: True: the bug is present; False: absent; None: not probed (yet) or not applicable.
-    needed: bool | None
-    installed: tuple[str, ...] = ()
-    verified_up_to: str = ""
-    note: str = ""
-
-    def line(self) -> str:
-        """``name: installed (...)`` / ``not needed`` / ``not applicable``, with the note."""
-        if self.installed:
-            state = f"installed ({', '.join(self.installed)})"
-        elif self.needed is False:
-            state = "not needed"
-        else:
-            state = "not installed"
-        return f"{self.name}: {state}; {self.library}" + (f"; {self.note}" if self.note else "")
-
-
-#: Set on every replacement: the function it replaced, so a probe always reaches the library's own.
-_ORIGINAL = "__tfstrategy_original__"
-#: The "original" of a target the library lacks: :meth:`Patch.remove` deletes the attribute again.
-_MISSING: Any = object()
+__all__ = ["Patch", "PatchStatus", "ProbeResult"]
 
 
 def _outside_the_callers_scopes(probe: Callable[[], Any]) -> Any:
@@ -89,43 +63,34 @@ class ProbeResult(dict[str, bool]):
     """Target path -> whether the installed library's version of it is broken."""
 
 
-class Patch:
-    """Base of every upstream workaround; subclasses fill in the class attributes and three methods."""
+class Patch(Replacement):
+    """Base of every upstream workaround; subclasses fill in the class attributes and three methods.
 
-    #: Short name used in statuses and messages.
-    name: ClassVar[str]
+    The replacing itself (originals kept, put back, registered with the runtime) is
+    :class:`~tfstrategy.state.replacement.Replacement`'s; a patch adds the probe
+    that chooses which targets are broken, and says what it changed for the script.
+    """
+
     #: The upstream bug report(s).
     upstream: ClassVar[str]
     #: Newest library release this patch was verified against.
     verified_up_to: ClassVar[str]
-    #: Attribute paths, inside :meth:`target_module`, that the patch may replace.
-    targets: ClassVar[tuple[str, ...]]
     #: Probe lazily, the first time a model needs it (the probe runs TensorFlow ops).
     probe_on_first_use: ClassVar[bool] = False
     #: What the fix changed for a script that needed it, in the user's terms (the hook's exit summary).
     change_text: ClassVar[str] = ""
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._originals: dict[str, Any] = {}
-        self._owned: dict[str, bool] = {}
+        super().__init__()
         self._probed: ProbeResult | None = None
         self._probe_error: str | None = None
         self._warned = False
         self._acted = False
 
-    # -- to implement -----------------------------------------------------------------
-
-    def target_module(self) -> ModuleType | None:
-        """The module holding the targets, or ``None`` when the installed library has nothing to patch."""
-        raise NotImplementedError
+    # -- to implement (with target_module and replacement) ------------------------------
 
     def run_probe(self, module: ModuleType) -> ProbeResult:
         """Exercise the *original* targets; may raise (the caller catches)."""
-        raise NotImplementedError
-
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        """The function installed in place of ``original``."""
         raise NotImplementedError
 
     # -- the mechanism ------------------------------------------------------------------
@@ -133,14 +98,6 @@ class Patch:
     def library(self) -> str:
         keras = _compat.keras_for()
         return f"{keras.__name__} {_compat.keras_version(keras)}"
-
-    def original(self, target: str) -> Callable[..., Any]:
-        """The library's own function for ``target``, whether or not some patch replaced it."""
-        function = self._originals.get(target) or _compat.get_path(self.target_module(), target)
-        while hasattr(function, _ORIGINAL):
-            function = getattr(function, _ORIGINAL)
-        found: Callable[..., Any] = function
-        return found
 
     def probe(self) -> ProbeResult | None:
         """Which targets are broken in the installed library; ``None`` if it could not tell (never raises)."""
@@ -169,55 +126,12 @@ class Patch:
         result = self.probe()
         return None if result is None else any(result.values())
 
-    def apply(self) -> PatchStatus:
-        """Install replacements for the broken targets (all targets as dispatchers if probing lazily)."""
-        with self._lock:
-            module = self.target_module()
-            if module is None:
-                return self.status()
-            if self.probe_on_first_use:
-                broken = [target for target in self.targets if self._has(module, target)]
-            else:
-                result: dict[str, bool] = self.probe() or {}
-                broken = [target for target in self.targets if result.get(target)]
-            for target in broken:
-                if target not in self._originals:
-                    owner, attribute = self._owner(module, target)
-                    # A target the library lacks (a removed API the patch restores) has no original.
-                    original = getattr(owner, attribute, _MISSING)
-                    replacement = self.replacement(target, original)
-                    if original is not _MISSING:
-                        try:
-                            setattr(replacement, _ORIGINAL, original)
-                        except (AttributeError, TypeError):  # a staticmethod or builtin cannot carry attributes
-                            pass
-                    # Whether the owner had its own attribute, or inherited it (or lacked it): remove() puts back
-                    # exactly that, instead of copying an inherited function onto the owner.
-                    self._owned[target] = attribute in vars(owner)
-                    self._originals[target] = original
-                    setattr(owner, attribute, replacement)
-            if self._originals:
-                from tfstrategy.runtime.process import RUNTIME
-
-                RUNTIME.register(self)
-            return self.status()
-
-    def remove(self) -> PatchStatus:
-        """Put the library's original functions back."""
-        with self._lock:
-            module = self.target_module()
-            for target, original in list(self._originals.items()):
-                if module is not None:
-                    owner, attribute = self._owner(module, target)
-                    if self._owned.pop(target, False):
-                        setattr(owner, attribute, original)
-                    elif attribute in vars(owner):
-                        delattr(owner, attribute)
-                del self._originals[target]
-            from tfstrategy.runtime.process import RUNTIME
-
-            RUNTIME.unregister(self)
-            return self.status()
+    def chosen_targets(self, module: ModuleType) -> list[str]:
+        """The targets the probe found broken (all of them as dispatchers if probing lazily)."""
+        if self.probe_on_first_use:
+            return [target for target in self.targets if self._has(module, target)]
+        result: dict[str, bool] = self.probe() or {}
+        return [target for target in self.targets if result.get(target)]
 
     def forget(self) -> None:
         """Forget the probe's answer and warnings (a new job probes again); remove first."""
@@ -253,22 +167,6 @@ class Patch:
     def change(self) -> str | None:
         """What this fix changed for the script so far (``None``: installed, but never needed by it)."""
         return (self.change_text or f"{self.name} applied") if self._acted else None
-
-    def installed(self, target: str) -> bool:
-        return target in self._originals
-
-    @staticmethod
-    def _owner(module: ModuleType, target: str) -> tuple[Any, str]:
-        """The object holding ``target`` (a module or a class) and the attribute's name."""
-        owner_path, _, attribute = target.rpartition(".")
-        return (_compat.get_path(module, owner_path) if owner_path else module), attribute
-
-    def _has(self, module: ModuleType, target: str) -> bool:
-        try:
-            _compat.get_path(module, target)
-        except AttributeError:
-            return False
-        return True
 
     def _warn(self, message: str) -> None:
         if not self._warned:

@@ -3,7 +3,7 @@
 Read at each timed execution's begin and end (:class:`~tfstrategy.performance.timing.StepTimes`), they cost
 two clock readings and two attribute reads; what they add up to is what :mod:`~tfstrategy.performance.evidence`
 concludes from when the probes do not run. The samples are the worker's ledger's under ``tfstrategy launch``
-(its heartbeat already takes them: :mod:`tfstrategy.runtime.ledger`); elsewhere (``tfstrategy run``, a
+(its heartbeat already takes them and shares its counter: :mod:`tfstrategy.stacks`); elsewhere (``tfstrategy run``, a
 script's own callback) a :class:`StackSampler` of the report's takes them while ``fit`` runs.
 """
 
@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tfstrategy.runtime.ledger import TensorFlowRuns, current_keeper, tensorflow_runs_users_code
+from tfstrategy.stacks import TensorFlowRuns, UsersCodeSeconds, shared_counter, tensorflow_runs_users_code
 
 #: Seconds between the report's own samples (20 a second: a few microseconds each, when no ledger samples).
 SAMPLE_SECONDS = 0.05
@@ -22,33 +22,22 @@ SAMPLE_SECONDS = 0.05
 Gauges = Callable[[], tuple[float, float, float]]
 
 
-class StackSampler:
+class StackSampler(UsersCodeSeconds):
     """A thread that samples every thread's stack and adds up the seconds it saw the user's input and
-    ``tf.py_function`` s run (the ledger keeper's counting, for a process that keeps no ledger)."""
+    ``tf.py_function`` s run (the ledger keeper's counting, :class:`~tfstrategy.stacks.UsersCodeSeconds`,
+    for a process that keeps no ledger)."""
 
     def __init__(self, *, interval: float = SAMPLE_SECONDS,
                  runs: Callable[[], TensorFlowRuns] = tensorflow_runs_users_code,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.interval, self._runs, self._clock = interval, runs, clock
-        self.input_seconds = 0.0
-        self.py_function_seconds = 0.0
-        self._last: float | None = None
+        super().__init__(runs)
+        self.interval, self._clock = interval, clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def sample(self) -> None:
         """One sample: the time since the last counts as input, or ``py_function`` time, by what runs now."""
-        now = self._clock()
-        try:
-            runs = self._runs()
-        except Exception:  # a stack that cannot be read must not stop the sampling
-            runs = TensorFlowRuns()
-        if self._last is not None:
-            if runs.input:
-                self.input_seconds += now - self._last
-            if runs.py_functions:
-                self.py_function_seconds += now - self._last
-        self._last = now
+        self._sample_users_code(self._clock())
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -59,7 +48,7 @@ class StackSampler:
         if self._thread is not None and self._thread.is_alive():
             return
         self._stop.clear()
-        self._last = None
+        self._sampled_at = None
         self._thread = threading.Thread(target=self._loop, name="tfstrategy-profile-samples", daemon=True)
         self._thread.start()
 
@@ -76,7 +65,7 @@ class StackSampler:
 
 def ledger_gauges() -> Gauges | None:
     """The live ledger's gauges (under ``tfstrategy launch``, where the heartbeat samples), or ``None``."""
-    keeper = current_keeper()
-    if keeper is None:
+    counter = shared_counter()
+    if counter is None:
         return None
-    return lambda: (time.process_time(), keeper.input_seconds, keeper.py_function_seconds)
+    return lambda: (time.process_time(), counter.input_seconds, counter.py_function_seconds)

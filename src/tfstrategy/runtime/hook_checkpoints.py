@@ -33,8 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tfstrategy import _compat
-from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["checkpoint_files"]
 

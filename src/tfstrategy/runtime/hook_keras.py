@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfstrategy.errors import ScopeError
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["audit", "keras2_aliases", "performance_report"]
 

@@ -19,6 +19,7 @@ from tfstrategy.runtime.steps import (
     SetTFConfig,
     SplitCpu,
 )
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["HOOK_STEPS"]
 
@@ -58,8 +59,6 @@ class WatchStrategies(Step):
                 "gets the collective timeout, if one is set)")
 
     def change(self) -> str | None:
-        from tfstrategy.runtime.process import RUNTIME
-
         if not (self.inputs.multi_worker and RUNTIME.hook.joined):
             return None
         joined = f"{self.inputs.cluster_tasks} workers joined one MultiWorkerMirroredStrategy"

@@ -22,10 +22,10 @@ from tfstrategy.errors import DeviceError, TFStrategyError
 from tfstrategy.multiworker.cluster import ClusterConfig
 from tfstrategy.runtime import device_lists, one_job
 from tfstrategy.runtime.inputs import PlanInputs
-from tfstrategy.runtime.process import KEY_STRIDE, RUNTIME
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 from tfstrategy.selection.names import strategy_name
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES
+from tfstrategy.state.registry import KEY_STRIDE, RUNTIME
 from tfstrategy.worker_contract import STOP_PREFIXES
 
 __all__ = ["chosen_devices", "keras_flavours", "prepare_collectives", "watch_strategies", "mirrored_devices",

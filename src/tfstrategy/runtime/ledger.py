@@ -11,7 +11,7 @@ A :class:`LedgerKeeper` has two sides, and they never wait for each other:
   thread the launcher already relies on (about 4 times a second): it reads those
   counters, the process CPU time, the main thread's deepest frame in the user's
   code and what every thread's Python stack shows TensorFlow running of the
-  user's code (:func:`users_code_tensorflow_runs`: a ``from_generator`` generator,
+  user's code (:func:`tfstrategy.stacks.users_code_tensorflow_runs`: a ``from_generator`` generator,
   input; a ``tf.py_function``/``tf.numpy_function``, neither input nor the step's
   own work: a measure of its own), and writes the ledger file
   (:func:`tfstrategy.contract.ledger.write_ledger`, next to the progress file) at most once a second, only when something changed;
@@ -24,23 +24,18 @@ like :mod:`tfstrategy.contract.reports`). Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import atexit
-import functools
 import os
-import sys
-import sysconfig
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 
 from tfstrategy.contract.ledger import FunctionTrace, Ledger, ledger_path, write_ledger
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.stacks import TensorFlowRuns, UsersCodeSeconds, main_thread_user_frame, share_counter
+from tfstrategy.state.registry import RUNTIME
 
-__all__ = ["LedgerKeeper", "TensorFlowRuns", "current_keeper", "keep_ledger", "stop_ledger", "user_frame_of",
-           "users_code_tensorflow_runs"]
+__all__ = ["LedgerKeeper", "current_keeper", "keep_ledger", "stop_ledger"]
 
 #: At most one write of the ledger file per this many seconds (plus one at exit).
 WRITE_SECONDS = 1.0
@@ -52,22 +47,12 @@ _KEPT = 8
 _PLACES = 32
 
 
-@dataclass(frozen=True)
-class TensorFlowRuns:
-    """What one sample of every thread's stack shows TensorFlow running of the user's code."""
-
-    #: A thread runs a ``from_generator`` generator for tf.data: input.
-    input: bool = False
-    #: The user's functions threads run as a ``tf.py_function``/``tf.numpy_function`` (``file:line in name``).
-    py_functions: tuple[str, ...] = ()
-
-
-class LedgerKeeper:
+class LedgerKeeper(UsersCodeSeconds):
     """One worker's ledger in memory, its counters fed by the training loop, sampled and written by the heartbeat.
 
     ``clock`` (monotonic seconds), ``cpu_clock`` (process CPU seconds), ``wall`` (epoch seconds),
     ``frame`` (the user's frame, as ``file:line in function``), ``runs`` (what TensorFlow runs of
-    the user's code now: :func:`tensorflow_runs_users_code`) and ``write`` are parameters so
+    the user's code now: :func:`tfstrategy.stacks.tensorflow_runs_users_code`) and ``write`` are parameters so
     tests drive the keeper with fakes.
     """
 
@@ -77,8 +62,8 @@ class LedgerKeeper:
                  write: Callable[[Path, Ledger], None] = write_ledger) -> None:
         self.path = Path(path)
         self._clock, self._cpu_clock, self._wall = clock, cpu_clock, wall
+        super().__init__(runs)
         self._frame = frame if frame is not None else main_thread_user_frame
-        self._runs = runs if runs is not None else tensorflow_runs_users_code
         self._write = write
         # The training loop's side (written by one thread, read by the heartbeat's).
         self.epoch = -1
@@ -105,14 +90,8 @@ class LedgerKeeper:
         self._urgent = False
         # The heartbeat's side: samples of (clock, total steps, outside, CPU, input and py_function seconds).
         self._samples: deque[tuple[float, int, float, float, float, float]] = deque(maxlen=_WINDOW)
-        #: Seconds the heartbeat saw tf.data run the user's code (a ``from_generator`` generator): the input a
-        #: ``tf.function`` reads inside the step (Keras' ``fit``), which no batch callback can time.
-        self.input_seconds = 0.0
-        #: Seconds the heartbeat saw TensorFlow run the user's ``tf.py_function``/``tf.numpy_function`` (in a
-        #: ``dataset.map`` or in the step: the stack cannot tell which), and how often it saw each function.
-        self.py_function_seconds = 0.0
+        #: How often the heartbeat saw each of the user's ``py_function`` s run (its seconds: ``py_function_seconds``).
         self.py_function_places: Counter[str] = Counter()
-        self._sampled_at: float | None = None
         self._written: Ledger | None = None
         self._last_frame = ""
         self._written_at = float("-inf")
@@ -237,21 +216,13 @@ class LedgerKeeper:
         return (round((last[0] - first[0]) / steps, 6), round(waited / steps, 6),
                 round((last[3] - first[3]) / steps, 6), round((last[5] - first[5]) / steps, 6))
 
-    def _sample_users_code(self, now: float) -> None:
-        """Count the time since the last sample as input, or ``py_function`` time, by what TensorFlow runs now."""
-        try:
-            runs = self._runs()
-        except Exception:  # a stack that cannot be read must not stop the heartbeat
-            runs = TensorFlowRuns()
-        if self._sampled_at is not None:
-            if runs.input:
-                self.input_seconds += now - self._sampled_at
-            if runs.py_functions:
-                self.py_function_seconds += now - self._sampled_at
+    def _sample_users_code(self, now: float) -> TensorFlowRuns:
+        """The shared count, and how often each ``py_function`` place was seen."""
+        runs = super()._sample_users_code(now)
         for place in runs.py_functions:
             if place in self.py_function_places or len(self.py_function_places) < _PLACES:
                 self.py_function_places[place] += 1
-        self._sampled_at = now
+        return runs
 
     def sample(self) -> bool:
         """Take one sample; write the ledger if it changed and the last write is old enough. Whether it wrote."""
@@ -281,83 +252,6 @@ class LedgerKeeper:
         return True
 
 
-# -- the user's frame ------------------------------------------------------------------------------
-
-
-@functools.cache
-def _library_dirs() -> tuple[str, ...]:
-    dirs = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    dirs.add(str(Path(__file__).resolve().parents[1]))  # tfstrategy itself
-    return tuple(sorted(directory + os.sep for directory in dirs if directory))
-
-
-#: Whether each file seen is the user's (not a library's), by its code's file name.
-_USERS: dict[str, bool] = {}
-
-
-def _is_users(filename: str) -> bool:
-    known = _USERS.get(filename)
-    if known is None:
-        path = os.path.abspath(filename)
-        known = not (filename.startswith("<") or "site-packages" in path or path.startswith(_library_dirs()))
-        _USERS[filename] = known
-    return known
-
-
-def user_frame_of(frame: FrameType | None) -> str:
-    """``file:line in function`` of the innermost frame of ``frame``'s stack in the user's code ("" if none)."""
-    while frame is not None:
-        code = frame.f_code
-        if _is_users(code.co_filename):
-            return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
-        frame = frame.f_back
-    return ""
-
-
-#: Where tf.data's Python code lives (``from_generator`` calls the user's generator from there).
-_TF_DATA = os.sep + os.path.join("tensorflow", "python", "data") + os.sep
-#: Where TensorFlow calls a ``tf.py_function``'s or ``tf.numpy_function``'s Python code from (the
-#: outermost frame of the thread that runs it: a tf.data thread in ``dataset.map``, the step's own).
-_SCRIPT_OPS = os.sep + os.path.join("tensorflow", "python", "ops", "script_ops.py")
-
-
-def users_code_tensorflow_runs(frame: FrameType | None) -> tuple[str, str] | None:
-    """What TensorFlow runs of the user's code on ``frame``'s stack: ``("input", "")`` for a ``from_generator``
-    generator (tf.data calls it), ``("py_function", "file:line in name")`` for a ``tf.py_function`` or
-    ``tf.numpy_function`` (script_ops calls it; the place is the user's outermost frame under it, its
-    function's first line), ``None`` for anything else (the script's own code, TensorFlow's own).
-
-    A ``py_function`` is not input: one in ``dataset.map`` (tf.data's threads) and one in the model's
-    step (the step's threads) leave the same Python stack, the user's function under script_ops and
-    nothing above, and the threads cannot be told apart from here. (A generator is called through
-    script_ops too, from tf.data's code first: input.)
-    """
-    outermost: FrameType | None = None
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if _is_users(filename):
-            outermost = frame
-        elif outermost is not None and _TF_DATA in filename:
-            return "input", ""
-        elif outermost is not None and filename.endswith(_SCRIPT_OPS):
-            code = outermost.f_code
-            return "py_function", f"{code.co_filename}:{code.co_firstlineno} in {code.co_name}"
-        frame = frame.f_back
-    return None
-
-
-def tensorflow_runs_users_code() -> TensorFlowRuns:
-    """What every thread runs of the user's code for TensorFlow now (its input, its ``py_function`` s)."""
-    found = [users_code_tensorflow_runs(frame) for frame in sys._current_frames().values()]
-    return TensorFlowRuns(input=any(item is not None and item[0] == "input" for item in found),
-                          py_functions=tuple(item[1] for item in found if item is not None and item[0] == "py_function"))
-
-
-def main_thread_user_frame() -> str:
-    """The user's innermost frame on the main thread, now."""
-    return user_frame_of(sys._current_frames().get(threading.main_thread().ident or 0))
-
-
 # -- the keeper of this process --------------------------------------------------------------------
 
 _KEEPER: list[LedgerKeeper] = []
@@ -375,11 +269,13 @@ def current_keeper() -> LedgerKeeper | None:
     return _KEEPER[0] if _KEEPER else None
 
 
-def keep_ledger() -> str | None:
+def keep_ledger(traces: Callable[[], str] = lambda: "") -> str | None:
     """Keep a ledger beside this worker's progress file (``None`` outside ``tfstrategy launch``).
 
-    The heartbeat thread samples and writes it (:mod:`tfstrategy.runtime.worker_watch`); the
-    fingerprints of traced functions come from :func:`tfstrategy.runtime.ledger_traces.fingerprint_traces`.
+    The heartbeat thread samples and writes it (:mod:`tfstrategy.runtime.worker_watch`); ``traces``
+    installs what fingerprints traced functions (the ``ledger`` step passes
+    :func:`tfstrategy.runtime.ledger_traces.fingerprint_traces`, which reads the keeper back) and
+    returns what it adds to the step's line.
     """
     if not RUNTIME.progress:
         return None
@@ -390,11 +286,9 @@ def keep_ledger() -> str | None:
         return None
     keeper = LedgerKeeper(ledger_path(progress))
     _KEEPER.append(keeper)
+    share_counter(keeper)  # the performance report counts from the heartbeat's samples, not a thread of its own
     atexit.register(_flush_at_exit, keeper)
-    from tfstrategy.runtime.ledger_traces import fingerprint_traces
-
-    traces = fingerprint_traces()
-    return f"per-epoch batches, end of data, the user's frame{traces} in {keeper.path}"
+    return f"per-epoch batches, end of data, the user's frame{traces()} in {keeper.path}"
 
 
 def stop_ledger() -> None:
@@ -403,6 +297,7 @@ def stop_ledger() -> None:
     if keeper is not None:
         keeper.flush()
     _KEEPER.clear()
+    share_counter(None)
 
 
 def _flush_at_exit(keeper: LedgerKeeper) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tfstrategy.contract.ledger import FunctionTrace
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["GraphSummary", "fingerprint_traces", "summarize_graph", "trace_of"]
 
@@ -160,8 +161,6 @@ def _recording_weights_in_scope(original: Callable[..., Any]) -> Callable[..., A
     layers are hooked at the first ``scope()`` instead, where the user's model is about to be built.
     """
 
-    from tfstrategy.runtime.process import RUNTIME
-
     def scope(self: Any) -> Any:
         if RUNTIME.replacement("ledger_weights") is None:
             _record_weights()
@@ -208,4 +207,3 @@ def _recording_weights(original: Callable[..., Any]) -> Callable[..., Any]:
     add_weight.__wrapped__ = original  # type: ignore[attr-defined]
     add_weight.__doc__ = original.__doc__
     return add_weight
-    return ", the fingerprint of each traced train/eval function"

@@ -13,7 +13,7 @@ Every step has a ``phase`` (``tensorflow``: as soon as TensorFlow is imported,
 before the script's first op or before ``select()`` chooses; ``strategy``:
 around building the strategy; ``keras``: once Keras is importable), says whether
 it ``rewrites`` TensorFlow's or Keras' code (each replacement registers with
-:data:`~tfstrategy.runtime.process.RUNTIME`), and can be undone.
+:data:`~tfstrategy.state.registry.RUNTIME`), and can be undone.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from collections.abc import Callable
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime.hook_steps import HOOK_STEPS
 from tfstrategy.runtime.inputs import HOOK, SELECT, PlanInputs, resolved_kind
-from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.runtime.step import PHASES, Step
 from tfstrategy.runtime.steps import SELECT_STEPS
+from tfstrategy.state.registry import RUNTIME
 
-__all__ = ["PHASES", "Plan", "PlanInputs", "Step", "plan_steps", "resolved_kind"]
+__all__ = ["PHASES", "Plan", "PlanInputs", "Step", "current_plan", "plan_steps", "resolved_kind"]
 
 
 def plan_steps(inputs: PlanInputs) -> tuple[Step, ...]:
@@ -91,3 +91,9 @@ class Plan:
 
     def statuses(self) -> tuple[str, ...]:
         return tuple(step.status() for step in self.steps)
+
+
+def current_plan(consumer: str) -> Plan | None:
+    """The plan ``consumer`` (``"select"``, ``"hook"``) last derived in this process, if any since the last reset."""
+    plan = RUNTIME.plans.get(consumer)
+    return plan if isinstance(plan, Plan) else None

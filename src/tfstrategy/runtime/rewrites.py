@@ -1,30 +1,29 @@
 """What the start-up hook replaces in TensorFlow and Keras, each one undoable through the patch mechanism.
 
-The hook's rewrites are not workarounds of upstream bugs, but they have the
-same shape as one (:class:`~tfstrategy.patches.mechanism.Patch`): named targets,
+The hook's rewrites are not workarounds of upstream bugs (no probe, no canary:
+they are what the hook is for), but they are undoable replacements of the same
+shape as a patch (:class:`~tfstrategy.state.replacement.Replacement`): named targets,
 an :meth:`~Rewrite.apply` that keeps the originals, a :meth:`~Rewrite.remove`
 that puts them back (deleting what the class only inherited or never had), and
-a status. Every installed rewrite registers with :data:`~tfstrategy.runtime.process.RUNTIME`
+a status. Every installed rewrite registers with :data:`~tfstrategy.state.registry.RUNTIME`
 (listed with the patches, undone by its ``reset()``); :func:`remove_rewrites` undoes the rewrites alone.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from tfstrategy.patches.mechanism import _MISSING, Patch, PatchStatus, ProbeResult
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.state.registry import RUNTIME
+from tfstrategy.state.replacement import Replacement
+from tfstrategy.state.status import MISSING, PatchStatus
 
 __all__ = ["Rewrite", "install_rewrite", "remove_rewrites", "rewrites"]
 
-class Rewrite(Patch):
-    """One rewrite of the hook: ``factories`` maps a target path to ``original -> replacement``."""
 
-    upstream = "none: a rewrite of tfstrategy's start-up hook, not a workaround"
-    verified_up_to = ""
+class Rewrite(Replacement):
+    """One rewrite of the hook: ``factories`` maps a target path to ``original -> replacement``."""
 
     def __init__(self, name: str, module: Callable[..., ModuleType | None],
                  factories: Mapping[str, Callable[..., Any]], *, detail: str = "") -> None:
@@ -39,18 +38,10 @@ class Rewrite(Patch):
     def target_module(self) -> ModuleType | None:
         return self._module()
 
-    def run_probe(self, module: ModuleType) -> ProbeResult:
-        return ProbeResult({target: True for target in self.targets})
-
     def replacement(self, target: str, original: Any) -> Callable[..., Any]:
         # A target the owner lacks has no original: its factory receives None.
-        replacement: Callable[..., Any] = self._factories[target](None if original is _MISSING else original)
+        replacement: Callable[..., Any] = self._factories[target](None if original is MISSING else original)
         return replacement
-
-    def library(self) -> str:
-        root = str(getattr(self.target_module(), "__name__", "?")).split(".", 1)[0]
-        version = getattr(sys.modules.get(root), "__version__", None)
-        return f"{root} {version}" if version else root
 
     def status(self) -> PatchStatus:
         return PatchStatus(name=self.name, library=self.library(), needed=True, installed=tuple(self._originals),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from tfstrategy.runtime.inputs import PlanInputs
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["PHASES", "Step"]
 
@@ -57,7 +57,7 @@ class Step:
         """What this step changed for the script, in the user's terms (``None``: it did not act on it).
 
         The exit summary's words. By default what the step's code recorded the moment it acted
-        (:meth:`~tfstrategy.runtime.process.HookState.changed`); a step that acts by being taken says so itself.
+        (:meth:`~tfstrategy.state.registry.HookState.changed`); a step that acts by being taken says so itself.
         """
         return RUNTIME.hook.changes.get(self.name)
 

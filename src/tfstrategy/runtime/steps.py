@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from tfstrategy.runtime.inputs import SELECT, PlanInputs, resolved_kind
 from tfstrategy.runtime.step import Step
 from tfstrategy.settings import StrategyKind
+from tfstrategy.state.registry import RUNTIME
 
 if TYPE_CHECKING:
     from tfstrategy.patches.mechanism import PatchStatus
@@ -130,8 +131,9 @@ class KeepLedger(Step):
 
     def _take(self) -> str | None:
         from tfstrategy.runtime.ledger import keep_ledger
+        from tfstrategy.runtime.ledger_traces import fingerprint_traces
 
-        return keep_ledger()
+        return keep_ledger(fingerprint_traces)
 
     def undo(self) -> None:
         if self.state == "taken":
@@ -205,7 +207,6 @@ class ApplyPatches(Step):
 
     def _take(self) -> str | None:
         from tfstrategy.patches import apply_patches
-        from tfstrategy.runtime.process import RUNTIME
 
         self.statuses = apply_patches()
         installed = [status.name for status in self.statuses if status.installed]

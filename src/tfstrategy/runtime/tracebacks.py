@@ -5,7 +5,7 @@ constructors and the like (:mod:`~tfstrategy.runtime.rewrites`). An exception
 the script's own code raises through such a wrapper (a callback, a loss, a
 ``build_model``) would show tfstrategy's wrapper frames in between, and make
 tfstrategy look guilty. :func:`install` sets an excepthook, through
-:meth:`~tfstrategy.runtime.process.ProcessRuntime.override_attribute` (undone by
+:meth:`~tfstrategy.state.registry.ProcessRuntime.override_attribute` (undone by
 ``reset()``), that drops them: the frames of tfstrategy's package that only
 passed the call on (some frame after them is not tfstrategy's). An error raised
 by tfstrategy's own code keeps the frames where it was raised. The exception's
@@ -19,7 +19,7 @@ import os
 import sys
 from types import TracebackType
 
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["install", "user_traceback"]
 

@@ -14,7 +14,7 @@ been imported, before the script can run a single op, :func:`on_tensorflow_impor
 takes the steps of the hook's plan (:func:`tfstrategy.runtime.plan.plan_steps`, the
 same plan ``tfstrategy env`` prints) whose phase is ``tensorflow``, and once
 Keras is importable those of phase ``keras``; the plan and what each step did
-are kept by :data:`tfstrategy.runtime.RUNTIME`.
+are kept by :data:`tfstrategy.state.RUNTIME`.
 Under a multi-worker ``TF_CONFIG`` they prepare the multi-worker runtime before
 the first op and make every strategy the script creates part of the one job, or
 stop it with one line (:mod:`tfstrategy.runtime.one_job`). Every replacement of
@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 from tfstrategy import native_log
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime import tracebacks, worker_watch
-from tfstrategy.runtime.process import RUNTIME
 from tfstrategy.settings import (
     AUDIT_MODES,
     ENV_DEBUG,
@@ -53,6 +52,7 @@ from tfstrategy.settings import (
     ENV_HOOK_SUMMARY,
     validate_audit_mode,
 )
+from tfstrategy.state.registry import RUNTIME
 from tfstrategy.worker_contract import STARTUP_DIR as STARTUP_DIR  # re-exported: it moved there
 from tfstrategy.worker_contract import hook_environment as hook_environment
 
@@ -161,9 +161,9 @@ def hook_plan(env: Mapping[str, str] | None = None) -> tuple[Step, ...]:
 def _plan() -> Plan:
     """The hook's plan in this process, derived once (again after :func:`reset`)."""
     from tfstrategy.runtime.inputs import HOOK, derive_inputs
-    from tfstrategy.runtime.plan import Plan
+    from tfstrategy.runtime.plan import Plan, current_plan
 
-    plan = RUNTIME.plans.get(HOOK)
+    plan = current_plan(HOOK)
     return plan if plan is not None else Plan(derive_inputs(HOOK))
 
 
@@ -192,8 +192,9 @@ def _print_summary() -> None:
     if "tensorflow" not in sys.modules:
         return  # a process that never imported TensorFlow (a shell helper, a data tool): the hook did nothing
     from tfstrategy.runtime.inputs import HOOK
+    from tfstrategy.runtime.plan import current_plan
 
-    plan = RUNTIME.plans.get(HOOK)
+    plan = current_plan(HOOK)
     debug = os.environ.get(ENV_DEBUG, "").strip() == "1"
     line = RUNTIME.hook.summary(changes(plan.steps if plan is not None else (), debug=debug), debug=debug,
                                 replacements=tuple(item.name for item in RUNTIME.unowned()))

@@ -1,6 +1,6 @@
 """The worker's side of supervision, installed by the start-up hook in every launched Python worker.
 
-Each part is one small named step, recorded in ``RUNTIME.supervision`` (:mod:`tfstrategy.runtime.process`):
+Each part is one small named step, recorded in ``RUNTIME.supervision`` (:mod:`tfstrategy.state.registry`):
 
 - ``die_with_launcher``: the worker ends when its launcher does, however it ends (SIGKILL
   included): ``PR_SET_PDEATHSIG`` (Linux) kills it when the launcher's thread that started it
@@ -40,7 +40,7 @@ from typing import Any
 from tfstrategy.contract.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.state.registry import RUNTIME
 from tfstrategy.worker_contract import STACK_SIGNAL, SUPERVISION_VARIABLES, WorkerContract
 
 __all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches"]

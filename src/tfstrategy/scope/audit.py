@@ -26,6 +26,7 @@ from tfstrategy._tf import tf
 from tfstrategy.errors import BuildError, ScopeError
 from tfstrategy.scope.creation_sites import site_of
 from tfstrategy.selection.names import strategy_name
+from tfstrategy.state.registry import RUNTIME
 from tfstrategy.training.precision import float16_output_message
 
 __all__ = ["VariableRecord", "AuditReport", "strategy_of", "audit_scope", "require_scope", "guard_model", "scope_guard"]
@@ -131,17 +132,21 @@ class AuditReport:
 
 
 def strategy_of(strategy_or_selection: Any) -> Any:
-    """The ``tf.distribute.Strategy`` of a strategy or a :class:`tfstrategy.Selection`."""
-    from tfstrategy.selection.select import Selection
+    """The ``tf.distribute.Strategy`` of a strategy or a :class:`tfstrategy.Selection`.
 
-    if isinstance(strategy_or_selection, Selection):
-        return strategy_or_selection.strategy
-    if not hasattr(strategy_or_selection, "extended") or not hasattr(strategy_or_selection, "scope"):
+    A selection is known by what it holds (its ``strategy``), not by its class: the audit
+    stands below ``select()`` and needs nothing of it.
+    """
+    strategy = strategy_or_selection
+    held = getattr(strategy, "strategy", None)
+    if held is not None and not hasattr(strategy, "extended"):
+        strategy = held
+    if not hasattr(strategy, "extended") or not hasattr(strategy, "scope"):
         raise BuildError(
             f"Received {type(strategy_or_selection).__name__}; expected a tf.distribute.Strategy or a "
             "tfstrategy.Selection (from tfstrategy.select())."
         )
-    return strategy_or_selection
+    return strategy
 
 
 def _owned_variables(model: Any, optimizer: Any, metrics: Iterable[Any]) -> list[tuple[str, Any]]:
@@ -328,8 +333,6 @@ def guard_model(model: Any, strategy: Any) -> Any:
 
         guarded.__tfstrategy_guard__ = True  # type: ignore[attr-defined]
         return guarded
-
-    from tfstrategy.runtime.process import RUNTIME
 
     for name in GUARDED_METHODS:
         method = getattr(model, name)

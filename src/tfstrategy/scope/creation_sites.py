@@ -27,7 +27,7 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
-from tfstrategy.runtime.process import RUNTIME
+from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["site_of", "recording", "start_recording"]
 

@@ -8,9 +8,9 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import StrategyError
 from tfstrategy.multiworker.cluster import load_cluster_config
-from tfstrategy.runtime.process import KEY_STRIDE, RUNTIME
 from tfstrategy.selection.choose import Choice
 from tfstrategy.settings import DEFAULT_COLLECTIVE_TIMEOUT, StrategyKind
+from tfstrategy.state.registry import KEY_STRIDE, RUNTIME
 
 __all__ = ["LOCAL_KEY_BASE", "build", "mirrored_strategy"]
 
@@ -53,7 +53,7 @@ def build(choice: Choice, *, collective_timeout: float | None = DEFAULT_COLLECTI
     """Instantiate the strategy a :class:`Choice` describes, and nothing else.
 
     Args:
-        choice: the output of :func:`~tfstrategy.choose`.
+        choice: the output of :func:`~tfstrategy.selection.choose.choose`.
         collective_timeout: for multi-worker, seconds a collective may wait for
             a peer before raising (``None``: wait forever, as TensorFlow does).
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
+from tfstrategy.state.registry import RUNTIME
 
 #: Shuffles that take a shared seed generator -> the same shuffle with a generator of its own.
 _OWN_SEED_GENERATOR = {"ShuffleDatasetV3": "ShuffleDataset", "ShuffleAndRepeatDatasetV2": "ShuffleAndRepeatDataset"}
@@ -179,8 +180,6 @@ def skip_build_peek(model: Any) -> None:
             iterator = None
         # Looked up at each call: another patch may wrap the class's method later.
         return _compat.class_build_peek(model, iterator=iterator, data_batch=data_batch)
-
-    from tfstrategy.runtime.process import RUNTIME
 
     RUNTIME.override_attribute(model, _compat.build_peek_attribute(), _maybe_symbolic_build,
                                name=f"skip_build_peek:{id(model)}", note="fit skips Keras' peek at one batch")

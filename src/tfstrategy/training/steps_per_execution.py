@@ -46,6 +46,7 @@ from typing import Any
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
+from tfstrategy.state.registry import RUNTIME
 from tfstrategy.training.no_trace import dataset_copy, skip_build_peek, snapshot
 
 logger = logging.getLogger(__name__)
@@ -355,8 +356,6 @@ def tune_at_first_fit(model: Any) -> None:
     An instance override of ``model.fit`` registered with the process runtime, one shot: the first call removes
     it (the scope guard's wrapper, or Keras' own method, is back) and then tunes and fits.
     """
-    from tfstrategy.runtime.process import RUNTIME
-
     fit = model.fit
 
     @functools.wraps(fit)

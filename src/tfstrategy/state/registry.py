@@ -1,7 +1,12 @@
 """The one object that owns what tfstrategy changed in this process, and the one ``reset()`` that undoes it.
 
-Every replacement of upstream code (a :class:`~tfstrategy.patches.mechanism.Patch`,
-a hook :class:`~tfstrategy.runtime.rewrites.Rewrite`, an :class:`Override` of one
+The ground floor of the package: it imports nothing of tfstrategy but the status
+shape beside it, so every layer (the patches, the scope, the strategies, the
+start-up hook, ``select()``) registers here and none has to import upward.
+
+Every replacement of upstream code (a :class:`~tfstrategy.patches.mechanism.Patch`
+or a hook :class:`~tfstrategy.runtime.rewrites.Rewrite`, both a
+:class:`~tfstrategy.state.replacement.Replacement`; an :class:`Override` of one
 object's attribute) registers with :data:`RUNTIME` while it is installed, so
 ``patch_status()``, ``tfstrategy env`` and the hook's exit summary list them all.
 State other modules keep for the life of a job (recorded creation sites, write
@@ -19,16 +24,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from tfstrategy.patches.mechanism import PatchStatus
-    from tfstrategy.runtime.plan import Plan
+from tfstrategy.state.status import MISSING, PatchStatus
 
-__all__ = ["HookState", "Override", "ProcessRuntime", "RUNTIME", "Replacement"]
+__all__ = ["KEY_STRIDE", "RUNTIME", "HookState", "Override", "ProcessRuntime", "Undoable", "UndoablePlan", "reset"]
 
 
-class Replacement(Protocol):
+class Undoable(Protocol):
     """Anything that replaced upstream code and can put it back."""
 
     @property
@@ -39,7 +42,10 @@ class Replacement(Protocol):
     def status(self) -> PatchStatus: ...
 
 
-_MISSING = object()
+class UndoablePlan(Protocol):
+    """A consumer's plan of process-wide steps (:class:`tfstrategy.runtime.plan.Plan`), as the reset sees it."""
+
+    def undo(self) -> None: ...
 
 
 class Override:
@@ -62,14 +68,14 @@ class Override:
         except TypeError:
             self._owner = lambda: owner
         own = vars(owner) if hasattr(owner, "__dict__") else {}
-        self._original = own.get(attribute, _MISSING)
+        self._original = own.get(attribute, MISSING)
         self._active = True
         _write(owner, attribute, replacement)
 
     @property
     def original(self) -> Any:
         """The owner's own attribute before the override (``None`` if it was inherited or absent)."""
-        return None if self._original is _MISSING else self._original
+        return None if self._original is MISSING else self._original
 
     @property
     def active(self) -> bool:
@@ -80,7 +86,7 @@ class Override:
         """Put the owner's attribute back (idempotent); forget the override in :data:`RUNTIME`."""
         owner = self._owner()
         if self._active and owner is not None:
-            if self._original is _MISSING:
+            if self._original is MISSING:
                 if self.attribute in (vars(owner) if hasattr(owner, "__dict__") else {}):
                     _delete(owner, self.attribute)
             else:
@@ -90,8 +96,6 @@ class Override:
         return self.status()
 
     def status(self) -> PatchStatus:
-        from tfstrategy.patches.mechanism import PatchStatus
-
         installed = (self.what,) if self.active else ()
         return PatchStatus(name=self.name, library="instance override", needed=True, installed=installed,
                            note=self.note)
@@ -170,7 +174,7 @@ class ProcessRuntime:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._replacements: dict[str, Replacement] = {}
+        self._replacements: dict[str, Undoable] = {}
         self._step_of: dict[str, str] = {}
         self._taking: list[str] = []
         self._states: dict[str, Callable[[], None]] = {}
@@ -181,7 +185,7 @@ class ProcessRuntime:
         #: What the start-up hook did (the exit summary).
         self.hook = HookState()
         #: The plan of each consumer last derived here (``"select"``, ``"hook"``).
-        self.plans: dict[str, Plan] = {}
+        self.plans: dict[str, UndoablePlan] = {}
         #: Hook steps taken (or being taken) in this process.
         self.taken: set[str] = set()
         #: Models whose scope the hook audited already (by id).
@@ -194,7 +198,7 @@ class ProcessRuntime:
 
     # -- replacements ---------------------------------------------------------------------
 
-    def register(self, replacement: Replacement) -> None:
+    def register(self, replacement: Undoable) -> None:
         """Remember an installed replacement (its name is its key: a new one of the same name replaces it)."""
         with self._lock:
             self._replacements.pop(replacement.name, None)
@@ -202,16 +206,16 @@ class ProcessRuntime:
             if self._taking:
                 self._step_of[replacement.name] = self._taking[-1]
 
-    def unregister(self, replacement: Replacement) -> None:
+    def unregister(self, replacement: Undoable) -> None:
         with self._lock:
             if self._replacements.get(replacement.name) is replacement:
                 del self._replacements[replacement.name]
                 self._step_of.pop(replacement.name, None)
 
-    def replacement(self, name: str) -> Replacement | None:
+    def replacement(self, name: str) -> Undoable | None:
         return self._replacements.get(name)
 
-    def replacements(self, *, step: str | None = None) -> tuple[Replacement, ...]:
+    def replacements(self, *, step: str | None = None) -> tuple[Undoable, ...]:
         """The installed replacements, oldest first (only those a plan step installed, with ``step``)."""
         with self._lock:
             for key in [key for key, item in self._replacements.items()
@@ -221,7 +225,7 @@ class ProcessRuntime:
             return tuple(item for key, item in self._replacements.items()
                          if step is None or self._step_of.get(key) == step)
 
-    def unowned(self) -> tuple[Replacement, ...]:
+    def unowned(self) -> tuple[Undoable, ...]:
         """The replacements no plan step installed (an instance override, a patch applied directly)."""
         with self._lock:
             return tuple(item for key, item in self._replacements.items() if key not in self._step_of)
@@ -297,3 +301,11 @@ class ProcessRuntime:
 
 #: The runtime of this process.
 RUNTIME = ProcessRuntime()
+
+
+def reset() -> None:
+    """Undo every replacement tfstrategy installed in this process and clear every job state.
+
+    A second job in the same process then starts as the first did (its plan is derived anew).
+    """
+    RUNTIME.reset()

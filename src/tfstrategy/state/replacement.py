@@ -1,0 +1,141 @@
+"""The undoable replacement of named functions of a library we do not own: what a patch and a rewrite share.
+
+A :class:`Replacement` names its ``targets`` (attribute paths inside
+:meth:`~Replacement.target_module`), installs a replacement for each target it
+chooses (:meth:`~Replacement.apply`, idempotent), keeping each original and
+whether its owner had it or only inherited it, puts exactly that back
+(:meth:`~Replacement.remove`), reports a :class:`~tfstrategy.state.status.PatchStatus`,
+and registers with :data:`~tfstrategy.state.registry.RUNTIME` while installed.
+A :class:`~tfstrategy.patches.mechanism.Patch` chooses its targets by a probe of
+the installed library; a hook :class:`~tfstrategy.runtime.rewrites.Rewrite` takes
+all of them.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, ClassVar
+
+from tfstrategy.state.registry import RUNTIME
+from tfstrategy.state.status import MISSING, PatchStatus
+
+__all__ = ["ORIGINAL", "Replacement", "get_path"]
+
+#: Set on every replacement: the function it replaced, so a probe always reaches the library's own.
+ORIGINAL = "__tfstrategy_original__"
+
+
+def get_path(root: Any, path: str) -> Any:
+    """``root.a.b`` for ``path="a.b"``; ``AttributeError`` if any part is missing."""
+    value = root
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+class Replacement:
+    """Named targets of one module replaced undoably; subclasses say which module and what replaces each."""
+
+    #: Short name used in statuses and messages.
+    name: ClassVar[str]
+    #: Attribute paths, inside :meth:`target_module`, that may be replaced.
+    targets: ClassVar[tuple[str, ...]]
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._originals: dict[str, Any] = {}
+        self._owned: dict[str, bool] = {}
+
+    # -- to implement -----------------------------------------------------------------
+
+    def target_module(self) -> ModuleType | None:
+        """The module holding the targets, or ``None`` when the installed library has nothing to replace."""
+        raise NotImplementedError
+
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        """The function installed in place of ``original`` (:data:`~tfstrategy.state.status.MISSING` if none)."""
+        raise NotImplementedError
+
+    def chosen_targets(self, module: ModuleType) -> list[str]:
+        """The targets :meth:`apply` replaces in ``module`` (all of them; a patch: those its probe found broken)."""
+        return list(self.targets)
+
+    # -- the mechanism ------------------------------------------------------------------
+
+    def library(self) -> str:
+        """The library replaced, with its version when it says one (``tensorflow 2.21.0``)."""
+        root = str(getattr(self.target_module(), "__name__", "?")).split(".", 1)[0]
+        version = getattr(sys.modules.get(root), "__version__", None)
+        return f"{root} {version}" if version else root
+
+    def original(self, target: str) -> Callable[..., Any]:
+        """The library's own function for ``target``, whether or not some replacement replaced it."""
+        function = self._originals.get(target) or get_path(self.target_module(), target)
+        while hasattr(function, ORIGINAL):
+            function = getattr(function, ORIGINAL)
+        found: Callable[..., Any] = function
+        return found
+
+    def apply(self) -> PatchStatus:
+        """Install replacements for the chosen targets (idempotent); register with the runtime if any."""
+        with self._lock:
+            module = self.target_module()
+            if module is None:
+                return self.status()
+            for target in self.chosen_targets(module):
+                if target not in self._originals:
+                    owner, attribute = self._owner(module, target)
+                    # A target the library lacks (a removed API a patch restores) has no original.
+                    original = getattr(owner, attribute, MISSING)
+                    replacement = self.replacement(target, original)
+                    if original is not MISSING:
+                        try:
+                            setattr(replacement, ORIGINAL, original)
+                        except (AttributeError, TypeError):  # a staticmethod or builtin cannot carry attributes
+                            pass
+                    # Whether the owner had its own attribute, or inherited it (or lacked it): remove() puts back
+                    # exactly that, instead of copying an inherited function onto the owner.
+                    self._owned[target] = attribute in vars(owner)
+                    self._originals[target] = original
+                    setattr(owner, attribute, replacement)
+            if self._originals:
+                RUNTIME.register(self)
+            return self.status()
+
+    def remove(self) -> PatchStatus:
+        """Put the library's original functions back."""
+        with self._lock:
+            module = self.target_module()
+            for target, original in list(self._originals.items()):
+                if module is not None:
+                    owner, attribute = self._owner(module, target)
+                    if self._owned.pop(target, False):
+                        setattr(owner, attribute, original)
+                    elif attribute in vars(owner):
+                        delattr(owner, attribute)
+                del self._originals[target]
+            RUNTIME.unregister(self)
+            return self.status()
+
+    def status(self) -> PatchStatus:
+        """What is installed now."""
+        return PatchStatus(name=self.name, library=self.library(), needed=True, installed=tuple(self._originals))
+
+    def installed(self, target: str) -> bool:
+        return target in self._originals
+
+    @staticmethod
+    def _owner(module: ModuleType, target: str) -> tuple[Any, str]:
+        """The object holding ``target`` (a module or a class) and the attribute's name."""
+        owner_path, _, attribute = target.rpartition(".")
+        return (get_path(module, owner_path) if owner_path else module), attribute
+
+    def _has(self, module: ModuleType, target: str) -> bool:
+        try:
+            get_path(module, target)
+        except AttributeError:
+            return False
+        return True

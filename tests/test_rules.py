@@ -1,0 +1,125 @@
+"""The rules of ARCHITECTURE.md that import-linter cannot say (its contracts, in pyproject.toml, hold the layers).
+
+Read from the source (``ast``), no TensorFlow: `make lint` runs this module beside ``lint-imports``.
+
+- Private TensorFlow/Keras modules (``keras.src``, ``tensorflow.python``, ``tf_keras.src``) are imported,
+  loaded or spelled in code only in ``_compat/``: a new release then breaks one package.
+- An attribute of an object tfstrategy does not own is written only through ``state/`` (a ``Replacement``,
+  ``RUNTIME.override_attribute``) or a ``_compat`` accessor, so ``reset()`` can undo it: no bare
+  ``setattr``/``object.__setattr__``/``delattr`` elsewhere. The writes below predate the rule; each says
+  why it stays, and the list may only shrink (an entry that no longer matches fails too).
+"""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from helpers import ROOT
+
+PACKAGE = ROOT / "src" / "tfstrategy"
+PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tf_keras.src")
+#: Where writing another object's attribute is the point: the undoable replacements, the accessors.
+WRITERS = ("state/", "_compat/")
+#: (module, the written object) -> why it is not yet a registered replacement.
+KNOWN_WRITES = {
+    ("training/sentinel.py", "model"): "the divergence sentinel hung on the user's model (issue 46 point 5)",
+    ("training/steps_per_execution.py", "model"): "the tuner's choice hung on the user's model (issue 46 point 5)",
+    ("performance/report.py", "model"): "the report's tracker hung on the user's model (issue 46 point 5)",
+    ("multiworker/chief_files.py", "writer"): "keep_per_worker's public mark on a callback the script passes",
+    ("patches/keras_mwms.py", "model"): "drops Keras' cached train/test function so Keras rebuilds it patched",
+    ("patches/keras_chief_files.py", "callback"): "a patched callback's paths, put back by the same patch",
+    ("patches/keras_chief_files.py", "self"): "the patched callback's private copy, inside the patch's own method",
+    ("patches/keras_loss_scale_api.py", "get_scaled_loss"): "a mark on tfstrategy's own function",
+    ("patches/keras_loss_scale_api.py", "get_unscaled_gradients"): "a mark on tfstrategy's own function",
+    ("patches/keras_steps_per_execution.py", "function"): "a mark on tfstrategy's own function",
+}
+
+
+def _modules() -> list[tuple[str, ast.Module]]:
+    return [(path.relative_to(PACKAGE).as_posix(), ast.parse(path.read_text(encoding="utf-8")))
+            for path in sorted(PACKAGE.rglob("*.py"))]
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    nodes: list[ast.AST] = [tree, *(node for node in ast.walk(tree)
+                                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))]
+    found = set()
+    for node in nodes:
+        body = getattr(node, "body", [])
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            found.add(id(body[0].value))
+    return found
+
+
+def _private_uses(tree: ast.Module) -> list[str]:
+    """Each place ``tree`` imports, loads or spells a private upstream module (docstrings may name one)."""
+    def private(name: str) -> bool:
+        return any(name == prefix or name.startswith(prefix + ".") for prefix in PRIVATE_MODULES)
+
+    docstrings = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {alias.name}" for alias in node.names if private(alias.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and private(node.module):
+            found.append(f"line {node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if any(prefix + "." in node.value or node.value == prefix for prefix in PRIVATE_MODULES):
+                found.append(f"line {node.lineno}: {node.value[:80]!r}")
+        elif isinstance(node, ast.Attribute) and ast.unparse(node) in PRIVATE_MODULES:  # once per chain
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def _attribute_writes(tree: ast.Module) -> list[tuple[str, int]]:
+    """``(written object, line)`` of each ``setattr``/``delattr``/``object.__setattr__``/``object.__delattr__``."""
+    writes = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        name = ast.unparse(node.func)
+        if name in ("setattr", "delattr", "object.__setattr__", "object.__delattr__"):
+            writes.append((ast.unparse(node.args[0]), node.lineno))
+    return writes
+
+
+def test_private_upstream_modules_are_named_only_in_compat():
+    offenders = {path: uses for path, tree in _modules()
+                 if not path.startswith("_compat/") and (uses := _private_uses(tree))}
+    assert not offenders, (
+        f"private TensorFlow/Keras modules outside _compat/: {offenders}. Add an accessor to "
+        "tfstrategy/_compat (with @accessor naming the upstream path) and call it instead."
+    )
+
+
+def test_no_bare_attribute_write_on_objects_tfstrategy_does_not_own():
+    seen = set()
+    new = []
+    for path, tree in _modules():
+        if path.startswith(WRITERS):
+            continue
+        for target, line in _attribute_writes(tree):
+            seen.add((path, target))
+            if (path, target) not in KNOWN_WRITES:
+                new.append(f"{path}:{line} writes {target}")
+    assert not new, (
+        f"bare attribute writes: {new}. Replace upstream code with a Patch/Rewrite (state.Replacement), an "
+        "instance's attribute with RUNTIME.override_attribute(...), so reset() undoes it."
+    )
+    stale = set(KNOWN_WRITES) - seen
+    assert not stale, f"no longer written, strike from KNOWN_WRITES: {sorted(stale)}"
+
+
+@pytest.mark.parametrize("source, expected", [
+    pytest.param("from keras.src.utils import file_utils", 1, id="from-import"),
+    pytest.param("import tensorflow.python.eager.context", 1, id="import"),
+    pytest.param("name = 'keras.src.saving.saving_lib'", 1, id="spelled-path"),
+    pytest.param("x = tf.python.framework", 0, id="tf-alias-not-a-module-name"),
+    pytest.param("x = tensorflow.python.framework.ops", 1, id="attribute-chain"),
+    pytest.param('"""Reads keras.src.utils.file_utils.makedirs."""', 0, id="docstring"),
+    pytest.param("import keras", 0, id="public"),
+])
+def test_the_private_module_reader(source, expected):
+    assert len(_private_uses(ast.parse(source))) == expected
