@@ -23,7 +23,7 @@ from tfstrategy.settings import ENV_LAUNCH_SECRET
 __all__ = ["RendezvousCoordinator", "failure_from_event", "describe_end", "secret_free_environment"]
 
 if TYPE_CHECKING:
-    from tfstrategy.launch.supervisor import LaunchOptions
+    from tfstrategy.launch.options import LaunchOptions
 
 class RendezvousCoordinator:
     """This launcher's seat in a job of several nodes.
