@@ -367,7 +367,7 @@ class RendezvousServer:
                 self._joins.pop(rank, None)  # it may come back before the deadline
                 self._form_if_ready_locked(time.monotonic())  # elastic: the others need not wait for it
             elif (state is JobState.RUNNING and rank in self.members and self.node.elastic
-                  and len(self._peers) >= self.node.fewest):
+                  and len(set(self._peers) - self._leaving) >= self.node.fewest):
                 self._reform_locked(lost=[rank], joined=[], graceful=False,
                                     reason=f"node {rank} lost ({peer.address}: it {closed.reason})")
             elif state is JobState.RUNNING and rank in self.members and rank not in self._done:
