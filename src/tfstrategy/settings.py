@@ -230,6 +230,17 @@ def _normalise(value: Any, name: str = "") -> str:
     return str(value).strip().lower().replace(" ", "")
 
 
+def parse_min_max(text: str) -> tuple[int | None, int] | None:
+    """``N`` as ``(None, N)`` and ``MIN:MAX`` as ``(MIN, MAX)`` (torchrun's node counts); ``None`` if neither.
+
+    Only the shape: each caller checks the counts against what it runs (``--nnodes``, ``k8s --elastic``).
+    """
+    low, sep, high = text.strip().partition(":")
+    if not sep:
+        return (None, int(low)) if low.isdigit() else None
+    return (int(low), int(high)) if low.isdigit() and high.isdigit() else None
+
+
 def parse_collective_timeout(value: Any, *, name: str = "collective_timeout") -> float | None:
     """Seconds > 0 as a float; ``None`` for "wait forever" (``"none"``, ``0`` or ``inf``).
 

@@ -23,7 +23,7 @@ from tfstrategy.kubernetes.scheduling import (
     parse_toleration,
     parse_ttl,
 )
-from tfstrategy.settings import AUDIT_MODES
+from tfstrategy.settings import AUDIT_MODES, parse_min_max
 
 __all__ = ["k8s_parser", "k8s_command", "options_from_args"]
 
@@ -212,11 +212,11 @@ def _elastic(text: str | None) -> tuple[int, int] | None:
     """
     if text is None:
         return None
-    low, sep, high = text.partition(":")
-    if not (sep and low.isdigit() and high.isdigit()):
+    parsed = parse_min_max(text)
+    if parsed is None or parsed[0] is None:
         raise LaunchError(f"Received --elastic {text!r}; expected MIN:MAX, the fewest and the most pods the job trains "
                           "with, e.g. --elastic 2:4.")
-    return int(low), int(high)
+    return parsed[0], parsed[1]
 
 
 def k8s_command(args: argparse.Namespace) -> int:

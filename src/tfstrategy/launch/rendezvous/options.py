@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfstrategy.errors import LaunchError
-from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
+from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, parse_min_max
 
 __all__ = ["NodeOptions", "ServerLimits", "parse_master", "parse_nnodes", "read_secret", "validate_node_options", "MIN_SECRET_BYTES"]
 
@@ -63,11 +63,9 @@ def parse_nnodes(value: str) -> tuple[int | None, int]:
     Raises:
         LaunchError: not a count or a ``MIN:MAX`` pair with 1 <= MIN <= MAX.
     """
-    low, sep, high = value.strip().partition(":")
-    if not sep and low.isdigit():
-        return None, int(low)
-    if sep and low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high):
-        return int(low), int(high)
+    parsed = parse_min_max(value)
+    if parsed is not None and (parsed[0] is None or 1 <= parsed[0] <= parsed[1]):
+        return parsed
     raise LaunchError(f"Received --nnodes {value!r}; expected a node count N, or MIN:MAX for an elastic job that "
                       "goes on while at least MIN of up to MAX nodes are present, e.g. --nnodes 2 or --nnodes 1:4.")
 
