@@ -21,7 +21,7 @@ import tfstrategy
 assert not any(name.startswith("tfstrategy.launch.") for name in sys.modules), "the launcher loaded eagerly"
 assert "tensorflow" not in sys.modules
 import tfstrategy.launch.states  # the subpackage the public function shares its name with
-from tfstrategy.launch.supervisor import launch
+from tfstrategy.launch.library import launch
 assert tfstrategy.launch is launch, tfstrategy.launch
 from tfstrategy.runtime.select import select
 assert tfstrategy.select is select and "select" in dir(tfstrategy)

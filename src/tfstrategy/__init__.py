@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the names, for type checkers and the API docs; imported on 
     from tfstrategy.diagnostics.check import run_check
     from tfstrategy.diagnostics.equivalence import replica_equivalence
     from tfstrategy.errors import TFStrategyError
-    from tfstrategy.launch.supervisor import launch
+    from tfstrategy.launch.library import launch
     from tfstrategy.multiworker.chief_files import is_chief
     from tfstrategy.multiworker.cluster import tf_config_from_hosts
     from tfstrategy.multiworker.preemption import preemption_callbacks
@@ -85,7 +85,7 @@ _PUBLIC = {
     "run_check": "tfstrategy.diagnostics.check",
     "replica_equivalence": "tfstrategy.diagnostics.equivalence",
     "TFStrategyError": "tfstrategy.errors",
-    "launch": "tfstrategy.launch.supervisor",
+    "launch": "tfstrategy.launch.library",
     "is_chief": "tfstrategy.multiworker.chief_files",
     "tf_config_from_hosts": "tfstrategy.multiworker.cluster",
     "preemption_callbacks": "tfstrategy.multiworker.preemption",

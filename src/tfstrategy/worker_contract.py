@@ -4,7 +4,7 @@ The launcher (:mod:`tfstrategy.launch`) builds a :class:`WorkerContract` per wor
 with :meth:`WorkerContract.to_environ`; the worker's side (:mod:`tfstrategy.multiworker.worker_protocol`,
 the start-up hook's supervision) reads it back with :meth:`WorkerContract.from_environ`, which
 checks every value and names the variable of a bad one. The job-wide part, the same for every
-worker, is :class:`WorkerSettings`; the CLI and :func:`tfstrategy.launch.supervisor.launch` build it
+worker, is :class:`WorkerSettings`; the CLI and :func:`tfstrategy.launch.library.launch` build it
 the same way (:func:`tfstrategy.launch.options.worker_settings`).
 
 Every field may be absent: a process outside ``launch`` has none of them, a user may set the
