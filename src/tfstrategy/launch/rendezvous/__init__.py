@@ -11,6 +11,7 @@ the end of the job.
 
 Modules: :mod:`.options` (a node's place and the secret), :mod:`.wire` (lines and the typed,
 checked messages), :mod:`.handshake` (proofs, session keys, sealed lines), :mod:`.channel` (one authenticated connection, sends from a queue),
+:mod:`.admission` (the bounds before a proof), :mod:`.rounds` (when a round forms, who may leave: pure),
 :mod:`.server` and :mod:`.client`. The security model is in ``docs/guides/clusters.md``.
 """
 
@@ -23,7 +24,8 @@ from tfstrategy.launch.rendezvous.options import (
     read_secret,
     validate_node_options,
 )
-from tfstrategy.launch.rendezvous.server import JobState, RendezvousServer
+from tfstrategy.launch.rendezvous.rounds import JobState
+from tfstrategy.launch.rendezvous.server import RendezvousServer
 from tfstrategy.launch.rendezvous.wire import PROTOCOL
 
 __all__ = [

@@ -21,7 +21,6 @@ What a peer does wrong is reported with its address and its rank; it never kills
 
 from __future__ import annotations
 
-import collections
 import errno
 import secrets
 import socket
@@ -29,10 +28,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from tfstrategy.errors import LaunchError
+from tfstrategy.launch.rendezvous.admission import PendingConnections
 from tfstrategy.launch.rendezvous.channel import Channel, ChannelClosed
 from tfstrategy.launch.rendezvous.handshake import (
     Opener,
@@ -45,6 +44,7 @@ from tfstrategy.launch.rendezvous.handshake import (
 )
 from tfstrategy.launch.rendezvous.options import NodeOptions, ServerLimits
 from tfstrategy.launch.rendezvous.root_cause import root_cause
+from tfstrategy.launch.rendezvous.rounds import JobState, cluster_workers, job_shape, may_leave, ready_to_form
 from tfstrategy.launch.rendezvous.wire import (
     PROTOCOL,
     TO_SERVER,
@@ -78,25 +78,11 @@ _EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _REPORT_EVERY = 10.0
 
 
-class JobState(str, Enum):
-    """Where the job stands, as node 0's rendezvous sees it."""
-
-    FORMING = "forming"  # waiting for every node's join of the current round
-    RUNNING = "running"  # the cluster was sent; workers run
-    ENDED = "ended"  # finished, given up, stopped, aborted or timed out: no new round
-
-
 @dataclass(frozen=True)
 class _Peer:
     rank: int
     address: str  # host:port it connected from
     channel: Channel
-
-
-def _shape(job: object) -> str:
-    if not isinstance(job, dict):
-        return repr(job)[:100]
-    return f"--nnodes {job.get('nnodes')} -n {job.get('workers_per_node')} --max-restarts {job.get('max_restarts')}"
 
 
 class RendezvousServer:
@@ -135,7 +121,7 @@ class RendezvousServer:
         self._listener.settimeout(0.5)  # so that close() ends the accept loop
         self._lock = threading.Lock()
         self._peers: dict[int, _Peer] = {}
-        self._pending: collections.Counter[str] = collections.Counter()
+        self._pending = PendingConnections(self.limits)
         self._reported: dict[str, float] = {}
         self.state = JobState.FORMING
         self.round = 0
@@ -197,34 +183,18 @@ class RendezvousServer:
                 continue
             backoff = 0.0
             host = str(address[0])
-            if not self._admit(host):
+            refused = self._pending.admit(host)
+            if refused is not None:
+                self._report(f"flood {host}", f"refused connections from {host}: {refused}; the job goes on")
                 sock.close()
                 continue
             try:
                 threading.Thread(target=self._serve, args=(sock, host), daemon=True, name=f"rendezvous {host}").start()
             except RuntimeError as error:  # no thread to spare: like running out of descriptors
-                self._release(host)
+                self._pending.release(host)
                 sock.close()
                 self._report("threads", f"cannot serve a connection from {host} ({error}); the job goes on")
                 time.sleep(0.05)
-
-    def _release(self, host: str) -> None:
-        with self._lock:
-            self._pending[host] -= 1
-            if self._pending[host] <= 0:
-                del self._pending[host]
-
-    def _admit(self, host: str) -> bool:
-        limits = self.limits
-        with self._lock:
-            total = sum(self._pending.values())
-            if total < limits.max_pending and self._pending[host] < limits.max_pending_per_host:
-                self._pending[host] += 1
-                return True
-        self._report(f"flood {host}", f"refused connections from {host}: too many unauthenticated connections "
-                     f"({self._pending[host]} from it, {total} in all; at most {limits.max_pending_per_host} per address "
-                     f"and {limits.max_pending} in all); the job goes on")
-        return False
 
     def _serve(self, sock: socket.socket, host: str) -> None:
         peer: _Peer | None = None
@@ -232,7 +202,7 @@ class RendezvousServer:
             try:
                 peer = self._handshake(sock, host)
             finally:
-                self._release(host)
+                self._pending.release(host)
             if peer is None:
                 sock.close()
                 return
@@ -281,7 +251,7 @@ class RendezvousServer:
         with self._lock:
             why = None
             if job != self.job:
-                why = (f"it runs {_shape(job)}; node 0 runs {_shape(self.job)}. Use the same --nnodes, -n and "
+                why = (f"it runs {job_shape(job)}; node 0 runs {job_shape(self.job)}. Use the same --nnodes, -n and "
                        "--max-restarts on every node")
             elif not 0 <= claimed < self.node.nnodes:
                 why = f"expected a rank 0..{self.node.nnodes - 1}"
@@ -408,7 +378,7 @@ class RendezvousServer:
                 if self._done >= set(self.members):
                     self.state = JobState.ENDED
                     self._broadcast(Finished(round=self.round))
-            elif isinstance(message, Leave) and self.state is not JobState.ENDED and self._may_leave_locked(rank):
+            elif isinstance(message, Leave) and self.state is not JobState.ENDED and may_leave(self.node, rank, set(self._peers), self._leaving):
                 self._leaving.add(rank)
                 self._joins.pop(rank, None)
                 if self.state is JobState.RUNNING and rank in self.members:
@@ -421,26 +391,15 @@ class RendezvousServer:
                 self._broadcast(Stopped(node=rank, signal=message.signal))
             # Anything else is a message of an earlier round or state that crossed ours: nothing to do.
 
-    def _may_leave_locked(self, rank: int) -> bool:
-        """Whether node ``rank`` may leave an elastic job and the others go on (else its leave stops the job)."""
-        staying = set(self._peers) - self._leaving - {rank}
-        return self.node.elastic and rank != 0 and len(staying) >= self.node.fewest
-
     def _form_if_ready_locked(self, now: float, *, late: bool = False) -> None:
-        """Form the round once every node joined; in an elastic job, once at least MIN did and no node present is
-        still on its way (the first round also waits ``rendezvous_wait`` for more), or at the deadline (``late``)."""
-        joined, node = set(self._joins), self.node
-        if self.state is not JobState.FORMING or not joined:
-            return
-        ready = len(joined) == node.nnodes or (
-            node.elastic and len(joined) >= node.fewest
-            and (late or (joined >= set(self._peers) - self._leaving
-                          and (self.round > 0 or now - self._round_started >= node.rendezvous_wait))))
-        if not ready:
+        """Form the round when :func:`~.rounds.ready_to_form` says so: broadcast every worker's address."""
+        joined = set(self._joins)
+        if self.state is not JobState.FORMING or not joined or not ready_to_form(
+                self.node, joined, set(self._peers), self._leaving, first_round=self.round == 0,
+                waited=now - self._round_started, late=late):
             return
         self.members = sorted(joined)
-        workers = [f"{self._host(address)}:{port}" for r in self.members
-                   for address, ports in [self._joins[r]] for port in ports]
+        workers = cluster_workers(self._joins, self.members)
         self.state = JobState.RUNNING
         self._broadcast(Cluster(round=self.round, workers=workers, nodes=self.members))
 
@@ -456,10 +415,6 @@ class RendezvousServer:
         self.state, self._joins, self._done, self.members = JobState.FORMING, {}, set(), []
         self._failures, self._first_failure_at, self._views = {}, None, {}
         self._round_started = time.monotonic()
-
-    @staticmethod
-    def _host(address: str) -> str:
-        return f"[{address}]" if ":" in address else address
 
     def _failed_locked(self, rank: int, failure: Failed) -> None:
         """Note a node's failure of the running round; the round's root cause is decided once it settles."""
