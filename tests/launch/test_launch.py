@@ -290,7 +290,7 @@ def test_a_worker_leaving_before_joining_ends_the_job_at_once_naming_it():
 CHILDREN_AFTER_LAUNCH = """
 import json, os, sys
 from pathlib import Path
-from tfstrategy.launch.supervisor import launch
+from tfstrategy import launch
 
 result = launch([sys.executable, sys.argv[1], "leave"], 2, join_timeout=20, max_restarts=1)
 children = []

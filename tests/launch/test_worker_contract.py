@@ -88,7 +88,7 @@ def _worker_environ(options: LaunchOptions, env: dict[str, str]) -> dict[str, st
 
 
 def test_the_cli_and_the_api_give_the_workers_the_same_contract(tmp_path):
-    """``tfstrategy launch`` and ``tfstrategy.launch.supervisor.launch()`` both build LaunchOptions, then one mapping."""
+    """``tfstrategy launch`` and ``tfstrategy.launch()`` both build LaunchOptions, then one mapping."""
     argv = ["launch", "-n", "2", "--precision", "mixed_float16", "--sentinel", "20", "--profile", "--profile-dir",
             str(tmp_path / "prof"), "--profile-every", "3", "--profile-probes", "2", "--audit", "stop", "--",
             sys.executable, "train.py"]
