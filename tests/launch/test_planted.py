@@ -31,7 +31,8 @@ from test_launch import Run
 from helpers import ROOT
 
 WORKER = ROOT / "tests" / "workers" / "planted_worker.py"
-STALL = ("--stall-report", "10", "--stall-timeout", "20")
+#: A straggler's job is stopped with Ctrl-C once warned of: its workers get 2 s, not the default 10, to end.
+STALL = ("--stall-report", "10", "--stall-timeout", "20", "--grace", "2")
 
 
 def _report(cause: str, err: str) -> str:
@@ -43,7 +44,9 @@ def _follow(runs: Sequence[Run], cause: str, *, timeout: float) -> tuple[int, st
     """Node 0's (``runs[0]``) exit status, output and console, and when (wall clock) the headline reached it.
 
     A straggler's warning leaves the job running: then every launcher gets Ctrl-C, which ends the case
-    as soon as the warning is said. Every launcher is then waited for (``survivors`` checked).
+    as soon as the warning is said. Every launcher is then waited for (``survivors`` checked). A job still
+    running after ``timeout`` seconds gets Ctrl-C too (below the test's own limit), so that a headline that
+    never came fails the case with the console that was said instead.
     """
     lead = runs[0].process
     pattern = re.compile(PREFIX + HEADLINES[cause][0]) if cause in HEADLINES else None
@@ -52,6 +55,9 @@ def _follow(runs: Sequence[Run], cause: str, *, timeout: float) -> tuple[int, st
     reader.start()
     err: list[str] = []
     seen = None
+    guard = threading.Timer(timeout, lambda: [run.process.send_signal(signal.SIGINT) for run in runs
+                                              if run.process.poll() is None])
+    guard.start()
     for line in lead.stderr or ():
         err.append(line)
         if seen is None and pattern is not None and pattern.search(line):
@@ -59,6 +65,7 @@ def _follow(runs: Sequence[Run], cause: str, *, timeout: float) -> tuple[int, st
             if cause.startswith("slow"):
                 for run in runs:
                     run.process.send_signal(signal.SIGINT)
+    guard.cancel()
     reader.join(timeout)
     results = [run.finish(timeout) for run in runs]
     if seen is not None:
@@ -105,7 +112,7 @@ TWO_NODES = ["uneven", "slow-input"]
 @pytest.mark.parametrize("cause", ONE_NODE)
 def test_each_planted_cause_gets_its_diagnosis_on_one_node(cause):
     run = Run("-n", "2", *STALL, "--", sys.executable, str(WORKER), cause)
-    code, out, err, seen = _follow([run], cause, timeout=600)
+    code, out, err, seen = _follow([run], cause, timeout=90)
     _check(cause, code, out, err, seen, "launch -n 2")
 
 
@@ -120,7 +127,7 @@ def test_the_planted_causes_are_diagnosed_on_node_0_of_two_nodes(cause):
 
     master = f"{MASTER_HOST}:{_free_port()}"
     job = ("-n", "1", "--timeout", "120", *STALL, "--", sys.executable, str(WORKER), cause)
-    code, out, err, seen = _follow([_node(0, master, *job), _node(1, master, *job)], cause, timeout=300)
+    code, out, err, seen = _follow([_node(0, master, *job), _node(1, master, *job)], cause, timeout=90)
     _check(cause, code, out, err, seen, "launch --nnodes 2 (node 0)")
 
 
