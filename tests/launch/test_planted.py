@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from docs_samples import assert_sample
 from planted_causes import HEADLINES, PREFIX
 from test_launch import Run
 
@@ -114,6 +115,8 @@ def test_each_planted_cause_gets_its_diagnosis_on_one_node(cause):
     run = Run("-n", "2", *STALL, "--", sys.executable, str(WORKER), cause)
     code, out, err, seen = _follow([run], cause, timeout=90)
     _check(cause, code, out, err, seen, "launch -n 2")
+    if cause == "uneven":  # the page shows this case's console
+        assert_sample("uneven-shards", err)
 
 
 @pytest.mark.multiprocess
@@ -129,6 +132,8 @@ def test_the_planted_causes_are_diagnosed_on_node_0_of_two_nodes(cause):
     job = ("-n", "1", "--timeout", "120", *STALL, "--", sys.executable, str(WORKER), cause)
     code, out, err, seen = _follow([_node(0, master, *job), _node(1, master, *job)], cause, timeout=90)
     _check(cause, code, out, err, seen, "launch --nnodes 2 (node 0)")
+    if cause == "slow-input":  # the page shows node 0's warning
+        assert_sample("straggler-input", err)
 
 
 @pytest.mark.multiprocess
