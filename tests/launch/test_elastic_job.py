@@ -93,7 +93,7 @@ def _wait(done, what: str, nodes: list[Node] = ()) -> None:
         time.sleep(0.1)
 
 
-def _one_device_weights() -> list[np.ndarray]:
+def _one_device_weights(epochs: int = 5) -> list[np.ndarray]:
     """The same training on one device, uninterrupted: the weights every elastic worker must end with."""
     sys.path.insert(0, str(WORKER.parent))
     try:
@@ -103,7 +103,7 @@ def _one_device_weights() -> list[np.ndarray]:
     import tensorflow as tf
 
     model = elastic_worker.build(tf.distribute.get_strategy())
-    model.fit(elastic_worker.make_dataset(), epochs=5, shuffle=False, verbose=0)
+    model.fit(elastic_worker.make_dataset(), epochs=epochs, shuffle=False, verbose=0)
     return model.get_weights()
 
 
@@ -194,3 +194,62 @@ def test_a_node_that_dies_in_its_save_leaves_the_other_to_resume_from_the_step_b
     assert (final["workers"], final["steps"]) == (1, 50)
     worst = max(float(np.max(np.abs(np.asarray(w) - r))) for w, r in zip(final["weights"], reference))
     assert worst <= TOLERANCE, f"weights differ from one device's by {worst:.2e}"
+
+
+def _worker_pid(tag: str, index: int) -> int | None:
+    """The pid of the job's (``tag``) worker ``index``: the process that runs elastic_worker.py with that index."""
+    for pid in _tagged(tag):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"TFSTRATEGY_WORKER_INDEX={index}".encode() in environ and WORKER.name.encode() in command:
+            return pid
+    return None
+
+
+def test_three_local_workers_lose_one_to_sigkill_and_the_two_left_end_with_one_devices_weights(tmp_path):
+    """``launch -n 2:3`` on one machine: worker 2 SIGKILLed (the OOM killer, a device gone) once step 10 is committed;
+    workers 0 and 1 re-form without it from step 10, which is not a restart, and finish alone."""
+    backup, out = tmp_path / "backup", tmp_path / "out"
+    out.mkdir()
+    backup.mkdir(mode=0o700)
+    gate = out / "gate"
+    gate.write_text("10")
+    tag = uuid.uuid4().hex
+    console = tmp_path / "console.txt"
+    with open(console, "w") as err:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "tfstrategy", "launch", "-n", "2:3", "--backup-dir", str(backup), "--timeout", "120",
+             "--", sys.executable, str(WORKER), "--out", str(out), "--epochs", "2"],
+            cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TAG: tag}, text=True, stdout=subprocess.DEVNULL,
+            stderr=err)
+    try:
+        _wait(lambda: newest_committed_step(backup) == 10, "step 10 committed by 3 workers")
+        pid = _worker_pid(tag, 2)
+        assert pid is not None, console.read_text()
+        os.kill(pid, signal.SIGKILL)
+        _wait(lambda: "worker 2 lost: going on with 2 workers from step 10" in console.read_text(),
+              "the two left to re-form")
+        gate.unlink()  # train to the end
+        code = launcher.wait(GUARD)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    said = console.read_text()
+    assert code == 0, said
+    assert _tagged(tag) == [], said
+    launcher_lines = [line for line in said.splitlines() if line.startswith("tfstrategy launch:")]
+    assert not [line for line in launcher_lines if "restart" in line.replace("(not restarts)", "")], said
+    assert "tfstrategy launch: 1 re-formation(s) for workers lost (not restarts)" in launcher_lines[-2], said
+    assert launcher_lines[-1].startswith("tfstrategy launch: 2 workers exited 0 in"), said  # the two that finished
+    reference = _one_device_weights(epochs=2)
+    for index in (0, 1):
+        final = json.loads((out / f"worker-{index}.json").read_text())
+        assert (final["workers"], final["steps"]) == (2, 20)
+        worst = max(float(np.max(np.abs(np.asarray(w) - r))) for w, r in zip(final["weights"], reference))
+        assert worst <= TOLERANCE, f"worker {index}'s weights differ from one device's by {worst:.2e}"
+    starts = [json.loads(line) for line in (out / "starts.jsonl").read_text().splitlines()]
+    assert sorted((s["workers"], s["index"]) for s in starts) == [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]
+    assert {s["step"] for s in starts if s["workers"] == 2} == {11}  # resumed after the committed step 10

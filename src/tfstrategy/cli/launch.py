@@ -16,7 +16,7 @@ from tfstrategy._tf import ensure_tensorflow_installed
 from tfstrategy.cli._common import add_program_arguments, program_from_args, quiet_tensorflow
 from tfstrategy.contract.exits import EXIT_STALL, help_table
 from tfstrategy.errors import LaunchError
-from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, ENV_PORT_RANGE, ENV_RUN_ID
+from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, ENV_PORT_RANGE, ENV_RUN_ID, parse_min_max
 
 if TYPE_CHECKING:  # the launcher's modules load when a job starts, not for `tfstrategy check`
     from tfstrategy.launch.console import ConsoleView
@@ -93,7 +93,9 @@ DESCRIPTION = textwrap.dedent(
     others without it; a node that starts (again) while fewer than MAX train is
     taken in at a step the workers agree on. Each re-formed group resumes from the
     newest committed backup step; re-formations do not use --max-restarts.
-    Node 0 must stay. docs/guides/elastic.md has the rules.
+    Node 0 must stay. On one machine, -n MIN:MAX (with --backup-dir) goes on
+    without a worker killed with no error of its own while MIN remain.
+    docs/guides/elastic.md has the rules.
 
     What is authenticated: only this control channel. Every message carries the
     job's identity, a sequence number and an HMAC under per-connection keys, so a
@@ -138,8 +140,11 @@ def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-n", "--num-workers", type=int, required=True, metavar="N",
-                        help="worker processes to start (on each machine with --nnodes)")
+    parser.add_argument("-n", "--num-workers", action=_WorkerCount, required=True, metavar="N|MIN:MAX",
+                        help="worker processes to start (on each machine with --nnodes). MIN:MAX (one machine, "
+                        "with --backup-dir): start MAX; a worker killed with no error of its own (SIGKILL, the OOM "
+                        "killer, its device gone) re-forms the others without it from the newest committed step "
+                        "while MIN remain, which is not a restart")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
                         help="restart the whole group up to K times after a failure (default: 0)")
     parser.add_argument("--backup-dir", type=Path, metavar="DIR",
@@ -207,6 +212,22 @@ def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     return parser
 
 
+class _WorkerCount(argparse.Action):
+    """``-n N`` or ``MIN:MAX``: ``num_workers`` is N (or MAX), ``min_workers`` MIN (``None`` for a fixed count)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        text = str(values).strip()
+        parsed = parse_min_max(text)
+        if parsed is None and text.lstrip("-").isdigit():
+            parsed = (None, int(text))  # a negative count: refused with the others by validate_launch_options
+        if parsed is None:
+            raise argparse.ArgumentError(self, f"Received -n {text!r}; expected a worker count N, or MIN:MAX for a job "
+                                         "that goes on while at least MIN of its MAX workers remain, e.g. -n 2 or "
+                                         "-n 2:4.")
+        namespace.min_workers, namespace.num_workers = parsed
+
+
 class _NodeCount(argparse.Action):
     """``--nnodes N`` or ``MIN:MAX``: ``nnodes`` is N (or MAX), ``min_nodes`` MIN (``None`` for a fixed count)."""
 
@@ -249,6 +270,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         LaunchOptions(
             command=tuple(program),
             num_workers=args.num_workers,
+            min_workers=getattr(args, "min_workers", None),
             max_restarts=args.max_restarts,
             backup_dir=backup_dir.checked_backup_dir(args.backup_dir),
             join_timeout=None if args.timeout == 0 else args.timeout,
@@ -390,7 +412,8 @@ def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> 
 
 def _command_line(options: LaunchOptions, *, debug: bool) -> list[str]:
     """These options as a ``tfstrategy`` command line (to re-run it in a network namespace)."""
-    line = ["launch", "-n", str(options.num_workers), "--max-restarts", str(options.max_restarts),
+    count = str(options.num_workers) if options.min_workers is None else f"{options.min_workers}:{options.num_workers}"
+    line = ["launch", "-n", count, "--max-restarts", str(options.max_restarts),
             "--timeout", f"{options.join_timeout or 0:g}", "--grace", f"{options.grace:g}", "--audit", options.audit,
             "--stall-report", f"{options.stall_report:g}", "--stall-timeout", f"{options.stall_timeout or 0:g}",
             "--isolate-network", "--sentinel", options.sentinel]
@@ -448,13 +471,14 @@ def launch_command(args: argparse.Namespace) -> int:
               f"failure to all workers joined again {rejoined}", file=sys.stderr)
     if result.reformations:
         joined = ", ".join(f"{seconds:.1f} s" for seconds in result.reform_seconds) or "never"
-        print(f"tfstrategy launch: {len(result.reformations)} re-formation(s) for nodes lost or joined (not restarts); "
+        what = "workers lost" if options.min_workers is not None else "nodes lost or joined"
+        print(f"tfstrategy launch: {len(result.reformations)} re-formation(s) for {what} (not restarts); "
               f"re-formation to all workers joined {joined}", file=sys.stderr)
     from tfstrategy.launch.output import status_line
 
     # One plain last line in every output mode (with --log-dir and no --tee it is the only one).
     print("tfstrategy launch: " + status_line(
-        reason=result.reason.value, returncode=result.returncode, workers=options.num_workers,
+        reason=result.reason.value, returncode=result.returncode, workers=result.workers or options.num_workers,
         seconds=time.monotonic() - started, restarts=result.restarts, nodes=args.nnodes, log_dir=options.run_log_dir,
     ), file=sys.stderr)
     return result.returncode

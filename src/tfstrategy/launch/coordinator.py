@@ -41,6 +41,9 @@ class Reformation:
     joined: tuple[int, ...] = ()
     graceful: bool = False
     reason: str = ""
+    #: ``-n MIN:MAX`` on one machine: the worker lost, and how many this machine starts in the new round.
+    lost_worker: int | None = None
+    workers: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,11 +122,17 @@ class LocalCoordinator:
     """A job on this machine alone: restarts up to ``max_restarts`` times; nothing happens elsewhere.
 
     ``port_range``: the workers' ports come from ``low..high`` (``--port-range``), else the kernel's ephemeral range.
+    ``workers`` and ``min_workers`` (``-n MIN:MAX``): a worker killed with no error of its own while more than
+    ``min_workers`` train re-forms the group without it, from the newest committed step, which is not a
+    restart; below that, or on any other failure, the group restarts as launched (every worker) as without MIN.
     """
 
-    def __init__(self, max_restarts: int, port_range: tuple[int, int] | None = None) -> None:
+    def __init__(self, max_restarts: int, port_range: tuple[int, int] | None = None, *, workers: int = 0,
+                 min_workers: int | None = None) -> None:
         self.max_restarts = max_restarts
         self.port_range = port_range
+        self.workers, self.most, self.min_workers = workers, workers, min_workers
+        self.restarts = 0
 
     @property
     def rank(self) -> int | None:
@@ -146,7 +155,15 @@ class LocalCoordinator:
         return None
 
     def decide(self, attempt: int, failure: Failure) -> Event:
-        return Event.failed(failure, restart=failure.outcome.restartable and attempt < self.max_restarts)
+        if (self.min_workers is not None and failure.killed and failure.index is not None
+                and self.workers > self.min_workers):
+            self.workers -= 1
+            return Event(outcome=failure.outcome, failure=failure, reform=Reformation(
+                round=attempt + 1, nodes=(), lost_worker=failure.index, workers=self.workers, reason=failure.reason))
+        restart = failure.outcome.restartable and self.restarts < self.max_restarts
+        if restart:  # a restart is the group as launched: every worker again
+            self.restarts, self.workers = self.restarts + 1, self.most
+        return Event.failed(failure, restart=restart)
 
     def share(self, attempt: int, views: tuple[dict[str, Any], ...]) -> None:
         """Nothing to share: every worker is here."""

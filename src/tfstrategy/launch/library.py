@@ -26,6 +26,7 @@ def launch(
     command: Sequence[str],
     num_workers: int,
     *,
+    min_workers: int | None = None,
     max_restarts: int = 0,
     backup_dir: str | os.PathLike[str] | None = None,
     join_timeout: float | None = 300.0,
@@ -48,6 +49,8 @@ def launch(
     Args:
         command: the program and its arguments, e.g. ``["python", "train.py"]``.
         num_workers: processes to start, each with its own ``TF_CONFIG``.
+        min_workers: with ``backup_dir``, go on without a worker killed with no error of its own (the OOM
+            killer, its device gone) while this many remain: ``tfstrategy launch -n MIN:MAX``.
         max_restarts: times the whole group is restarted after a failure.
         backup_dir: the job's backup directory (:func:`tfstrategy.backup_callbacks`); with restarts
             and none given, a private one, removed when the job succeeds and kept (its path and
@@ -82,7 +85,7 @@ def launch(
             could write (nothing is started).
     """
     options = LaunchOptions(
-        command=tuple(command), num_workers=num_workers, max_restarts=max_restarts,
+        command=tuple(command), num_workers=num_workers, min_workers=min_workers, max_restarts=max_restarts,
         backup_dir=checked_backup_dir(None if backup_dir is None else Path(backup_dir)), join_timeout=join_timeout,
         audit=audit, grace=grace, nodes=nodes, log_dir=None if log_dir is None else Path(log_dir), run_id=run_id,
         precision=precision, sentinel=sentinel, profile_dir=None if profile_dir is None else Path(profile_dir),

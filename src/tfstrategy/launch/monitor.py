@@ -285,7 +285,7 @@ class GroupMonitor:
         reason = failure_reason(code, lines, self._ports.get(worker.index), worker.joined, worker.error)
         when = min(worker.error.time, worker.wall_ended) if worker.error is not None else worker.wall_ended
         return Failure(index=worker.index, reason=reason, status=shell_status(code), time=when,
-                       consequential=is_consequence(worker.error, lines))
+                       consequential=is_consequence(worker.error, lines), killed=code < 0 and worker.error is None)
 
     def _ending(self, now: float, wall: float) -> tuple[Outcome, Failure | None, tuple[Failure, ...]] | None:
         workers = list(self.workers.values())

@@ -34,7 +34,10 @@ class LaunchOptions:
     """What to run and how to supervise it."""
 
     command: tuple[str, ...]
+    #: Workers to start on this machine (with ``-n MIN:MAX``, MAX).
     num_workers: int
+    #: ``-n MIN:MAX``: a worker lost (killed, its device gone) re-forms the group with the others while MIN remain.
+    min_workers: int | None = None
     max_restarts: int = 0
     backup_dir: Path | None = None
     join_timeout: float | None = 300.0
@@ -116,6 +119,7 @@ def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
         raise LaunchError(f"Received -n {options.num_workers}; expected 1 or more workers, e.g. {example}.")
     if options.max_restarts < 0:
         raise LaunchError(f"Received --max-restarts {options.max_restarts}; expected 0 (never restart) or more.")
+    _check_elastic_workers(options)
     if options.nodes is not None and options.nodes.elastic and options.backup_dir is None:
         raise LaunchError(
             f"Received --nnodes {options.nodes.shape} without --backup-dir; an elastic job resumes every re-formed group "
@@ -221,6 +225,26 @@ def parse_port_range(text: str, source: str = "--port-range") -> tuple[int, int]
         raise LaunchError(f"Received {source} {text!r}; expected LOW-HIGH, the ports the workers may listen on, "
                           "e.g. --port-range 29500-29599.")
     return int(parts[0]), int(parts[-1])
+
+
+def _check_elastic_workers(options: LaunchOptions) -> None:
+    """``-n MIN:MAX``: counts in order, a shared backup to resume from, one machine.
+
+    Raises:
+        LaunchError: MIN outside 1..MAX, no ``--backup-dir``, or ``--nnodes`` as well.
+    """
+    low, high = options.min_workers, options.num_workers
+    if low is None:
+        return
+    if not 1 <= low <= high:
+        raise LaunchError(f"Received -n {low}:{high}; expected -n MIN:MAX with 1 <= MIN <= MAX, e.g. -n 2:4 "
+                          "(start 4 workers, go on while 2 or more remain).")
+    if options.nodes is not None:
+        raise LaunchError(f"Received -n {low}:{high} with --nnodes {options.nodes.shape}; a job of several machines "
+                          f"is elastic by its nodes: pass --nnodes MIN:MAX with -n {high}.")
+    if options.backup_dir is None:
+        raise LaunchError(f"Received -n {low}:{high} without --backup-dir; the workers that remain resume from the "
+                          "job's backup: pass --backup-dir DIR and save with callbacks=tfstrategy.preemption_callbacks().")
 
 
 def _check_port_range(port_range: tuple[int, int], num_workers: int) -> None:

@@ -105,6 +105,9 @@ class Failure:
     #: The cause the workers' ledgers show (:mod:`tfstrategy.launch.ledger_diagnosis`): its headline, then its
     #: evidence; empty when the launcher could only say what it saw (``reason``).
     diagnosis: tuple[str, ...] = ()
+    #: It died of a signal with no exception of its own (SIGKILL, the OOM killer, its device or machine gone),
+    #: the failure ``-n MIN:MAX`` goes on without; an error in the script fails the job (the others would meet it too).
+    killed: bool = False
     #: This node's workers as node 0 needs them to diagnose across nodes (``--nnodes``; the wire form of
     #: :func:`tfstrategy.launch.ledger_diagnosis.view_to_wire`); not part of the report.
     views: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
@@ -176,6 +179,8 @@ class RunResult:
     returncode: int = EXIT_SUCCESS
     reason: Outcome = Outcome.SUCCEEDED
     restarts: int = 0
+    #: This machine's workers in the last group started (fewer than ``-n`` after a worker lost under ``-n MIN:MAX``).
+    workers: int = 0
     #: The root cause of each failed attempt (in order), the peers' consequences apart.
     failures: list[Failure] = field(default_factory=list)
     #: Seconds from noticing a failure to the new group's processes running.

@@ -115,6 +115,8 @@ class Launcher:
         self._clock, self._wall, self._sleep = clock, wall, sleep
         self._signal: int | None = None
         self._workers: list[WorkerHandle] = []
+        #: This machine's workers in the current round (fewer after a worker lost under ``-n MIN:MAX``).
+        self._count = self.options.num_workers
         self._said_output_lost = False
         self._subreaper = False
         self._lifeline: Lifeline | None = None
@@ -152,7 +154,8 @@ class Launcher:
         try:
             if coordinator is None:
                 if self.options.nodes is None:
-                    coordinator = LocalCoordinator(self.options.max_restarts, self.options.port_range)
+                    coordinator = LocalCoordinator(self.options.max_restarts, self.options.port_range,
+                                                   workers=self._count, min_workers=self.options.min_workers)
                 else:
                     coordinator = RendezvousCoordinator(self.options, say=self._say,
                                                         interrupted=lambda: self._signal is not None)
@@ -184,7 +187,7 @@ class Launcher:
     def _start(self, coordinator: Coordinator, run_dir: Path, settings: WorkerSettings,
                attempt: int, restarts: int) -> GroupMonitor | Event:
         """Start this machine's workers for ``attempt`` once the coordinator formed its cluster."""
-        count = self.options.num_workers
+        count = self._count
         formed = coordinator.form(attempt, coordinator.ports(count))
         if isinstance(formed, Event):
             return formed
@@ -303,6 +306,7 @@ class Launcher:
                 continue
             if isinstance(started, Event) or self._signal is not None:
                 return self._ended(started if isinstance(started, Event) else None, result)
+            result.workers = self._count
             if failed_at is not None:
                 result.restart_seconds.append(self._clock() - failed_at)
             decision = self._watch(coordinator, started, failed_at, reformed_at, result)
@@ -328,24 +332,17 @@ class Launcher:
                 event = coordinator.decide(attempt, local)
                 if event.failure != local and event.failure is not None:
                     consequences = (local, *consequences)  # node 0 chose another node's failure
+            lost_here = event.reform is not None and event.reform.lost_worker is not None
+            if event.reform is not None and event.failure is not None and lost_here and self._signal is None:
+                self._report(coordinator, attempt, started, event.failure, consequences, failed_at)
             if event.reform is not None and self._signal is None:
                 attempt, failed_at, reformed_at = self._reform(event.reform, result), None, self._clock()
                 continue
             if self._signal is not None or event.failure is None:
                 return self._ended(event, result)
-            self._stop(grace=0.0)
-            self._console.settle()  # the workers' held lines above the report, not after it
             failure = event.failure
             result.failures.append(failure)
-            self._keep_failure(attempt, failure, consequences)
-            whose = "every worker" if coordinator.rank is None else "this node's workers"
-            if failure.outcome is Outcome.STOPPED:  # the worker's one line, once: its peers stopped with it
-                self._say(failure.report())
-            else:
-                # The worker's last lines once: live on the console, else in the report.
-                shown = self._shown_live(failure, list(started.workers), coordinator.rank)
-                self._say(f"{failure.report(consequences, shown=shown)}\nstopped {whose} "
-                          f"{self._clock() - failed_at:.1f} s after the failure")
+            self._report(coordinator, attempt, started, failure, consequences, failed_at)
             if not event.restart:
                 if self.options.max_restarts and failure.outcome.restartable:
                     self._say(f"giving up after {restarts} restart(s)")
@@ -353,6 +350,22 @@ class Launcher:
             attempt += 1
             restarts += 1
             result.restarts = restarts
+            self._count = self.options.num_workers  # a restart is the group as launched
+
+    def _report(self, coordinator: Coordinator, attempt: int, started: GroupMonitor, failure: Failure,
+                consequences: tuple[Failure, ...], failed_at: float) -> None:
+        """Stop the workers left, then say the attempt's failure and keep it (``--log-dir``)."""
+        self._stop(grace=0.0)
+        self._console.settle()  # the workers' held lines above the report, not after it
+        self._keep_failure(attempt, failure, consequences)
+        whose = "every worker" if coordinator.rank is None else "this node's workers"
+        if failure.outcome is Outcome.STOPPED:  # the worker's one line, once: its peers stopped with it
+            self._say(failure.report())
+        else:
+            # The worker's last lines once: live on the console, else in the report.
+            shown = self._shown_live(failure, list(started.workers), coordinator.rank)
+            self._say(f"{failure.report(consequences, shown=shown)}\nstopped {whose} "
+                      f"{self._clock() - failed_at:.1f} s after the failure")
 
     def _reform(self, reform: Reformation, result: RunResult) -> int:
         """Stop this machine's workers for an elastic re-formation, say it in one line, keep its record; its round."""
@@ -364,6 +377,8 @@ class Launcher:
         else:  # a peer is gone: the survivors are blocked in collectives with it
             self._stop(grace=0.0)
         self._console.settle()
+        if reform.workers is not None:
+            self._count = reform.workers
         record = reformation_record(reform, self.options, self._wall(), self._clock() - stopping)
         result.reformations.append(record)
         self._say(reformation_line(reform, self.options.num_workers, record.get("step")))
