@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from docs_samples import assert_sample
 from test_launch import TAG, _described, _tagged
 
 from helpers import ROOT, free_ports, node_port_range
@@ -244,6 +245,7 @@ def test_three_local_workers_lose_one_to_sigkill_and_the_two_left_end_with_one_d
     assert not [line for line in launcher_lines if "restart" in line.replace("(not restarts)", "")], said
     assert "tfstrategy launch: 1 re-formation(s) for workers lost (not restarts)" in launcher_lines[-2], said
     assert launcher_lines[-1].startswith("tfstrategy launch: 2 workers exited 0 in"), said  # the two that finished
+    assert_sample("elastic-local-loss", said)
     reference = _one_device_weights(epochs=2)
     for index in (0, 1):
         final = json.loads((out / f"worker-{index}.json").read_text())
