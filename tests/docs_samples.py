@@ -11,8 +11,9 @@ The rules, so that a sample stays readable and still says something exact:
 - each line of the sample must be a line of the real console, in the same order (other lines may
   come between: a worker's output, lines the sample leaves out);
 - a measurement matches any number (it varies from run to run): a decimal number (``0.2 s``, ``15.5x``), a
-  number of seconds (``23 s``) or a number of four digits or more (a port); other whole numbers (a
-  worker, a step, a batch count, an exit status) must be the same;
+  number with a unit of time, rate or share (``23 s``, ``5 ms``, ``561/s``, ``376 examples/s``, ``12%``,
+  ``3x``), or a number of four digits or more (a port, ``1,494``); other whole numbers (a worker, a step,
+  a batch count, an exit status) must be the same;
 - a line ``...`` stands for any lines; a line ending in `` ...`` matches the real line's beginning;
 - ``DIR`` matches a path.
 """
@@ -26,7 +27,7 @@ from helpers import ROOT
 
 SAMPLE = re.compile(r"<!--\s*docs-sample:\s*(\S+)\s*-->\s*\n+```text\n(.*?)\n```", re.S)
 #: A measurement in a sample: a decimal number, seconds, or four digits or more (see the module's rules).
-MEASUREMENT = re.compile(r"(?<![0-9.])(?:[0-9]+\.[0-9]+|[0-9]+(?= s\b)|[0-9]{4,})(?![0-9.])")
+MEASUREMENT = re.compile(r"(?<![0-9.,])(?:[0-9]+\.[0-9]+|[0-9]+(?= s\b| ms\b|%|/s| examples/s| in-step examples/s|x\b)|[0-9]{4,}|[0-9]{1,3}(?:,[0-9]{3})+)(?![0-9.,])")
 
 
 def pages() -> list[Path]:
@@ -61,7 +62,7 @@ def line_pattern(line: str) -> re.Pattern[str]:
         last = 0
         for number in MEASUREMENT.finditer(piece):
             parts.append(re.escape(piece[last:number.start()]))
-            parts.append(r"[0-9]+(?:\.[0-9]+)?")
+            parts.append(r"[0-9][0-9,]*(?:\.[0-9]+)?")
             last = number.end()
         parts.append(re.escape(piece[last:]))
     return re.compile("".join(parts) + ("" if prefix else r"\s*$"))

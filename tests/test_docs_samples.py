@@ -47,6 +47,12 @@ def test_every_sample_of_the_docs_is_checked_by_a_test_and_every_check_has_its_s
         pytest.param("output in DIR", "output in /tmp/x/run-1", True, id="dir"),
         pytest.param("it waits 0.10 s a step, 50.0x its peers'", "it waits 0.09 s a step, 87.7x its peers'", True,
                      id="ratio"),
+        pytest.param("CPU 4.95 ms a step, 12% of 2 core(s)", "CPU 3.10 ms a step, 9% of 2 core(s)", True, id="percent"),
+        pytest.param("CPU 12% of 2 core(s)", "CPU 12% of 4 core(s)", False, id="cores-exact"),
+        pytest.param("the job: 1,494 in-step examples/s", "the job: 873 in-step examples/s", True, id="thousands"),
+        pytest.param("from step 1,200", "from step 1,300", True, id="thousands-any"),
+        pytest.param("(561/s over the epochs' wall time)", "(498/s over the epochs' wall time)", True, id="rate"),
+        pytest.param("a step, 3x its peers'", "a step, 12x its peers'", True, id="whole-ratio"),
     ],
 )
 def test_a_sample_line_matches_measurements_and_keeps_the_rest_exact(sample, real, fits):

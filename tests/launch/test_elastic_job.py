@@ -163,7 +163,7 @@ def test_a_1_to_3_node_job_loses_a_node_another_leaves_both_come_back_and_it_end
     assert [(r["lost"], r["joined"], r["nodes"], r["step"], r["graceful"]) for r in records][:2] == [
         ([2], [], [0, 1], 10, False), ([1], [], [0], 20, True)]
     assert [r["joined"] for r in records[2:]] == [[1], [2]] and records[-1]["nodes"] == [0, 1, 2]
-    print("\n".join(nodes[0].lines))
+    assert_sample("elastic-nodes", "\n".join(nodes[0].lines))
 
 
 @pytest.mark.parametrize(("point", "resumed"), [

@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+from docs_samples import assert_sample
 
 from helpers import ROOT, run_cli
 
@@ -64,6 +65,7 @@ def test_run_profile_names_a_slow_input_without_its_probes(tmp_path):
     assert "(in the pipeline's map)" in text and "see the last line" not in text, text
     assert [r["part"] for r in job["recommendations"]] == ["input", "unsplit"], job
     assert "pass --profile-probes " in job["recommendations"][1]["action"], job
+    assert_sample("profile-sleepy-input", text)  # docs/guides/performance.md shows this report
 
 
 def test_launch_profile_writes_one_report_for_the_job(tmp_path):
@@ -90,6 +92,7 @@ def test_launch_profile_writes_one_report_for_the_job(tmp_path):
     # On stderr, as --help says (the worker prints it there; issue 45 point 12: the launcher keeps it there).
     assert "[worker 0] tfstrategy performance report (2 workers, 2 replicas in sync" in result.stderr
     assert "<svg" in (tmp_path / "report.html").read_text()
+    assert_sample("profile-two-workers", (tmp_path / "report.txt").read_text())  # docs/guides/performance.md's
 
 
 @pytest.mark.parametrize(("args", "message"), [
