@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from docs_samples import all_samples, line_pattern, unmatched
 
+from docs_samples import all_samples, line_pattern, unmatched
 from helpers import ROOT
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from docs_samples import assert_sample
 from test_launch import TAG, _described, _tagged
 
+from docs_samples import assert_sample
 from helpers import ROOT, free_ports, node_port_range
 from tfstrategy.launch.elastic import newest_committed_step
 from tfstrategy.multiworker.coordinated import FAULT_ENV

@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from docs_samples import assert_sample
 from planted_causes import HEADLINES, PREFIX
 from test_launch import Run
 
+from docs_samples import assert_sample
 from helpers import ROOT
 
 WORKER = ROOT / "tests" / "workers" / "planted_worker.py"

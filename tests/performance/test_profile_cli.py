@@ -6,8 +6,8 @@ import json
 import sys
 
 import pytest
-from docs_samples import assert_sample
 
+from docs_samples import assert_sample
 from helpers import ROOT, run_cli
 
 SCRIPT = str(ROOT / "tests" / "workers" / "profile_script.py")
