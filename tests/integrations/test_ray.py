@@ -185,8 +185,8 @@ def ray_run(tmp_path_factory) -> RayRun:
     wrong = summary.get("wrong_token", {})
     raylets = f" (head {summary['head_seconds']:.0f}s, second raylet {summary['join_seconds']:.0f}s)" if "nodes" in summary else ""
     print(f"\nray: {summary.get('nodes') or [summary['node_ip']]} started in {summary['init_seconds']:.1f}s{raylets}, whole run "
-          f"{summary['seconds']:.0f}s, peak PSS {summary['peak_pss_mib']:.0f} MiB over {summary['peak_processes']} "
-          "processes, jobs " +
+          f"{summary['seconds']:.0f}s ({summary['cpu_seconds']['all']:.0f} CPU-s), peak PSS {summary['peak_pss_mib']:.0f} MiB "
+          f"over {summary['peak_processes']} processes, jobs " +
           ", ".join(f"{name} {job['seconds']:.0f}s" + (f" (workers started after {job['worker_start_seconds']:.0f}s)"
                                                        if job["worker_start_seconds"] is not None else "")
                     for name, job in summary["jobs"].items()) +
