@@ -89,6 +89,9 @@ def ray_environment(marker: str, temp_dir: str, isolated: bool, two_nodes: bool 
         RAY_AUTH_MODE="token",
         RAY_AUTH_TOKEN=secrets.token_hex(32),  # else Ray writes one to ~/.ray/auth_token
         RAY_TMPDIR=temp_dir,
+        # Ray Train's controller polls its workers this often (2 s by default): it notices a dead worker, registers
+        # a reported checkpoint (which each fault waits for) and sees a job end at its next poll.
+        RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.5",
         TF_CPP_MIN_LOG_LEVEL="3",
         PYTHONUNBUFFERED="1",
         **{ray_driver.MARKER: marker},
