@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its children that ended (a shared machine's load moves
+    wall time, far less CPU time)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     budget = Budget.quick() if args.quick else Budget()
@@ -45,9 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and suite.name not in args.only:
             continue
         print(f"running {suite.name} ...", file=sys.stderr, flush=True)
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), _cpu_seconds()
         produced = suite.run(budget)
-        print(f"{suite.name} took {time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
+        print(f"{suite.name} took {time.perf_counter() - began:.1f} s ({_cpu_seconds() - cpu:.1f} CPU-s)", file=sys.stderr,
+              flush=True)
         for result in produced if isinstance(produced, list) else [produced]:
             results.append(result)
             print(format_table(result, machine), flush=True)

@@ -10,7 +10,7 @@ instead of ``ray.init``. Run by the tests inside a private network namespace (``
 even a server bound to 0.0.0.0 is reachable on loopback only; without one (one node only) Ray is kept
 on 127.0.0.1 by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (set by the caller, read when Ray is imported)
 and ``_node_ip_address``. Writes ``OUT/summary.json``: per job its result and timings, the cluster's
-start-up time and the peak memory (PSS) of every process of the run.
+start-up time, and the peak memory (PSS) and CPU seconds of every process of the run.
 """
 
 from __future__ import annotations
@@ -75,13 +75,32 @@ def _pss_kib(pid: int) -> int:
     return 0
 
 
+def _cpu_ticks(pid: int) -> tuple[str, int]:
+    """The name (``comm``) of ``pid`` and its user + system CPU time so far, in clock ticks (0 once it is gone)."""
+    try:
+        name, rest = Path(f"/proc/{pid}/stat").read_text().split(" (", 1)[1].rsplit(")", 1)
+        fields = rest.split()
+        return name, int(fields[11]) + int(fields[12])  # utime and stime: fields 14 and 15 of proc(5)
+    except (OSError, ValueError, IndexError):
+        return "", 0
+
+
 class MemorySampler(threading.Thread):
-    """The peak, over the run, of the summed PSS of the run's processes (sampled every second)."""
+    """The peak, over the run, of the summed PSS of the run's processes, and the CPU seconds they used (each
+    process's last sample: what it used in its last second is missed; sampled every second)."""
 
     def __init__(self, marker: str, temp_dir: str) -> None:
         super().__init__(daemon=True)
         self.marker, self.temp_dir, self.peak_kib, self.peak_processes = marker, temp_dir, 0, 0
+        self.ticks: dict[int, tuple[str, int]] = {}
         self.stopped = threading.Event()
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds by process name, most first (``"all"``: their sum)."""
+        by_name: dict[str, float] = {}
+        for name, ticks in self.ticks.values():
+            by_name[name] = by_name.get(name, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
+        return {"all": sum(by_name.values()), **dict(sorted(by_name.items(), key=lambda item: -item[1]))}
 
     def run(self) -> None:
         while not self.stopped.wait(1.0):
@@ -89,6 +108,10 @@ class MemorySampler(threading.Thread):
             total = sum(_pss_kib(pid) for pid in pids)
             if total > self.peak_kib:
                 self.peak_kib, self.peak_processes = total, len(pids)
+            for pid in pids:
+                name, ticks = _cpu_ticks(pid)
+                if ticks >= self.ticks.get(pid, ("", 0))[1]:
+                    self.ticks[pid] = (name, ticks)
 
 
 #: Ray's smallest object store (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES): the jobs put next to nothing in it.
@@ -247,6 +270,7 @@ def main() -> int:
         sampler.join()
         summary["peak_pss_mib"] = sampler.peak_kib / 1024
         summary["peak_processes"] = sampler.peak_processes
+        summary["cpu_seconds"] = sampler.cpu_seconds()
         summary["seconds"] = time.time() - began
         summary["shutdown_seconds"] = time.time() - ending
         (out / "summary.json").write_text(json.dumps(summary, default=str))

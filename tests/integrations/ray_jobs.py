@@ -1,12 +1,15 @@
 """Training functions the Ray tests hand to ``TensorflowTrainer`` (imported by reference in Ray's workers).
 
-Each worker writes ``<out>/<job>/attempt-<a>-rank-<r>.json``: what tfstrategy selected, where it
-resumed from, the losses, the final weights, Ray's ``TF_CONFIG`` and the sockets listening at
-the end of training. Fault injection, first attempt only, once Ray has registered epoch 1's checkpoint: ``fail`` =
-``kill`` SIGKILLs rank 1 in the middle of epoch 2; ``kill-before-report`` SIGKILLs rank 1 at the
-end of epoch 2, after training it and before reporting it (so the chief reports a checkpoint for
-epoch 2 that must not count); ``term`` sends SIGTERM to rank 1's own process in the middle of
-epoch 2 (Ray's worker does not act on it while it trains; the chief's next collective times out).
+Each worker writes ``<out>/<job>/start-<a>-rank-<r>.json`` once prepared (where it resumed from and
+its weights then) and, at the end, ``<out>/<job>/attempt-<a>-rank-<r>.json``: what tfstrategy
+selected, where it resumed from, the losses, the final weights, Ray's ``TF_CONFIG`` and the sockets
+listening at the end of training. Fault injection, once Ray has registered epoch 1's checkpoint:
+``fail`` is a comma-separated list of faults, the n-th fired in the n-th attempt (so a job needs
+``max_failures`` of at least their number): ``kill`` SIGKILLs rank 1 in the middle of epoch 2;
+``kill-before-report`` SIGKILLs rank 1 at the end of epoch 2, after training it and before reporting
+it (so the chief reports a checkpoint for epoch 2 that must not count); ``term`` sends SIGTERM to rank
+1's own process in the middle of epoch 2 (Ray's worker does not act on it while it trains; the
+chief's next collective times out). Each fault writes ``<out>/<job>/fault-fired-<kind>``.
 """
 
 from __future__ import annotations
@@ -76,8 +79,12 @@ def committed_epochs(storage: Path) -> list[int]:
 
 
 class _Fault:
-    def __init__(self, kind: str, rank: int, marker: Path, storage: Path) -> None:
-        self.kind, self.rank, self.marker, self.storage = kind, rank, marker, storage
+    """This attempt's fault: the first of ``kinds`` (comma-separated) that has not fired yet, if any."""
+
+    def __init__(self, kinds: str, rank: int, out: Path, storage: Path) -> None:
+        pending = [kind for kind in kinds.split(",") if kind and not (out / f"fault-fired-{kind}").exists()]
+        self.kind = pending[0] if pending else ""
+        self.rank, self.marker, self.storage = rank, out / f"fault-fired-{self.kind}", storage
 
     def armed(self) -> bool:
         return bool(self.kind) and self.rank == 1 and not self.marker.exists()
@@ -129,8 +136,8 @@ def train_fn(config: dict) -> None:
     context = ray.train.get_context()
     rank = context.get_world_rank()
     out = Path(config["out"])
-    fault = _Fault(config.get("fail", ""), rank, out / "fault-fired", Path(config["storage"]))
     attempt = len(list(out.glob(f"started-rank-{rank}-*")))
+    fault = _Fault(config.get("fail", ""), rank, out, Path(config["storage"]))
     (out / f"started-rank-{rank}-{attempt}").write_text(str(started))
     record: dict = {
         "rank": rank, "attempt": attempt, "started": started,
@@ -152,6 +159,9 @@ def train_fn(config: dict) -> None:
         initial_epoch=run.initial_epoch, resumed_from=run.resumed_from,
         start_weights=[w.tolist() for w in run.model.get_weights()],
     )
+    # Written before any fault of this attempt: an attempt that a fault ends still says where it resumed from.
+    (out / f"start-{attempt}-rank-{rank}.json").write_text(json.dumps(
+        {key: record[key] for key in ("initial_epoch", "resumed_from", "start_weights")}))
     x, y = _data()
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
     import tfstrategy
