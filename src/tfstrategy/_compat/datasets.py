@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._compat.registry import accessor
 from tfstrategy._tf import tf
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Dataset
 
 
 @accessor("tensorflow.python.data.ops.dataset_ops:_VariantDataset")
@@ -26,7 +29,7 @@ def dataset_inputs(dataset: Any) -> list[Any]:
 
 
 @accessor("tensorflow.python.data.ops.structured_function:StructuredFunctionWrapper.function")
-def dataset_function_outputs(dataset: Any) -> list[Any]:
+def dataset_function_outputs(dataset: Dataset) -> list[Any]:
     """The variant (dataset) outputs of the functions a transformation holds.
 
     ``interleave``/``flat_map`` keep their ``map_func`` and ``group_by_window``
@@ -44,7 +47,7 @@ def dataset_function_outputs(dataset: Any) -> list[Any]:
 
 
 @accessor("tensorflow.python.data.ops.structured_function:StructuredFunctionWrapper._func")
-def dataset_function_captures(dataset: Any) -> list[Any]:
+def dataset_function_captures(dataset: Dataset) -> list[Any]:
     """The ``tf.data.Dataset`` objects the Python functions of a transformation capture.
 
     ``ds.interleave(lambda i: batched)`` returns a dataset made *outside* the

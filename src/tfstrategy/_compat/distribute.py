@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._compat.registry import accessor
 from tfstrategy._tf import tf
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Strategy
+
 
 @accessor("tensorflow.python.distribute.collective_all_reduce_strategy:CollectiveAllReduceExtended._in_multi_worker_mode")
-def in_multi_worker_mode(strategy: Any) -> bool:
+def in_multi_worker_mode(strategy: Strategy) -> bool:
     """Whether a MultiWorkerMirroredStrategy spans more than one worker (Keras' own test)."""
     return isinstance(strategy, tf().distribute.MultiWorkerMirroredStrategy) and bool(
         strategy.extended._in_multi_worker_mode()
@@ -20,7 +23,7 @@ def in_multi_worker_mode(strategy: Any) -> bool:
 
 @accessor("tensorflow.python.distribute.distribute_lib:_DefaultDistributionStrategy",
           "tensorflow.python.distribute.distribute_lib:_DefaultDistributionStrategyV1")
-def is_default_strategy(strategy: Any) -> bool:
+def is_default_strategy(strategy: Strategy) -> bool:
     """Whether ``strategy`` is TensorFlow's default (no-distribution) strategy (``_DefaultDistributionStrategy``,
     or its ``tf.compat.v1`` twin)."""
     return type(strategy).__name__ in ("_DefaultDistributionStrategy", "_DefaultDistributionStrategyV1")

@@ -6,26 +6,29 @@ import importlib
 import sys
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._compat.keras_trainer import keras3_tensorflow_trainer
 from tfstrategy._compat.registry import accessor
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Optimizer
+
 
 @accessor("keras.src.backend.tensorflow.optimizer:TFOptimizer._distribution_strategy | tf_keras.src.optimizers.optimizer:Optimizer._distribution_strategy")
-def optimizer_strategy(optimizer: Any, default: Any = None) -> Any:
+def optimizer_strategy(optimizer: Optimizer, default: Any = None) -> Any:
     """The strategy an optimizer was created under (Keras 3 and tf_keras both call it ``_distribution_strategy``)."""
     return getattr(optimizer, "_distribution_strategy", default)
 
 
-def optimizer_variables(optimizer: Any) -> list[Any]:
+def optimizer_variables(optimizer: Optimizer) -> list[Any]:
     """An optimizer's variables (a list in Keras 3 and tf_keras; a method on tf_keras' legacy optimizers)."""
     variables = optimizer.variables
     return list(variables() if callable(variables) and not isinstance(variables, list) else variables)
 
 
 @accessor("keras.src.optimizers.base_optimizer:BaseOptimizer.built | tf_keras.src.optimizers.optimizer:_BaseOptimizer._built")
-def optimizer_built(optimizer: Any) -> bool:
+def optimizer_built(optimizer: Optimizer) -> bool:
     """Whether an optimizer has its slot variables (Keras 3 ``built``; tf_keras sets ``_built`` in ``build``)."""
     if hasattr(optimizer, "built"):
         return bool(optimizer.built)
@@ -45,7 +48,7 @@ def keras3_loss_scale_module() -> ModuleType | None:
 
 
 @accessor("keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer._tf_apply._handle_cross_replica")
-def loss_scale_cross_replica_handler(apply: Any, optimizer: Any) -> Any:
+def loss_scale_cross_replica_handler(apply: Any, optimizer: object) -> Any:
     """The ``_handle_cross_replica`` closure inside ``LossScaleOptimizer._tf_apply``, bound to ``optimizer``.
 
     Keras decides "apply or skip this step" there; the probe calls it with a
@@ -165,6 +168,6 @@ def reset_gradient_accumulators(optimizer: Any) -> None:
 
 
 @accessor("keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients")
-def sums_gradients_across_replicas(optimizer: Any) -> bool:
+def sums_gradients_across_replicas(optimizer: Optimizer) -> bool:
     """Whether a Keras 3 optimizer is TensorFlow's, whose update step sums the replicas' gradients."""
     return hasattr(optimizer, "_all_reduce_sum_gradients")

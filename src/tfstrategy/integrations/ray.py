@@ -37,7 +37,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
@@ -45,6 +45,9 @@ from tfstrategy.errors import CheckpointError, ClusterConfigError, MissingDepend
 from tfstrategy.multiworker.cluster import load_cluster_config
 from tfstrategy.runtime.select import Selection, select
 from tfstrategy.scope.build import BuildReport, ModelSource, build_in_scope
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 __all__ = ["RayRun", "prepare", "report_callback", "report_epoch"]
 
@@ -79,7 +82,7 @@ class RayRun:
     """What :func:`prepare` made for this worker: the strategy, the model and where training resumes."""
 
     selection: Selection
-    model: Any
+    model: Model
     build: BuildReport
     #: Epochs already done (pass it to ``fit(initial_epoch=...)``); 0 on a fresh start.
     initial_epoch: int = 0
@@ -195,7 +198,7 @@ def _metrics(epoch: int, step: int, metrics: Mapping[str, Any] | None) -> dict[s
     return {**values, "epoch": epoch, "step": step}
 
 
-def report_epoch(model: Any, epoch: int, metrics: Mapping[str, Any] | None = None) -> None:
+def report_epoch(model: Model, epoch: int, metrics: Mapping[str, Any] | None = None) -> None:
     """Report ``metrics`` with a checkpoint of ``model`` after ``epoch`` epochs; call it on every worker.
 
     Every worker writes a ``tf.train.Checkpoint`` of the model and its optimizer

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import SaveError
 from tfstrategy.multiworker.coordinated import CoordinatedBackup, ResumePoint
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
 
 __all__ = ["backup_callback", "validate_save_freq", "LoopBackup"]
 
@@ -109,7 +112,7 @@ class LoopBackup:
         delete_at_finish: remove the backup when :meth:`finish` is called.
     """
 
-    def __init__(self, model: Any, *, strategy: Any, backup_dir: str | os.PathLike[str] | None,
+    def __init__(self, model: Model, *, strategy: Strategy, backup_dir: str | os.PathLike[str] | None,
                  save_freq: Any = "epoch", delete_at_finish: bool = True) -> None:
         self.model = model
         self.save_freq = validate_save_freq(save_freq)

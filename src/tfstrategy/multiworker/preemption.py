@@ -27,13 +27,16 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.contract.exits import EXIT_PREEMPTED as PREEMPTED_EXIT_CODE  # re-exported: it moved there
 from tfstrategy.environments import preemption_signal, restart_count
 from tfstrategy.errors import PlatformError
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Strategy
 
 __all__ = ["preemption_callbacks"]
 
@@ -73,7 +76,7 @@ class PreemptionWatcher:
         """Whether this worker received a signal."""
         return self.received_at is not None
 
-    def agreed(self, strategy: Any) -> bool:
+    def agreed(self, strategy: Strategy) -> bool:
         """Whether any worker received a signal; a collective every worker must call at the same step."""
         if self._agree_fn is None:
             self._agree_fn = _make_agree_fn(strategy)
@@ -81,7 +84,7 @@ class PreemptionWatcher:
         return bool(self._agree_fn(flag).numpy() > 0)
 
 
-def _make_agree_fn(strategy: Any) -> Any:
+def _make_agree_fn(strategy: Strategy) -> Any:
     tf_ = tf()
 
     def sum_flags(flag: Any) -> Any:

@@ -54,12 +54,15 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.multiworker import chief_files
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 SAVE_MODEL = "saving.saving_lib.save_model"
 SAVE_WEIGHTS = "saving.saving_lib.save_weights_only"
@@ -193,7 +196,7 @@ def _csv_end(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _tensorboard_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def set_model(self: Any, model: Any) -> Any:
+    def set_model(self: Any, model: Model) -> Any:
         config = chief_files.shared_job()
         if config is None or config.is_chief:
             return original(self, model)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
@@ -36,15 +36,18 @@ from tfstrategy.errors import ScopeError
 from tfstrategy.patches.mechanism import Patch, ProbeResult
 from tfstrategy.selection.names import strategy_name
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
+
 TARGET = "Trainer.compile"
 
 
-def _created_in(strategy: Any, obj: Any) -> bool:
+def _created_in(strategy: Strategy, obj: Any) -> bool:
     variables = obj.variables() if callable(obj.variables) else obj.variables
     return all(strategy.extended.variable_created_in_scope(_compat.tf_variable(v)) for v in variables)
 
 
-def _in_scope(strategy: Any, value: Any, renewed: list[str]) -> Any:
+def _in_scope(strategy: Strategy, value: Any, renewed: list[str]) -> Any:
     """``value``, or a copy made from its config in ``strategy``'s scope if it was created outside it."""
     if isinstance(value, str) or not hasattr(value, "variables") or not hasattr(value, "get_config"):
         return value
@@ -86,7 +89,7 @@ class CompileScopePatch(Patch):
         signature = inspect.signature(original)
 
         @functools.wraps(original)
-        def compile(model: Any, *args: Any, **kwargs: Any) -> Any:
+        def compile(model: Model, *args: Any, **kwargs: Any) -> Any:
             strategy = _compat.model_strategy(model)
             if strategy is None or tf().distribute.has_strategy() or PATCH.needed() is not True:
                 return original(model, *args, **kwargs)

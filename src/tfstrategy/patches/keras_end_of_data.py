@@ -49,13 +49,16 @@ fails once Keras fixes it.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
 from tfstrategy.patches import keras_steps_per_execution as steps_per_execution
 from tfstrategy.patches.keras_steps_per_execution import _multi_step_function
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 _TARGET = "TensorFlowTrainer.make_train_function"
 #: Keras' own builder of the step function, which the probe runs.
@@ -66,7 +69,7 @@ _BUILDER = _compat.trainer_make_function_target()
 _PROBE_CALLS = 32
 
 
-def fix_needed(model: Any) -> bool:
+def fix_needed(model: Model) -> bool:
     """Whether ``model``'s next train/test function would count a step past the end of data without the fix."""
     if getattr(model, "run_eagerly", False) or getattr(model, "jit_compile", False) is True:
         return False
@@ -124,7 +127,7 @@ class EndOfDataPatch(Patch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def make_train_function(model: Any, force: bool = False) -> Any:
+        def make_train_function(model: Model, force: bool = False) -> Any:
             if model.train_function is not None and not force:
                 return model.train_function
             if fix_needed(model):

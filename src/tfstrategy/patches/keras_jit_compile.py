@@ -31,7 +31,7 @@ ops, so it waits until a model first asks for XLA on 2+ local devices. The upstr
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
@@ -40,6 +40,9 @@ from tfstrategy.patches.mechanism import Patch, ProbeResult
 from tfstrategy.selection.names import strategy_name
 from tfstrategy.selection.strategies import mirrored_strategy
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
+
 TARGET = "Trainer.jit_compile"
 
 
@@ -47,12 +50,12 @@ class _Property(property):
     """A property that, unlike ``property`` itself, can carry the mechanism's marker attribute."""
 
 
-def local_replicas(model: Any) -> int:
+def local_replicas(model: Model) -> int:
     strategy = _compat.model_strategy(model)
     return 0 if strategy is None else len(strategy.extended.worker_devices)
 
 
-def turned_off(model: Any) -> bool:
+def turned_off(model: Model) -> bool:
     """Whether ``jit_compile=True`` on ``model`` would fail on its strategy (and is turned off)."""
     strategy = _compat.model_strategy(model)
     if strategy is None:
@@ -95,7 +98,7 @@ class JitCompilePatch(Patch):
         return ProbeResult({TARGET: False})
 
     def replacement(self, target: str, original: Any) -> Any:
-        def set_jit_compile(model: Any, value: Any) -> None:
+        def set_jit_compile(model: Model, value: Any) -> None:
             if value is True and turned_off(model):
                 PATCH.acted()
                 strategy = _compat.model_strategy(model)

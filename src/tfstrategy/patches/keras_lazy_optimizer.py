@@ -28,11 +28,14 @@ fails once Keras lifts the creation itself.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Optimizer
 
 TARGET = "TFOptimizer.add_variable"
 
@@ -75,7 +78,7 @@ class LazyOptimizerPatch(Patch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def add_variable(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        def add_variable(optimizer: Optimizer, *args: Any, **kwargs: Any) -> Any:
             tf_ = tf()
             if not tf_.inside_function() or PATCH.needed() is not True:
                 return original(optimizer, *args, **kwargs)

@@ -31,11 +31,14 @@ fails once Keras fixes it.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Optimizer
 
 _TARGET = "LossScaleOptimizer.check_finite"
 
@@ -88,7 +91,7 @@ class LossScalePatch(Patch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def check_finite(optimizer: Any, grads: Any) -> Any:
+        def check_finite(optimizer: Optimizer, grads: Any) -> Any:
             finite = original(optimizer, grads)
             tf_ = tf()
             context = tf_.distribute.get_replica_context()

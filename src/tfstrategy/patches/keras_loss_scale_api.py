@@ -47,12 +47,15 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Optimizer
 
 GET_SCALED = "LossScaleOptimizer.get_scaled_loss"
 GET_UNSCALED = "LossScaleOptimizer.get_unscaled_gradients"
@@ -91,7 +94,7 @@ def _unscaled() -> dict[int, tuple[list[Any], Any]]:
     return _STEP.unscaled  # type: ignore[no-any-return]
 
 
-def _current_scale(optimizer: Any) -> Any:
+def _current_scale(optimizer: Optimizer) -> Any:
     return optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
 
 
@@ -132,7 +135,7 @@ class LossScaleApiPatch(Patch):
 
 
 def _get_scaled_loss(original: Any) -> Any:
-    def get_scaled_loss(optimizer: Any, loss: Any) -> Any:
+    def get_scaled_loss(optimizer: Optimizer, loss: Any) -> Any:
         """Keras 2's name for ``scale_loss`` (restored by tfstrategy)."""
         PATCH.acted()
         if callable(loss):
@@ -144,7 +147,7 @@ def _get_scaled_loss(original: Any) -> Any:
 
 
 def _get_unscaled_gradients(original: Any) -> Any:
-    def get_unscaled_gradients(optimizer: Any, grads: Any) -> list[Any]:
+    def get_unscaled_gradients(optimizer: Optimizer, grads: Any) -> list[Any]:
         """Keras 2's unscaling: ``grads`` divided by the loss scale (``apply`` then does not divide again)."""
         PATCH.acted()
         tf_ = tf()
@@ -164,7 +167,7 @@ def _weak(value: Any) -> Any:
 
 def _noting_scale_loss(original: Any) -> Any:
     @functools.wraps(original)
-    def scale_loss(optimizer: Any, loss: Any) -> Any:
+    def scale_loss(optimizer: Optimizer, loss: Any) -> Any:
         scaled = original(optimizer, loss)
         try:
             _scaled_outputs().append(_weak(scaled))
@@ -194,7 +197,7 @@ def _noting_gradient(original: Any) -> Any:
 
 def _checked_apply(original: Any) -> Any:
     @functools.wraps(original)
-    def apply(optimizer: Any, grads: Any, trainable_variables: Any = None) -> Any:
+    def apply(optimizer: Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
         grads = list(grads)
         remembered = _unscaled().pop(id(optimizer), None)
         scaled_outputs = [output for output in (ref() for ref in _scaled_outputs()) if output is not None]
@@ -229,7 +232,7 @@ def _checked_apply(original: Any) -> Any:
     return apply
 
 
-def _unscaled_loss(optimizer: Any, grads: list[Any], taped: _TapeCall | None, scaled_outputs: list[Any]) -> str | None:
+def _unscaled_loss(optimizer: Optimizer, grads: list[Any], taped: _TapeCall | None, scaled_outputs: list[Any]) -> str | None:
     """``"graph"``/``"eager"`` when ``grads`` are a tape's gradients of a loss the loss scale took no part in.
 
     ``None`` when nothing shows that: gradients not (all) from the latest tape call, an ``output_gradients``
@@ -256,7 +259,7 @@ def _unscaled_loss(optimizer: Any, grads: list[Any], taped: _TapeCall | None, sc
     return None
 
 
-def _scale_in_ancestry(optimizer: Any, targets: list[Any], scaled_outputs: list[Any]) -> bool:
+def _scale_in_ancestry(optimizer: Optimizer, targets: list[Any], scaled_outputs: list[Any]) -> bool:
     """Whether a ``scale_loss`` output or a read of ``optimizer``'s scale is among the ops ``targets`` came from.
 
     True too when the graph is too large to read to the end (no evidence either way).
@@ -283,7 +286,7 @@ def _scale_in_ancestry(optimizer: Any, targets: list[Any], scaled_outputs: list[
     return False
 
 
-def _scale_handles(optimizer: Any, graph: Any) -> set[str]:
+def _scale_handles(optimizer: Optimizer, graph: Any) -> set[str]:
     """Names, in ``graph``, of the placeholders that capture ``optimizer.dynamic_scale``'s resource handles."""
     variable = getattr(optimizer, "dynamic_scale", None)
     if variable is None:  # not built yet: its scale_loss multiplied by initial_scale, a constant

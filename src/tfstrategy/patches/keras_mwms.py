@@ -69,18 +69,21 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import StrategyError
 from tfstrategy.patches.mechanism import Patch, PatchStatus, ProbeResult
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
+
 BUILD = _compat.trainer_build_peek_target()
 REDUCE = "reduce_per_replica"
 
 
-def _first_local_replica(strategy: Any, value: Any) -> Any:
+def _first_local_replica(strategy: Strategy, value: Any) -> Any:
     if isinstance(value, tf().distribute.DistributedValues):
         return strategy.experimental_local_results(value)[0]
     return value
@@ -125,7 +128,7 @@ def _reduce_unless_uneven(strategy: Any) -> Iterator[None]:
         del strategy.reduce
 
 
-def _require_multi_step_loop(model: Any, steps: int) -> None:
+def _require_multi_step_loop(model: Model, steps: int) -> None:
     """Bug 3: several steps per execution need the steps_per_execution patch's loop; install it or refuse."""
     # Imported here: that module's patch is independent of this one, and either may be used alone.
     from tfstrategy.patches import keras_steps_per_execution
@@ -170,7 +173,7 @@ def _fixed_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
     return _maybe_symbolic_build
 
 
-def _reduce_across_workers(strategy: Any, op: str, values: Any) -> Any:
+def _reduce_across_workers(strategy: Strategy, op: str, values: Any) -> Any:
     """The cross-replica ``op`` of every leaf, packed into one all-reduce when the leaves share a dtype.
 
     Keras reduces each log (the loss, every metric) separately: one collective
@@ -189,7 +192,7 @@ def _reduce_across_workers(strategy: Any, op: str, values: Any) -> Any:
 
 def _fixed_reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
+    def reduce_per_replica(values: Any, strategy: Strategy, reduction: str) -> Any:
         # MWMS is never a TPUStrategy, so Keras' "auto" means "mean" here.
         if reduction in ("auto", "mean", "sum") and _compat.in_multi_worker_mode(strategy):
             PATCH.acted()

@@ -25,12 +25,15 @@ so it waits until a model first predicts a batch on 2+ replicas. The upstream ca
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.keras_training_api import TrainingApiPatch
 from tfstrategy.patches.mechanism import ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
 
 TARGET = "backend.tensorflow.trainer.TensorFlowTrainer.predict_on_batch"
 
@@ -54,7 +57,7 @@ def _rows(leaves: list[Any]) -> int | None:
     return counts.pop() if len(counts) == 1 else None
 
 
-def distributed_batch(strategy: Any, x: Any) -> Any:
+def distributed_batch(strategy: Strategy, x: Any) -> Any:
     """``x`` split by rows over ``strategy``'s replicas (a per-replica value), or ``None`` if it cannot be."""
     tree = _compat.keras3_tree()
     leaves = tree.flatten(x)
@@ -79,7 +82,7 @@ class PredictOnBatchPatch(TrainingApiPatch):
     upstream = "no public report found: Keras 3 predict_on_batch on 2+ replicas returns replicas x the rows"
     targets = (TARGET,)
 
-    def probe_on(self, strategy: Any) -> ProbeResult:
+    def probe_on(self, strategy: Strategy) -> ProbeResult:
         import keras
         import numpy as np
 
@@ -92,7 +95,7 @@ class PredictOnBatchPatch(TrainingApiPatch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def predict_on_batch(model: Any, x: Any) -> Any:
+        def predict_on_batch(model: Model, x: Any) -> Any:
             strategy = model.distribute_strategy
             if strategy.num_replicas_in_sync < 2 or not PATCH.acts_on(strategy):
                 return original(model, x)

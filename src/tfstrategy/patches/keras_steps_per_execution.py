@@ -50,11 +50,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +67,12 @@ _MARKER = "_tfstrategy_steps_per_execution_fix"
 _MAKE_FUNCTION = _compat.trainer_make_function_target()
 
 
-def _collective_strategy(strategy: Any) -> bool:
+def _collective_strategy(strategy: Strategy) -> bool:
     distribute = tf().distribute
     return isinstance(strategy, (distribute.MirroredStrategy, distribute.MultiWorkerMirroredStrategy))
 
 
-def fix_needed(model: Any) -> bool:
+def fix_needed(model: Model) -> bool:
     """Whether ``model``'s next train/test function would hit the bug without the fix."""
     if getattr(model, "run_eagerly", False) or int(getattr(model, "steps_per_execution", 1) or 1) <= 1:
         return False
@@ -86,7 +89,7 @@ def _without_optionals(data: Any) -> Any:
     return tf().nest.map_structure(lambda item: None if isinstance(item, optional) else item, data)
 
 
-def _multi_step_function(model: Any, step_function: Any) -> Any:
+def _multi_step_function(model: Model, step_function: Any) -> Any:
     """``function(iterator) -> logs`` with Keras' calling convention, step traced inline."""
     trainer = _compat.keras3_tensorflow_trainer()
     if trainer is None:  # the patch is applied only where Keras 3 runs on TensorFlow
@@ -221,7 +224,7 @@ class StepsPerExecutionPatch(Patch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def _make_function(model: Any, step_function: Any) -> Any:
+        def _make_function(model: Model, step_function: Any) -> Any:
             # Decided each time Keras (re)builds a function, so a later compile()
             # with other settings is honoured.
             if fix_needed(model):
@@ -235,7 +238,7 @@ class StepsPerExecutionPatch(Patch):
 PATCH = StepsPerExecutionPatch()
 
 
-def fix_steps_per_execution(model: Any) -> bool:
+def fix_steps_per_execution(model: Model) -> bool:
     """Let ``model.fit``/``evaluate`` run ``steps_per_execution > 1`` on 2+ replicas.
 
     Installs the process-wide patch (``tfstrategy.select`` already does) and
@@ -263,6 +266,6 @@ def fix_steps_per_execution(model: Any) -> bool:
     return PATCH.needed() is True
 
 
-def uses_fixed_loop(model: Any, which: str = "train") -> bool:
+def uses_fixed_loop(model: Model, which: str = "train") -> bool:
     """Whether the model's built ``train`` (or ``test``) function is tfstrategy's loop."""
     return bool(getattr(getattr(model, f"{which}_function", None), _MARKER, False))

@@ -48,12 +48,15 @@ import contextlib
 import functools
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
 from tfstrategy.patches.mechanism import Patch, ProbeResult
 from tfstrategy.selection.strategies import mirrored_strategy
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 STEP = "backend.tensorflow.trainer.TensorFlowTrainer.train_step"
 SCALE = "losses.loss.scale_loss_for_distribution"
@@ -85,7 +88,7 @@ def local_batch_size(data: Any) -> Any:
     return tf().shape(leaf)[0]
 
 
-def fix_needed(model: Any) -> bool:
+def fix_needed(model: Model) -> bool:
     """Whether ``model``'s Keras ``train_step`` on this strategy needs the batch-share weighting."""
     strategy = _compat.model_strategy(model)
     if strategy is not None and _compat.in_multi_worker_mode(strategy) and not _versions.newer_than(
@@ -150,7 +153,7 @@ class UnevenBatchesPatch(Patch):
 
 def _weighted_train_step(original: Any) -> Any:
     @functools.wraps(original)
-    def train_step(model: Any, data: Any) -> Any:
+    def train_step(model: Model, data: Any) -> Any:
         tf_ = tf()
         context = tf_.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync < 2 or not fix_needed(model):

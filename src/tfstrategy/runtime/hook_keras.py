@@ -9,10 +9,13 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import ScopeError
 from tfstrategy.state.registry import RUNTIME
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 __all__ = ["audit", "keras2_aliases", "performance_report"]
 
@@ -54,7 +57,7 @@ def audit(mode: str) -> str | None:
 
 def _audited(original: Callable[..., Any], method: str, mode: str) -> Callable[..., Any]:
     @functools.wraps(original)
-    def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(model: Model, *args: Any, **kwargs: Any) -> Any:
         if method == "fit":
             from tfstrategy.training.datasets import refuse_endless_fit
             from tfstrategy.training.sentinel import add_sentinel, resolve_sentinel
@@ -67,7 +70,7 @@ def _audited(original: Callable[..., Any], method: str, mode: str) -> Callable[.
     return wrapper
 
 
-def _audit_model(model: Any, method: str, mode: str) -> None:
+def _audit_model(model: Model, method: str, mode: str) -> None:
     import tensorflow as tf
 
     from tfstrategy import _compat
@@ -107,7 +110,7 @@ def performance_report() -> str | None:
 
 def _reported(original: Callable[..., Any], settings: dict[str, Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(model: Model, *args: Any, **kwargs: Any) -> Any:
         from tfstrategy.performance.report import add_report
 
         if len(args) > 5:  # callbacks passed positionally: fit(x, y, batch_size, epochs, verbose, callbacks, ...)

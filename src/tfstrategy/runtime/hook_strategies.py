@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tfstrategy.contract.exits import EXIT_FAILURE, EXIT_STOPPED
 from tfstrategy.errors import DeviceError, TFStrategyError
@@ -27,6 +27,9 @@ from tfstrategy.selection.names import strategy_name
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES
 from tfstrategy.state.registry import KEY_STRIDE, RUNTIME
 from tfstrategy.worker_contract import STOP_PREFIXES
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
 
 __all__ = ["chosen_devices", "keras_flavours", "prepare_collectives", "watch_strategies", "mirrored_devices",
            "refuse_unjoinable", "refuse_unjoined_fit", "stop"]
@@ -169,7 +172,7 @@ def _keys_of_its_own(original: Callable[..., Any]) -> Callable[..., Any]:
     return _initialize_multi_worker
 
 
-def _note_unused_replicas(strategy: Any) -> None:
+def _note_unused_replicas(strategy: Strategy) -> None:
     """``--cpu-replicas`` with a strategy it cannot change (OneDevice, MultiWorkerMirrored): said once."""
     distribute = _distribute()
     kind = next((name for name in device_lists.FIXED_DEVICE_STRATEGIES
@@ -194,7 +197,7 @@ def _created_by_tfstrategy() -> bool:
     return False
 
 
-def _describe(strategy: Any) -> str:
+def _describe(strategy: Strategy) -> str:
     try:
         replicas = int(strategy.num_replicas_in_sync)
     except Exception:  # e.g. a ParameterServerStrategy before its cluster answers
@@ -394,7 +397,7 @@ def refuse_unjoined_fit(config: ClusterConfig | None) -> str | None:
 
     def factory(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
-        def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
+        def fit(model: Model, *args: Any, **kwargs: Any) -> Any:
             strategy = _compat.model_strategy(model)
             if not RUNTIME.hook.joined and (strategy is None or _compat.is_default_strategy(strategy)):
                 import tensorflow as tf

@@ -35,13 +35,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy.contract.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper
 from tfstrategy.state.registry import RUNTIME
 from tfstrategy.worker_contract import STACK_SIGNAL, SUPERVISION_VARIABLES, WorkerContract
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 __all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches"]
 
@@ -329,7 +332,7 @@ _CALLBACKS_POSITION = {"fit": 5, "evaluate": 6, "predict": 4}
 
 
 def _with_progress(original: Callable[..., Any], keras: Any, position: int, method: str) -> Callable[..., Any]:
-    def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(model: Model, *args: Any, **kwargs: Any) -> Any:
         keeper = current_keeper()
         if keeper is not None:
             keeper.call_begins(method)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
@@ -21,6 +21,9 @@ from tfstrategy.scope.audit import AuditReport, guard_model, require_scope, stra
 from tfstrategy.scope.creation_sites import recording
 from tfstrategy.scope.restore import RestoreReport, load_keras_model, restore_checkpoint
 from tfstrategy.selection.names import strategy_name
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 ModelSource = Callable[[], Any] | str | os.PathLike[str]
 
@@ -119,7 +122,7 @@ def _refuse_identifier(argument: str, name: str) -> None:
     ) from None
 
 
-def _build_optimizer(model: Any) -> None:
+def _build_optimizer(model: Model) -> None:
     if getattr(model, "optimizer", None) is None:
         raise BuildError(
             f"Received model {model.name!r} that is not compiled and no compile arguments; expected e.g. "

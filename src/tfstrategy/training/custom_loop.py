@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._tf import tf
 from tfstrategy.errors import BatchError, LossReductionError, TrainingError
 from tfstrategy.training.batching import BatchPlan, replicas_of
 from tfstrategy.training.precision import require_loss_scaling
 from tfstrategy.training.sentinel import Sentinel, resolve_sentinel
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Dataset, Model, Optimizer, Strategy
 
 __all__ = ["TrainStep", "make_train_step"]
 
@@ -91,12 +94,12 @@ class TrainStep:
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         *,
-        strategy: Any,
+        strategy: Strategy,
         global_batch: int,
         loss: Callable[..., Any],
-        optimizer: Any,
+        optimizer: Optimizer,
         metrics: Sequence[Any],
         sentinel: Any = None,
         report: Any = None,
@@ -207,7 +210,7 @@ class TrainStep:
         return LoopBackup(self.model, strategy=self.strategy, backup_dir=base, save_freq=save_freq,
                           delete_at_finish=delete_at_finish)
 
-    def run_epoch(self, dataset: Any, steps: int | None = None) -> dict[str, float]:
+    def run_epoch(self, dataset: Dataset, steps: int | None = None) -> dict[str, float]:
         """Run one pass (or ``steps`` steps) over a distributed dataset; return the last logs as floats."""
         self.reset_metrics()
         logs: dict[str, Any] = {}
@@ -225,7 +228,7 @@ class TrainStep:
         return result
 
 
-def _build_optimizer(optimizer: Any, model: Any, strategy: Any) -> None:
+def _build_optimizer(optimizer: Optimizer, model: Model, strategy: Strategy) -> None:
     """Create an unbuilt optimizer's slot variables now, in the scope.
 
     Keras optimizers build lazily on the first ``apply_gradients``; in a custom
@@ -246,12 +249,12 @@ def _build_optimizer(optimizer: Any, model: Any, strategy: Any) -> None:
 
 
 def make_train_step(
-    model: Any,
+    model: Model,
     *,
-    strategy: Any,
+    strategy: Strategy,
     global_batch: int | BatchPlan,
     loss: Any,
-    optimizer: Any | None = None,
+    optimizer: Optimizer | None = None,
     metrics: Sequence[Any] = (),
     sentinel: bool | None = None,
     report: bool | None = None,

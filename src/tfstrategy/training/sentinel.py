@@ -28,12 +28,15 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import DivergenceError, TrainingError
 from tfstrategy.settings import ENV_SENTINEL, received, resolve_setting, setting_name
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
 
 __all__ = ["Sentinel", "divergence_sentinel", "parse_sentinel", "resolve_sentinel"]
 
@@ -93,7 +96,7 @@ class Sentinel:
         rtol: relative checksum difference still counted as equal.
     """
 
-    def __init__(self, strategy: Any, variables: Any, *, rtol: float = RTOL) -> None:
+    def __init__(self, strategy: Strategy, variables: Any, *, rtol: float = RTOL) -> None:
         self.strategy = getattr(strategy, "strategy", strategy)
         self.variables = [_compat.tf_variable(variable) for variable in variables]
         if not self.variables:
@@ -170,7 +173,7 @@ class Sentinel:
 _ATTRIBUTE = "_tfstrategy_sentinel"
 
 
-def sentinel_for(model: Any, strategy: Any) -> Sentinel:
+def sentinel_for(model: Model, strategy: Strategy) -> Sentinel:
     """The model's :class:`Sentinel` for ``strategy``, made once per model and set of weights."""
     weights = [_compat.tf_variable(variable) for variable in model.weights]
     found = getattr(model, _ATTRIBUTE, None)
@@ -187,7 +190,7 @@ def _callback_class(base: type) -> type:
     class DivergenceSentinel(base):
         """Keras callback: stop ``fit`` when replicas or workers stop holding the same weights."""
 
-        def __init__(self, every: int | str = "epoch", strategy: Any = None) -> None:
+        def __init__(self, every: int | str = "epoch", strategy: Strategy | None = None) -> None:
             super().__init__()
             self.every = parse_sentinel(every, name="every") or "epoch"
             self.strategy = strategy
@@ -218,7 +221,7 @@ def _callback_class(base: type) -> type:
     return DivergenceSentinel
 
 
-def divergence_sentinel(every: int | str = "epoch", *, strategy: Any = None) -> Any:
+def divergence_sentinel(every: int | str = "epoch", *, strategy: Strategy | None = None) -> Any:
     """A Keras callback that raises :class:`~tfstrategy.errors.DivergenceError` when replicas disagree.
 
     Args:
@@ -231,7 +234,7 @@ def divergence_sentinel(every: int | str = "epoch", *, strategy: Any = None) -> 
     return _callback_class(tf().keras.callbacks.Callback)(every, strategy)
 
 
-def add_sentinel(model: Any, kwargs: dict[str, Any], every: int | str | None) -> None:
+def add_sentinel(model: Model, kwargs: dict[str, Any], every: int | str | None) -> None:
     """Put a sentinel callback into ``fit``'s keyword arguments, unless off or already there (the hook's step)."""
     if every is None:
         return
