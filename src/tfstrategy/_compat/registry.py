@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 __all__ = ["AccessorStatus", "accessor", "accessor_status", "accessor_summary", "registered_accessors"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 #: name -> the upstream specs it needs, in registration order.
 _REGISTRY: dict[str, tuple[str, ...]] = {}

@@ -83,22 +83,22 @@ TENSORBOARD_END = "callbacks.tensorboard.TensorBoard.on_train_end"
 _PRIVATE = "_tfstrategy_private_dir"
 
 
-def _model_writer(original: Callable[..., Any]) -> Callable[..., Any]:
+def _model_writer(original: Callable[..., object]) -> Callable[..., object]:
     """``original(model_or_self, filepath, ...)`` writing where :func:`chief_write` says."""
 
     @functools.wraps(original)
-    def write(owner: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+    def write(owner: Any, filepath: Any, *args: object, **kwargs: object) -> Any:
         with chief_files.chief_write(filepath) as target:
             return original(owner, target, *args, **kwargs)
 
     return write
 
 
-def _atomic_download(original: Callable[..., Any]) -> Callable[..., Any]:
+def _atomic_download(original: Callable[..., object]) -> Callable[..., object]:
     """Download into a private part file and rename it into place, so no worker reads a partial download."""
 
     @functools.wraps(original)
-    def urlretrieve(url: Any, filename: Any = None, *args: Any, **kwargs: Any) -> Any:
+    def urlretrieve(url: Any, filename: Any = None, *args: object, **kwargs: object) -> Any:
         config = chief_files.shared_job()
         if config is None or filename is None:
             return original(url, filename, *args, **kwargs)
@@ -115,7 +115,7 @@ def _atomic_download(original: Callable[..., Any]) -> Callable[..., Any]:
     return urlretrieve
 
 
-def _tolerant_makedirs(original: Callable[..., Any]) -> Callable[..., Any]:
+def _tolerant_makedirs(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def makedirs(path: Any) -> Any:
         try:
@@ -145,9 +145,9 @@ def _backup_paths(callback: Any, directory: str) -> Iterator[None]:
             setattr(callback, name, value)
 
 
-def _backup_writer(original: Callable[..., Any]) -> Callable[..., Any]:
+def _backup_writer(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def backup_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def backup_step(self: Any, *args: object, **kwargs: object) -> Any:
         if chief_files.is_per_worker(self):  # backup_callbacks(): a directory per worker already
             with chief_files.passing_through():
                 return original(self, *args, **kwargs)
@@ -161,7 +161,7 @@ def _backup_writer(original: Callable[..., Any]) -> Callable[..., Any]:
     return backup_step
 
 
-def _csv_begin(original: Callable[..., Any]) -> Callable[..., Any]:
+def _csv_begin(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def on_train_begin(self: Any, logs: Any = None) -> Any:
         config = chief_files.shared_job()
@@ -180,7 +180,7 @@ def _csv_begin(original: Callable[..., Any]) -> Callable[..., Any]:
     return on_train_begin
 
 
-def _csv_end(original: Callable[..., Any]) -> Callable[..., Any]:
+def _csv_end(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def on_train_end(self: Any, logs: Any = None) -> Any:
         # The chief's log is complete (closed) before on_train_end returns on any worker.
@@ -194,7 +194,7 @@ def _csv_end(original: Callable[..., Any]) -> Callable[..., Any]:
     return on_train_end
 
 
-def _tensorboard_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
+def _tensorboard_set_model(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def set_model(self: Any, model: Model) -> Any:
         config = chief_files.shared_job()
@@ -212,7 +212,7 @@ def _tensorboard_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
     return set_model
 
 
-def _tensorboard_end(original: Callable[..., Any]) -> Callable[..., Any]:
+def _tensorboard_end(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def on_train_end(self: Any, logs: Any = None) -> Any:
         try:
@@ -226,7 +226,7 @@ def _tensorboard_end(original: Callable[..., Any]) -> Callable[..., Any]:
     return on_train_end
 
 
-_REPLACEMENTS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+_REPLACEMENTS: dict[str, Callable[[Callable[..., object]], Callable[..., object]]] = {
     SAVE_MODEL: _model_writer,
     SAVE_WEIGHTS: _model_writer,
     SAVE_H5: _model_writer,
@@ -262,7 +262,7 @@ def stand_in_worker_model(saved: list[str] | None = None) -> Any:
             return contextlib.nullcontext()
 
     class _Model(keras.Sequential):
-        def save_weights(self, filepath: Any, overwrite: bool = True, **kwargs: Any) -> None:
+        def save_weights(self, filepath: Any, overwrite: bool = True, **kwargs: object) -> None:
             if saved is None:
                 super().save_weights(filepath, overwrite=overwrite, **kwargs)
                 return
@@ -354,11 +354,11 @@ class ChiefFilesPatch(Patch):
         self.original(DOWNLOAD)(source.as_uri(), str(target), lambda *_: seen.append(target.exists()))
         return any(seen)
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         fixed = _REPLACEMENTS[target](original)
 
         @functools.wraps(fixed)
-        def noting(*args: Any, **kwargs: Any) -> Any:
+        def noting(*args: object, **kwargs: object) -> Any:
             if chief_files.shared_job() is not None:  # a multi-worker job: the writer now acts as the chief's
                 self.acted()
             return fixed(*args, **kwargs)

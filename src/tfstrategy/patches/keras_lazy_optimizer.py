@@ -78,7 +78,7 @@ class LazyOptimizerPatch(Patch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def add_variable(optimizer: Optimizer, *args: Any, **kwargs: Any) -> Any:
+        def add_variable(optimizer: Optimizer, *args: object, **kwargs: object) -> Any:
             tf_ = tf()
             if not tf_.inside_function() or PATCH.needed() is not True:
                 return original(optimizer, *args, **kwargs)

@@ -180,7 +180,7 @@ def _noting_scale_loss(original: Any) -> Any:
 
 def _noting_gradient(original: Any) -> Any:
     @functools.wraps(original)
-    def gradient(tape: Any, target: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
+    def gradient(tape: Any, target: Any, sources: Any, *args: object, **kwargs: object) -> Any:
         result = original(tape, target, sources, *args, **kwargs)
         seeded = (args[0] if args else kwargs.get("output_gradients")) is not None
         try:

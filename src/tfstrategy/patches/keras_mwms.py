@@ -152,9 +152,9 @@ def _require_multi_step_loop(model: Model, steps: int) -> None:
     )
 
 
-def _fixed_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
+def _fixed_symbolic_build(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def _maybe_symbolic_build(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def _maybe_symbolic_build(self: Any, *args: object, **kwargs: object) -> Any:
         strategy = _compat.model_strategy(self)
         if strategy is None:
             return original(self, *args, **kwargs)
@@ -190,7 +190,7 @@ def _reduce_across_workers(strategy: Strategy, op: str, values: Any) -> Any:
     return tree.pack_sequence_as(values, [strategy.experimental_local_results(value)[0] for value in reduced])
 
 
-def _fixed_reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any]:
+def _fixed_reduce_per_replica(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def reduce_per_replica(values: Any, strategy: Strategy, reduction: str) -> Any:
         # MWMS is never a TPUStrategy, so Keras' "auto" means "mean" here.
@@ -285,7 +285,7 @@ class MWMSPatch(Patch):
         )
         return ProbeResult({BUILD: build_broken or self.build_reduces_replicas, REDUCE: reduce_broken})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         if target == BUILD:
             return _fixed_symbolic_build(original)
         return _fixed_reduce_per_replica(original)

@@ -39,7 +39,7 @@ from tfstrategy.state.registry import RUNTIME
 __all__ = ["checkpoint_files"]
 
 
-def _written_once(original: Callable[..., Any]) -> Callable[..., Any]:
+def _written_once(original: Callable[..., object]) -> Callable[..., object]:
     from tfstrategy.multiworker import chief_files
 
     @functools.wraps(original)

@@ -60,7 +60,7 @@ def fewest_files(dataset: Dataset) -> int | None:
     return min(counts) if counts else None
 
 
-def _by_element_when_too_few_files(original: Callable[..., Any]) -> Callable[..., Any]:
+def _by_element_when_too_few_files(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def _experimental_distribute_dataset(self: Any, dataset: Dataset, options: Any) -> Any:
         import tensorflow as tf

@@ -111,7 +111,7 @@ def prepare_collectives(config: ClusterConfig | None) -> str | None:
             "op; list_logical_devices() lists this worker's devices until it joins")
 
 
-def _local_devices(original: Callable[..., Any], task: device_lists.Task) -> Callable[..., Any]:
+def _local_devices(original: Callable[..., Any], task: device_lists.Task) -> Callable[..., object]:
     """``tf.config.list_logical_devices`` lists this worker's devices only, as in plain TensorFlow, until it joins.
 
     The cluster configured at import would otherwise show every worker's devices, and a
@@ -131,7 +131,7 @@ def _local_devices(original: Callable[..., Any], task: device_lists.Task) -> Cal
     return list_logical_devices
 
 
-def _enable_once(original: Callable[..., Any]) -> Callable[..., Any]:
+def _enable_once(original: Callable[..., object]) -> Callable[..., object]:
     """The strategy's own enable, on a runtime that already started with the same server, does nothing.
 
     Called again on a running context, ``enable_collective_ops`` rebuilds the
@@ -150,7 +150,7 @@ def _enable_once(original: Callable[..., Any]) -> Callable[..., Any]:
     return enable_collective_ops
 
 
-def _keys_of_its_own(original: Callable[..., Any]) -> Callable[..., Any]:
+def _keys_of_its_own(original: Callable[..., object]) -> Callable[..., object]:
     """Each MultiWorkerMirroredStrategy of the process starts its collective keys where no earlier one's are.
 
     Every strategy numbers its collectives from the same first group and instance
@@ -213,9 +213,9 @@ def watch_strategies(timeout: float | None) -> str:
     distribute = _distribute()
     signature = inspect.signature(distribute.MultiWorkerMirroredStrategy.__init__)
 
-    def base_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    def base_init(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        def __init__(self: Any, *args: object, **kwargs: object) -> None:
             original(self, *args, **kwargs)
             if not _compat.is_default_strategy(self) and not _made_by_a_probe():
                 RUNTIME.hook.strategies.append(_describe(self))
@@ -223,9 +223,9 @@ def watch_strategies(timeout: float | None) -> str:
 
         return __init__
 
-    def mwms_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    def mwms_init(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        def __init__(self: Any, *args: object, **kwargs: object) -> None:
             bound = signature.bind(self, *args, **kwargs)
             options = bound.arguments.get("communication_options")
             if timeout is not None and getattr(options, "timeout_seconds", None) is None:
@@ -259,7 +259,7 @@ def mirrored_devices(inputs: PlanInputs) -> str:
         gpus = len(__import__("tensorflow").config.list_physical_devices("GPU"))
         local = one_job.worker_devices(gpus)
 
-        def new(original: Any) -> Callable[..., Any]:
+        def new(original: Any) -> Callable[..., object]:
             def __new__(klass: type, devices: Any = None, cross_device_ops: Any = None) -> Any:
                 if klass is not cls or (devices is not None and _called_by_tfstrategy()):
                     return object.__new__(klass)
@@ -283,7 +283,7 @@ def mirrored_devices(inputs: PlanInputs) -> str:
     except DeviceError as error:  # TFSTRATEGY_DEVICES naming a device this host lacks: never the CPU instead
         stop(f"tfstrategy stopped the script before its strategy: {error}")
 
-    def init(original: Callable[..., Any]) -> Callable[..., Any]:
+    def init(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
         def __init__(self: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
             if devices is None:
@@ -359,9 +359,9 @@ def refuse_unjoinable(config: ClusterConfig | None) -> str | None:
         "experimental.TPUStrategy.__init__": "TPUStrategy",
     }
 
-    def refusing(what: str) -> Callable[[Any], Callable[..., Any]]:
-        def factory(original: Callable[..., Any]) -> Callable[..., Any]:
-            def refused(self: Any, *args: Any, **kwargs: Any) -> Any:  # __init__, or ClusterCoordinator's __new__
+    def refusing(what: str) -> Callable[[Any], Callable[..., object]]:
+        def factory(original: Callable[..., object]) -> Callable[..., object]:
+            def refused(self: Any, *args: object, **kwargs: object) -> Any:  # __init__, or ClusterCoordinator's __new__
                 if _called_by_tfstrategy():
                     return original(self, *args, **kwargs)
                 stop(one_job.refusal(what, config.num_workers))
@@ -395,9 +395,9 @@ def refuse_unjoined_fit(config: ClusterConfig | None) -> str | None:
         return None
     from tfstrategy import _compat
 
-    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+    def factory(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def fit(model: Model, *args: Any, **kwargs: Any) -> Any:
+        def fit(model: Model, *args: object, **kwargs: object) -> Any:
             strategy = _compat.model_strategy(model)
             if not RUNTIME.hook.joined and (strategy is None or _compat.is_default_strategy(strategy)):
                 import tensorflow as tf

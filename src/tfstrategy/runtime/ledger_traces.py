@@ -88,7 +88,7 @@ def trace_of(graph: Any, *, kind: str, epoch: int, step: int) -> FunctionTrace:
                          epoch=epoch, step=step, summary=summary.describe())
 
 
-def _fingerprinting(original: Callable[..., Any]) -> Callable[..., Any]:
+def _fingerprinting(original: Callable[..., object]) -> Callable[..., object]:
     import tensorflow as tf
 
     from tfstrategy.runtime.ledger import current_keeper
@@ -154,7 +154,7 @@ def fingerprint_traces() -> str:
     return ", the fingerprints of traced functions and the model's weights"
 
 
-def _recording_weights_in_scope(original: Callable[..., Any]) -> Callable[..., Any]:
+def _recording_weights_in_scope(original: Callable[..., object]) -> Callable[..., object]:
     """``Strategy.scope`` that, once Keras is imported, records each Keras weight created (models are built there).
 
     The ledger step runs while TensorFlow is imported, often from inside Keras' own import: Keras'
@@ -185,12 +185,12 @@ def _record_weights() -> None:
                                    "different models are told apart before their first trace)"))
 
 
-def _recording_weights(original: Callable[..., Any]) -> Callable[..., Any]:
+def _recording_weights(original: Callable[..., object]) -> Callable[..., object]:
     import inspect
 
     signature = inspect.signature(original)
 
-    def add_weight(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def add_weight(self: Any, *args: object, **kwargs: object) -> Any:
         from tfstrategy.runtime.ledger import current_keeper
 
         keeper = current_keeper()

@@ -331,7 +331,7 @@ def count_batches(flavours: list[Any]) -> str | None:
 _CALLBACKS_POSITION = {"fit": 5, "evaluate": 6, "predict": 4}
 
 
-def _with_progress(original: Callable[..., Any], keras: Any, position: int, method: str) -> Callable[..., Any]:
+def _with_progress(original: Callable[..., object], keras: Any, position: int, method: str) -> Callable[..., object]:
     def wrapper(model: Model, *args: Any, **kwargs: Any) -> Any:
         keeper = current_keeper()
         if keeper is not None:

@@ -323,7 +323,7 @@ def guard_model(model: Model, strategy: Any) -> Any:
 
     def wrap(method: Any) -> Any:
         @functools.wraps(method)
-        def guarded(*args: Any, **kwargs: Any) -> Any:
+        def guarded(*args: object, **kwargs: object) -> Any:
             if method.__name__ == "fit":
                 refuse_endless_fit(args, kwargs)
             key = _audit_key(model)

@@ -55,7 +55,7 @@ class Replacement:
         """The module holding the targets, or ``None`` when the installed library has nothing to replace."""
         raise NotImplementedError
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         """The function installed in place of ``original`` (:data:`~tfstrategy.state.status.MISSING` if none)."""
         raise NotImplementedError
 

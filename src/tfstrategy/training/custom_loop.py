@@ -39,7 +39,7 @@ def _loss_name(loss: Any) -> str:
     return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
 
 
-def resolve_loss(loss: Any) -> Callable[..., Any]:
+def resolve_loss(loss: Any) -> Callable[..., object]:
     """Turn a loss (object, function or Keras name) into a per-example loss function.
 
     Raises:
@@ -69,7 +69,7 @@ def resolve_loss(loss: Any) -> Callable[..., Any]:
                 f"Received loss {_loss_name(loss)} with reduction={text!r}; expected reduction='none', because {why} "
                 f"Pass {type(loss).__name__}(reduction='none'): make_train_step divides by the global batch itself."
             )
-    resolved: Callable[..., Any] = loss
+    resolved: Callable[..., object] = loss
     return resolved
 
 
@@ -98,7 +98,7 @@ class TrainStep:
         *,
         strategy: Strategy,
         global_batch: int,
-        loss: Callable[..., Any],
+        loss: Callable[..., object],
         optimizer: Optimizer,
         metrics: Sequence[Any],
         sentinel: Any = None,

@@ -305,7 +305,7 @@ def _check_plan(plan: BatchPlan, strategy: Strategy, global_batch: int | None, p
         )
 
 
-def _require_one_argument(dataset_fn: Callable[..., Any]) -> None:
+def _require_one_argument(dataset_fn: Callable[..., object]) -> None:
     try:
         signature = inspect.signature(dataset_fn)
     except (TypeError, ValueError):  # a builtin or C function: let the call decide
