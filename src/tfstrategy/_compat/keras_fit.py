@@ -86,7 +86,7 @@ def skip_keras3_steps(model: Model, batches: int) -> None:
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
     left = [batches]
 
-    def skipping(iterator: Any) -> Any:
+    def skipping(iterator: Any) -> object:
         if left[0] <= 0:
             return original(iterator)
         for _ in range(min(per_call, left[0])):

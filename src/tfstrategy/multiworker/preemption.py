@@ -87,11 +87,11 @@ class PreemptionWatcher:
 def _make_agree_fn(strategy: Strategy) -> Any:
     tf_ = tf()
 
-    def sum_flags(flag: Any) -> Any:
+    def sum_flags(flag: Any) -> object:
         # identity() places the value on this replica's device; the all-reduce needs one to send from.
         return tf_.distribute.get_replica_context().all_reduce(tf_.distribute.ReduceOp.SUM, tf_.identity(flag))
 
-    def agree(flag: Any) -> Any:
+    def agree(flag: Any) -> object:
         return strategy.experimental_local_results(strategy.run(sum_flags, args=(flag,)))[0]
 
     return tf_.function(agree)

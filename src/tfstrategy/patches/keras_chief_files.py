@@ -87,7 +87,7 @@ def _model_writer(original: Callable[..., object]) -> Callable[..., object]:
     """``original(model_or_self, filepath, ...)`` writing where :func:`chief_write` says."""
 
     @functools.wraps(original)
-    def write(owner: Any, filepath: Any, *args: object, **kwargs: object) -> Any:
+    def write(owner: Any, filepath: Any, *args: object, **kwargs: object) -> object:
         with chief_files.chief_write(filepath) as target:
             return original(owner, target, *args, **kwargs)
 
@@ -98,7 +98,7 @@ def _atomic_download(original: Callable[..., object]) -> Callable[..., object]:
     """Download into a private part file and rename it into place, so no worker reads a partial download."""
 
     @functools.wraps(original)
-    def urlretrieve(url: Any, filename: Any = None, *args: object, **kwargs: object) -> Any:
+    def urlretrieve(url: Any, filename: Any = None, *args: object, **kwargs: object) -> object:
         config = chief_files.shared_job()
         if config is None or filename is None:
             return original(url, filename, *args, **kwargs)
@@ -117,7 +117,7 @@ def _atomic_download(original: Callable[..., object]) -> Callable[..., object]:
 
 def _tolerant_makedirs(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def makedirs(path: Any) -> Any:
+    def makedirs(path: Any) -> object:
         try:
             return original(path)
         except FileExistsError:
@@ -147,7 +147,7 @@ def _backup_paths(callback: Any, directory: str) -> Iterator[None]:
 
 def _backup_writer(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def backup_step(self: Any, *args: object, **kwargs: object) -> Any:
+    def backup_step(self: Any, *args: object, **kwargs: object) -> object:
         if chief_files.is_per_worker(self):  # backup_callbacks(): a directory per worker already
             with chief_files.passing_through():
                 return original(self, *args, **kwargs)
@@ -163,7 +163,7 @@ def _backup_writer(original: Callable[..., object]) -> Callable[..., object]:
 
 def _csv_begin(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def on_train_begin(self: Any, logs: Any = None) -> Any:
+    def on_train_begin(self: Any, logs: Any = None) -> object:
         config = chief_files.shared_job()
         if config is None or config.is_chief:
             return original(self, logs)
@@ -182,7 +182,7 @@ def _csv_begin(original: Callable[..., object]) -> Callable[..., object]:
 
 def _csv_end(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def on_train_end(self: Any, logs: Any = None) -> Any:
+    def on_train_end(self: Any, logs: Any = None) -> object:
         # The chief's log is complete (closed) before on_train_end returns on any worker.
         with chief_files.chief_write(os.fspath(self.filename)):
             try:
@@ -196,7 +196,7 @@ def _csv_end(original: Callable[..., object]) -> Callable[..., object]:
 
 def _tensorboard_set_model(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def set_model(self: Any, model: Model) -> Any:
+    def set_model(self: Any, model: Model) -> object:
         config = chief_files.shared_job()
         if config is None or config.is_chief:
             return original(self, model)
@@ -214,7 +214,7 @@ def _tensorboard_set_model(original: Callable[..., object]) -> Callable[..., obj
 
 def _tensorboard_end(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def on_train_end(self: Any, logs: Any = None) -> Any:
+    def on_train_end(self: Any, logs: Any = None) -> object:
         try:
             return original(self, logs)
         finally:
@@ -358,7 +358,7 @@ class ChiefFilesPatch(Patch):
         fixed = _REPLACEMENTS[target](original)
 
         @functools.wraps(fixed)
-        def noting(*args: object, **kwargs: object) -> Any:
+        def noting(*args: object, **kwargs: object) -> object:
             if chief_files.shared_job() is not None:  # a multi-worker job: the writer now acts as the chief's
                 self.acted()
             return fixed(*args, **kwargs)

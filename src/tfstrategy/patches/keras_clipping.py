@@ -97,7 +97,7 @@ class ClippingPatch(TrainingApiPatch):
     def replacement(self, target: str, original: Any) -> Any:
         if target == ALL_REDUCE:
             @functools.wraps(original)
-            def _all_reduce_sum_gradients(optimizer: Optimizer, grads_and_vars: Any) -> Any:
+            def _all_reduce_sum_gradients(optimizer: Optimizer, grads_and_vars: Any) -> object:
                 summed = _summed()
                 if id(optimizer) in summed:
                     summed.discard(id(optimizer))
@@ -107,7 +107,7 @@ class ClippingPatch(TrainingApiPatch):
             return _all_reduce_sum_gradients
 
         @functools.wraps(original)
-        def _clip_gradients(optimizer: Optimizer, grads: Any) -> Any:
+        def _clip_gradients(optimizer: Optimizer, grads: Any) -> object:
             tf_ = tf()
             context = tf_.distribute.get_replica_context()
             if (not clips(optimizer) or context is None or context.num_replicas_in_sync < 2 or optimizer in _PROBING

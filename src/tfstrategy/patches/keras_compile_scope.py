@@ -89,7 +89,7 @@ class CompileScopePatch(Patch):
         signature = inspect.signature(original)
 
         @functools.wraps(original)
-        def compile(model: Model, *args: object, **kwargs: object) -> Any:
+        def compile(model: Model, *args: object, **kwargs: object) -> object:
             strategy = _compat.model_strategy(model)
             if strategy is None or tf().distribute.has_strategy() or PATCH.needed() is not True:
                 return original(model, *args, **kwargs)

@@ -100,7 +100,7 @@ class ComputeLossPatch(TrainingApiPatch):
     def replacement(self, target: str, original: Any) -> Any:
         if target == KERAS_STEPS_CALL:
             @functools.wraps(original)
-            def _compute_loss(model: Model, *args: object, **kwargs: object) -> Any:
+            def _compute_loss(model: Model, *args: object, **kwargs: object) -> object:
                 _KERAS_OWN.depth = getattr(_KERAS_OWN, "depth", 0) + 1
                 try:
                     return original(model, *args, **kwargs)
@@ -110,7 +110,7 @@ class ComputeLossPatch(TrainingApiPatch):
             return _compute_loss
 
         @functools.wraps(original)
-        def compute_loss(model: Model, *args: object, **kwargs: object) -> Any:
+        def compute_loss(model: Model, *args: object, **kwargs: object) -> object:
             loss = original(model, *args, **kwargs)
             context = tf().distribute.get_replica_context()
             if (loss is None or _inside_keras_steps() or context is None or context.num_replicas_in_sync < 2

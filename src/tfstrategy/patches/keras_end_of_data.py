@@ -104,7 +104,7 @@ class EndOfDataPatch(Patch):
         with tf_.init_scope():
             queue = tf_.queue.FIFOQueue(_PROBE_CALLS + 1, tf_.int32, shapes=[])  # room for every call's phantom
 
-            def step(data: Any) -> Any:
+            def step(data: Any) -> object:
                 queue.enqueue(tf_.constant(1))  # takes nothing from the batch, like iterations.assign_add(1)
                 return {"value": tf_.reduce_sum(data)}
 
@@ -127,7 +127,7 @@ class EndOfDataPatch(Patch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def make_train_function(model: Model, force: bool = False) -> Any:
+        def make_train_function(model: Model, force: bool = False) -> object:
             if model.train_function is not None and not force:
                 return model.train_function
             if fix_needed(model):

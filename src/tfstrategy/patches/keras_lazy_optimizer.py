@@ -61,11 +61,11 @@ class LazyOptimizerPatch(Patch):
         optimizer = keras.optimizers.SGD(0.1)
         eager: list[bool] = []
 
-        def initializer(shape: Any, dtype: Any = None) -> Any:
+        def initializer(shape: Any, dtype: Any = None) -> object:
             eager.append(tf_.executing_eagerly())
             return tf_.zeros(shape, dtype)
 
-        def create() -> Any:
+        def create() -> object:
             return add_variable(optimizer, (1,), initializer=initializer, name="tfstrategy_probe").value + 1.0
 
         try:
@@ -78,7 +78,7 @@ class LazyOptimizerPatch(Patch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def add_variable(optimizer: Optimizer, *args: object, **kwargs: object) -> Any:
+        def add_variable(optimizer: Optimizer, *args: object, **kwargs: object) -> object:
             tf_ = tf()
             if not tf_.inside_function() or PATCH.needed() is not True:
                 return original(optimizer, *args, **kwargs)

@@ -74,7 +74,7 @@ def _translate(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
 def _keras3_optimizer(name: str, package: str) -> Any:
     public = "keras" if package == "keras" else "tf.keras"
 
-    def legacy_optimizer(*args: object, **kwargs: object) -> Any:
+    def legacy_optimizer(*args: object, **kwargs: object) -> object:
         import keras
 
         PATCH.acted()

@@ -91,7 +91,7 @@ class LossScalePatch(Patch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def check_finite(optimizer: Optimizer, grads: Any) -> Any:
+        def check_finite(optimizer: Optimizer, grads: Any) -> object:
             finite = original(optimizer, grads)
             tf_ = tf()
             context = tf_.distribute.get_replica_context()

@@ -135,7 +135,7 @@ class LossScaleApiPatch(Patch):
 
 
 def _get_scaled_loss(original: Any) -> Any:
-    def get_scaled_loss(optimizer: Optimizer, loss: Any) -> Any:
+    def get_scaled_loss(optimizer: Optimizer, loss: Any) -> object:
         """Keras 2's name for ``scale_loss`` (restored by tfstrategy)."""
         PATCH.acted()
         if callable(loss):
@@ -167,7 +167,7 @@ def _weak(value: Any) -> Any:
 
 def _noting_scale_loss(original: Any) -> Any:
     @functools.wraps(original)
-    def scale_loss(optimizer: Optimizer, loss: Any) -> Any:
+    def scale_loss(optimizer: Optimizer, loss: Any) -> object:
         scaled = original(optimizer, loss)
         try:
             _scaled_outputs().append(_weak(scaled))
@@ -180,7 +180,7 @@ def _noting_scale_loss(original: Any) -> Any:
 
 def _noting_gradient(original: Any) -> Any:
     @functools.wraps(original)
-    def gradient(tape: Any, target: Any, sources: Any, *args: object, **kwargs: object) -> Any:
+    def gradient(tape: Any, target: Any, sources: Any, *args: object, **kwargs: object) -> object:
         result = original(tape, target, sources, *args, **kwargs)
         seeded = (args[0] if args else kwargs.get("output_gradients")) is not None
         try:
@@ -197,7 +197,7 @@ def _noting_gradient(original: Any) -> Any:
 
 def _checked_apply(original: Any) -> Any:
     @functools.wraps(original)
-    def apply(optimizer: Optimizer, grads: Any, trainable_variables: Any = None) -> Any:
+    def apply(optimizer: Optimizer, grads: Any, trainable_variables: Any = None) -> object:
         grads = list(grads)
         remembered = _unscaled().pop(id(optimizer), None)
         scaled_outputs = [output for output in (ref() for ref in _scaled_outputs()) if output is not None]

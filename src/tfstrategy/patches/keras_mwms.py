@@ -94,7 +94,7 @@ def _reduce_to_first_replica(strategy: Any) -> Iterator[None]:
     """Within the block, ``strategy.reduce`` returns each leaf's first local replica (shapes only)."""
     tree = _compat.keras3_tree()
 
-    def reduce(reduce_op: Any, value: Any, axis: Any = None) -> Any:
+    def reduce(reduce_op: Any, value: Any, axis: Any = None) -> object:
         return tree.map_structure(lambda leaf: _first_local_replica(strategy, leaf), value)
 
     strategy.reduce = reduce  # an instance attribute shadows the method until deleted
@@ -111,7 +111,7 @@ def _reduce_unless_uneven(strategy: Any) -> Iterator[None]:
     reduce_evenly = strategy.reduce
     distributed = tf().distribute.DistributedValues
 
-    def reduce(reduce_op: Any, value: Any, axis: Any = None) -> Any:
+    def reduce(reduce_op: Any, value: Any, axis: Any = None) -> object:
         leaves = [leaf for leaf in tree.flatten(value) if isinstance(leaf, distributed)]
         parts = [strategy.experimental_local_results(leaf) for leaf in leaves]
         if all(len({tuple(part.shape) for part in leaf_parts}) == 1 for leaf_parts in parts):
@@ -154,7 +154,7 @@ def _require_multi_step_loop(model: Model, steps: int) -> None:
 
 def _fixed_symbolic_build(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def _maybe_symbolic_build(self: Any, *args: object, **kwargs: object) -> Any:
+    def _maybe_symbolic_build(self: Any, *args: object, **kwargs: object) -> object:
         strategy = _compat.model_strategy(self)
         if strategy is None:
             return original(self, *args, **kwargs)
@@ -192,7 +192,7 @@ def _reduce_across_workers(strategy: Strategy, op: str, values: Any) -> Any:
 
 def _fixed_reduce_per_replica(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def reduce_per_replica(values: Any, strategy: Strategy, reduction: str) -> Any:
+    def reduce_per_replica(values: Any, strategy: Strategy, reduction: str) -> object:
         # MWMS is never a TPUStrategy, so Keras' "auto" means "mean" here.
         if reduction in ("auto", "mean", "sum") and _compat.in_multi_worker_mode(strategy):
             PATCH.acted()

@@ -67,7 +67,7 @@ def distributed_batch(strategy: Strategy, x: Any) -> Any:
     tf_ = tf()
     replicas = strategy.num_replicas_in_sync
 
-    def part(context: Any) -> Any:
+    def part(context: Any) -> object:
         start, end = split_rows(rows, replicas, context.replica_id_in_sync_group)
         return tree.map_structure(lambda leaf: tf_.convert_to_tensor(leaf)[start:end], x)
 
@@ -95,7 +95,7 @@ class PredictOnBatchPatch(TrainingApiPatch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def predict_on_batch(model: Model, x: Any) -> Any:
+        def predict_on_batch(model: Model, x: Any) -> object:
             strategy = model.distribute_strategy
             if strategy.num_replicas_in_sync < 2 or not PATCH.acts_on(strategy):
                 return original(model, x)

@@ -100,7 +100,7 @@ def _multi_step_function(model: Model, step_function: Any) -> Any:
     if model.jit_compile:
         logger.warning("tfstrategy: jit_compile is not applied to the multi-replica steps_per_execution loop.")
 
-    def one_step(data: Any) -> Any:
+    def one_step(data: Any) -> object:
         # A plain Python function: strategy.run is traced into whichever graph
         # calls it, so no nested tf.function holds the collective's deferred key.
         outputs = strategy.run(step_function, args=(_without_optionals(data),))
@@ -112,11 +112,11 @@ def _multi_step_function(model: Model, step_function: Any) -> Any:
     # (single replica's) logs through the loop and reduce them once, after it.
     reduce_once = _compat.in_multi_worker_mode(strategy) and len(strategy.extended.worker_devices) == 1
 
-    def local_step(data: Any) -> Any:
+    def local_step(data: Any) -> object:
         outputs = strategy.run(step_function, args=(_without_optionals(data),))
         return tf_.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], outputs)
 
-    def multi_step(iterator: Any, outputs_like: Any) -> Any:
+    def multi_step(iterator: Any, outputs_like: Any) -> object:
         steps = int(model.steps_per_execution)
         # Every step runs inside the loop, guarded by the loop condition, so an
         # exhausted iterator runs none. (Taking the first batch with get_next()
@@ -125,10 +125,10 @@ def _multi_step_function(model: Model, step_function: Any) -> Any:
         # The loop's outputs start as zeros shaped like the step's outputs.
         initial = tf_.nest.map_structure(lambda spec: tf_.zeros([d or 0 for d in spec.shape], spec.dtype), outputs_like)
 
-        def more(done: Any, outputs: Any, next_data: Any) -> Any:
+        def more(done: Any, outputs: Any, next_data: Any) -> object:
             return tf_.logical_and(done < steps, next_data.has_value())
 
-        def step(done: Any, outputs: Any, next_data: Any) -> Any:
+        def step(done: Any, outputs: Any, next_data: Any) -> object:
             outputs = (local_step if reduce_once else one_step)(next_data.get_value())
             # Fetch only when another step follows: a batch fetched at the end
             # of an execution would be lost to the next one.
@@ -151,7 +151,7 @@ def _multi_step_function(model: Model, step_function: Any) -> Any:
 
     compiled: list[Any] = []
 
-    def function(iterator: Any) -> Any:
+    def function(iterator: Any) -> object:
         if isinstance(iterator, (tf_.data.Iterator, tf_.distribute.DistributedIterator)):
             if not compiled:
                 # The step's output structure, from a trace that never runs.
@@ -205,7 +205,7 @@ class StepsPerExecutionPatch(Patch):
         tf_ = tf()
         original = self.original(_MAKE_FUNCTION)
 
-        def step(data: Any) -> Any:
+        def step(data: Any) -> object:
             # What a collective's instance key is: a value captured when the function is called.
             key = _compat.capture_call_time_value(lambda: tf_.constant(1.0), tf_.TensorSpec([], tf_.float32))
             return {"value": tf_.reduce_sum(data) + key}
@@ -224,7 +224,7 @@ class StepsPerExecutionPatch(Patch):
 
     def replacement(self, target: str, original: Any) -> Any:
         @functools.wraps(original)
-        def _make_function(model: Model, step_function: Any) -> Any:
+        def _make_function(model: Model, step_function: Any) -> object:
             # Decided each time Keras (re)builds a function, so a later compile()
             # with other settings is honoured.
             if fix_needed(model):

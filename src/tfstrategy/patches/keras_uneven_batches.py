@@ -153,7 +153,7 @@ class UnevenBatchesPatch(Patch):
 
 def _weighted_train_step(original: Any) -> Any:
     @functools.wraps(original)
-    def train_step(model: Model, data: Any) -> Any:
+    def train_step(model: Model, data: Any) -> object:
         tf_ = tf()
         context = tf_.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync < 2 or not fix_needed(model):
@@ -181,13 +181,13 @@ class _Share:
 
 def _scale(original: Any, *, inverse: bool) -> Any:
     @functools.wraps(original)
-    def scale(value: Any) -> Any:
+    def scale(value: Any) -> object:
         share = getattr(_SHARE, "value", None)
         if share is None:
             return original(value)
         tf_ = tf()
 
-        def weighted() -> Any:
+        def weighted() -> object:
             factor = tf_.cast(share.value, value.dtype)
             # unscale(scale(v)) == v, and a replica with no example (share 0) reports 0 at weight 0.
             return tf_.math.divide_no_nan(value, factor) if inverse else value * factor

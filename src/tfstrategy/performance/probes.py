@@ -41,7 +41,7 @@ def _allreduce(strategy: Strategy, model: Model, count: int) -> float:
               for variable in model.trainable_variables]
 
     def call(reduce: bool) -> Any:
-        def replica() -> Any:
+        def replica() -> object:
             values = [tf_.zeros(shape, dtype) for shape, dtype in shapes]
             if reduce:
                 values = tf_.distribute.get_replica_context().all_reduce(tf_.distribute.ReduceOp.SUM, values)

@@ -62,7 +62,7 @@ def fewest_files(dataset: Dataset) -> int | None:
 
 def _by_element_when_too_few_files(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def _experimental_distribute_dataset(self: Any, dataset: Dataset, options: Any) -> Any:
+    def _experimental_distribute_dataset(self: Any, dataset: Dataset, options: Any) -> object:
         import tensorflow as tf
 
         workers = _compat.collective_worker_count(self)

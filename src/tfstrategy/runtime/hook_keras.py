@@ -57,7 +57,7 @@ def audit(mode: str) -> str | None:
 
 def _audited(original: Callable[..., object], method: str, mode: str) -> Callable[..., object]:
     @functools.wraps(original)
-    def wrapper(model: Model, *args: object, **kwargs: object) -> Any:
+    def wrapper(model: Model, *args: object, **kwargs: object) -> object:
         if method == "fit":
             from tfstrategy.training.datasets import refuse_endless_fit
             from tfstrategy.training.sentinel import add_sentinel, resolve_sentinel
@@ -110,7 +110,7 @@ def performance_report() -> str | None:
 
 def _reported(original: Callable[..., object], settings: dict[str, Any]) -> Callable[..., object]:
     @functools.wraps(original)
-    def wrapper(model: Model, *args: object, **kwargs: object) -> Any:
+    def wrapper(model: Model, *args: object, **kwargs: object) -> object:
         from tfstrategy.performance.report import add_report
 
         if len(args) > 5:  # callbacks passed positionally: fit(x, y, batch_size, epochs, verbose, callbacks, ...)

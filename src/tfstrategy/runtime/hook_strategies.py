@@ -165,7 +165,7 @@ def _keys_of_its_own(original: Callable[..., object]) -> Callable[..., object]:
     from tfstrategy import _compat
 
     @functools.wraps(original)
-    def _initialize_multi_worker(self: Any, cluster_resolver: Any) -> Any:
+    def _initialize_multi_worker(self: Any, cluster_resolver: Any) -> object:
         _compat.offset_collective_key_base(self, KEY_STRIDE * RUNTIME.next_number("multi_worker_strategies"))
         return original(self, cluster_resolver)
 
@@ -260,7 +260,7 @@ def mirrored_devices(inputs: PlanInputs) -> str:
         local = one_job.worker_devices(gpus)
 
         def new(original: Any) -> Callable[..., object]:
-            def __new__(klass: type, devices: Any = None, cross_device_ops: Any = None) -> Any:
+            def __new__(klass: type, devices: Any = None, cross_device_ops: Any = None) -> object:
                 if klass is not cls or (devices is not None and _called_by_tfstrategy()):
                     return object.__new__(klass)
                 task = (config.task_type, config.task_index)
@@ -361,7 +361,7 @@ def refuse_unjoinable(config: ClusterConfig | None) -> str | None:
 
     def refusing(what: str) -> Callable[[Any], Callable[..., object]]:
         def factory(original: Callable[..., object]) -> Callable[..., object]:
-            def refused(self: Any, *args: object, **kwargs: object) -> Any:  # __init__, or ClusterCoordinator's __new__
+            def refused(self: Any, *args: object, **kwargs: object) -> object:  # __init__, or ClusterCoordinator's __new__
                 if _called_by_tfstrategy():
                     return original(self, *args, **kwargs)
                 stop(one_job.refusal(what, config.num_workers))
@@ -397,7 +397,7 @@ def refuse_unjoined_fit(config: ClusterConfig | None) -> str | None:
 
     def factory(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def fit(model: Model, *args: object, **kwargs: object) -> Any:
+        def fit(model: Model, *args: object, **kwargs: object) -> object:
             strategy = _compat.model_strategy(model)
             if not RUNTIME.hook.joined and (strategy is None or _compat.is_default_strategy(strategy)):
                 import tensorflow as tf

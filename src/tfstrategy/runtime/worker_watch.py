@@ -332,7 +332,7 @@ _CALLBACKS_POSITION = {"fit": 5, "evaluate": 6, "predict": 4}
 
 
 def _with_progress(original: Callable[..., object], keras: Any, position: int, method: str) -> Callable[..., object]:
-    def wrapper(model: Model, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(model: Model, *args: Any, **kwargs: Any) -> object:
         keeper = current_keeper()
         if keeper is not None:
             keeper.call_begins(method)

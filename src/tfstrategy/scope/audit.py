@@ -321,9 +321,9 @@ def guard_model(model: Model, strategy: Any) -> Any:
     strategy = strategy_of(strategy)
     passed: dict[str, tuple[int, ...]] = {}
 
-    def wrap(method: Any) -> Any:
+    def wrap(method: Any) -> object:
         @functools.wraps(method)
-        def guarded(*args: object, **kwargs: object) -> Any:
+        def guarded(*args: object, **kwargs: object) -> object:
             if method.__name__ == "fit":
                 refuse_endless_fit(args, kwargs)
             key = _audit_key(model)

@@ -362,7 +362,7 @@ def tune_at_first_fit(model: Model) -> None:
     fit = model.fit
 
     @functools.wraps(fit)
-    def fit_tuning_first(*args: object, **kwargs: object) -> Any:
+    def fit_tuning_first(*args: object, **kwargs: object) -> object:
         override.remove()  # one shot: later fits run as compiled
         _tune_for_fit(model, args, kwargs)
         return fit(*args, **kwargs)

@@ -382,7 +382,7 @@ def _addresses(value: object, where: str) -> dict[str, str]:
 
 
 def _optional(check: Check) -> Check:
-    def optional(value: object, where: str) -> Any:
+    def optional(value: object, where: str) -> object:
         return None if value is None else check(value, where)
     return optional
 
