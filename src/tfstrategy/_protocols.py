@@ -11,7 +11,7 @@ The ground floor: it imports nothing of tfstrategy, and nothing of TensorFlow at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -207,3 +207,7 @@ class HoldsStrategy(Protocol):
 
 #: What the scope functions accept: a strategy, or a selection that holds one.
 StrategyOrSelection = Strategy | HoldsStrategy
+
+
+#: What Keras hands a callback's ``on_*`` methods: metric names to what the metrics returned (floats, tensors), or ``None``.
+Logs = Mapping[str, Any] | None

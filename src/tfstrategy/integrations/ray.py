@@ -47,7 +47,7 @@ from tfstrategy.runtime.select import Selection, select
 from tfstrategy.scope.build import BuildReport, ModelSource, build_in_scope
 
 if TYPE_CHECKING:
-    from tfstrategy._protocols import Model
+    from tfstrategy._protocols import Logs, Model
 
 __all__ = ["RayRun", "prepare", "report_callback", "report_epoch"]
 
@@ -246,7 +246,7 @@ def report_callback() -> Any:
     class RayReport(keras.callbacks.Callback):  # type: ignore[name-defined]  # an untyped TensorFlow/Keras class
         """Reports each epoch's logs to Ray Train with a checkpoint (the chief's)."""
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             report_epoch(self.model, epoch + 1, logs)
 
     return RayReport()

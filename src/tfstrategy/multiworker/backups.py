@@ -17,7 +17,7 @@ from tfstrategy.errors import SaveError
 from tfstrategy.multiworker.coordinated import CoordinatedBackup, ResumePoint
 
 if TYPE_CHECKING:
-    from tfstrategy._protocols import Model, Strategy
+    from tfstrategy._protocols import Logs, Model, Strategy
 
 __all__ = ["backup_callback", "validate_save_freq", "LoopBackup"]
 
@@ -54,7 +54,7 @@ def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", d
         def __repr__(self) -> str:
             return f"CoordinatedBackupAndRestore on {self.backup_dir}"
 
-        def on_train_begin(self, logs: Any = None) -> None:
+        def on_train_begin(self, logs: Logs = None) -> None:
             strategy = _compat.model_strategy(self.model) or tf().distribute.get_strategy()
             self.backup = CoordinatedBackup(self.backup_dir, strategy)
             self.resumed = self.backup.restore(self.model)
@@ -62,11 +62,11 @@ def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", d
                 _compat.set_initial_epoch(self.model, self.resumed.epoch, self.resumed.batch)
                 _compat.skip_keras3_steps(self.model, self.resumed.batch)
 
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
             self._epoch = epoch
             self._saved_at = self.resumed.batch if epoch == self.resumed.epoch else 0
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
             if self.save_freq == "epoch" or self.backup is None:
                 return
             done = batch + 1
@@ -81,11 +81,11 @@ def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", d
             else:
                 self.backup.save(self.model, epoch=self._epoch, batch=done)
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             if self.backup is not None and self.save_freq == "epoch":
                 self.backup.save(self.model, epoch=epoch + 1, batch=0)
 
-        def on_train_end(self, logs: Any = None) -> None:
+        def on_train_end(self, logs: Logs = None) -> None:
             _compat.clear_initial_epoch(self.model)
             if self.backup is None:
                 return

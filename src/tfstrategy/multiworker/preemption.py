@@ -36,7 +36,7 @@ from tfstrategy.environments import preemption_signal, restart_count
 from tfstrategy.errors import PlatformError
 
 if TYPE_CHECKING:
-    from tfstrategy._protocols import Strategy
+    from tfstrategy._protocols import Logs, Strategy
 
 __all__ = ["preemption_callbacks"]
 
@@ -119,16 +119,16 @@ def _stop_on_preemption(base: Any, watcher: PreemptionWatcher) -> Any:
             self._epoch = 0
             self._exit_after_epoch = False
 
-        def on_train_begin(self, logs: Any = None) -> None:
+        def on_train_begin(self, logs: Logs = None) -> None:
             watcher.install()
             restart = restart_count()
             if restart:
                 _say(f"restart {restart}: training resumes from the backup at {time.time():.3f}")
 
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
             self._epoch = epoch
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
             if not watcher.agreed(_compat.model_strategy(self.model)):
                 return
             steps, epochs = self.params.get("steps"), self.params.get("epochs")
@@ -142,11 +142,11 @@ def _stop_on_preemption(base: Any, watcher: PreemptionWatcher) -> Any:
             self._exit(f"epoch {self._epoch + 1} batch {batch + 1}; every worker resumes from the last committed backup "
                        "after the restart")
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             if self._exit_after_epoch:
                 self._exit(f"the end of epoch {epoch + 1}, after its backup")
 
-        def on_train_end(self, logs: Any = None) -> None:
+        def on_train_end(self, logs: Logs = None) -> None:
             watcher.uninstall()
 
         def _exit(self, where: str) -> None:

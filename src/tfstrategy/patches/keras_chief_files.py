@@ -54,6 +54,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
@@ -62,7 +63,7 @@ from tfstrategy.multiworker import chief_files
 from tfstrategy.patches.mechanism import Patch, ProbeResult
 
 if TYPE_CHECKING:
-    from tfstrategy._protocols import Model
+    from tfstrategy._protocols import Logs, Model
 
 SAVE_MODEL = "saving.saving_lib.save_model"
 SAVE_WEIGHTS = "saving.saving_lib.save_weights_only"
@@ -163,7 +164,7 @@ def _backup_writer(original: Callable[..., object]) -> Callable[..., object]:
 
 def _csv_begin(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def on_train_begin(self: Any, logs: Any = None) -> object:
+    def on_train_begin(self: Any, logs: Logs = None) -> object:
         config = chief_files.shared_job()
         if config is None or config.is_chief:
             return original(self, logs)
@@ -182,7 +183,7 @@ def _csv_begin(original: Callable[..., object]) -> Callable[..., object]:
 
 def _csv_end(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def on_train_end(self: Any, logs: Any = None) -> object:
+    def on_train_end(self: Any, logs: Logs = None) -> object:
         # The chief's log is complete (closed) before on_train_end returns on any worker.
         with chief_files.chief_write(os.fspath(self.filename)):
             try:
@@ -214,7 +215,7 @@ def _tensorboard_set_model(original: Callable[..., object]) -> Callable[..., obj
 
 def _tensorboard_end(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def on_train_end(self: Any, logs: Any = None) -> object:
+    def on_train_end(self: Any, logs: Logs = None) -> object:
         try:
             return original(self, logs)
         finally:
@@ -299,7 +300,7 @@ class ChiefFilesPatch(Patch):
             lacking |= set(group) - set(found[:1])
         return tuple(target for target in self.targets if target not in lacking)
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         with tempfile.TemporaryDirectory(prefix="tfstrategy-probe-") as scratch, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             root = Path(scratch)
@@ -317,7 +318,7 @@ class ChiefFilesPatch(Patch):
         return {SAVE_MODEL: model_broken, SAVE_WEIGHTS: (root / "m.weights.h5").exists(),
                 SAVE_H5: model_broken, **dict.fromkeys(exports, model_broken)}
 
-    def _probe_callbacks(self, module: Any, root: Path) -> dict[str, bool]:
+    def _probe_callbacks(self, module: ModuleType, root: Path) -> dict[str, bool]:
         callbacks = module.callbacks
         saved: list[str] = []
         model = stand_in_worker_model(saved)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
@@ -75,7 +76,7 @@ class CompileScopePatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_trainer_module()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         import keras
 

@@ -49,6 +49,7 @@ fails once Keras fixes it.
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat, _versions
@@ -97,7 +98,7 @@ class EndOfDataPatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_tensorflow_trainer()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         # Keras' own _make_function, under keras_steps_per_execution's dispatcher if installed.
         original = steps_per_execution.PATCH.original(_BUILDER)

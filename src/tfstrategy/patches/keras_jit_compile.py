@@ -31,6 +31,7 @@ ops, so it waits until a model first asks for XLA on 2+ local devices. The upstr
 from __future__ import annotations
 
 import warnings
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat, _versions
@@ -79,7 +80,7 @@ class JitCompilePatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_trainer_module()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         import keras
         import numpy as np

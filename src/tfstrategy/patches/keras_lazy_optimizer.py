@@ -28,6 +28,7 @@ fails once Keras lifts the creation itself.
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
@@ -53,7 +54,7 @@ class LazyOptimizerPatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_tf_optimizer_module()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         import keras
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from types import ModuleType
 from typing import Any
 
 from tfstrategy import _compat
@@ -106,7 +107,7 @@ class LegacyOptimizersPatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_legacy_optimizer_packages()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         broken = {}
         for target in self.targets:
             if not self._has(module, target):

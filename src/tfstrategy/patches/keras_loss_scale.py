@@ -31,6 +31,7 @@ fails once Keras fixes it.
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
@@ -75,7 +76,7 @@ class LossScalePatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_loss_scale_module()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         check_finite = self.original(_TARGET)
         outcome: list[str] = []

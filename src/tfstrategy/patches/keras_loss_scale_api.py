@@ -123,7 +123,7 @@ class LossScaleApiPatch(Patch):
     def target_module(self) -> Any:
         return target_namespace()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         optimizer_class = module.LossScaleOptimizer
         keras_own = [getattr(optimizer_class, name, None) for name in ("get_scaled_loss", "get_unscaled_gradients")]
         missing = any(method is None or getattr(method, _ADDED, False) for method in keras_own)

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
@@ -172,7 +173,7 @@ def _multi_step_function(model: Model, step_function: Any) -> Any:
     return function
 
 
-def stand_in_trainer(module: Any, *, steps_per_execution: int) -> Any:
+def stand_in_trainer(module: ModuleType, *, steps_per_execution: int) -> Any:
     """The few attributes of a Keras model that ``TensorFlowTrainer._make_function`` reads, for the probes."""
     steps = steps_per_execution  # a class body cannot read an enclosing name it assigns
 
@@ -201,7 +202,7 @@ class StepsPerExecutionPatch(Patch):
         # Keras 3 models only; a tf_keras model (TF_USE_LEGACY_KERAS=1) never runs this trainer.
         return _compat.keras3_tensorflow_trainer()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         original = self.original(_MAKE_FUNCTION)
 

@@ -10,6 +10,7 @@ to the verified release each fix acts there without one, as :mod:`~tfstrategy.pa
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat, _versions
@@ -35,7 +36,7 @@ class TrainingApiPatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_training_api_root()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         return self.probe_on(probe_strategy())
 
     def probe_on(self, strategy: Strategy) -> ProbeResult:

@@ -48,6 +48,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Iterator
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat, _versions
@@ -121,7 +122,7 @@ class UnevenBatchesPatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_loss_module_root()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         import keras
 

@@ -61,7 +61,7 @@ from tfstrategy.training.no_trace import snapshot
 from tfstrategy.training.steps_per_execution import job_mean
 
 if TYPE_CHECKING:
-    from tfstrategy._protocols import Dataset, Model, Strategy
+    from tfstrategy._protocols import Dataset, Logs, Model, Strategy
 
 __all__ = ["StepTimes", "Tracker", "add_report", "performance_report", "probe", "profile_environment",
            "tracker_from_environment"]
@@ -346,31 +346,31 @@ def _callback_class(base: type) -> type:
         def _strategy(self) -> Any:
             return _compat.model_strategy(self.model) or tf().distribute.get_strategy()
 
-        def on_train_begin(self, logs: Any = None) -> None:
+        def on_train_begin(self, logs: Logs = None) -> None:
             # A train function made for this fit traces at its first execution: that one is not timed.
             function = getattr(self.model, "train_function", None)
             self.tracker.times.new_run(warm_up=function is None or function is not self.tracker.function)
             self.tracker.function = function
             self.tracker.start_gauges()
 
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
             self.tracker.times.pause()
             self.tracker.times.epoch_begins()
 
-        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None:
             self._first_batch = batch
             self.tracker.times.begin()
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
             self.tracker.times.end(batch - self._first_batch + 1)
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             self.tracker.times.pause()
             self.tracker.times.epoch_ends()
             if self.tracker.reports and self.tracker.due(self._strategy(), final=False):
                 self._report()
 
-        def on_train_end(self, logs: Any = None) -> None:
+        def on_train_end(self, logs: Logs = None) -> None:
             self.tracker.stop_gauges()
             if self.tracker.due(self._strategy(), final=True):
                 self._report()

@@ -30,7 +30,7 @@ from tfstrategy.state.registry import RUNTIME
 from tfstrategy.training.precision import float16_output_message
 
 if TYPE_CHECKING:
-    from tfstrategy._protocols import Model, Optimizer, Strategy, StrategyOrSelection, Variable
+    from tfstrategy._protocols import Logs, Model, Optimizer, Strategy, StrategyOrSelection, Variable
 
 __all__ = ["VariableRecord", "AuditReport", "strategy_of", "audit_scope", "require_scope", "guard_model", "scope_guard"]
 
@@ -358,7 +358,7 @@ def _scope_guard_class() -> type:
             self.strategy = strategy_of(strategy)
             self.report: AuditReport | None = None
 
-        def _audit(self, logs: Any = None) -> None:
+        def _audit(self, logs: Logs = None) -> None:
             self.report = require_scope(self.model, self.strategy)
 
         on_train_begin = _audit

@@ -36,7 +36,7 @@ from tfstrategy.errors import DivergenceError, TrainingError
 from tfstrategy.settings import ENV_SENTINEL, received, resolve_setting, setting_name
 
 if TYPE_CHECKING:
-    from tfstrategy._protocols import Model, Strategy
+    from tfstrategy._protocols import Logs, Model, Strategy
 
 __all__ = ["Sentinel", "divergence_sentinel", "parse_sentinel", "resolve_sentinel"]
 
@@ -196,7 +196,7 @@ def _callback_class(base: type) -> type:
             self.strategy = strategy
             self.sentinel: Sentinel | None = None
 
-        def _check(self, logs: Any) -> None:
+        def _check(self, logs: Logs) -> None:
             model = self.model
             if self.sentinel is None:
                 strategy = self.strategy or _compat.model_strategy(model) or tf().distribute.get_strategy()
@@ -210,11 +210,11 @@ def _callback_class(base: type) -> type:
                 model.stop_training = True
                 raise
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
             if isinstance(self.every, int) and (batch + 1) % self.every == 0:
                 self._check(logs)
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             if self.every == "epoch":
                 self._check(logs)
 
