@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
@@ -94,7 +95,7 @@ class ClippingPatch(TrainingApiPatch):
         broken = any(value == 2.0 for value in moved.values())
         return ProbeResult({CLIP: broken, ALL_REDUCE: broken})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         if target == ALL_REDUCE:
             @functools.wraps(original)
             def _all_reduce_sum_gradients(optimizer: Optimizer, grads_and_vars: Any) -> object:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +87,7 @@ class CompileScopePatch(Patch):
         self.original(TARGET)(model, optimizer="sgd", loss="mse")
         return ProbeResult({TARGET: not _created_in(strategy, model.optimizer)})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         signature = inspect.signature(original)
 
         @functools.wraps(original)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
@@ -97,7 +98,7 @@ class ComputeLossPatch(TrainingApiPatch):
             raise RuntimeError(f"the probe's squared error of 4 was reported as {sorted(values)}, expected 4 or 2")
         return ProbeResult({COMPUTE_LOSS: values == {2.0}, KERAS_STEPS_CALL: values == {2.0}})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         if target == KERAS_STEPS_CALL:
             @functools.wraps(original)
             def _compute_loss(model: Model, *args: object, **kwargs: object) -> object:

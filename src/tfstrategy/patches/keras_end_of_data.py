@@ -49,6 +49,7 @@ fails once Keras fixes it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -126,7 +127,7 @@ class EndOfDataPatch(Patch):
             phantom = int(queue.size()) - 1
         return ProbeResult({_TARGET: phantom > 0})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         @functools.wraps(original)
         def make_train_function(model: Model, force: bool = False) -> object:
             if model.train_function is not None and not force:

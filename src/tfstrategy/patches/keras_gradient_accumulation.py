@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
@@ -107,7 +108,7 @@ class GradientAccumulationPatch(TrainingApiPatch):
             return ProbeResult({TARGET: True})
         return ProbeResult({TARGET: False})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         @functools.wraps(original)
         def _backend_apply_gradients(optimizer: Optimizer, grads: Any, trainable_variables: Any) -> Any:
             context = tf().distribute.get_replica_context()

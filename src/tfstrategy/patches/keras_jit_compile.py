@@ -98,7 +98,7 @@ class JitCompilePatch(Patch):
             return ProbeResult({TARGET: True})
         return ProbeResult({TARGET: False})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Any) -> Any:  # a property, not a function
         def set_jit_compile(model: Model, value: Any) -> None:
             if value is True and turned_off(model):
                 PATCH.acted()

@@ -28,6 +28,7 @@ fails once Keras lifts the creation itself.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -77,7 +78,7 @@ class LazyOptimizerPatch(Patch):
             raise RuntimeError("Keras' add_variable never called the probe's initializer")
         return ProbeResult({TARGET: not eager[0]})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         @functools.wraps(original)
         def add_variable(optimizer: Optimizer, *args: object, **kwargs: object) -> object:
             tf_ = tf()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -121,7 +122,7 @@ class LegacyOptimizersPatch(Patch):
                 broken[target] = False
         return ProbeResult(broken)
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         package, _, name = target.rpartition(".")
         return functools.update_wrapper(_keras3_optimizer(name, package), original, assigned=("__module__",))
 

@@ -31,6 +31,7 @@ fails once Keras fixes it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -90,7 +91,7 @@ class LossScalePatch(Patch):
         # Applied (on every replica) although replica 1 overflowed: the bug.
         return ProbeResult({_TARGET: outcome[0] == "applied"})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         @functools.wraps(original)
         def check_finite(optimizer: Optimizer, grads: Any) -> object:
             finite = original(optimizer, grads)

@@ -45,6 +45,7 @@ import threading
 import warnings
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -129,12 +130,12 @@ class LossScaleApiPatch(Patch):
         missing = any(method is None or getattr(method, _ADDED, False) for method in keras_own)
         return ProbeResult({target: missing for target in self.targets})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         return {GET_SCALED: _get_scaled_loss, GET_UNSCALED: _get_unscaled_gradients,
                 SCALE: _noting_scale_loss, APPLY: _checked_apply, TAPE: _noting_gradient}[target](original)
 
 
-def _get_scaled_loss(original: Any) -> Any:
+def _get_scaled_loss(original: Callable[..., Any]) -> Callable[..., object]:
     def get_scaled_loss(optimizer: Optimizer, loss: Any) -> object:
         """Keras 2's name for ``scale_loss`` (restored by tfstrategy)."""
         PATCH.acted()
@@ -146,7 +147,7 @@ def _get_scaled_loss(original: Any) -> Any:
     return get_scaled_loss
 
 
-def _get_unscaled_gradients(original: Any) -> Any:
+def _get_unscaled_gradients(original: Callable[..., Any]) -> Callable[..., object]:
     def get_unscaled_gradients(optimizer: Optimizer, grads: Any) -> list[Any]:
         """Keras 2's unscaling: ``grads`` divided by the loss scale (``apply`` then does not divide again)."""
         PATCH.acted()
@@ -165,7 +166,7 @@ def _weak(value: Any) -> Any:
     return weakref.ref(value)
 
 
-def _noting_scale_loss(original: Any) -> Any:
+def _noting_scale_loss(original: Callable[..., Any]) -> Callable[..., object]:
     @functools.wraps(original)
     def scale_loss(optimizer: Optimizer, loss: Any) -> object:
         scaled = original(optimizer, loss)
@@ -178,7 +179,7 @@ def _noting_scale_loss(original: Any) -> Any:
     return scale_loss
 
 
-def _noting_gradient(original: Any) -> Any:
+def _noting_gradient(original: Callable[..., Any]) -> Callable[..., object]:
     @functools.wraps(original)
     def gradient(tape: Any, target: Any, sources: Any, *args: object, **kwargs: object) -> object:
         result = original(tape, target, sources, *args, **kwargs)
@@ -195,7 +196,7 @@ def _noting_gradient(original: Any) -> Any:
     return gradient
 
 
-def _checked_apply(original: Any) -> Any:
+def _checked_apply(original: Callable[..., Any]) -> Callable[..., object]:
     @functools.wraps(original)
     def apply(optimizer: Optimizer, grads: Any, trainable_variables: Any = None) -> object:
         grads = list(grads)

@@ -25,6 +25,7 @@ so it waits until a model first predicts a batch on 2+ replicas. The upstream ca
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
@@ -93,7 +94,7 @@ class PredictOnBatchPatch(TrainingApiPatch):
             raise RuntimeError(f"the probe's batch of 2 gave {rows} rows, expected 2 or 4")
         return ProbeResult({TARGET: rows == 4})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         @functools.wraps(original)
         def predict_on_batch(model: Model, x: Any) -> object:
             strategy = model.distribute_strategy

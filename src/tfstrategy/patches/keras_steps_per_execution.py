@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -223,7 +224,7 @@ class StepsPerExecutionPatch(Patch):
             raise RuntimeError(f"the stand-in step returned {outputs!r}, expected 2.0")
         return ProbeResult({_MAKE_FUNCTION: False})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         @functools.wraps(original)
         def _make_function(model: Model, step_function: Any) -> object:
             # Decided each time Keras (re)builds a function, so a later compile()

@@ -47,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -144,7 +144,7 @@ class UnevenBatchesPatch(Patch):
         weight = float(model.get_weights()[0].reshape(()))
         return ProbeResult({STEP: abs(weight - _PROBE_EXPECTED) > 1e-4, SCALE: True, UNSCALE: True})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         if target == STEP:
             return _weighted_train_step(original)
         if target == SCALE:
@@ -152,7 +152,7 @@ class UnevenBatchesPatch(Patch):
         return _scale(original, inverse=True)
 
 
-def _weighted_train_step(original: Any) -> Any:
+def _weighted_train_step(original: Callable[..., Any]) -> Callable[..., object]:
     @functools.wraps(original)
     def train_step(model: Model, data: Any) -> object:
         tf_ = tf()
@@ -180,7 +180,7 @@ class _Share:
         self.uneven = uneven
 
 
-def _scale(original: Any, *, inverse: bool) -> Any:
+def _scale(original: Callable[..., Any], *, inverse: bool) -> Callable[..., object]:
     @functools.wraps(original)
     def scale(value: Any) -> object:
         share = getattr(_SHARE, "value", None)
