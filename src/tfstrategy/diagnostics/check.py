@@ -65,12 +65,12 @@ class CheckReport:
     def lines(self) -> list[str]:
         return [item.line() for item in self.items]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict, typed: each key's value, then ``passed`` and ``failed``.
 
         docs/reference/check-json.md and its schema, docs/reference/check.schema.json, list the keys.
         """
-        result: dict[str, Any] = {item.key: item.value for item in self.items}
+        result: dict[str, object] = {item.key: item.value for item in self.items}
         result["passed"] = self.passed
         result["failed"] = self.failures
         return result

@@ -75,11 +75,11 @@ def _inline(value: Any) -> str:
     return _scalar(value)
 
 
-def dump(document: Mapping[str, Any]) -> str:
+def dump(document: Mapping[str, object]) -> str:
     """One document as block-style YAML text ending in a newline."""
     return "\n".join(_lines(document, 0)) + "\n"
 
 
-def dump_all(documents: Sequence[Mapping[str, Any]]) -> str:
+def dump_all(documents: Sequence[Mapping[str, object]]) -> str:
     """Several documents separated by ``---``, as ``kubectl apply -f`` reads them."""
     return "---\n".join(dump(document) for document in documents)

@@ -42,7 +42,7 @@ PACKAGES = ("keras", "tf_keras_copy", "tensorflow_keras")
 NAMES = ("SGD", "Adam")
 
 
-def _translate(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def _translate(name: str, args: tuple[Any, ...], kwargs: dict[str, object]) -> tuple[dict[str, object], str]:
     """Keras 3 keyword arguments for a legacy optimizer's call, and what was changed, for the warning line."""
     import inspect
 

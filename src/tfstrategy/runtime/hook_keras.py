@@ -108,7 +108,7 @@ def performance_report() -> str | None:
     return f"Model.fit reports where each step's time goes, into {settings['directory']}"
 
 
-def _reported(original: Callable[..., object], settings: dict[str, Any]) -> Callable[..., object]:
+def _reported(original: Callable[..., object], settings: dict[str, object]) -> Callable[..., object]:
     @functools.wraps(original)
     def wrapper(model: Model, *args: object, **kwargs: object) -> object:
         from tfstrategy.performance.report import add_report

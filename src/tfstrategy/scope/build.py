@@ -57,7 +57,7 @@ class BuildReport:
         return lines
 
 
-def _make_model(source: ModelSource, compile_args: dict[str, Any]) -> tuple[Any, RestoreReport | None]:
+def _make_model(source: ModelSource, compile_args: dict[str, object]) -> tuple[Any, RestoreReport | None]:
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if not path.endswith(".keras"):
@@ -95,7 +95,7 @@ def _names(value: Any) -> list[str]:
     return []
 
 
-def _check_identifiers(compile_args: dict[str, Any]) -> None:
+def _check_identifiers(compile_args: dict[str, object]) -> None:
     """Refuse unknown loss/metric names now: Keras resolves them only at the first fit."""
     keras = tf().keras
     lookups = {"loss": keras.losses.get, "metrics": keras.metrics.get, "weighted_metrics": keras.metrics.get}

@@ -179,7 +179,7 @@ def _cardinality(data: Any) -> int | None:
     return None
 
 
-def refuse_endless_fit(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def refuse_endless_fit(args: tuple[Any, ...], kwargs: dict[str, object]) -> None:
     """Refuse ``fit(dataset)`` on an infinite dataset without ``steps_per_epoch``: its first epoch never ends.
 
     Args:
