@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 @accessor("tensorflow.python.data.ops.dataset_ops:_VariantDataset")
-def dataset_from_variant(variant: Any, element_spec: Any) -> Any:
+def dataset_from_variant(variant: object, element_spec: object) -> Any:
     """A ``tf.data.Dataset`` over a dataset variant tensor (from ``DatasetFromGraph``, say)."""
     from tensorflow.python.data.ops import dataset_ops
 

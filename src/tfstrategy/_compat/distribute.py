@@ -63,14 +63,14 @@ def optional_type_spec(optional: Any) -> Any:
 
 
 @accessor("tensorflow.python.framework.func_graph:FuncGraph.capture_call_time_value")
-def capture_call_time_value(function: Any, spec: Any) -> Any:
+def capture_call_time_value(function: object, spec: object) -> Any:
     """A deferred capture in the graph being traced, as the collective ops' instance keys use."""
     return tf().compat.v1.get_default_graph().capture_call_time_value(function, spec)
 
 
 @accessor("tensorflow.python.framework.func_graph:FuncGraph.captures",
           "tensorflow.python.framework.func_graph:FuncGraph.outer_graph")
-def graph_captures(graph: Any) -> tuple[list[tuple[Any, Any]], Any]:
+def graph_captures(graph: object) -> tuple[list[tuple[Any, Any]], Any]:
     """A ``tf.function`` graph's captures as ``(outside value, placeholder inside)`` pairs, and its outer graph.
 
     ``([], None)`` for a graph that is not a function's (it captures nothing).
@@ -93,7 +93,7 @@ def slurm_hostlist_helpers() -> tuple[Any, Any]:
 
 
 @accessor("tensorflow.python.distribute.collective_all_reduce_strategy:CollectiveAllReduceExtended._in_multi_worker_mode")
-def multi_worker_extended_stand_in(worker_device: str, **attributes: Any) -> Any:
+def multi_worker_extended_stand_in(worker_device: str, **attributes: object) -> Any:
     """A stand-in for the ``extended`` of a multi-worker ``MultiWorkerMirroredStrategy``, for probes.
 
     Its ``_in_multi_worker_mode()`` is true (what Keras asks), ``worker_devices`` is

@@ -34,7 +34,7 @@ def set_steps_per_execution(model: Model, steps: int) -> None:
 
 
 @accessor("keras.src.backend.tensorflow.trainer:TFEpochIterator._distributed_dataset", "tensorflow.python.distribute.input_lib:DistributedDataset._original_dataset")
-def epoch_iterator_source(epoch_iterator: Any) -> Any:
+def epoch_iterator_source(epoch_iterator: object) -> Any:
     """The ``tf.data.Dataset`` a Keras 3 ``TFEpochIterator`` distributes, or ``None`` (data from a function,
     or another iterator)."""
     distributed = getattr(epoch_iterator, "_distributed_dataset", None)
@@ -52,8 +52,8 @@ def set_initial_epoch(model: Any, epoch: int, batch: int = 0) -> None:
     """
     if is_tf_keras_object(model):
         class _State:
-            def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: Any, initial_epoch: int,
-                                                      mode: Any = None) -> tuple[int, int]:
+            def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: object, initial_epoch: int,
+                                                      mode: object = None) -> tuple[int, int]:
                 return epoch, batch
 
         model._training_state = _State()
@@ -110,7 +110,7 @@ def has_class_build_peek(model: Model) -> bool:
 
 
 @accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build")
-def class_build_peek(model: Model, iterator: Any = None, data_batch: Any = None) -> Any:
+def class_build_peek(model: Model, iterator: object = None, data_batch: object = None) -> Any:
     """Run the model's class's ``_maybe_symbolic_build`` (looked up at each call: a patch may wrap it later)."""
     return getattr(type(model), _BUILD_PEEK)(model, iterator=iterator, data_batch=data_batch)
 

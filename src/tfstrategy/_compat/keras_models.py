@@ -50,7 +50,7 @@ def model_state_variables(model: Model) -> list[Any]:
 
 
 @accessor("keras.src.trainers.trainer:Trainer._symbolic_build")
-def symbolic_build(model: Model, batch: Any) -> None:
+def symbolic_build(model: Model, batch: object) -> None:
     """Build a model's layers, compiled metrics and loss, and its optimizer's slots, from one batch.
 
     Keras 3's ``fit`` does it before its first step under a strategy (and at its
@@ -107,7 +107,7 @@ def compiled_metric_objects(model: Model) -> list[Any]:
 
 
 @accessor("keras.src.ops.node:Node._keras_history | tf_keras.src.engine.node:Node._keras_history")
-def keras_tensor_layer(tensor: Any) -> Any:
+def keras_tensor_layer(tensor: object) -> Any:
     """The layer that made a symbolic Keras tensor (a functional model's output), or ``None``.
 
     Read from ``tensor._keras_history``: its ``operation`` in Keras 3, its ``layer`` (or first item) in tf_keras.
@@ -130,7 +130,7 @@ def stand_in_build_model(strategy: Strategy, symbolic_build: Callable[..., None]
     class _Model:
         _distribute_strategy = distribute_strategy = strategy
 
-        def _symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
+        def _symbolic_build(self, iterator: object = None, data_batch: object = None) -> None:
             symbolic_build(iterator=iterator, data_batch=data_batch)
 
     return _Model()

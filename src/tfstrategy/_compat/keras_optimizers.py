@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 @accessor("keras.src.backend.tensorflow.optimizer:TFOptimizer._distribution_strategy | tf_keras.src.optimizers.optimizer:Optimizer._distribution_strategy")
-def optimizer_strategy(optimizer: Optimizer, default: Any = None) -> Any:
+def optimizer_strategy(optimizer: Optimizer, default: object = None) -> Any:
     """The strategy an optimizer was created under (Keras 3 and tf_keras both call it ``_distribution_strategy``)."""
     return getattr(optimizer, "_distribution_strategy", default)
 
@@ -81,10 +81,10 @@ def loss_scale_step_handler(module: ModuleType, check_finite: Callable[[Any, Any
     """
 
     class _StandInOptimizer:
-        def check_finite(self, grads: Any) -> Any:
+        def check_finite(self, grads: object) -> Any:
             return check_finite(self, grads)
 
-        def _stateful_handle_finite_grads(self, grads: Any, variables: Any) -> None:
+        def _stateful_handle_finite_grads(self, grads: object, variables: object) -> None:
             applied()
 
         def _stateful_handle_non_finite_grads(self) -> None:

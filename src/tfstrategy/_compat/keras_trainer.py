@@ -84,13 +84,13 @@ def keras3_tree() -> ModuleType:
     return module
 
 
-def set_path(root: Any, path: str, value: Any) -> None:
+def set_path(root: object, path: str, value: object) -> None:
     """Set ``root.a.b = value`` for ``path="a.b"``."""
     owner_path, _, name = path.rpartition(".")
     setattr(get_path(root, owner_path) if owner_path else root, name, value)
 
 
-def del_path(root: Any, path: str) -> None:
+def del_path(root: object, path: str) -> None:
     """Delete ``root.a.b`` for ``path="a.b"`` (an attribute a patch added)."""
     owner_path, _, name = path.rpartition(".")
     delattr(get_path(root, owner_path) if owner_path else root, name)

@@ -137,7 +137,7 @@ def _check_name(name: str, import_modules: bool) -> tuple[bool | None, str]:
     return True, ""
 
 
-def _names_in_code(owner: Any) -> set[str]:
+def _names_in_code(owner: object) -> set[str]:
     """Attribute, string-constant and nested-function names in the code of ``owner`` (a class or a function)."""
     functions: list[Any] = []
     if inspect.isclass(owner):

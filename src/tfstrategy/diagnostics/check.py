@@ -51,7 +51,7 @@ class CheckReport:
 
     items: list[CheckItem] = field(default_factory=list)
 
-    def add(self, key: str, value: Any, ok: bool | None = None, *, text: str | None = None) -> None:
+    def add(self, key: str, value: object, ok: bool | None = None, *, text: str | None = None) -> None:
         self.items.append(CheckItem(key, value, ok, text))
 
     @property

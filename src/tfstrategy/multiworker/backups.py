@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["backup_callback", "validate_save_freq", "LoopBackup"]
 
 
-def validate_save_freq(save_freq: Any) -> Any:
+def validate_save_freq(save_freq: object) -> Any:
     """``"epoch"`` or a positive number of batches.
 
     Raises:
@@ -113,7 +113,7 @@ class LoopBackup:
     """
 
     def __init__(self, model: Model, *, strategy: Strategy, backup_dir: str | os.PathLike[str] | None,
-                 save_freq: Any = "epoch", delete_at_finish: bool = True) -> None:
+                 save_freq: object = "epoch", delete_at_finish: bool = True) -> None:
         self.model = model
         self.save_freq = validate_save_freq(save_freq)
         self.delete_at_finish = delete_at_finish

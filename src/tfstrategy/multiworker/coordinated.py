@@ -121,11 +121,11 @@ class CoordinatedBackup:
         if self._gather_fn is None:
             strategy = self.strategy
 
-            def gather(value: Any) -> object:
+            def gather(value: object) -> object:
                 # identity() puts the value on this replica's device, for the collective to send it from.
                 return tf_.distribute.get_replica_context().all_gather(tf_.identity(value), axis=0)
 
-            def run(value: Any) -> object:
+            def run(value: object) -> object:
                 return strategy.experimental_local_results(strategy.run(gather, args=(value,)))[0]
 
             self._gather_fn = tf_.function(run, autograph=False)

@@ -67,7 +67,7 @@ class PreemptionWatcher:
             number, handler = self._previous.popitem()
             signal.signal(number, handler)
 
-    def _handle(self, number: int, frame: Any) -> None:
+    def _handle(self, number: int, frame: object) -> None:
         if self.received_at is None:
             self.received_at = time.time()
 
@@ -87,11 +87,11 @@ class PreemptionWatcher:
 def _make_agree_fn(strategy: Strategy) -> Any:
     tf_ = tf()
 
-    def sum_flags(flag: Any) -> object:
+    def sum_flags(flag: object) -> object:
         # identity() places the value on this replica's device; the all-reduce needs one to send from.
         return tf_.distribute.get_replica_context().all_reduce(tf_.distribute.ReduceOp.SUM, tf_.identity(flag))
 
-    def agree(flag: Any) -> object:
+    def agree(flag: object) -> object:
         return strategy.experimental_local_results(strategy.run(sum_flags, args=(flag,)))[0]
 
     return tf_.function(agree)
@@ -174,7 +174,7 @@ def _say(text: str) -> None:
     print(f"tfstrategy: {text}", file=sys.stderr, flush=True)
 
 
-def preemption_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options: Any) -> list[Any]:
+def preemption_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options: object) -> list[Any]:
     """:func:`tfstrategy.backup_callbacks` plus a callback that stops all workers at one step on SIGTERM.
 
     Pass the result to ``model.fit(callbacks=[*tfstrategy.preemption_callbacks(), ...])``. On

@@ -88,7 +88,7 @@ def _model_writer(original: Callable[..., object]) -> Callable[..., object]:
     """``original(model_or_self, filepath, ...)`` writing where :func:`chief_write` says."""
 
     @functools.wraps(original)
-    def write(owner: Any, filepath: Any, *args: object, **kwargs: object) -> object:
+    def write(owner: object, filepath: object, *args: object, **kwargs: object) -> object:
         with chief_files.chief_write(filepath) as target:
             return original(owner, target, *args, **kwargs)
 
@@ -215,7 +215,7 @@ def _tensorboard_set_model(original: Callable[..., object]) -> Callable[..., obj
 
 def _tensorboard_end(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def on_train_end(self: Any, logs: Logs = None) -> object:
+    def on_train_end(self: object, logs: Logs = None) -> object:
         try:
             return original(self, logs)
         finally:

@@ -106,7 +106,7 @@ class EndOfDataPatch(Patch):
         with tf_.init_scope():
             queue = tf_.queue.FIFOQueue(_PROBE_CALLS + 1, tf_.int32, shapes=[])  # room for every call's phantom
 
-            def step(data: Any) -> object:
+            def step(data: object) -> object:
                 queue.enqueue(tf_.constant(1))  # takes nothing from the batch, like iterations.assign_add(1)
                 return {"value": tf_.reduce_sum(data)}
 

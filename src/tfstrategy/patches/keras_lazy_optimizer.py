@@ -63,7 +63,7 @@ class LazyOptimizerPatch(Patch):
         optimizer = keras.optimizers.SGD(0.1)
         eager: list[bool] = []
 
-        def initializer(shape: Any, dtype: Any = None) -> object:
+        def initializer(shape: object, dtype: object = None) -> object:
             eager.append(tf_.executing_eagerly())
             return tf_.zeros(shape, dtype)
 

@@ -93,7 +93,7 @@ class LossScalePatch(Patch):
 
     def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         @functools.wraps(original)
-        def check_finite(optimizer: Optimizer, grads: Any) -> object:
+        def check_finite(optimizer: Optimizer, grads: object) -> object:
             finite = original(optimizer, grads)
             tf_ = tf()
             context = tf_.distribute.get_replica_context()

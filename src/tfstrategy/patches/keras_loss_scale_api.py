@@ -136,7 +136,7 @@ class LossScaleApiPatch(Patch):
 
 
 def _get_scaled_loss(original: Callable[..., Any]) -> Callable[..., object]:
-    def get_scaled_loss(optimizer: Optimizer, loss: Any) -> object:
+    def get_scaled_loss(optimizer: Optimizer, loss: object) -> object:
         """Keras 2's name for ``scale_loss`` (restored by tfstrategy)."""
         PATCH.acted()
         if callable(loss):
@@ -161,14 +161,14 @@ def _get_unscaled_gradients(original: Callable[..., Any]) -> Callable[..., objec
     return get_unscaled_gradients
 
 
-def _weak(value: Any) -> Any:
+def _weak(value: object) -> Any:
     """A weak reference to ``value``; raises ``TypeError`` for a value that takes none."""
     return weakref.ref(value)
 
 
 def _noting_scale_loss(original: Callable[..., Any]) -> Callable[..., object]:
     @functools.wraps(original)
-    def scale_loss(optimizer: Optimizer, loss: Any) -> object:
+    def scale_loss(optimizer: Optimizer, loss: object) -> object:
         scaled = original(optimizer, loss)
         try:
             _scaled_outputs().append(_weak(scaled))
@@ -181,7 +181,7 @@ def _noting_scale_loss(original: Callable[..., Any]) -> Callable[..., object]:
 
 def _noting_gradient(original: Callable[..., Any]) -> Callable[..., object]:
     @functools.wraps(original)
-    def gradient(tape: Any, target: Any, sources: Any, *args: object, **kwargs: object) -> object:
+    def gradient(tape: object, target: object, sources: object, *args: object, **kwargs: object) -> object:
         result = original(tape, target, sources, *args, **kwargs)
         seeded = (args[0] if args else kwargs.get("output_gradients")) is not None
         try:
@@ -287,7 +287,7 @@ def _scale_in_ancestry(optimizer: Optimizer, targets: list[Any], scaled_outputs:
     return False
 
 
-def _scale_handles(optimizer: Optimizer, graph: Any) -> set[str]:
+def _scale_handles(optimizer: Optimizer, graph: object) -> set[str]:
     """Names, in ``graph``, of the placeholders that capture ``optimizer.dynamic_scale``'s resource handles."""
     variable = getattr(optimizer, "dynamic_scale", None)
     if variable is None:  # not built yet: its scale_loss multiplied by initial_scale, a constant

@@ -84,7 +84,7 @@ BUILD = _compat.trainer_build_peek_target()
 REDUCE = "reduce_per_replica"
 
 
-def _first_local_replica(strategy: Strategy, value: Any) -> Any:
+def _first_local_replica(strategy: Strategy, value: object) -> Any:
     if isinstance(value, tf().distribute.DistributedValues):
         return strategy.experimental_local_results(value)[0]
     return value
@@ -174,7 +174,7 @@ def _fixed_symbolic_build(original: Callable[..., object]) -> Callable[..., obje
     return _maybe_symbolic_build
 
 
-def _reduce_across_workers(strategy: Strategy, op: str, values: Any) -> Any:
+def _reduce_across_workers(strategy: Strategy, op: str, values: object) -> Any:
     """The cross-replica ``op`` of every leaf, packed into one all-reduce when the leaves share a dtype.
 
     Keras reduces each log (the loss, every metric) separately: one collective
@@ -193,7 +193,7 @@ def _reduce_across_workers(strategy: Strategy, op: str, values: Any) -> Any:
 
 def _fixed_reduce_per_replica(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def reduce_per_replica(values: Any, strategy: Strategy, reduction: str) -> object:
+    def reduce_per_replica(values: object, strategy: Strategy, reduction: str) -> object:
         # MWMS is never a TPUStrategy, so Keras' "auto" means "mean" here.
         if reduction in ("auto", "mean", "sum") and _compat.in_multi_worker_mode(strategy):
             PATCH.acted()
@@ -215,11 +215,11 @@ def stand_in_strategy(calls: list[tuple[Any, Any]]) -> Any:
         def extended(self) -> Any:
             return self._stand_in_extended
 
-        def reduce(self, reduce_op: Any, value: Any, axis: Any = None) -> Any:
+        def reduce(self, reduce_op: object, value: object, axis: object = None) -> Any:
             calls.append((value, axis))
             return value.values[0] if isinstance(value, distribute.DistributedValues) else value
 
-        def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        def experimental_local_results(self, value: object) -> tuple[Any, ...]:
             return tuple(value.values) if isinstance(value, distribute.DistributedValues) else (value,)
 
         def scope(self) -> Any:
@@ -228,7 +228,7 @@ def stand_in_strategy(calls: list[tuple[Any, Any]]) -> Any:
     return _StandIn()
 
 
-def epoch_iterator_forms(batch: Any) -> list[Any]:
+def epoch_iterator_forms(batch: object) -> list[Any]:
     """One epoch of one batch, in each form Keras' TensorFlow trainer has iterated (newest first)."""
     return [[(0, 1, iter([batch]))], [(0, iter([batch]))]]
 
@@ -255,7 +255,7 @@ class MWMSPatch(Patch):
         calls: list[tuple[Any, Any]] = []
         strategy = stand_in_strategy(calls)
 
-        def built(iterator: Any = None, data_batch: Any = None) -> None:
+        def built(iterator: object = None, data_batch: object = None) -> None:
             calls.append((data_batch, "built"))
 
         batch = (

@@ -58,7 +58,7 @@ def _rows(leaves: list[Any]) -> int | None:
     return counts.pop() if len(counts) == 1 else None
 
 
-def distributed_batch(strategy: Strategy, x: Any) -> Any:
+def distributed_batch(strategy: Strategy, x: object) -> Any:
     """``x`` split by rows over ``strategy``'s replicas (a per-replica value), or ``None`` if it cannot be."""
     tree = _compat.keras3_tree()
     leaves = tree.flatten(x)
@@ -96,7 +96,7 @@ class PredictOnBatchPatch(TrainingApiPatch):
 
     def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         @functools.wraps(original)
-        def predict_on_batch(model: Model, x: Any) -> object:
+        def predict_on_batch(model: Model, x: object) -> object:
             strategy = model.distribute_strategy
             if strategy.num_replicas_in_sync < 2 or not PATCH.acts_on(strategy):
                 return original(model, x)

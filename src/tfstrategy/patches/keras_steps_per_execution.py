@@ -84,7 +84,7 @@ def fix_needed(model: Model) -> bool:
     return PATCH.needed() is True
 
 
-def _without_optionals(data: Any) -> Any:
+def _without_optionals(data: object) -> Any:
     # Keras passes absent sample weights as empty tf.experimental.Optional; its
     # steps expect None there.
     optional = tf().experimental.Optional
@@ -207,7 +207,7 @@ class StepsPerExecutionPatch(Patch):
         tf_ = tf()
         original = self.original(_MAKE_FUNCTION)
 
-        def step(data: Any) -> object:
+        def step(data: object) -> object:
             # What a collective's instance key is: a value captured when the function is called.
             key = _compat.capture_call_time_value(lambda: tf_.constant(1.0), tf_.TensorSpec([], tf_.float32))
             return {"value": tf_.reduce_sum(data) + key}
@@ -226,7 +226,7 @@ class StepsPerExecutionPatch(Patch):
 
     def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
         @functools.wraps(original)
-        def _make_function(model: Model, step_function: Any) -> object:
+        def _make_function(model: Model, step_function: object) -> object:
             # Decided each time Keras (re)builds a function, so a later compile()
             # with other settings is honoured.
             if fix_needed(model):

@@ -73,7 +73,7 @@ _SHARE = threading.local()
 
 
 @contextlib.contextmanager
-def _batch_share(share: Any) -> Iterator[None]:
+def _batch_share(share: object) -> Iterator[None]:
     previous = getattr(_SHARE, "value", None)
     _SHARE.value = share
     try:
@@ -82,7 +82,7 @@ def _batch_share(share: Any) -> Iterator[None]:
         _SHARE.value = previous
 
 
-def local_batch_size(data: Any) -> Any:
+def local_batch_size(data: object) -> Any:
     """The number of examples in one replica's ``(x, y, sample_weight)`` (or ``x``) batch, as a tensor."""
     x = data[0] if isinstance(data, tuple) and 1 <= len(data) <= 3 else data
     leaf = next(item for item in _compat.keras3_tree().flatten(x) if item is not None)
@@ -154,7 +154,7 @@ class UnevenBatchesPatch(Patch):
 
 def _weighted_train_step(original: Callable[..., Any]) -> Callable[..., object]:
     @functools.wraps(original)
-    def train_step(model: Model, data: Any) -> object:
+    def train_step(model: Model, data: object) -> object:
         tf_ = tf()
         context = tf_.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync < 2 or not fix_needed(model):
@@ -175,7 +175,7 @@ def _weighted_train_step(original: Callable[..., Any]) -> Callable[..., object]:
 class _Share:
     """This replica's share of the global batch, and whether the replicas' shares differ (a bool tensor)."""
 
-    def __init__(self, value: Any, uneven: Any) -> None:
+    def __init__(self, value: object, uneven: object) -> None:
         self.value = value
         self.uneven = uneven
 

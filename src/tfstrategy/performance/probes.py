@@ -156,6 +156,6 @@ def _input_probes(model: Model, strategy: Strategy, function: Any, copy: Any, pl
     iterators.clear()
 
 
-def _leading_dimension(batch: Any) -> int | None:
+def _leading_dimension(batch: object) -> int | None:
     leading = tf().nest.flatten(batch)[0].shape
     return int(leading[0]) if leading.rank else None

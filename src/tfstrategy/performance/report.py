@@ -180,7 +180,7 @@ class Tracker:
         return wanted > 0 and timed == 1
 
     def report(self, model: Model, dataset: Dataset | None, *, global_batch: int | None = None,
-               steps_per_execution: int | None = None, cap: int | None = None, step_function: Any = None) -> Report:
+               steps_per_execution: int | None = None, cap: int | None = None, step_function: object = None) -> Report:
         """Probe, build the report from the steps timed since the last one, print it and write its files.
 
         ``step_function``: a custom loop's step; called on its last batch, again and again, it is the

@@ -21,7 +21,7 @@ import functools
 import math
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfstrategy import _compat
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
@@ -62,7 +62,7 @@ def fewest_files(dataset: Dataset) -> int | None:
 
 def _by_element_when_too_few_files(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def _experimental_distribute_dataset(self: Any, dataset: Dataset, options: Any) -> object:
+    def _experimental_distribute_dataset(self: object, dataset: Dataset, options: object) -> object:
         import tensorflow as tf
 
         workers = _compat.collective_worker_count(self)

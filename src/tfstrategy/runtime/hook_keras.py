@@ -29,7 +29,7 @@ def keras2_aliases() -> str | None:
     if hasattr(metric, "reset_states") or not hasattr(metric, "reset_state"):
         return None
 
-    def alias(original: Any) -> Callable[..., object]:
+    def alias(original: object) -> Callable[..., object]:
         def reset_states(self: Any) -> None:
             """Keras 2's name of :meth:`reset_state` (added back by tfstrategy's start-up hook)."""
             RUNTIME.hook.changed("keras2_aliases", "Metric.reset_states() (Keras 2) ran as reset_state()")

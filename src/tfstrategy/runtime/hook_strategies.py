@@ -142,7 +142,7 @@ def _enable_once(original: Callable[..., object]) -> Callable[..., object]:
     from tfstrategy import _compat
 
     @functools.wraps(original)
-    def enable_collective_ops(self: Any, server_def: Any) -> None:
+    def enable_collective_ops(self: object, server_def: object) -> None:
         if _compat.serves_already(self, server_def):
             return
         original(self, server_def)
@@ -165,7 +165,7 @@ def _keys_of_its_own(original: Callable[..., object]) -> Callable[..., object]:
     from tfstrategy import _compat
 
     @functools.wraps(original)
-    def _initialize_multi_worker(self: Any, cluster_resolver: Any) -> object:
+    def _initialize_multi_worker(self: object, cluster_resolver: object) -> object:
         _compat.offset_collective_key_base(self, KEY_STRIDE * RUNTIME.next_number("multi_worker_strategies"))
         return original(self, cluster_resolver)
 
@@ -225,7 +225,7 @@ def watch_strategies(timeout: float | None) -> str:
 
     def mwms_init(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def __init__(self: Any, *args: object, **kwargs: object) -> None:
+        def __init__(self: object, *args: object, **kwargs: object) -> None:
             bound = signature.bind(self, *args, **kwargs)
             options = bound.arguments.get("communication_options")
             if timeout is not None and getattr(options, "timeout_seconds", None) is None:
@@ -259,8 +259,8 @@ def mirrored_devices(inputs: PlanInputs) -> str:
         gpus = len(__import__("tensorflow").config.list_physical_devices("GPU"))
         local = one_job.worker_devices(gpus)
 
-        def new(original: Any) -> Callable[..., object]:
-            def __new__(klass: type, devices: Any = None, cross_device_ops: Any = None) -> object:
+        def new(original: object) -> Callable[..., object]:
+            def __new__(klass: type, devices: object = None, cross_device_ops: object = None) -> object:
                 if klass is not cls or (devices is not None and _called_by_tfstrategy()):
                     return object.__new__(klass)
                 task = (config.task_type, config.task_index)
@@ -285,7 +285,7 @@ def mirrored_devices(inputs: PlanInputs) -> str:
 
     def init(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def __init__(self: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
+        def __init__(self: object, devices: object = None, cross_device_ops: object = None) -> None:
             if devices is None:
                 if chosen is not None:
                     RUNTIME.hook.changed("mirrored_devices", f"MirroredStrategy() given {len(chosen)} devices")
@@ -315,7 +315,7 @@ def chosen_devices(inputs: PlanInputs) -> list[str] | None:
     return [device.tf_name for device in choice.devices]
 
 
-def _check_listed(devices: Any, chosen: list[str] | None) -> Any:
+def _check_listed(devices: object, chosen: list[str] | None) -> Any:
     """The devices a script's ``MirroredStrategy(devices)`` gets under ``run``: the policy of :func:`device_lists.decide_listed`.
 
     ``[]`` is every device tfstrategy would use; a listed device the host lacks stops the
@@ -361,7 +361,7 @@ def refuse_unjoinable(config: ClusterConfig | None) -> str | None:
 
     def refusing(what: str) -> Callable[[Any], Callable[..., object]]:
         def factory(original: Callable[..., object]) -> Callable[..., object]:
-            def refused(self: Any, *args: object, **kwargs: object) -> object:  # __init__, or ClusterCoordinator's __new__
+            def refused(self: object, *args: object, **kwargs: object) -> object:  # __init__, or ClusterCoordinator's __new__
                 if _called_by_tfstrategy():
                     return original(self, *args, **kwargs)
                 stop(one_job.refusal(what, config.num_workers))

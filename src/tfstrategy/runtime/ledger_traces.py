@@ -81,7 +81,7 @@ def summarize_graph(graph: Any) -> GraphSummary:
     return GraphSummary(ops, variables)
 
 
-def trace_of(graph: Any, *, kind: str, epoch: int, step: int) -> FunctionTrace:
+def trace_of(graph: object, *, kind: str, epoch: int, step: int) -> FunctionTrace:
     """The ledger's record of the function whose graph is ``graph``."""
     summary = summarize_graph(graph)
     return FunctionTrace(kind=kind, fingerprint=summary.fingerprint(), collectives=summary.collectives,
@@ -93,7 +93,7 @@ def _fingerprinting(original: Callable[..., object]) -> Callable[..., object]:
 
     from tfstrategy.runtime.ledger import current_keeper
 
-    def run(self: Any, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> object:
+    def run(self: object, fn: object, args: object = (), kwargs: object = None, options: object = None) -> object:
         graph = tf.compat.v1.get_default_graph()
         if not getattr(graph, "building_function", False) or _tfstrategys_own(sys._getframe(1).f_code.co_filename):
             return original(self, fn, args, kwargs, options)  # eager, or tfstrategy's own check
@@ -125,7 +125,7 @@ def _tfstrategys_own(filename: str) -> bool:
     return path.startswith(_PACKAGE) and not path.startswith(_PATCHES)
 
 
-def _record(graph: Any) -> None:
+def _record(graph: object) -> None:
     from tfstrategy.runtime.ledger import current_keeper
 
     keeper = current_keeper()
@@ -161,7 +161,7 @@ def _recording_weights_in_scope(original: Callable[..., object]) -> Callable[...
     layers are hooked at the first ``scope()`` instead, where the user's model is about to be built.
     """
 
-    def scope(self: Any) -> object:
+    def scope(self: object) -> object:
         if RUNTIME.replacement("ledger_weights") is None:
             _record_weights()
         return original(self)
@@ -190,7 +190,7 @@ def _recording_weights(original: Callable[..., object]) -> Callable[..., object]
 
     signature = inspect.signature(original)
 
-    def add_weight(self: Any, *args: object, **kwargs: object) -> object:
+    def add_weight(self: object, *args: object, **kwargs: object) -> object:
         from tfstrategy.runtime.ledger import current_keeper
 
         keeper = current_keeper()

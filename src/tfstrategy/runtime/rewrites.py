@@ -38,7 +38,7 @@ class Rewrite(Replacement):
     def target_module(self) -> ModuleType | None:
         return self._module()
 
-    def replacement(self, target: str, original: Any) -> Callable[..., object]:
+    def replacement(self, target: str, original: object) -> Callable[..., object]:
         # A target the owner lacks has no original: its factory receives None.
         replacement: Callable[..., object] = self._factories[target](None if original is MISSING else original)
         return replacement

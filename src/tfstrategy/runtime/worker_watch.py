@@ -218,7 +218,7 @@ def _sample_ledger() -> None:
             pass
 
 
-def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
+def progress_callbacks(keras: object) -> tuple[Any, Any] | None:
     """Two ``keras.callbacks.Callback``: one to put first (a batch ended), one last (a batch begins).
 
     So a batch counts as ended before the script's own ``on_*_batch_end`` callbacks run, and as
@@ -331,7 +331,7 @@ def count_batches(flavours: list[Any]) -> str | None:
 _CALLBACKS_POSITION = {"fit": 5, "evaluate": 6, "predict": 4}
 
 
-def _with_progress(original: Callable[..., object], keras: Any, position: int, method: str) -> Callable[..., object]:
+def _with_progress(original: Callable[..., object], keras: object, position: int, method: str) -> Callable[..., object]:
     def wrapper(model: Model, *args: Any, **kwargs: Any) -> object:
         keeper = current_keeper()
         if keeper is not None:

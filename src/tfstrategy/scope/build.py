@@ -84,7 +84,7 @@ def _make_model(source: ModelSource, compile_args: dict[str, object]) -> tuple[A
 _COMPILE_METRIC_ALIASES = ("acc", "accuracy", "ce", "crossentropy")
 
 
-def _names(value: Any) -> list[str]:
+def _names(value: object) -> list[str]:
     """The string identifiers in a compile argument (a name, or a list/dict of them, nested)."""
     if isinstance(value, str):
         return [value]

@@ -215,7 +215,7 @@ def _checkpoint_contents(prefix: str) -> tuple[set[str], dict[str, list[int]]]:
     return roots, shapes
 
 
-def _tracked_variable_count(root: Any) -> int:
+def _tracked_variable_count(root: object) -> int:
     # Keras 3 variables wrap a tf.Variable; tf_keras' are tf.Variables.
     variable_types = (tf().Variable, *_compat.keras_variable_types())
     return sum(1 for obj in tf().train.TrackableView(root).descendants() if isinstance(obj, variable_types))

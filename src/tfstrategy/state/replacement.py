@@ -28,7 +28,7 @@ __all__ = ["ORIGINAL", "Replacement", "get_path"]
 ORIGINAL = "__tfstrategy_original__"
 
 
-def get_path(root: Any, path: str) -> Any:
+def get_path(root: object, path: str) -> Any:
     """``root.a.b`` for ``path="a.b"``; ``AttributeError`` if any part is missing."""
     value = root
     for part in path.split("."):

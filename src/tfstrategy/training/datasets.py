@@ -167,7 +167,7 @@ def _refuse_batched(dataset: Dataset) -> None:
 _FIT_STEPS_POSITION = 12
 
 
-def _cardinality(data: Any) -> int | None:
+def _cardinality(data: object) -> int | None:
     distribute = tf().distribute
     if isinstance(data, tf().data.Dataset):
         return int(data.cardinality())

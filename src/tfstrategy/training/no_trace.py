@@ -176,7 +176,7 @@ def skip_build_peek(model: Model) -> None:
     if not _compat.has_class_build_peek(model):
         return
 
-    def _maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> object:
+    def _maybe_symbolic_build(iterator: object = None, data_batch: object = None) -> object:
         source = None if iterator is None else _compat.epoch_iterator_source(iterator)
         if source is not None and _compat.keras3_nothing_left_to_build(model):
             iter(source)  # the shuffle seeds the peek's iterator would have drawn; no element is read

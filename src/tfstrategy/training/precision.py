@@ -120,7 +120,7 @@ def set_precision(precision: str) -> str:
     return f"Keras global policy {policy} ({', '.join(names)})"
 
 
-def _compute_dtype(obj: Any) -> str:
+def _compute_dtype(obj: object) -> str:
     policy = getattr(obj, "dtype_policy", None)
     dtype = getattr(policy, "compute_dtype", None) or getattr(obj, "compute_dtype", None) or "float32"
     return str(getattr(dtype, "name", dtype))

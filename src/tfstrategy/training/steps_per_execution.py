@@ -386,7 +386,7 @@ def _tune_for_fit(model: Model, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         print(f"tfstrategy: {choice.line()}", flush=True)
 
 
-def as_dataset(data: Any, labels: Any, batch_size: int | None) -> Any:
+def as_dataset(data: object, labels: object, batch_size: int | None) -> Any:
     """fit's data as a dataset: a dataset as it is, arrays batched as fit batches them, else None."""
     tf_ = tf()
     if isinstance(data, (tf_.data.Dataset, tf_.distribute.DistributedDataset)):
