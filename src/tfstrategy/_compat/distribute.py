@@ -49,7 +49,7 @@ def mirrored_collective_key_base(base: int) -> Iterator[None]:
 
 
 @accessor("tensorflow.python.distribute.values:PerReplica")
-def per_replica(values: tuple[Any, ...]) -> Any:
+def per_replica(values: tuple[object, ...]) -> object:
     """A ``PerReplica`` value (what a distributed iterator yields) from per-replica parts."""
     from tensorflow.python.distribute.values import PerReplica
 
@@ -57,13 +57,13 @@ def per_replica(values: tuple[Any, ...]) -> Any:
 
 
 @accessor("tensorflow.python.data.ops.optional_ops:_OptionalImpl._type_spec")
-def optional_type_spec(optional: Any) -> Any:
+def optional_type_spec(optional: Any) -> object:
     """The ``TypeSpec`` of a ``tf.experimental.Optional`` (a ``while_loop`` shape invariant needs it)."""
     return optional._type_spec
 
 
 @accessor("tensorflow.python.framework.func_graph:FuncGraph.capture_call_time_value")
-def capture_call_time_value(function: object, spec: object) -> Any:
+def capture_call_time_value(function: object, spec: object) -> object:
     """A deferred capture in the graph being traced, as the collective ops' instance keys use."""
     return tf().compat.v1.get_default_graph().capture_call_time_value(function, spec)
 
@@ -93,7 +93,7 @@ def slurm_hostlist_helpers() -> tuple[Any, Any]:
 
 
 @accessor("tensorflow.python.distribute.collective_all_reduce_strategy:CollectiveAllReduceExtended._in_multi_worker_mode")
-def multi_worker_extended_stand_in(worker_device: str, **attributes: object) -> Any:
+def multi_worker_extended_stand_in(worker_device: str, **attributes: object) -> object:
     """A stand-in for the ``extended`` of a multi-worker ``MultiWorkerMirroredStrategy``, for probes.
 
     Its ``_in_multi_worker_mode()`` is true (what Keras asks), ``worker_devices`` is

@@ -110,7 +110,7 @@ def has_class_build_peek(model: Model) -> bool:
 
 
 @accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build")
-def class_build_peek(model: Model, iterator: object = None, data_batch: object = None) -> Any:
+def class_build_peek(model: Model, iterator: object = None, data_batch: object = None) -> object:
     """Run the model's class's ``_maybe_symbolic_build`` (looked up at each call: a patch may wrap it later)."""
     return getattr(type(model), _BUILD_PEEK)(model, iterator=iterator, data_batch=data_batch)
 

@@ -31,7 +31,7 @@ def tf_variable(variable: Variable) -> Any:
     return getattr(variable, "_value", variable)
 
 
-def model_metric_variables(model: Model) -> list[Any]:
+def model_metric_variables(model: Model) -> list[object]:
     """Variables of a model's built metrics (Keras 3 ``metrics_variables``; tf_keras has only ``metrics``)."""
     variables = getattr(model, "metrics_variables", None)
     if variables is not None:
@@ -39,7 +39,7 @@ def model_metric_variables(model: Model) -> list[Any]:
     return [variable for metric in getattr(model, "metrics", ()) for variable in metric.variables]
 
 
-def model_state_variables(model: Model) -> list[Any]:
+def model_state_variables(model: Model) -> list[object]:
     """Every variable a training step can change on the model: weights, and Keras 3's seed generator states.
 
     Keras 3's ``model.weights`` leaves out the seed generators (a ``Dropout``'s);
@@ -95,7 +95,7 @@ def compiled_metric_objects(model: Model) -> list[Any]:
     ``_user_weighted_metrics``) until the first step; tf_keras in
     ``model.compiled_metrics._user_metrics``.
     """
-    found: list[Any] = []
+    found: list[object] = []
     for holder_name in ("_compile_metrics", "compiled_metrics"):
         compiled = getattr(model, holder_name, None)
         if compiled is None or getattr(compiled, "built", getattr(compiled, "_built", True)):
@@ -107,7 +107,7 @@ def compiled_metric_objects(model: Model) -> list[Any]:
 
 
 @accessor("keras.src.ops.node:Node._keras_history | tf_keras.src.engine.node:Node._keras_history")
-def keras_tensor_layer(tensor: object) -> Any:
+def keras_tensor_layer(tensor: object) -> object:
     """The layer that made a symbolic Keras tensor (a functional model's output), or ``None``.
 
     Read from ``tensor._keras_history``: its ``operation`` in Keras 3, its ``layer`` (or first item) in tf_keras.
@@ -120,7 +120,7 @@ def keras_tensor_layer(tensor: object) -> Any:
 
 
 @accessor("keras.src.trainers.trainer:Trainer._distribute_strategy", "keras.src.trainers.trainer:Trainer._symbolic_build")
-def stand_in_build_model(strategy: Strategy, symbolic_build: Callable[..., None]) -> Any:
+def stand_in_build_model(strategy: Strategy, symbolic_build: Callable[..., None]) -> object:
     """A stand-in for a Keras 3 model as ``TensorFlowTrainer._maybe_symbolic_build`` reads it, for probes.
 
     Its strategy (``_distribute_strategy``, ``distribute_strategy``) is ``strategy``; its

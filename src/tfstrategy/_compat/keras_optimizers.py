@@ -21,7 +21,7 @@ def optimizer_strategy(optimizer: Optimizer, default: object = None) -> Any:
     return getattr(optimizer, "_distribution_strategy", default)
 
 
-def optimizer_variables(optimizer: Optimizer) -> list[Any]:
+def optimizer_variables(optimizer: Optimizer) -> list[object]:
     """An optimizer's variables (a list in Keras 3 and tf_keras; a method on tf_keras' legacy optimizers)."""
     variables = optimizer.variables
     return list(variables() if callable(variables) and not isinstance(variables, list) else variables)
@@ -48,7 +48,7 @@ def keras3_loss_scale_module() -> ModuleType | None:
 
 
 @accessor("keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer._tf_apply._handle_cross_replica")
-def loss_scale_cross_replica_handler(apply: Any, optimizer: object) -> Any:
+def loss_scale_cross_replica_handler(apply: Any, optimizer: object) -> object:
     """The ``_handle_cross_replica`` closure inside ``LossScaleOptimizer._tf_apply``, bound to ``optimizer``.
 
     Keras decides "apply or skip this step" there; the probe calls it with a
@@ -81,7 +81,7 @@ def loss_scale_step_handler(module: ModuleType, check_finite: Callable[[Any, Any
     """
 
     class _StandInOptimizer:
-        def check_finite(self, grads: object) -> Any:
+        def check_finite(self, grads: object) -> object:
             return check_finite(self, grads)
 
         def _stateful_handle_finite_grads(self, grads: object, variables: object) -> None:
@@ -106,7 +106,7 @@ def keras3_tf_optimizer_module() -> ModuleType | None:
 
 
 @accessor("keras.optimizers.legacy:SGD", "keras.optimizers.legacy:Adam", "keras._tf_keras.keras.optimizers.legacy:SGD?", "keras._tf_keras.keras.optimizers.legacy:Adam?")
-def keras3_legacy_optimizer_packages() -> Any:
+def keras3_legacy_optimizer_packages() -> object:
     """Every module object Keras 3 keeps its ``optimizers.legacy`` names in, as attributes of one namespace.
 
     ``keras.optimizers.legacy`` and ``tf.keras``'s copy (``keras._tf_keras.keras.optimizers.legacy``).
@@ -154,7 +154,7 @@ def optimizer_calls(optimizer: Any) -> Any:
 
 
 @accessor(f"{_BASE}._clip_gradients", f"{_BASE}._apply_weight_decay", f"{_BASE}._backend_update_step")
-def apply_step(optimizer: Any, grads: list[Any], variables: list[Any]) -> None:
+def apply_step(optimizer: Any, grads: list[object], variables: list[object]) -> None:
     """Keras 3's step of an optimizer for ``grads``: clipping, weight decay, then the update (all-reduced on replicas)."""
     grads = optimizer._clip_gradients(grads)
     optimizer._apply_weight_decay(variables)

@@ -139,7 +139,7 @@ def _check_name(name: str, import_modules: bool) -> tuple[bool | None, str]:
 
 def _names_in_code(owner: object) -> set[str]:
     """Attribute, string-constant and nested-function names in the code of ``owner`` (a class or a function)."""
-    functions: list[Any] = []
+    functions: list[object] = []
     if inspect.isclass(owner):
         for klass in inspect.getmro(owner):
             for member in vars(klass).values():

@@ -90,10 +90,10 @@ class RayRun:
     resumed_from: str | None = None
 
     @property
-    def strategy(self) -> Any:
+    def strategy(self) -> Any:  # Selection.strategy (see there)
         return self.selection.strategy
 
-    def callback(self) -> Any:
+    def callback(self) -> object:
         """The Keras callback that reports each epoch with a checkpoint (:func:`report_callback`)."""
         return report_callback()
 
@@ -235,7 +235,7 @@ def report_epoch(model: Model, epoch: int, metrics: Mapping[str, Any] | None = N
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def report_callback() -> Any:
+def report_callback() -> object:
     """A Keras callback that calls :func:`report_epoch` at the end of every epoch.
 
     Example:

@@ -34,7 +34,7 @@ def validate_save_freq(save_freq: object) -> Any:
                     "of batches > 0, e.g. save_freq=50.")
 
 
-def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", delete_checkpoint: bool = True) -> Any:
+def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", delete_checkpoint: bool = True) -> object:
     """A Keras callback doing ``BackupAndRestore``'s job with the commit rule (see :func:`tfstrategy.backup_callbacks`)."""
     keras = _compat.keras_for()
     save_freq = validate_save_freq(save_freq)

@@ -264,7 +264,7 @@ def validate_tf_config(config: Mapping[str, Any]) -> ClusterConfig:
     return ClusterConfig(cluster=parsed, task_type=task_type, task_index=task_index)
 
 
-def _address_at(cluster: Mapping[str, Any], where: str) -> Any:
+def _address_at(cluster: Mapping[str, Any], where: str) -> object:
     """The address at ``cluster.ROLE[I]`` (``where`` as produced by validation)."""
     role, index = where.removeprefix("cluster.").rstrip("]").split("[")
     return cluster[role][int(index)]

@@ -84,7 +84,7 @@ class PreemptionWatcher:
         return bool(self._agree_fn(flag).numpy() > 0)
 
 
-def _make_agree_fn(strategy: Strategy) -> Any:
+def _make_agree_fn(strategy: Strategy) -> object:
     tf_ = tf()
 
     def sum_flags(flag: object) -> object:
@@ -97,7 +97,7 @@ def _make_agree_fn(strategy: Strategy) -> Any:
     return tf_.function(agree)
 
 
-def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
+def preemption_callback(watcher: PreemptionWatcher | None = None) -> object:
     """A Keras callback: on SIGTERM, stop every worker at one agreed step and exit with status 75.
 
     Place it after the backup callback (as :func:`tfstrategy.preemption_callbacks` does), so a stop
@@ -109,7 +109,7 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
     return _stop_on_preemption(keras.callbacks.Callback, watcher)
 
 
-def _stop_on_preemption(base: Any, watcher: PreemptionWatcher) -> Any:
+def _stop_on_preemption(base: Any, watcher: PreemptionWatcher) -> object:
     class StopOnPreemption(base):
         """Stops fit at the step every worker agreed on after a SIGTERM, then exits with status 75."""
 
@@ -174,7 +174,7 @@ def _say(text: str) -> None:
     print(f"tfstrategy: {text}", file=sys.stderr, flush=True)
 
 
-def preemption_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options: object) -> list[Any]:
+def preemption_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options: object) -> list[object]:
     """:func:`tfstrategy.backup_callbacks` plus a callback that stops all workers at one step on SIGTERM.
 
     Pass the result to ``model.fit(callbacks=[*tfstrategy.preemption_callbacks(), ...])``. On

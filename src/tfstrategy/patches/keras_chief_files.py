@@ -244,7 +244,7 @@ _REPLACEMENTS: dict[str, Callable[[Callable[..., object]], Callable[..., object]
 }
 
 
-def stand_in_worker_model(saved: list[str] | None = None) -> Any:
+def stand_in_worker_model(saved: list[str] | None = None) -> object:
     """A Keras 3 model whose strategy is worker 1 of a 2-worker MultiWorkerMirroredStrategy (no cluster, no op)."""
     import keras
 
@@ -256,10 +256,10 @@ def stand_in_worker_model(saved: list[str] | None = None) -> Any:
                 "/job:worker/replica:0/task:1/device:CPU:0", should_checkpoint=False, should_save_summary=False)
 
         @property
-        def extended(self) -> Any:
+        def extended(self) -> object:
             return self._stand_in_extended
 
-        def scope(self) -> Any:
+        def scope(self) -> object:
             return contextlib.nullcontext()
 
     class _Model(keras.Sequential):

@@ -95,7 +95,7 @@ class ClippingPatch(TrainingApiPatch):
         broken = any(value == 2.0 for value in moved.values())
         return ProbeResult({CLIP: broken, ALL_REDUCE: broken})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         if target == ALL_REDUCE:
             @functools.wraps(original)
             def _all_reduce_sum_gradients(optimizer: Optimizer, grads_and_vars: Any) -> object:

@@ -87,7 +87,7 @@ class CompileScopePatch(Patch):
         self.original(TARGET)(model, optimizer="sgd", loss="mse")
         return ProbeResult({TARGET: not _created_in(strategy, model.optimizer)})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         signature = inspect.signature(original)
 
         @functools.wraps(original)

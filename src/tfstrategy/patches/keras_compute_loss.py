@@ -66,7 +66,7 @@ def overrides_a_step(model: Model) -> bool:
                for step in ("train_step", "test_step"))
 
 
-def reported_loss(scaled: Any, replicas: int) -> Any:
+def reported_loss(scaled: Any, replicas: int) -> object:
     """The unscaled value of ``scaled``, with ``scaled``'s gradient (exactly: the added term's gradient is 1)."""
     tf_ = tf()
     unscaled = scaled * tf_.cast(replicas, scaled.dtype)
@@ -98,7 +98,7 @@ class ComputeLossPatch(TrainingApiPatch):
             raise RuntimeError(f"the probe's squared error of 4 was reported as {sorted(values)}, expected 4 or 2")
         return ProbeResult({COMPUTE_LOSS: values == {2.0}, KERAS_STEPS_CALL: values == {2.0}})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         if target == KERAS_STEPS_CALL:
             @functools.wraps(original)
             def _compute_loss(model: Model, *args: object, **kwargs: object) -> object:

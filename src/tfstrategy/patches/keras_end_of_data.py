@@ -127,7 +127,7 @@ class EndOfDataPatch(Patch):
             phantom = int(queue.size()) - 1
         return ProbeResult({_TARGET: phantom > 0})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
         def make_train_function(model: Model, force: bool = False) -> object:
             if model.train_function is not None and not force:

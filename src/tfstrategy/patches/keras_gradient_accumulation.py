@@ -54,17 +54,17 @@ TARGET = "backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients"
 _PROBING: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _apply_accumulated(optimizer: Optimizer, context: Any, grads: list[Any], variables: list[Any]) -> None:
+def _apply_accumulated(optimizer: Optimizer, context: Any, grads: list[object], variables: list[object]) -> None:
     """Keras' accumulate-or-apply ``cond``, taken in the cross-replica context (see the module docstring)."""
     tf_ = tf()
     steps = optimizer.gradient_accumulation_steps
     accumulators = _compat.gradient_accumulators(optimizer, variables)
 
-    def replica_apply(local: list[Any]) -> None:
+    def replica_apply(local: list[object]) -> None:
         _compat.apply_step(optimizer, [(grad + accumulator) / steps for grad, accumulator in zip(local, accumulators)],
                            variables)
 
-    def cross_replica(distribution: Any, per_replica: list[Any]) -> None:
+    def cross_replica(distribution: Any, per_replica: list[object]) -> None:
         def apply() -> None:
             distribution.extended.call_for_each_replica(replica_apply, args=(per_replica,))
             _compat.reset_gradient_accumulators(optimizer)
@@ -108,7 +108,7 @@ class GradientAccumulationPatch(TrainingApiPatch):
             return ProbeResult({TARGET: True})
         return ProbeResult({TARGET: False})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
         def _backend_apply_gradients(optimizer: Optimizer, grads: Any, trainable_variables: Any) -> Any:
             context = tf().distribute.get_replica_context()

@@ -78,7 +78,7 @@ class LazyOptimizerPatch(Patch):
             raise RuntimeError("Keras' add_variable never called the probe's initializer")
         return ProbeResult({TARGET: not eager[0]})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
         def add_variable(optimizer: Optimizer, *args: object, **kwargs: object) -> object:
             tf_ = tf()

@@ -42,7 +42,7 @@ PACKAGES = ("keras", "tf_keras_copy", "tensorflow_keras")
 NAMES = ("SGD", "Adam")
 
 
-def _translate(name: str, args: tuple[Any, ...], kwargs: dict[str, object]) -> tuple[dict[str, object], str]:
+def _translate(name: str, args: tuple[object, ...], kwargs: dict[str, object]) -> tuple[dict[str, object], str]:
     """Keras 3 keyword arguments for a legacy optimizer's call, and what was changed, for the warning line."""
     import inspect
 
@@ -122,7 +122,7 @@ class LegacyOptimizersPatch(Patch):
                 broken[target] = False
         return ProbeResult(broken)
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         package, _, name = target.rpartition(".")
         return functools.update_wrapper(_keras3_optimizer(name, package), original, assigned=("__module__",))
 

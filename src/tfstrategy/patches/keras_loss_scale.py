@@ -46,12 +46,12 @@ _TARGET = "LossScaleOptimizer.check_finite"
 
 
 class _Values:
-    def __init__(self, values: list[Any]) -> None:
+    def __init__(self, values: list[object]) -> None:
         self.values = values
 
 
 class _StandInExtended:
-    def call_for_each_replica(self, fn: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> _Values:
+    def call_for_each_replica(self, fn: Any, args: tuple[object, ...] = (), kwargs: Any = None) -> _Values:
         count = max(len(arg.values) for arg in args if isinstance(arg, _Values))
         return _Values([fn(*[arg.values[i] if isinstance(arg, _Values) else arg for arg in args]) for i in range(count)])
 
@@ -59,7 +59,7 @@ class _StandInExtended:
 class _StandInDistribution:
     extended = _StandInExtended()
 
-    def experimental_local_results(self, value: Any) -> list[Any]:
+    def experimental_local_results(self, value: Any) -> list[object]:
         return list(value.values)
 
 
@@ -91,7 +91,7 @@ class LossScalePatch(Patch):
         # Applied (on every replica) although replica 1 overflowed: the bug.
         return ProbeResult({_TARGET: outcome[0] == "applied"})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
         def check_finite(optimizer: Optimizer, grads: object) -> object:
             finite = original(optimizer, grads)

@@ -89,13 +89,13 @@ def _scaled_outputs() -> deque[Any]:
     return _STEP.scaled  # type: ignore[no-any-return]
 
 
-def _unscaled() -> dict[int, tuple[list[Any], Any]]:
+def _unscaled() -> dict[int, tuple[list[object], Any]]:
     if not hasattr(_STEP, "unscaled"):
         _STEP.unscaled = {}
     return _STEP.unscaled  # type: ignore[no-any-return]
 
 
-def _current_scale(optimizer: Optimizer) -> Any:
+def _current_scale(optimizer: Optimizer) -> object:
     return optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
 
 
@@ -130,12 +130,12 @@ class LossScaleApiPatch(Patch):
         missing = any(method is None or getattr(method, _ADDED, False) for method in keras_own)
         return ProbeResult({target: missing for target in self.targets})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         return {GET_SCALED: _get_scaled_loss, GET_UNSCALED: _get_unscaled_gradients,
                 SCALE: _noting_scale_loss, APPLY: _checked_apply, TAPE: _noting_gradient}[target](original)
 
 
-def _get_scaled_loss(original: Callable[..., Any]) -> Callable[..., object]:
+def _get_scaled_loss(original: Callable[..., object]) -> Callable[..., object]:
     def get_scaled_loss(optimizer: Optimizer, loss: object) -> object:
         """Keras 2's name for ``scale_loss`` (restored by tfstrategy)."""
         PATCH.acted()
@@ -147,8 +147,8 @@ def _get_scaled_loss(original: Callable[..., Any]) -> Callable[..., object]:
     return get_scaled_loss
 
 
-def _get_unscaled_gradients(original: Callable[..., Any]) -> Callable[..., object]:
-    def get_unscaled_gradients(optimizer: Optimizer, grads: Any) -> list[Any]:
+def _get_unscaled_gradients(original: Callable[..., object]) -> Callable[..., object]:
+    def get_unscaled_gradients(optimizer: Optimizer, grads: Any) -> list[object]:
         """Keras 2's unscaling: ``grads`` divided by the loss scale (``apply`` then does not divide again)."""
         PATCH.acted()
         tf_ = tf()
@@ -161,12 +161,12 @@ def _get_unscaled_gradients(original: Callable[..., Any]) -> Callable[..., objec
     return get_unscaled_gradients
 
 
-def _weak(value: object) -> Any:
+def _weak(value: object) -> object:
     """A weak reference to ``value``; raises ``TypeError`` for a value that takes none."""
     return weakref.ref(value)
 
 
-def _noting_scale_loss(original: Callable[..., Any]) -> Callable[..., object]:
+def _noting_scale_loss(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def scale_loss(optimizer: Optimizer, loss: object) -> object:
         scaled = original(optimizer, loss)
@@ -179,7 +179,7 @@ def _noting_scale_loss(original: Callable[..., Any]) -> Callable[..., object]:
     return scale_loss
 
 
-def _noting_gradient(original: Callable[..., Any]) -> Callable[..., object]:
+def _noting_gradient(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def gradient(tape: object, target: object, sources: object, *args: object, **kwargs: object) -> object:
         result = original(tape, target, sources, *args, **kwargs)
@@ -196,7 +196,7 @@ def _noting_gradient(original: Callable[..., Any]) -> Callable[..., object]:
     return gradient
 
 
-def _checked_apply(original: Callable[..., Any]) -> Callable[..., object]:
+def _checked_apply(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def apply(optimizer: Optimizer, grads: Any, trainable_variables: Any = None) -> object:
         grads = list(grads)
@@ -233,7 +233,7 @@ def _checked_apply(original: Callable[..., Any]) -> Callable[..., object]:
     return apply
 
 
-def _unscaled_loss(optimizer: Optimizer, grads: list[Any], taped: _TapeCall | None, scaled_outputs: list[Any]) -> str | None:
+def _unscaled_loss(optimizer: Optimizer, grads: list[object], taped: _TapeCall | None, scaled_outputs: list[object]) -> str | None:
     """``"graph"``/``"eager"`` when ``grads`` are a tape's gradients of a loss the loss scale took no part in.
 
     ``None`` when nothing shows that: gradients not (all) from the latest tape call, an ``output_gradients``

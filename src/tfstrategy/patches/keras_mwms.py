@@ -212,23 +212,23 @@ def stand_in_strategy(calls: list[tuple[Any, Any]]) -> Any:
             self._stand_in_extended = _compat.multi_worker_extended_stand_in("/job:worker/replica:0/task:0/device:CPU:0")
 
         @property
-        def extended(self) -> Any:
+        def extended(self) -> object:
             return self._stand_in_extended
 
-        def reduce(self, reduce_op: object, value: object, axis: object = None) -> Any:
+        def reduce(self, reduce_op: object, value: object, axis: object = None) -> object:
             calls.append((value, axis))
             return value.values[0] if isinstance(value, distribute.DistributedValues) else value
 
-        def experimental_local_results(self, value: object) -> tuple[Any, ...]:
+        def experimental_local_results(self, value: object) -> tuple[object, ...]:
             return tuple(value.values) if isinstance(value, distribute.DistributedValues) else (value,)
 
-        def scope(self) -> Any:
+        def scope(self) -> object:
             return contextlib.nullcontext()
 
     return _StandIn()
 
 
-def epoch_iterator_forms(batch: object) -> list[Any]:
+def epoch_iterator_forms(batch: object) -> list[object]:
     """One epoch of one batch, in each form Keras' TensorFlow trainer has iterated (newest first)."""
     return [[(0, 1, iter([batch]))], [(0, iter([batch]))]]
 

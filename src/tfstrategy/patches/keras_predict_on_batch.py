@@ -46,7 +46,7 @@ def split_rows(rows: int, replicas: int, replica: int) -> tuple[int, int]:
     return start, start + base + (1 if replica < extra else 0)
 
 
-def _rows(leaves: list[Any]) -> int | None:
+def _rows(leaves: list[object]) -> int | None:
     """The batch's row count, if every leaf is an array or tensor with the same first dimension."""
     counts = set()
     for leaf in leaves:
@@ -58,7 +58,7 @@ def _rows(leaves: list[Any]) -> int | None:
     return counts.pop() if len(counts) == 1 else None
 
 
-def distributed_batch(strategy: Strategy, x: object) -> Any:
+def distributed_batch(strategy: Strategy, x: object) -> object:
     """``x`` split by rows over ``strategy``'s replicas (a per-replica value), or ``None`` if it cannot be."""
     tree = _compat.keras3_tree()
     leaves = tree.flatten(x)
@@ -94,7 +94,7 @@ class PredictOnBatchPatch(TrainingApiPatch):
             raise RuntimeError(f"the probe's batch of 2 gave {rows} rows, expected 2 or 4")
         return ProbeResult({TARGET: rows == 4})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
         def predict_on_batch(model: Model, x: object) -> object:
             strategy = model.distribute_strategy

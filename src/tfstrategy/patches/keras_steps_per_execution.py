@@ -84,14 +84,14 @@ def fix_needed(model: Model) -> bool:
     return PATCH.needed() is True
 
 
-def _without_optionals(data: object) -> Any:
+def _without_optionals(data: object) -> object:
     # Keras passes absent sample weights as empty tf.experimental.Optional; its
     # steps expect None there.
     optional = tf().experimental.Optional
     return tf().nest.map_structure(lambda item: None if isinstance(item, optional) else item, data)
 
 
-def _multi_step_function(model: Model, step_function: Any) -> Any:
+def _multi_step_function(model: Model, step_function: Any) -> object:
     """``function(iterator) -> logs`` with Keras' calling convention, step traced inline."""
     trainer = _compat.keras3_tensorflow_trainer()
     if trainer is None:  # the patch is applied only where Keras 3 runs on TensorFlow
@@ -174,7 +174,7 @@ def _multi_step_function(model: Model, step_function: Any) -> Any:
     return function
 
 
-def stand_in_trainer(module: ModuleType, *, steps_per_execution: int) -> Any:
+def stand_in_trainer(module: ModuleType, *, steps_per_execution: int) -> object:
     """The few attributes of a Keras model that ``TensorFlowTrainer._make_function`` reads, for the probes."""
     steps = steps_per_execution  # a class body cannot read an enclosing name it assigns
 
@@ -224,7 +224,7 @@ class StepsPerExecutionPatch(Patch):
             raise RuntimeError(f"the stand-in step returned {outputs!r}, expected 2.0")
         return ProbeResult({_MAKE_FUNCTION: False})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
         def _make_function(model: Model, step_function: object) -> object:
             # Decided each time Keras (re)builds a function, so a later compile()

@@ -82,7 +82,7 @@ def _batch_share(share: object) -> Iterator[None]:
         _SHARE.value = previous
 
 
-def local_batch_size(data: object) -> Any:
+def local_batch_size(data: object) -> object:
     """The number of examples in one replica's ``(x, y, sample_weight)`` (or ``x``) batch, as a tensor."""
     x = data[0] if isinstance(data, tuple) and 1 <= len(data) <= 3 else data
     leaf = next(item for item in _compat.keras3_tree().flatten(x) if item is not None)
@@ -144,7 +144,7 @@ class UnevenBatchesPatch(Patch):
         weight = float(model.get_weights()[0].reshape(()))
         return ProbeResult({STEP: abs(weight - _PROBE_EXPECTED) > 1e-4, SCALE: True, UNSCALE: True})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., object]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         if target == STEP:
             return _weighted_train_step(original)
         if target == SCALE:
@@ -152,7 +152,7 @@ class UnevenBatchesPatch(Patch):
         return _scale(original, inverse=True)
 
 
-def _weighted_train_step(original: Callable[..., Any]) -> Callable[..., object]:
+def _weighted_train_step(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def train_step(model: Model, data: object) -> object:
         tf_ = tf()
@@ -180,7 +180,7 @@ class _Share:
         self.uneven = uneven
 
 
-def _scale(original: Callable[..., Any], *, inverse: bool) -> Callable[..., object]:
+def _scale(original: Callable[..., object], *, inverse: bool) -> Callable[..., object]:
     @functools.wraps(original)
     def scale(value: Any) -> object:
         share = getattr(_SHARE, "value", None)

@@ -269,7 +269,7 @@ class Tracker:
         if worker == 0:
             print(text, file=sys.stderr, flush=True)
 
-    def steps(self, batches: Iterable[Any]) -> Iterator[Any]:
+    def steps(self, batches: Iterable[object]) -> Iterator[object]:
         """Time a custom loop: ``for batch in tracker.steps(dataset): step(batch)``.
 
         The wait for each ``next()`` is input; the time until the loop asks for the next batch is the step.

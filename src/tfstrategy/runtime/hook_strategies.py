@@ -119,7 +119,7 @@ def _local_devices(original: Callable[..., Any], task: device_lists.Task) -> Cal
     """
 
     @functools.wraps(original)
-    def list_logical_devices(device_type: str | None = None) -> list[Any]:
+    def list_logical_devices(device_type: str | None = None) -> list[object]:
         found = original(device_type)
         if RUNTIME.hook.joined:
             return list(found)
@@ -315,7 +315,7 @@ def chosen_devices(inputs: PlanInputs) -> list[str] | None:
     return [device.tf_name for device in choice.devices]
 
 
-def _check_listed(devices: object, chosen: list[str] | None) -> Any:
+def _check_listed(devices: object, chosen: list[str] | None) -> object:
     """The devices a script's ``MirroredStrategy(devices)`` gets under ``run``: the policy of :func:`device_lists.decide_listed`.
 
     ``[]`` is every device tfstrategy would use; a listed device the host lacks stops the

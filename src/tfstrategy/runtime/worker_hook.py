@@ -126,7 +126,7 @@ class _RunAfter(importlib.abc.Loader):
             print(f"tfstrategy: hook after importing {module.__name__}: {type(error).__name__}: {error}",
                   file=sys.stderr, flush=True)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._loader, name)
 
 

@@ -156,7 +156,7 @@ def _owned_variables(model: Model, optimizer: Optimizer | None, metrics: Iterabl
     owned: list[tuple[str, Any]] = []
     seen: set[int] = set()
 
-    def add(owner: str, variables: Iterable[Any]) -> None:
+    def add(owner: str, variables: Iterable[object]) -> None:
         for variable in variables:
             if id(variable) not in seen:
                 seen.add(id(variable))
@@ -184,7 +184,7 @@ def _nested_owners(model: Model, strategy: Strategy) -> dict[int, Any]:
     nested model of another strategy is a genuine mistake, so only the default
     strategy looks inside.
     """
-    owners: dict[int, Any] = {}
+    owners: dict[int, object] = {}
     if model is None or not _compat.is_default_strategy(strategy):
         return owners
     pending = list(getattr(model, "layers", ()))
@@ -229,7 +229,7 @@ def audit_scope(
     strategy: Any,
     *,
     optimizer: Optimizer | None = None,
-    metrics: Iterable[Any] = (),
+    metrics: Iterable[object] = (),
     require_built_optimizer: bool = False,
 ) -> AuditReport:
     """List every model, optimizer and metric variable and check it against ``strategy``.

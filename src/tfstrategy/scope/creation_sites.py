@@ -126,7 +126,7 @@ def _remember(variable: Variable, where: str) -> None:
     _SITES[key] = (ref, where)
 
 
-def _record_site(next_creator: Any, **kwargs: object) -> Any:
+def _record_site(next_creator: Any, **kwargs: object) -> object:
     variable = next_creator(**kwargs)
     where = user_site(2)
     if where is not None:

@@ -73,7 +73,7 @@ class Override:
         _write(owner, attribute, replacement)
 
     @property
-    def original(self) -> Any:
+    def original(self) -> object:
         """The owner's own attribute before the override (``None`` if it was inherited or absent)."""
         return None if self._original is MISSING else self._original
 

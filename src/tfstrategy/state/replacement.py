@@ -76,7 +76,7 @@ class Replacement:
         function = self._originals.get(target) or get_path(self.target_module(), target)
         while hasattr(function, ORIGINAL):
             function = getattr(function, ORIGINAL)
-        found: Callable[..., Any] = function
+        found: Callable[..., object] = function
         return found
 
     def apply(self) -> PatchStatus:

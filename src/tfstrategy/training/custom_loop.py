@@ -255,7 +255,7 @@ def make_train_step(
     global_batch: int | BatchPlan,
     loss: Any,
     optimizer: Optimizer | None = None,
-    metrics: Sequence[Any] = (),
+    metrics: Sequence[object] = (),
     sentinel: bool | None = None,
     report: bool | None = None,
 ) -> TrainStep:
@@ -323,7 +323,7 @@ def make_train_step(
         )
     _build_optimizer(optimizer, model, strategy)
     keras = tf().keras
-    built: list[Any] = []
+    built: list[object] = []
     with strategy.scope():
         for metric in metrics:
             if isinstance(metric, str):
@@ -339,7 +339,7 @@ def make_train_step(
                      metrics=built, sentinel=watch, report=_tracker(report))
 
 
-def _tracker(report: bool | None) -> Any:
+def _tracker(report: bool | None) -> object:
     from tfstrategy.performance.environment import tracker_from_environment
 
     settings = tracker_from_environment()

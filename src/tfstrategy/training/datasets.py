@@ -121,7 +121,7 @@ def is_multi_worker(strategy: Strategy) -> bool:
 
 def auto_shard_policy(
     strategy: Strategy, dataset: Dataset | None = None, requested: str | None = None, *, keeps_partial_batch: bool = False
-) -> Any:
+) -> object:
     """The ``tf.data.experimental.AutoShardPolicy`` to set for this strategy and dataset.
 
     On one worker there is nothing to shard. Training batches are all full and
@@ -179,7 +179,7 @@ def _cardinality(data: object) -> int | None:
     return None
 
 
-def refuse_endless_fit(args: tuple[Any, ...], kwargs: dict[str, object]) -> None:
+def refuse_endless_fit(args: tuple[object, ...], kwargs: dict[str, object]) -> None:
     """Refuse ``fit(dataset)`` on an infinite dataset without ``steps_per_epoch``: its first epoch never ends.
 
     Args:
@@ -327,7 +327,7 @@ def _prepare_from_function(
     per_replica_batch: int | None,
     plan: BatchPlan | None,
     training: bool,
-) -> Any:
+) -> object:
     _require_one_argument(dataset_fn)
     if plan is None:
         plan = plan_batch(strategy, global_batch=global_batch, per_replica_batch=per_replica_batch, drop_remainder=training)

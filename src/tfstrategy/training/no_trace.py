@@ -41,7 +41,7 @@ class Snapshot:
     """The values of every variable and random state a training step can change."""
 
     variables: list[Any]
-    values: list[Any]
+    values: list[object]
     python_random: Any
     numpy_random: Any = None
     _numpy: Any = field(default=None, repr=False)

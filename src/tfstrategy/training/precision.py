@@ -149,7 +149,7 @@ def loss_scaling(optimizer: Optimizer) -> str | None:
     return None
 
 
-def loss_scale_optimizer(optimizer: Optimizer, *, initial_scale: float | None = None) -> Any:
+def loss_scale_optimizer(optimizer: Optimizer, *, initial_scale: float | None = None) -> object:
     """``optimizer`` wrapped in its Keras' ``LossScaleOptimizer`` (create it in the strategy's scope)."""
     from tfstrategy import _compat
 

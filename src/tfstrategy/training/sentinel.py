@@ -107,7 +107,7 @@ class Sentinel:
         self.last_equal_step: int | None = None
         self._function = tf().function(self._distributed_check, autograph=False)
 
-    def _replica_check(self) -> Any:
+    def _replica_check(self) -> object:
         tf_ = tf()
         context = tf_.distribute.get_replica_context()
         # Each replica reads its own copy in replica context.
@@ -115,7 +115,7 @@ class Sentinel:
         # One collective: every replica (on every worker) gets every replica's checksum.
         return context.all_gather(tf_.reshape(total, [1]), axis=0)
 
-    def _distributed_check(self) -> Any:
+    def _distributed_check(self) -> object:
         values = self.strategy.run(self._replica_check)
         return self.strategy.experimental_local_results(values)[0]
 

@@ -84,7 +84,7 @@ class StepsPerExecutionChoice:
         return f"steps_per_execution={self.steps} ({self.reason}; cap {self.cap}: {self.cap_reason}{measured})"
 
 
-def _per_step_callbacks(callbacks: Iterable[Any]) -> list[str]:
+def _per_step_callbacks(callbacks: Iterable[object]) -> list[str]:
     base = None
     named = []
     for callback in callbacks:
@@ -99,7 +99,7 @@ def _per_step_callbacks(callbacks: Iterable[Any]) -> list[str]:
 
 
 def steps_cap(
-    *, steps_per_epoch: int | None, callbacks: Iterable[Any] = (), max_steps: int = MAX_STEPS
+    *, steps_per_epoch: int | None, callbacks: Iterable[object] = (), max_steps: int = MAX_STEPS
 ) -> tuple[int, str]:
     """The largest K allowed, and why.
 
@@ -269,7 +269,7 @@ def tune_steps_per_execution(
     model: Model,
     dataset: Dataset,
     *,
-    callbacks: Iterable[Any] = (),
+    callbacks: Iterable[object] = (),
     steps_per_epoch: int | None = None,
     max_steps: int = MAX_STEPS,
     min_seconds: float = 0.4,
@@ -371,7 +371,7 @@ def tune_at_first_fit(model: Model) -> None:
                                           note="the model's next fit tunes steps_per_execution first")
 
 
-def _tune_for_fit(model: Model, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _tune_for_fit(model: Model, args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
     """Tune K on ``fit(*args, **kwargs)``'s data and callbacks, and print the choice unless ``verbose=0``."""
     data = args[0] if args else kwargs.get("x")
     dataset = as_dataset(data, args[1] if len(args) > 1 else kwargs.get("y"), kwargs.get("batch_size"))

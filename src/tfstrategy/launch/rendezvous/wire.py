@@ -361,7 +361,7 @@ def _text(limit: int = _TEXT, pattern: re.Pattern[str] | None = None, choices: t
 
 
 def _list(item: Check, limit: int) -> Check:
-    def check(value: object, where: str) -> list[Any]:
+    def check(value: object, where: str) -> list[object]:
         if not isinstance(value, list) or len(value) > limit:
             raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected a list of at most {limit} items")
         return [item(entry, f"{where}[{index}]") for index, entry in enumerate(value)]
@@ -398,7 +398,7 @@ def _record(checks: Mapping[str, Check]) -> Check:
 
 
 def _pair(first: Check, second: Check) -> Check:
-    def check(value: object, where: str) -> list[Any]:
+    def check(value: object, where: str) -> list[object]:
         if not isinstance(value, list) or len(value) != 2:
             raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected a pair")
         return [first(value[0], f"{where}[0]"), second(value[1], f"{where}[1]")]
@@ -406,7 +406,7 @@ def _pair(first: Check, second: Check) -> Check:
 
 
 def _triple(first: Check, second: Check, third: Check) -> Check:
-    def check(value: object, where: str) -> list[Any]:
+    def check(value: object, where: str) -> list[object]:
         if not isinstance(value, list) or len(value) != 3:
             raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected a list of 3")
         return [first(value[0], f"{where}[0]"), second(value[1], f"{where}[1]"), third(value[2], f"{where}[2]")]
