@@ -82,7 +82,7 @@ class RayRun:
     """What :func:`prepare` made for this worker: the strategy, the model and where training resumes."""
 
     selection: Selection
-    model: Model
+    model: Any  # the user's model, all of it (the Model protocol has only what tfstrategy uses)
     build: BuildReport
     #: Epochs already done (pass it to ``fit(initial_epoch=...)``); 0 on a fresh start.
     initial_epoch: int = 0

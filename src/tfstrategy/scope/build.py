@@ -57,7 +57,7 @@ class BuildReport:
         return lines
 
 
-def _make_model(source: ModelSource, compile_args: dict[str, object]) -> tuple[Any, RestoreReport | None]:
+def _make_model(source: ModelSource, compile_args: dict[str, object]) -> tuple[Model, RestoreReport | None]:
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if not path.endswith(".keras"):

@@ -280,7 +280,7 @@ def restore_checkpoint(model: Model, checkpoint: str | os.PathLike[str]) -> Rest
     return _restore_tf_checkpoint(model, path)
 
 
-def load_keras_model(path: str, *, compile: bool) -> tuple[Any, RestoreReport]:
+def load_keras_model(path: str, *, compile: bool) -> tuple[Model, RestoreReport]:
     """``keras.models.load_model`` in the current scope, with clear errors and a report."""
     _require_file(path, ".keras")
     saved = _saved_optimizer_count(path, inside_zip=True)
