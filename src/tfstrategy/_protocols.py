@@ -6,7 +6,8 @@ uses (a misspelt attribute, a missing argument) while any real strategy, model o
 Keras 2, Keras 3 or tf_keras, still fits. A value TensorFlow computes and tfstrategy only passes
 back to TensorFlow (a tensor, a per-replica value) stays ``Any``: nothing better can be said of it.
 
-The ground floor: it imports nothing of tfstrategy, and nothing of TensorFlow at run time.
+Beneath the ground floor: it imports nothing of tfstrategy and nothing of TensorFlow, and every other
+module imports it only under ``TYPE_CHECKING``.
 """
 
 from __future__ import annotations
@@ -26,13 +27,11 @@ class Variable(Protocol):
     def name(self) -> str: ...
 
     @property
-    def shape(self) -> Any: ...
+    def shape(self) -> Sequence[int | None]: ...
 
     def numpy(self) -> Any: ...
 
     def assign(self, value: object) -> object: ...
-
-    def assign_add(self, value: object) -> object: ...
 
 
 class StrategyExtended(Protocol):
@@ -86,7 +85,7 @@ class Optimizer(Protocol):
     def iterations(self) -> Variable: ...
 
     @property
-    def variables(self) -> Any: ...
+    def variables(self) -> Any: ...  # a list (Keras 3), a method (tf_keras' legacy optimizers): _compat reads it
 
     def build(self, var_list: Sequence[Variable]) -> None: ...
 
@@ -94,9 +93,6 @@ class Optimizer(Protocol):
 
     @property
     def built(self) -> bool: ...
-
-    @property
-    def learning_rate(self) -> Any: ...
 
     @property
     def use_ema(self) -> bool: ...
@@ -123,11 +119,9 @@ class Model(Protocol):
 
     name: str
     optimizer: Optimizer  # None on a tf_keras model not compiled: the code checks before it relies on it
-    stop_training: bool
-    train_function: Any
+    train_function: Any  # None until make_train_function builds it; the code builds it first
     test_function: Any
-    predict_function: Any
-    steps_per_execution: Any
+    steps_per_execution: Any  # an int (Keras 3), a tf.Variable (tf_keras)
     jit_compile: bool | str
 
     @property
@@ -154,30 +148,19 @@ class Model(Protocol):
 
     def reset_metrics(self) -> None: ...
 
-    def fit(self, *args: object, **kwargs: object) -> Any: ...
+    def fit(self, *args: object, **kwargs: object) -> object: ...
 
     def compile(self, *args: object, **kwargs: object) -> None: ...
 
-    def build(self, input_shape: object) -> None: ...
-
     def make_train_function(self, force: bool = ...) -> object: ...
-
-    def save(self, filepath: str, *args: object, **kwargs: object) -> None: ...
 
     def save_weights(self, filepath: str, *args: object, **kwargs: object) -> None: ...
 
     def load_weights(self, filepath: str, *args: object, **kwargs: object) -> object: ...
 
-    def get_weights(self) -> list[Any]: ...
-
-    def set_weights(self, weights: Sequence[object]) -> None: ...
-
 
 class Dataset(Protocol):
     """A ``tf.data.Dataset``: what tfstrategy calls on one."""
-
-    @property
-    def element_spec(self) -> Any: ...
 
     def __iter__(self) -> Iterator[Any]: ...
 
