@@ -8,6 +8,8 @@ Read from the source (``ast``), no TensorFlow: `make lint` runs this module besi
   ``RUNTIME.override_attribute``) or a ``_compat`` accessor, so ``reset()`` can undo it: no bare
   ``setattr``/``object.__setattr__``/``delattr`` elsewhere. The writes below predate the rule; each says
   why it stays, and the list may only shrink (an entry that no longer matches fails too).
+- ``_protocols`` (the TensorFlow/Keras objects as typing protocols) is imported only under ``TYPE_CHECKING``:
+  types cost a worker nothing at run time.
 """
 
 from __future__ import annotations
@@ -110,6 +112,21 @@ def test_no_bare_attribute_write_on_objects_tfstrategy_does_not_own():
     )
     stale = set(KNOWN_WRITES) - seen
     assert not stale, f"no longer written, strike from KNOWN_WRITES: {sorted(stale)}"
+
+
+def _runtime_imports_of(tree: ast.Module, module: str) -> list[int]:
+    """The lines where ``tree`` imports ``module`` outside an ``if TYPE_CHECKING:`` block."""
+    guarded = {id(node) for block in ast.walk(tree)
+               if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+               for statement in block.body for node in ast.walk(statement)}
+    return [node.lineno for node in ast.walk(tree) if id(node) not in guarded and (
+        (isinstance(node, ast.ImportFrom) and node.module == module)
+        or (isinstance(node, ast.Import) and any(alias.name == module for alias in node.names)))]
+
+
+def test_protocols_are_imported_only_for_type_checking():
+    offenders = {path: lines for path, tree in _modules() if (lines := _runtime_imports_of(tree, "tfstrategy._protocols"))}
+    assert not offenders, f"tfstrategy._protocols imported at run time: {offenders}. Import it under `if TYPE_CHECKING:`."
 
 
 @pytest.mark.parametrize("source, expected", [

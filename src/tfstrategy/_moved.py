@@ -20,7 +20,7 @@ REMOVED_IN = "0.4"
 def moved_names(module: str, new_home: str, names: tuple[str, ...]) -> Callable[[str], Any]:
     """A module ``__getattr__`` for ``module``: each of ``names`` warns that it moved to ``new_home`` and is read there."""
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> object:
         if name not in names:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         warnings.warn(f"{module}.{name} moved to {new_home} (from {new_home} import {name}); the old name is "

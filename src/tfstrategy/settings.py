@@ -146,13 +146,13 @@ def did_you_mean(received: str, options: Iterable[str]) -> str:
     return f" Did you mean {match!r}?" if match else ""
 
 
-def shorten(value: Any, limit: int = 80) -> str:
+def shorten(value: object, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters, so a 10 KB value makes a one-line message."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-def received(name: str, value: Any) -> str:
+def received(name: str, value: object) -> str:
     """A value as an error message names it: ``--devices cpu:9`` for a flag (a name starting ``--``, as the
     CLI passes), ``devices='cpu:9'`` for a keyword argument or ``TFSTRATEGY_DEVICES='cpu:9'`` for a variable.
 
@@ -183,9 +183,9 @@ def setting_name(name: str, setting: Setting, env_var: str) -> str:
 
 def resolve_setting(
     name: str,
-    argument: Any,
+    argument: object,
     env_var: str,
-    default: Any,
+    default: object,
     env: Mapping[str, str] | None = None,
     normalise: Callable[[Any, str], str] | None = None,
 ) -> Setting:
@@ -222,7 +222,7 @@ def resolve_setting(
     return Setting(value=argument, source="argument")
 
 
-def _normalise(value: Any, name: str = "") -> str:
+def _normalise(value: object, name: str = "") -> str:
     if isinstance(value, Enum):
         value = value.value
     if isinstance(value, (list, tuple)):
@@ -241,7 +241,7 @@ def parse_min_max(text: str) -> tuple[int | None, int] | None:
     return (int(low), int(high)) if low.isdigit() and high.isdigit() else None
 
 
-def parse_collective_timeout(value: Any, *, name: str = "collective_timeout") -> float | None:
+def parse_collective_timeout(value: object, *, name: str = "collective_timeout") -> float | None:
     """Seconds > 0 as a float; ``None`` for "wait forever" (``"none"``, ``0`` or ``inf``).
 
     Raises:

@@ -131,7 +131,7 @@ def distribute_dataset_target() -> str:
 
 
 @accessor("tensorflow.python.distribute.collective_all_reduce_strategy:CollectiveAllReduceExtended._num_workers")
-def collective_worker_count(extended: Any) -> int:
+def collective_worker_count(extended: object) -> int:
     """The number of workers a ``CollectiveAllReduceExtended`` spans (``_num_workers``; 1 if it has none)."""
     return int(getattr(extended, "_num_workers", 1))
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._compat.registry import accessor
 from tfstrategy._tf import tf
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Dataset
+
 
 @accessor("tensorflow.python.data.ops.dataset_ops:_VariantDataset")
-def dataset_from_variant(variant: Any, element_spec: Any) -> Any:
+def dataset_from_variant(variant: object, element_spec: object) -> object:
     """A ``tf.data.Dataset`` over a dataset variant tensor (from ``DatasetFromGraph``, say)."""
     from tensorflow.python.data.ops import dataset_ops
 
@@ -26,7 +29,7 @@ def dataset_inputs(dataset: Any) -> list[Any]:
 
 
 @accessor("tensorflow.python.data.ops.structured_function:StructuredFunctionWrapper.function")
-def dataset_function_outputs(dataset: Any) -> list[Any]:
+def dataset_function_outputs(dataset: Dataset) -> list[Any]:
     """The variant (dataset) outputs of the functions a transformation holds.
 
     ``interleave``/``flat_map`` keep their ``map_func`` and ``group_by_window``
@@ -35,7 +38,7 @@ def dataset_function_outputs(dataset: Any) -> list[Any]:
     are where their elements come from, yet ``_inputs()`` does not list them.
     """
     variant = tf().variant
-    outputs: list[Any] = []
+    outputs: list[object] = []
     for value in vars(dataset).values():
         graph = getattr(getattr(value, "function", None), "graph", None)
         if graph is not None:
@@ -44,7 +47,7 @@ def dataset_function_outputs(dataset: Any) -> list[Any]:
 
 
 @accessor("tensorflow.python.data.ops.structured_function:StructuredFunctionWrapper._func")
-def dataset_function_captures(dataset: Any) -> list[Any]:
+def dataset_function_captures(dataset: Dataset) -> list[object]:
     """The ``tf.data.Dataset`` objects the Python functions of a transformation capture.
 
     ``ds.interleave(lambda i: batched)`` returns a dataset made *outside* the
@@ -55,7 +58,7 @@ def dataset_function_captures(dataset: Any) -> list[Any]:
     """
     dataset_type = tf().data.Dataset
     variant = tf().variant
-    found: list[Any] = []
+    found: list[object] = []
     for value in vars(dataset).values():
         func: Any = getattr(value, "_func", None)  # the user's Python function
         code = getattr(func, "__code__", None)
@@ -87,10 +90,10 @@ def _cell_filled(cell: Any) -> bool:
 
 
 @accessor("tensorflow.python.framework.ops:Graph._get_function")
-def op_function_outputs(op: Any) -> list[Any]:
+def op_function_outputs(op: Any) -> list[object]:
     """The variant outputs of the functions a dataset op inside a function graph calls (nested interleave)."""
     variant = tf().variant
-    outputs: list[Any] = []
+    outputs: list[object] = []
     for attr in op.node_def.attr.values():
         name = attr.func.name if attr.HasField("func") else None
         function = op.graph._get_function(name) if name else None

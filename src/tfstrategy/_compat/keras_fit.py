@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._compat.keras_flavour import is_tf_keras_object
 from tfstrategy._compat.registry import accessor
 from tfstrategy._tf import tf
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
+
 
 @accessor("keras.src.trainers.trainer:Trainer.steps_per_execution | tf_keras.src.engine.training:Model._steps_per_execution")
-def steps_per_execution(model: Any) -> int:
+def steps_per_execution(model: Model) -> int:
     """A compiled model's K (Keras 3: an attribute; tf_keras: a variable)."""
     value: Any = getattr(model, "_steps_per_execution", None) if is_tf_keras_object(model) else None
     if value is None:
@@ -20,7 +23,7 @@ def steps_per_execution(model: Any) -> int:
 
 
 @accessor("keras.src.trainers.trainer:Trainer.steps_per_execution | tf_keras.src.engine.training:Model._configure_steps_per_execution")
-def set_steps_per_execution(model: Any, steps: int) -> None:
+def set_steps_per_execution(model: Model, steps: int) -> None:
     """Set K on a compiled model (Keras 3: a plain attribute; tf_keras: a variable behind a private setter)."""
     configure = getattr(model, "_configure_steps_per_execution", None)
     if configure is not None and is_tf_keras_object(model):
@@ -31,7 +34,7 @@ def set_steps_per_execution(model: Any, steps: int) -> None:
 
 
 @accessor("keras.src.backend.tensorflow.trainer:TFEpochIterator._distributed_dataset", "tensorflow.python.distribute.input_lib:DistributedDataset._original_dataset")
-def epoch_iterator_source(epoch_iterator: Any) -> Any:
+def epoch_iterator_source(epoch_iterator: object) -> Any:
     """The ``tf.data.Dataset`` a Keras 3 ``TFEpochIterator`` distributes, or ``None`` (data from a function,
     or another iterator)."""
     distributed = getattr(epoch_iterator, "_distributed_dataset", None)
@@ -49,8 +52,8 @@ def set_initial_epoch(model: Any, epoch: int, batch: int = 0) -> None:
     """
     if is_tf_keras_object(model):
         class _State:
-            def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: Any, initial_epoch: int,
-                                                      mode: Any = None) -> tuple[int, int]:
+            def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: object, initial_epoch: int,
+                                                      mode: object = None) -> tuple[int, int]:
                 return epoch, batch
 
         model._training_state = _State()
@@ -68,7 +71,7 @@ def clear_initial_epoch(model: Any) -> None:
     model._initial_epoch = None
 
 
-def skip_keras3_steps(model: Any, batches: int) -> None:
+def skip_keras3_steps(model: Model, batches: int) -> None:
     """Make Keras 3's ``fit`` consume the first ``batches`` batches of its epoch without training on them.
 
     Keras 3 resumes at epoch boundaries only: its ``fit`` calls ``model.train_function(iterator)``
@@ -83,7 +86,7 @@ def skip_keras3_steps(model: Any, batches: int) -> None:
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
     left = [batches]
 
-    def skipping(iterator: Any) -> Any:
+    def skipping(iterator: Any) -> object:
         if left[0] <= 0:
             return original(iterator)
         for _ in range(min(per_call, left[0])):
@@ -100,14 +103,14 @@ _BUILD_PEEK = "_maybe_symbolic_build"
 
 
 @accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build")
-def has_class_build_peek(model: Any) -> bool:
+def has_class_build_peek(model: Model) -> bool:
     """Whether a model runs its class's ``Trainer._maybe_symbolic_build`` (Keras 3's peek at one batch at the
     start of ``fit``): the class has one and the model does not override it."""
     return hasattr(type(model), _BUILD_PEEK) and _BUILD_PEEK not in vars(model)
 
 
 @accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build")
-def class_build_peek(model: Any, iterator: Any = None, data_batch: Any = None) -> Any:
+def class_build_peek(model: Model, iterator: object = None, data_batch: object = None) -> object:
     """Run the model's class's ``_maybe_symbolic_build`` (looked up at each call: a patch may wrap it later)."""
     return getattr(type(model), _BUILD_PEEK)(model, iterator=iterator, data_batch=data_batch)
 

@@ -6,7 +6,6 @@ import os
 import sys
 from collections.abc import Mapping
 from types import ModuleType
-from typing import Any
 
 from tfstrategy._compat.registry import accessor
 
@@ -14,12 +13,12 @@ from tfstrategy._compat.registry import accessor
 LEGACY_KERAS_TRUE = ("true", "True", "1")
 
 
-def is_tf_keras_object(obj: Any) -> bool:
+def is_tf_keras_object(obj: object) -> bool:
     """Whether ``obj`` (a model, optimizer, metric, ...) comes from tf_keras rather than Keras 3."""
     return any(klass.__module__.split(".", 1)[0] == "tf_keras" for klass in type(obj).__mro__)
 
 
-def keras_for(obj: Any = None) -> ModuleType:
+def keras_for(obj: object = None) -> ModuleType:
     """The Keras package ``obj`` belongs to, or the one ``tf.keras`` resolves to when ``obj`` is ``None``."""
     if is_tf_keras_object(obj) if obj is not None else keras_package() == "tf_keras":
         import tf_keras

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._compat.keras_flavour import is_tf_keras_object
 from tfstrategy._compat.keras_optimizers import optimizer_built
 from tfstrategy._compat.registry import accessor
 from tfstrategy._tf import tf
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy, Variable
+
 
 @accessor("keras.src.trainers.trainer:Trainer._distribute_strategy | tf_keras.src.engine.training:Model._distribution_strategy")
-def model_strategy(model: Any) -> Any:
+def model_strategy(model: Model) -> Any:
     """The strategy a model was created under (``None`` if Keras recorded none)."""
     # Keras 3 keeps it in `_distribute_strategy`, tf_keras in `_distribution_strategy`.
     for name in ("_distribute_strategy", "_distribution_strategy"):
@@ -23,12 +26,12 @@ def model_strategy(model: Any) -> Any:
 
 
 @accessor("keras.src.backend.tensorflow.core:Variable._value")
-def tf_variable(variable: Any) -> Any:
+def tf_variable(variable: Variable) -> Any:
     """The ``tf.Variable`` behind a Keras 3 variable (which wraps it in ``_value``); tf_keras' are already one."""
     return getattr(variable, "_value", variable)
 
 
-def model_metric_variables(model: Any) -> list[Any]:
+def model_metric_variables(model: Model) -> list[object]:
     """Variables of a model's built metrics (Keras 3 ``metrics_variables``; tf_keras has only ``metrics``)."""
     variables = getattr(model, "metrics_variables", None)
     if variables is not None:
@@ -36,7 +39,7 @@ def model_metric_variables(model: Any) -> list[Any]:
     return [variable for metric in getattr(model, "metrics", ()) for variable in metric.variables]
 
 
-def model_state_variables(model: Any) -> list[Any]:
+def model_state_variables(model: Model) -> list[object]:
     """Every variable a training step can change on the model: weights, and Keras 3's seed generator states.
 
     Keras 3's ``model.weights`` leaves out the seed generators (a ``Dropout``'s);
@@ -47,7 +50,7 @@ def model_state_variables(model: Any) -> list[Any]:
 
 
 @accessor("keras.src.trainers.trainer:Trainer._symbolic_build")
-def symbolic_build(model: Any, batch: Any) -> None:
+def symbolic_build(model: Model, batch: object) -> None:
     """Build a model's layers, compiled metrics and loss, and its optimizer's slots, from one batch.
 
     Keras 3's ``fit`` does it before its first step under a strategy (and at its
@@ -79,20 +82,20 @@ def keras_variable_types() -> tuple[type, ...]:
     return (variable,) if isinstance(variable, type) else ()
 
 
-def variable_path(variable: Any) -> str:
+def variable_path(variable: Variable) -> str:
     """A variable's name for messages: Keras 3's ``path`` (``dense/kernel``), else the tf.Variable ``name``."""
     return str(getattr(variable, "path", None) or variable.name)
 
 
 @accessor("keras.src.trainers.compile_utils:CompileMetrics._user_metrics | tf_keras.src.engine.compile_utils:MetricsContainer._user_metrics", "keras.src.trainers.compile_utils:CompileMetrics._user_weighted_metrics | tf_keras.src.engine.compile_utils:MetricsContainer._user_weighted_metrics")
-def compiled_metric_objects(model: Any) -> list[Any]:
+def compiled_metric_objects(model: Model) -> list[Any]:
     """Metric objects passed to ``compile`` that Keras has not built yet (before the first step).
 
     Keras 3 holds them in ``model._compile_metrics._user_metrics`` (and
     ``_user_weighted_metrics``) until the first step; tf_keras in
     ``model.compiled_metrics._user_metrics``.
     """
-    found: list[Any] = []
+    found: list[object] = []
     for holder_name in ("_compile_metrics", "compiled_metrics"):
         compiled = getattr(model, holder_name, None)
         if compiled is None or getattr(compiled, "built", getattr(compiled, "_built", True)):
@@ -104,7 +107,7 @@ def compiled_metric_objects(model: Any) -> list[Any]:
 
 
 @accessor("keras.src.ops.node:Node._keras_history | tf_keras.src.engine.node:Node._keras_history")
-def keras_tensor_layer(tensor: Any) -> Any:
+def keras_tensor_layer(tensor: object) -> object:
     """The layer that made a symbolic Keras tensor (a functional model's output), or ``None``.
 
     Read from ``tensor._keras_history``: its ``operation`` in Keras 3, its ``layer`` (or first item) in tf_keras.
@@ -117,7 +120,7 @@ def keras_tensor_layer(tensor: Any) -> Any:
 
 
 @accessor("keras.src.trainers.trainer:Trainer._distribute_strategy", "keras.src.trainers.trainer:Trainer._symbolic_build")
-def stand_in_build_model(strategy: Any, symbolic_build: Callable[..., None]) -> Any:
+def stand_in_build_model(strategy: Strategy, symbolic_build: Callable[..., None]) -> object:
     """A stand-in for a Keras 3 model as ``TensorFlowTrainer._maybe_symbolic_build`` reads it, for probes.
 
     Its strategy (``_distribute_strategy``, ``distribute_strategy``) is ``strategy``; its
@@ -127,7 +130,7 @@ def stand_in_build_model(strategy: Any, symbolic_build: Callable[..., None]) -> 
     class _Model:
         _distribute_strategy = distribute_strategy = strategy
 
-        def _symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
+        def _symbolic_build(self, iterator: object = None, data_batch: object = None) -> None:
             symbolic_build(iterator=iterator, data_batch=data_batch)
 
     return _Model()

@@ -6,26 +6,29 @@ import importlib
 import sys
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._compat.keras_trainer import keras3_tensorflow_trainer
 from tfstrategy._compat.registry import accessor
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Optimizer
+
 
 @accessor("keras.src.backend.tensorflow.optimizer:TFOptimizer._distribution_strategy | tf_keras.src.optimizers.optimizer:Optimizer._distribution_strategy")
-def optimizer_strategy(optimizer: Any, default: Any = None) -> Any:
+def optimizer_strategy(optimizer: Optimizer, default: object = None) -> Any:
     """The strategy an optimizer was created under (Keras 3 and tf_keras both call it ``_distribution_strategy``)."""
     return getattr(optimizer, "_distribution_strategy", default)
 
 
-def optimizer_variables(optimizer: Any) -> list[Any]:
+def optimizer_variables(optimizer: Optimizer) -> list[object]:
     """An optimizer's variables (a list in Keras 3 and tf_keras; a method on tf_keras' legacy optimizers)."""
     variables = optimizer.variables
     return list(variables() if callable(variables) and not isinstance(variables, list) else variables)
 
 
 @accessor("keras.src.optimizers.base_optimizer:BaseOptimizer.built | tf_keras.src.optimizers.optimizer:_BaseOptimizer._built")
-def optimizer_built(optimizer: Any) -> bool:
+def optimizer_built(optimizer: Optimizer) -> bool:
     """Whether an optimizer has its slot variables (Keras 3 ``built``; tf_keras sets ``_built`` in ``build``)."""
     if hasattr(optimizer, "built"):
         return bool(optimizer.built)
@@ -45,7 +48,7 @@ def keras3_loss_scale_module() -> ModuleType | None:
 
 
 @accessor("keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer._tf_apply._handle_cross_replica")
-def loss_scale_cross_replica_handler(apply: Any, optimizer: Any) -> Any:
+def loss_scale_cross_replica_handler(apply: Any, optimizer: object) -> object:
     """The ``_handle_cross_replica`` closure inside ``LossScaleOptimizer._tf_apply``, bound to ``optimizer``.
 
     Keras decides "apply or skip this step" there; the probe calls it with a
@@ -78,10 +81,10 @@ def loss_scale_step_handler(module: ModuleType, check_finite: Callable[[Any, Any
     """
 
     class _StandInOptimizer:
-        def check_finite(self, grads: Any) -> Any:
+        def check_finite(self, grads: object) -> object:
             return check_finite(self, grads)
 
-        def _stateful_handle_finite_grads(self, grads: Any, variables: Any) -> None:
+        def _stateful_handle_finite_grads(self, grads: object, variables: object) -> None:
             applied()
 
         def _stateful_handle_non_finite_grads(self) -> None:
@@ -103,7 +106,7 @@ def keras3_tf_optimizer_module() -> ModuleType | None:
 
 
 @accessor("keras.optimizers.legacy:SGD", "keras.optimizers.legacy:Adam", "keras._tf_keras.keras.optimizers.legacy:SGD?", "keras._tf_keras.keras.optimizers.legacy:Adam?")
-def keras3_legacy_optimizer_packages() -> Any:
+def keras3_legacy_optimizer_packages() -> object:
     """Every module object Keras 3 keeps its ``optimizers.legacy`` names in, as attributes of one namespace.
 
     ``keras.optimizers.legacy`` and ``tf.keras``'s copy (``keras._tf_keras.keras.optimizers.legacy``).
@@ -151,7 +154,7 @@ def optimizer_calls(optimizer: Any) -> Any:
 
 
 @accessor(f"{_BASE}._clip_gradients", f"{_BASE}._apply_weight_decay", f"{_BASE}._backend_update_step")
-def apply_step(optimizer: Any, grads: list[Any], variables: list[Any]) -> None:
+def apply_step(optimizer: Any, grads: list[object], variables: list[object]) -> None:
     """Keras 3's step of an optimizer for ``grads``: clipping, weight decay, then the update (all-reduced on replicas)."""
     grads = optimizer._clip_gradients(grads)
     optimizer._apply_weight_decay(variables)
@@ -165,6 +168,6 @@ def reset_gradient_accumulators(optimizer: Any) -> None:
 
 
 @accessor("keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients")
-def sums_gradients_across_replicas(optimizer: Any) -> bool:
+def sums_gradients_across_replicas(optimizer: Optimizer) -> bool:
     """Whether a Keras 3 optimizer is TensorFlow's, whose update step sums the replicas' gradients."""
     return hasattr(optimizer, "_all_reduce_sum_gradients")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._compat.registry import accessor
 from tfstrategy.state.replacement import get_path as get_path  # one walker of dotted paths, the replacements'
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Strategy
 
 
 @accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer")
@@ -67,7 +70,7 @@ def tensorboard_write_dir(callback: Any) -> Any:
 
 
 @accessor("keras.src.trainers.trainer:Trainer._distribute_strategy")
-def set_model_strategy(model: Any, strategy: Any) -> None:
+def set_model_strategy(model: Any, strategy: Strategy) -> None:
     """Record ``strategy`` as the one a Keras 3 model was created under (a probe's stand-in model)."""
     model._distribute_strategy = strategy
 
@@ -81,13 +84,13 @@ def keras3_tree() -> ModuleType:
     return module
 
 
-def set_path(root: Any, path: str, value: Any) -> None:
+def set_path(root: object, path: str, value: object) -> None:
     """Set ``root.a.b = value`` for ``path="a.b"``."""
     owner_path, _, name = path.rpartition(".")
     setattr(get_path(root, owner_path) if owner_path else root, name, value)
 
 
-def del_path(root: Any, path: str) -> None:
+def del_path(root: object, path: str) -> None:
     """Delete ``root.a.b`` for ``path="a.b"`` (an attribute a patch added)."""
     owner_path, _, name = path.rpartition(".")
     delattr(get_path(root, owner_path) if owner_path else root, name)

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 __all__ = ["AccessorStatus", "accessor", "accessor_status", "accessor_summary", "registered_accessors"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 #: name -> the upstream specs it needs, in registration order.
 _REGISTRY: dict[str, tuple[str, ...]] = {}
@@ -137,9 +137,9 @@ def _check_name(name: str, import_modules: bool) -> tuple[bool | None, str]:
     return True, ""
 
 
-def _names_in_code(owner: Any) -> set[str]:
+def _names_in_code(owner: object) -> set[str]:
     """Attribute, string-constant and nested-function names in the code of ``owner`` (a class or a function)."""
-    functions: list[Any] = []
+    functions: list[object] = []
     if inspect.isclass(owner):
         for klass in inspect.getmro(owner):
             for member in vars(klass).values():

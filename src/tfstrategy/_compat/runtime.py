@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
-from typing import Any
 
 from tfstrategy._compat.registry import accessor
 from tfstrategy._tf import tf
@@ -47,7 +46,7 @@ def variable_creator_scope_open() -> bool:
 
 
 @accessor("tensorflow.python.framework.ops:Graph._variable_creator_stack")
-def install_variable_creator(creator: Any) -> None:
+def install_variable_creator(creator: object) -> None:
     """Add ``creator`` to this thread's variable creator stack for the rest of the thread's life.
 
     What ``tf.variable_creator_scope`` does on entry, without a context to exit:

@@ -45,7 +45,7 @@ class Parser(argparse.ArgumentParser):
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
 
-    def _check_value(self, action: argparse.Action, value: Any) -> None:
+    def _check_value(self, action: argparse.Action, value: object) -> None:
         choices = action.choices
         if choices is None or value in choices:
             return

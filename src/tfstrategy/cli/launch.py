@@ -10,7 +10,7 @@ import textwrap
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfstrategy._tf import ensure_tensorflow_installed
 from tfstrategy.cli._common import add_program_arguments, program_from_args, quiet_tensorflow
@@ -231,7 +231,7 @@ class _WorkerCount(argparse.Action):
 class _NodeCount(argparse.Action):
     """``--nnodes N`` or ``MIN:MAX``: ``nnodes`` is N (or MAX), ``min_nodes`` MIN (``None`` for a fixed count)."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:
         from tfstrategy.launch.rendezvous.options import parse_nnodes
 

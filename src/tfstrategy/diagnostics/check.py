@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._tf import tf
 from tfstrategy.runtime.select import Selection, select
 from tfstrategy.scope.audit import audit_scope
 from tfstrategy.selection.names import strategy_name
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
 
 #: The seed's smoke-test batch; rounded up to a multiple of the replicas.
 SEED_BATCH = 8
@@ -48,7 +51,7 @@ class CheckReport:
 
     items: list[CheckItem] = field(default_factory=list)
 
-    def add(self, key: str, value: Any, ok: bool | None = None, *, text: str | None = None) -> None:
+    def add(self, key: str, value: object, ok: bool | None = None, *, text: str | None = None) -> None:
         self.items.append(CheckItem(key, value, ok, text))
 
     @property
@@ -62,12 +65,12 @@ class CheckReport:
     def lines(self) -> list[str]:
         return [item.line() for item in self.items]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict, typed: each key's value, then ``passed`` and ``failed``.
 
         docs/reference/check-json.md and its schema, docs/reference/check.schema.json, list the keys.
         """
-        result: dict[str, Any] = {item.key: item.value for item in self.items}
+        result: dict[str, object] = {item.key: item.value for item in self.items}
         result["passed"] = self.passed
         result["failed"] = self.failures
         return result
@@ -79,13 +82,13 @@ def _short(device: str) -> str:
     return f"/{kind.lower()}:{index}"
 
 
-def _variables_in_scope(strategy: Any, model: Any) -> tuple[bool, int]:
+def _variables_in_scope(strategy: Strategy, model: Model) -> tuple[bool, int]:
     """The scope audit of the model, its optimizer and metrics: (passed, variable count)."""
     report = audit_scope(model, strategy)
     return report.passed, len(report.variables)
 
 
-def _all_reduce(strategy: Any) -> tuple[bool, float]:
+def _all_reduce(strategy: Strategy) -> tuple[bool, float]:
     """Sum ``replica_id + 1`` over replicas; expected ``n (n + 1) / 2``."""
     tf_ = tf()
 
@@ -100,7 +103,7 @@ def _all_reduce(strategy: Any) -> tuple[bool, float]:
     return math.isclose(total, expected), total
 
 
-def _batch_split(strategy: Any, global_batch: int) -> tuple[bool, list[int]]:
+def _batch_split(strategy: Strategy, global_batch: int) -> tuple[bool, list[int]]:
     """Distribute one global batch and read each replica's share."""
     tf_ = tf()
     dataset = tf_.data.Dataset.from_tensor_slices(tf_.ones((global_batch, 4))).batch(global_batch)

@@ -115,7 +115,7 @@ def parse_nvidia_smi(output: str) -> tuple[dict[str, str], ...]:
     return tuple(rows)
 
 
-def describe_build(build: Mapping[str, Any]) -> str:
+def describe_build(build: Mapping[str, object]) -> str:
     """``CUDA build (CUDA 12.5, cuDNN 9)`` or ``CPU-only build``."""
     if build.get("is_cuda_build"):
         return f"CUDA build (CUDA {build.get('cuda_version', '?')}, cuDNN {build.get('cudnn_version', '?')})"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from tfstrategy.training.batching import plan_batch, replicas_of
 from tfstrategy.training.custom_loop import make_train_step
 from tfstrategy.training.datasets import prepare_dataset
 from tfstrategy.training.precision import computes_in, global_policy, loss_scale_optimizer
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Optimizer, Strategy
 
 __all__ = ["EquivalenceReport", "replica_equivalence", "add_equivalence"]
 
@@ -82,7 +85,7 @@ def _optimizer() -> Any:
     return tf().keras.optimizers.SGD(learning_rate=0.05)
 
 
-def _planted_per_replica_mean_step(model: Any, strategy: Any, optimizer: Any) -> Any:
+def _planted_per_replica_mean_step(model: Model, strategy: Strategy, optimizer: Optimizer) -> Any:
     """The bug the check must catch: each replica averages over its own batch."""
     tf_ = tf()
 
@@ -104,7 +107,7 @@ def _planted_per_replica_mean_step(model: Any, strategy: Any, optimizer: Any) ->
 
 
 def train_weights(
-    strategy: Any,
+    strategy: Strategy,
     method: str,
     weights: list[np.ndarray],
     *,
@@ -218,7 +221,7 @@ class EquivalenceReport:
 
 
 def replica_equivalence(
-    strategy: Any,
+    strategy: Strategy,
     *,
     steps: int = 8,
     global_batch: int | None = None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import signal
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from tfstrategy.errors import ClusterConfigError
 from tfstrategy.multiworker.cluster import ClusterConfig
@@ -96,7 +96,7 @@ class ClusterEnvironment(abc.ABC):
         return ()
 
     @classmethod
-    def report_values(cls, environ: Mapping[str, str]) -> dict[str, Any]:
+    def report_values(cls, environ: Mapping[str, str]) -> dict[str, object]:
         """``tfstrategy env --json``'s fields about this environment's variables (none by default); never raises."""
         return {}
 

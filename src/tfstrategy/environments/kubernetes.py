@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from tfstrategy.contract.pod import (
     COMPLETION_INDEX,
@@ -174,7 +174,7 @@ class KubernetesEnvironment(ClusterEnvironment):
         return (("Kubernetes", variables_line(values, None, "")), ("Kubernetes pod", _describe_pod(environ)))
 
     @classmethod
-    def report_values(cls, environ: Mapping[str, str]) -> dict[str, Any]:
+    def report_values(cls, environ: Mapping[str, str]) -> dict[str, object]:
         """The pod's variables and what they make of it, for ``--json``; never raises."""
         if not cls.detect(environ):
             return {}

@@ -420,7 +420,7 @@ class Slurm(ClusterEnvironment):
         return (line, ("Slurm job step", describe_slurm_step(environ))) if values else (line,)
 
     @classmethod
-    def report_values(cls, environ: Mapping[str, str]) -> dict[str, Any]:
+    def report_values(cls, environ: Mapping[str, str]) -> dict[str, object]:
         """Every ``SLURM_*`` variable, and the job step in one line."""
         values = {key: environ[key] for key in sorted(environ) if key.startswith("SLURM_")}
         return {"slurm": values, "slurm_step": describe_slurm_step(environ)}

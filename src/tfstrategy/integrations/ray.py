@@ -37,7 +37,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
@@ -45,6 +45,9 @@ from tfstrategy.errors import CheckpointError, ClusterConfigError, MissingDepend
 from tfstrategy.multiworker.cluster import load_cluster_config
 from tfstrategy.runtime.select import Selection, select
 from tfstrategy.scope.build import BuildReport, ModelSource, build_in_scope
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Logs, Model
 
 __all__ = ["RayRun", "prepare", "report_callback", "report_epoch"]
 
@@ -79,7 +82,7 @@ class RayRun:
     """What :func:`prepare` made for this worker: the strategy, the model and where training resumes."""
 
     selection: Selection
-    model: Any
+    model: Any  # the user's model, all of it (the Model protocol has only what tfstrategy uses)
     build: BuildReport
     #: Epochs already done (pass it to ``fit(initial_epoch=...)``); 0 on a fresh start.
     initial_epoch: int = 0
@@ -87,10 +90,10 @@ class RayRun:
     resumed_from: str | None = None
 
     @property
-    def strategy(self) -> Any:
+    def strategy(self) -> Any:  # Selection.strategy (see there)
         return self.selection.strategy
 
-    def callback(self) -> Any:
+    def callback(self) -> object:
         """The Keras callback that reports each epoch with a checkpoint (:func:`report_callback`)."""
         return report_callback()
 
@@ -195,7 +198,7 @@ def _metrics(epoch: int, step: int, metrics: Mapping[str, Any] | None) -> dict[s
     return {**values, "epoch": epoch, "step": step}
 
 
-def report_epoch(model: Any, epoch: int, metrics: Mapping[str, Any] | None = None) -> None:
+def report_epoch(model: Model, epoch: int, metrics: Mapping[str, Any] | None = None) -> None:
     """Report ``metrics`` with a checkpoint of ``model`` after ``epoch`` epochs; call it on every worker.
 
     Every worker writes a ``tf.train.Checkpoint`` of the model and its optimizer
@@ -232,7 +235,7 @@ def report_epoch(model: Any, epoch: int, metrics: Mapping[str, Any] | None = Non
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def report_callback() -> Any:
+def report_callback() -> object:
     """A Keras callback that calls :func:`report_epoch` at the end of every epoch.
 
     Example:
@@ -243,7 +246,7 @@ def report_callback() -> Any:
     class RayReport(keras.callbacks.Callback):  # type: ignore[name-defined]  # an untyped TensorFlow/Keras class
         """Reports each epoch's logs to Ray Train with a checkpoint (the chief's)."""
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             report_epoch(self.model, epoch + 1, logs)
 
     return RayReport()

@@ -19,7 +19,6 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 from tfstrategy.errors import LaunchError
 from tfstrategy.kubernetes.names import label_key_problem, label_value_problem
@@ -58,9 +57,9 @@ class Toleration:
         """The flag's form, ``KEY[=VALUE][:EFFECT]``."""
         return self.key + ("" if self.value is None else f"={self.value}") + ("" if self.effect is None else f":{self.effect}")
 
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> dict[str, object]:
         """The ``tolerations`` entry: operator Equal with a value, Exists without; no effect means every effect."""
-        entry: dict[str, Any] = {"key": self.key, "operator": "Exists" if self.value is None else "Equal"}
+        entry: dict[str, object] = {"key": self.key, "operator": "Exists" if self.value is None else "Equal"}
         if self.value is not None:
             entry["value"] = self.value
         if self.effect is not None:
@@ -157,10 +156,10 @@ def parse_ttl(text: str) -> int | None:
     return int(text)
 
 
-def resources(cpu: str | None, memory: str | None, cpu_limit: str | None, gpus: int) -> dict[str, Any]:
+def resources(cpu: str | None, memory: str | None, cpu_limit: str | None, gpus: int) -> dict[str, object]:
     """The container's ``resources`` (this module's docstring says why memory has a limit and CPU not)."""
-    requests: dict[str, Any] = {}
-    limits: dict[str, Any] = {}
+    requests: dict[str, object] = {}
+    limits: dict[str, object] = {}
     if cpu is not None:
         requests["cpu"] = cpu
     if cpu_limit is not None:

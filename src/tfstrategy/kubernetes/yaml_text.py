@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 __all__ = ["dump", "dump_all"]
 
@@ -26,7 +25,7 @@ _PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./-]*$")
 _KEYWORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null", "nan", "inf"})
 
 
-def _scalar(value: Any) -> str:
+def _scalar(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -38,7 +37,7 @@ def _scalar(value: Any) -> str:
     raise TypeError(f"Received {type(value).__name__} {value!r}; expected a dict, list, str, int or bool.")
 
 
-def _lines(value: Any, indent: int) -> list[str]:
+def _lines(value: object, indent: int) -> list[str]:
     pad = " " * indent
     if isinstance(value, Mapping):
         if not value:
@@ -67,7 +66,7 @@ def _lines(value: Any, indent: int) -> list[str]:
     return [pad + _scalar(value)]
 
 
-def _inline(value: Any) -> str:
+def _inline(value: object) -> str:
     if isinstance(value, Mapping):
         return "{}"
     if isinstance(value, (list, tuple)):
@@ -75,11 +74,11 @@ def _inline(value: Any) -> str:
     return _scalar(value)
 
 
-def dump(document: Mapping[str, Any]) -> str:
+def dump(document: Mapping[str, object]) -> str:
     """One document as block-style YAML text ending in a newline."""
     return "\n".join(_lines(document, 0)) + "\n"
 
 
-def dump_all(documents: Sequence[Mapping[str, Any]]) -> str:
+def dump_all(documents: Sequence[Mapping[str, object]]) -> str:
     """Several documents separated by ``---``, as ``kubectl apply -f`` reads them."""
     return "---\n".join(dump(document) for document in documents)

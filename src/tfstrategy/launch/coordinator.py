@@ -11,7 +11,7 @@ the job's shape.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from tfstrategy.launch.processes import LOOPBACK, free_ports
 from tfstrategy.launch.states import Failure, Outcome
@@ -98,10 +98,10 @@ class Coordinator(Protocol):
     def decide(self, attempt: int, failure: Failure) -> Event:
         """The decision after ``failure`` on this machine: the attempt's root cause, restart or not."""
 
-    def share(self, attempt: int, views: tuple[dict[str, Any], ...]) -> None:
+    def share(self, attempt: int, views: tuple[dict[str, object], ...]) -> None:
         """Give node 0 this node's workers' compact views (``--nnodes``), for a diagnosis across nodes."""
 
-    def remote_views(self, attempt: int) -> tuple[dict[str, Any], ...] | None:
+    def remote_views(self, attempt: int) -> tuple[dict[str, object], ...] | None:
         """The other nodes' workers' latest views (``--nnodes``) on node 0, to watch every worker for stragglers;
         ``None`` where this launcher does not (another node: node 0 watches them all)."""
 
@@ -165,10 +165,10 @@ class LocalCoordinator:
             self.restarts, self.workers = self.restarts + 1, self.most
         return Event.failed(failure, restart=restart)
 
-    def share(self, attempt: int, views: tuple[dict[str, Any], ...]) -> None:
+    def share(self, attempt: int, views: tuple[dict[str, object], ...]) -> None:
         """Nothing to share: every worker is here."""
 
-    def remote_views(self, attempt: int) -> tuple[dict[str, Any], ...] | None:
+    def remote_views(self, attempt: int) -> tuple[dict[str, object], ...] | None:
         """No other node: every worker is here, and watched here."""
         return ()
 

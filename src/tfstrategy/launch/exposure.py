@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 __all__ = ["network_interfaces", "exposure_warning", "describe_tf_config_exposure", "GUIDE"]
 
@@ -52,7 +51,7 @@ def exposure_warning(ports: Sequence[int], interfaces: Iterable[str]) -> str | N
             f"({GUIDE}: firewall rules)")
 
 
-def describe_tf_config_exposure(config: Mapping[str, Any] | None, interfaces: Iterable[str]) -> str:
+def describe_tf_config_exposure(config: Mapping[str, object] | None, interfaces: Iterable[str]) -> str:
     """``tfstrategy env``'s line about this task's TensorFlow server."""
     interfaces = list(interfaces)
     config = config if isinstance(config, Mapping) else {}

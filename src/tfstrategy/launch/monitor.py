@@ -32,7 +32,6 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tfstrategy.contract.exits import EXIT_PREEMPTED, shell_status
 from tfstrategy.contract.ledger import Ledger
@@ -120,7 +119,7 @@ class GroupMonitor:
     # --- observations -> worker states ------------------------------------------------------------
 
     def update(self, now: float, wall: float, seen: dict[int, Observation], *,
-               elsewhere: Sequence[Mapping[str, Any]] | None = None) -> Decision:
+               elsewhere: Sequence[Mapping[str, object]] | None = None) -> Decision:
         """One tick: apply what was seen at monotonic ``now`` (wall clock ``wall``); what to do.
 
         ``elsewhere``: on node 0 of several (``--nnodes``), the other nodes' latest worker views (as
@@ -178,7 +177,7 @@ class GroupMonitor:
         """The cause the workers' ledgers and states show (:func:`~tfstrategy.launch.ledger_diagnosis.diagnose`)."""
         return diagnose(self.views(), peers_elsewhere=self.peers_elsewhere)
 
-    def wire_views(self) -> tuple[dict[str, Any], ...]:
+    def wire_views(self) -> tuple[dict[str, object], ...]:
         """Every worker's view as this node sends it to node 0, to diagnose across nodes (``--nnodes``)."""
         return tuple(view_to_wire(view) for view in self.views())
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 # The exit statuses moved to the contract; their names stay importable here.
 from tfstrategy.contract.exits import EXIT_FAILURE as EXIT_FAILURE
@@ -110,7 +109,7 @@ class Failure:
     killed: bool = False
     #: This node's workers as node 0 needs them to diagnose across nodes (``--nnodes``; the wire form of
     #: :func:`tfstrategy.launch.ledger_diagnosis.view_to_wire`); not part of the report.
-    views: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
+    views: tuple[dict[str, object], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def exit_status(self) -> int:
@@ -190,7 +189,7 @@ class RunResult:
     #: Seconds from a worker's last progress to the launcher reporting its stall.
     stall_seconds: list[float] = field(default_factory=list)
     #: An elastic job's re-formations (:func:`tfstrategy.launch.elastic.reformation_record`), in order.
-    reformations: list[dict[str, Any]] = field(default_factory=list)
+    reformations: list[dict[str, object]] = field(default_factory=list)
     #: Seconds from a re-formation to every worker of the re-formed group having joined.
     reform_seconds: list[float] = field(default_factory=list)
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import SaveError
 from tfstrategy.multiworker.coordinated import CoordinatedBackup, ResumePoint
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Logs, Model, Strategy
+
 __all__ = ["backup_callback", "validate_save_freq", "LoopBackup"]
 
 
-def validate_save_freq(save_freq: Any) -> Any:
+def validate_save_freq(save_freq: object) -> Any:
     """``"epoch"`` or a positive number of batches.
 
     Raises:
@@ -31,7 +34,7 @@ def validate_save_freq(save_freq: Any) -> Any:
                     "of batches > 0, e.g. save_freq=50.")
 
 
-def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", delete_checkpoint: bool = True) -> Any:
+def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", delete_checkpoint: bool = True) -> object:
     """A Keras callback doing ``BackupAndRestore``'s job with the commit rule (see :func:`tfstrategy.backup_callbacks`)."""
     keras = _compat.keras_for()
     save_freq = validate_save_freq(save_freq)
@@ -51,7 +54,7 @@ def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", d
         def __repr__(self) -> str:
             return f"CoordinatedBackupAndRestore on {self.backup_dir}"
 
-        def on_train_begin(self, logs: Any = None) -> None:
+        def on_train_begin(self, logs: Logs = None) -> None:
             strategy = _compat.model_strategy(self.model) or tf().distribute.get_strategy()
             self.backup = CoordinatedBackup(self.backup_dir, strategy)
             self.resumed = self.backup.restore(self.model)
@@ -59,11 +62,11 @@ def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", d
                 _compat.set_initial_epoch(self.model, self.resumed.epoch, self.resumed.batch)
                 _compat.skip_keras3_steps(self.model, self.resumed.batch)
 
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
             self._epoch = epoch
             self._saved_at = self.resumed.batch if epoch == self.resumed.epoch else 0
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
             if self.save_freq == "epoch" or self.backup is None:
                 return
             done = batch + 1
@@ -78,11 +81,11 @@ def backup_callback(base: str | os.PathLike[str], *, save_freq: Any = "epoch", d
             else:
                 self.backup.save(self.model, epoch=self._epoch, batch=done)
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             if self.backup is not None and self.save_freq == "epoch":
                 self.backup.save(self.model, epoch=epoch + 1, batch=0)
 
-        def on_train_end(self, logs: Any = None) -> None:
+        def on_train_end(self, logs: Logs = None) -> None:
             _compat.clear_initial_epoch(self.model)
             if self.backup is None:
                 return
@@ -109,8 +112,8 @@ class LoopBackup:
         delete_at_finish: remove the backup when :meth:`finish` is called.
     """
 
-    def __init__(self, model: Any, *, strategy: Any, backup_dir: str | os.PathLike[str] | None,
-                 save_freq: Any = "epoch", delete_at_finish: bool = True) -> None:
+    def __init__(self, model: Model, *, strategy: Strategy, backup_dir: str | os.PathLike[str] | None,
+                 save_freq: object = "epoch", delete_at_finish: bool = True) -> None:
         self.model = model
         self.save_freq = validate_save_freq(save_freq)
         self.delete_at_finish = delete_at_finish

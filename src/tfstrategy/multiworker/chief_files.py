@@ -84,7 +84,7 @@ def shared_job(env: Mapping[str, str] | None = None) -> ClusterConfig | None:
     return config if config is not None and config.num_workers > 1 else None
 
 
-def keep_per_worker(writer: Any) -> Any:
+def keep_per_worker(writer: object) -> Any:
     """Mark ``writer`` (e.g. a ``BackupAndRestore`` on ``<dir>/worker-<i>``) as writing this worker's own path.
 
     Its files are then written on every worker, as Keras itself would; ``backup_callbacks()`` marks its callbacks.
@@ -93,7 +93,7 @@ def keep_per_worker(writer: Any) -> Any:
     return writer
 
 
-def is_per_worker(writer: Any) -> bool:
+def is_per_worker(writer: object) -> bool:
     """Whether :func:`keep_per_worker` marked ``writer``."""
     return bool(getattr(writer, PER_WORKER, False))
 

@@ -120,7 +120,7 @@ class ClusterConfig:
         return json.dumps(self.to_dict())
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     try:
         text = json.dumps(value) if isinstance(value, (dict, list, str, int)) else repr(value)
     except (ValueError, RecursionError):  # an int over 4300 digits, a deeply nested value
@@ -132,7 +132,7 @@ def _fail(problem: str, fix: str) -> ClusterConfigError:
     return ClusterConfigError(f"{problem}. {fix} Expected for example TF_CONFIG={EXAMPLE_TF_CONFIG}.")
 
 
-def parse_address(address: Any, where: str) -> tuple[str, int]:
+def parse_address(address: object, where: str) -> tuple[str, int]:
     """Split ``host:port`` (``[::1]:port`` for IPv6) and check the port.
 
     Raises:
@@ -264,7 +264,7 @@ def validate_tf_config(config: Mapping[str, Any]) -> ClusterConfig:
     return ClusterConfig(cluster=parsed, task_type=task_type, task_index=task_index)
 
 
-def _address_at(cluster: Mapping[str, Any], where: str) -> Any:
+def _address_at(cluster: Mapping[str, Any], where: str) -> object:
     """The address at ``cluster.ROLE[I]`` (``where`` as produced by validation)."""
     role, index = where.removeprefix("cluster.").rstrip("]").split("[")
     return cluster[role][int(index)]
@@ -321,7 +321,7 @@ def tf_config_from_hosts(hosts: Sequence[str] | str, task_index: int, *, port: i
     return validate_tf_config(config)
 
 
-def check_port(port: Any, name: str = "port") -> None:
+def check_port(port: object, name: str = "port") -> None:
     """Raise unless ``port`` is an int in 1-65535.
 
     Raises:

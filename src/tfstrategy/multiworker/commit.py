@@ -36,7 +36,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tfstrategy import environments
 from tfstrategy.errors import BackupError, BackupLockedError, UntrustedBackupError
@@ -127,7 +126,7 @@ class Part:
     size: int
     sha256: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"format": FORMAT, "job_id": self.job_id, "step": self.step, "epoch": self.epoch,
                 "batch": self.batch, "size": self.size, "sha256": self.sha256}
 
@@ -141,11 +140,11 @@ class CommitRecord:
     #: Committed steps, newest first (at most two).
     steps: tuple[int, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"format": FORMAT, "job_id": self.job_id, "workers": self.workers, "committed": list(self.steps)}
 
 
-def _load_json(path: Path, what: str) -> dict[str, Any]:
+def _load_json(path: Path, what: str) -> dict[str, object]:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -166,7 +165,7 @@ def _reason(error: BaseException) -> str:
     return str(error).splitlines()[0][:200]
 
 
-def _int(data: Mapping[str, Any], key: str, path: Path, what: str) -> int:
+def _int(data: Mapping[str, object], key: str, path: Path, what: str) -> int:
     value = data.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise BackupError(f"The {what} {path} has {key}={value!r}; expected an integer >= 0. It is not loaded.")
@@ -410,7 +409,7 @@ class DirectoryLock:
         self.release()
 
 
-def _read_holder(fd: int) -> dict[str, Any]:
+def _read_holder(fd: int) -> dict[str, object]:
     try:
         data = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
     except (OSError, ValueError):

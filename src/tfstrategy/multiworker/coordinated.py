@@ -34,7 +34,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
@@ -43,6 +43,9 @@ from tfstrategy.errors import BackupError, CheckpointError, TFStrategyError
 from tfstrategy.multiworker import commit
 from tfstrategy.multiworker.cluster import load_cluster_config
 from tfstrategy.selection.names import strategy_name
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
 
 __all__ = ["ResumePoint", "CoordinatedBackup", "FAULT_ENV"]
 
@@ -84,7 +87,7 @@ class CoordinatedBackup:
         ClusterConfigError: ``TF_CONFIG`` is invalid.
     """
 
-    def __init__(self, base: str | os.PathLike[str], strategy: Any, *, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, base: str | os.PathLike[str], strategy: Strategy, *, env: Mapping[str, str] | None = None) -> None:
         self.env = dict(os.environ if env is None else env)
         config = load_cluster_config(self.env)
         self.base = Path(base)
@@ -118,11 +121,11 @@ class CoordinatedBackup:
         if self._gather_fn is None:
             strategy = self.strategy
 
-            def gather(value: Any) -> Any:
+            def gather(value: object) -> object:
                 # identity() puts the value on this replica's device, for the collective to send it from.
                 return tf_.distribute.get_replica_context().all_gather(tf_.identity(value), axis=0)
 
-            def run(value: Any) -> Any:
+            def run(value: object) -> object:
                 return strategy.experimental_local_results(strategy.run(gather, args=(value,)))[0]
 
             self._gather_fn = tf_.function(run, autograph=False)
@@ -184,7 +187,7 @@ class CoordinatedBackup:
                 return peer / commit.part_name(step), own
         return None, own
 
-    def restore(self, model: Any) -> ResumePoint:
+    def restore(self, model: Model) -> ResumePoint:
         """Agree with every worker on the step to resume and load it into ``model`` (a collective).
 
         Returns:
@@ -280,7 +283,7 @@ class CoordinatedBackup:
              f"{resume.reason}")
         return ResumePoint(step=part.step, epoch=part.epoch, batch=part.batch)
 
-    def _load(self, model: Any, path: Path) -> None:
+    def _load(self, model: Model, path: Path) -> None:
         from tfstrategy.scope.restore import restore_checkpoint
 
         optimizer = _optimizer_of(model)
@@ -291,7 +294,7 @@ class CoordinatedBackup:
 
     # --- save ----------------------------------------------------------------------------
 
-    def save(self, model: Any, *, epoch: int, batch: int) -> bool:
+    def save(self, model: Model, *, epoch: int, batch: int) -> bool:
         """Write this worker's part of the current step and commit it once every worker has (a collective).
 
         Args:
@@ -324,7 +327,7 @@ class CoordinatedBackup:
         self._prune(keep=set(steps))
         return True
 
-    def _write_part(self, model: Any, step: int, epoch: int, batch: int) -> None:
+    def _write_part(self, model: Model, step: int, epoch: int, batch: int) -> None:
         self._fault_point("before", step)
         tmp = self.directory / f".tmp-{os.getpid()}-{commit.part_name(step)}"
         with _own_path():
@@ -388,5 +391,5 @@ def _own_path() -> Any:
     return passing_through()
 
 
-def _optimizer_of(model: Any) -> Any:
+def _optimizer_of(model: Model) -> Any:
     return getattr(model, "optimizer", None)

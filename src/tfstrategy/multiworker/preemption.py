@@ -27,13 +27,16 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.contract.exits import EXIT_PREEMPTED as PREEMPTED_EXIT_CODE  # re-exported: it moved there
 from tfstrategy.environments import preemption_signal, restart_count
 from tfstrategy.errors import PlatformError
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Logs, Strategy
 
 __all__ = ["preemption_callbacks"]
 
@@ -64,7 +67,7 @@ class PreemptionWatcher:
             number, handler = self._previous.popitem()
             signal.signal(number, handler)
 
-    def _handle(self, number: int, frame: Any) -> None:
+    def _handle(self, number: int, frame: object) -> None:
         if self.received_at is None:
             self.received_at = time.time()
 
@@ -73,7 +76,7 @@ class PreemptionWatcher:
         """Whether this worker received a signal."""
         return self.received_at is not None
 
-    def agreed(self, strategy: Any) -> bool:
+    def agreed(self, strategy: Strategy) -> bool:
         """Whether any worker received a signal; a collective every worker must call at the same step."""
         if self._agree_fn is None:
             self._agree_fn = _make_agree_fn(strategy)
@@ -81,20 +84,20 @@ class PreemptionWatcher:
         return bool(self._agree_fn(flag).numpy() > 0)
 
 
-def _make_agree_fn(strategy: Any) -> Any:
+def _make_agree_fn(strategy: Strategy) -> object:
     tf_ = tf()
 
-    def sum_flags(flag: Any) -> Any:
+    def sum_flags(flag: object) -> object:
         # identity() places the value on this replica's device; the all-reduce needs one to send from.
         return tf_.distribute.get_replica_context().all_reduce(tf_.distribute.ReduceOp.SUM, tf_.identity(flag))
 
-    def agree(flag: Any) -> Any:
+    def agree(flag: object) -> object:
         return strategy.experimental_local_results(strategy.run(sum_flags, args=(flag,)))[0]
 
     return tf_.function(agree)
 
 
-def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
+def preemption_callback(watcher: PreemptionWatcher | None = None) -> object:
     """A Keras callback: on SIGTERM, stop every worker at one agreed step and exit with status 75.
 
     Place it after the backup callback (as :func:`tfstrategy.preemption_callbacks` does), so a stop
@@ -106,7 +109,7 @@ def preemption_callback(watcher: PreemptionWatcher | None = None) -> Any:
     return _stop_on_preemption(keras.callbacks.Callback, watcher)
 
 
-def _stop_on_preemption(base: Any, watcher: PreemptionWatcher) -> Any:
+def _stop_on_preemption(base: Any, watcher: PreemptionWatcher) -> object:
     class StopOnPreemption(base):
         """Stops fit at the step every worker agreed on after a SIGTERM, then exits with status 75."""
 
@@ -116,16 +119,16 @@ def _stop_on_preemption(base: Any, watcher: PreemptionWatcher) -> Any:
             self._epoch = 0
             self._exit_after_epoch = False
 
-        def on_train_begin(self, logs: Any = None) -> None:
+        def on_train_begin(self, logs: Logs = None) -> None:
             watcher.install()
             restart = restart_count()
             if restart:
                 _say(f"restart {restart}: training resumes from the backup at {time.time():.3f}")
 
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
             self._epoch = epoch
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
             if not watcher.agreed(_compat.model_strategy(self.model)):
                 return
             steps, epochs = self.params.get("steps"), self.params.get("epochs")
@@ -139,11 +142,11 @@ def _stop_on_preemption(base: Any, watcher: PreemptionWatcher) -> Any:
             self._exit(f"epoch {self._epoch + 1} batch {batch + 1}; every worker resumes from the last committed backup "
                        "after the restart")
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             if self._exit_after_epoch:
                 self._exit(f"the end of epoch {epoch + 1}, after its backup")
 
-        def on_train_end(self, logs: Any = None) -> None:
+        def on_train_end(self, logs: Logs = None) -> None:
             watcher.uninstall()
 
         def _exit(self, where: str) -> None:
@@ -171,7 +174,7 @@ def _say(text: str) -> None:
     print(f"tfstrategy: {text}", file=sys.stderr, flush=True)
 
 
-def preemption_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options: Any) -> list[Any]:
+def preemption_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options: object) -> list[object]:
     """:func:`tfstrategy.backup_callbacks` plus a callback that stops all workers at one step on SIGTERM.
 
     Pass the result to ``model.fit(callbacks=[*tfstrategy.preemption_callbacks(), ...])``. On

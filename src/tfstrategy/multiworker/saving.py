@@ -18,11 +18,14 @@ import errno
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tfstrategy.errors import SaveError
 from tfstrategy.multiworker.chief_files import chief_write
 from tfstrategy.multiworker.cluster import load_cluster_config
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 __all__ = ["save_model"]
 
@@ -46,7 +49,7 @@ def validate_save_path(path: object) -> Path:
     return path
 
 
-def save_model(model: Any, path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Path | None:
+def save_model(model: Model, path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Path | None:
     """Save ``model`` (``.keras``) or its weights (``.weights.h5``); call it on every worker.
 
     Args:

@@ -28,7 +28,6 @@ import errno
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from tfstrategy.contract.files import starting_file
 from tfstrategy.errors import SaveError
@@ -83,7 +82,7 @@ def worker_backup_dir(backup_dir: str | os.PathLike[str] | None = None, env: Map
     return Path(base) / (config.task_name if config else "worker-0")
 
 
-def backup_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options: Any) -> list[Any]:
+def backup_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options: object) -> list[object]:
     """A coordinated ``BackupAndRestore`` for this job, or ``[]`` if no backup directory is configured.
 
     Pass the result to ``model.fit(callbacks=[*tfstrategy.backup_callbacks(), ...])``: under

@@ -54,12 +54,16 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.multiworker import chief_files
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Logs, Model
 
 SAVE_MODEL = "saving.saving_lib.save_model"
 SAVE_WEIGHTS = "saving.saving_lib.save_weights_only"
@@ -80,22 +84,22 @@ TENSORBOARD_END = "callbacks.tensorboard.TensorBoard.on_train_end"
 _PRIVATE = "_tfstrategy_private_dir"
 
 
-def _model_writer(original: Callable[..., Any]) -> Callable[..., Any]:
+def _model_writer(original: Callable[..., object]) -> Callable[..., object]:
     """``original(model_or_self, filepath, ...)`` writing where :func:`chief_write` says."""
 
     @functools.wraps(original)
-    def write(owner: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+    def write(owner: object, filepath: object, *args: object, **kwargs: object) -> object:
         with chief_files.chief_write(filepath) as target:
             return original(owner, target, *args, **kwargs)
 
     return write
 
 
-def _atomic_download(original: Callable[..., Any]) -> Callable[..., Any]:
+def _atomic_download(original: Callable[..., object]) -> Callable[..., object]:
     """Download into a private part file and rename it into place, so no worker reads a partial download."""
 
     @functools.wraps(original)
-    def urlretrieve(url: Any, filename: Any = None, *args: Any, **kwargs: Any) -> Any:
+    def urlretrieve(url: Any, filename: Any = None, *args: object, **kwargs: object) -> object:
         config = chief_files.shared_job()
         if config is None or filename is None:
             return original(url, filename, *args, **kwargs)
@@ -112,9 +116,9 @@ def _atomic_download(original: Callable[..., Any]) -> Callable[..., Any]:
     return urlretrieve
 
 
-def _tolerant_makedirs(original: Callable[..., Any]) -> Callable[..., Any]:
+def _tolerant_makedirs(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def makedirs(path: Any) -> Any:
+    def makedirs(path: Any) -> object:
         try:
             return original(path)
         except FileExistsError:
@@ -142,9 +146,9 @@ def _backup_paths(callback: Any, directory: str) -> Iterator[None]:
             setattr(callback, name, value)
 
 
-def _backup_writer(original: Callable[..., Any]) -> Callable[..., Any]:
+def _backup_writer(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def backup_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def backup_step(self: Any, *args: object, **kwargs: object) -> object:
         if chief_files.is_per_worker(self):  # backup_callbacks(): a directory per worker already
             with chief_files.passing_through():
                 return original(self, *args, **kwargs)
@@ -158,9 +162,9 @@ def _backup_writer(original: Callable[..., Any]) -> Callable[..., Any]:
     return backup_step
 
 
-def _csv_begin(original: Callable[..., Any]) -> Callable[..., Any]:
+def _csv_begin(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def on_train_begin(self: Any, logs: Any = None) -> Any:
+    def on_train_begin(self: Any, logs: Logs = None) -> object:
         config = chief_files.shared_job()
         if config is None or config.is_chief:
             return original(self, logs)
@@ -177,9 +181,9 @@ def _csv_begin(original: Callable[..., Any]) -> Callable[..., Any]:
     return on_train_begin
 
 
-def _csv_end(original: Callable[..., Any]) -> Callable[..., Any]:
+def _csv_end(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def on_train_end(self: Any, logs: Any = None) -> Any:
+    def on_train_end(self: Any, logs: Logs = None) -> object:
         # The chief's log is complete (closed) before on_train_end returns on any worker.
         with chief_files.chief_write(os.fspath(self.filename)):
             try:
@@ -191,9 +195,9 @@ def _csv_end(original: Callable[..., Any]) -> Callable[..., Any]:
     return on_train_end
 
 
-def _tensorboard_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
+def _tensorboard_set_model(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def set_model(self: Any, model: Any) -> Any:
+    def set_model(self: Any, model: Model) -> object:
         config = chief_files.shared_job()
         if config is None or config.is_chief:
             return original(self, model)
@@ -209,9 +213,9 @@ def _tensorboard_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
     return set_model
 
 
-def _tensorboard_end(original: Callable[..., Any]) -> Callable[..., Any]:
+def _tensorboard_end(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def on_train_end(self: Any, logs: Any = None) -> Any:
+    def on_train_end(self: object, logs: Logs = None) -> object:
         try:
             return original(self, logs)
         finally:
@@ -223,7 +227,7 @@ def _tensorboard_end(original: Callable[..., Any]) -> Callable[..., Any]:
     return on_train_end
 
 
-_REPLACEMENTS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+_REPLACEMENTS: dict[str, Callable[[Callable[..., object]], Callable[..., object]]] = {
     SAVE_MODEL: _model_writer,
     SAVE_WEIGHTS: _model_writer,
     SAVE_H5: _model_writer,
@@ -240,7 +244,7 @@ _REPLACEMENTS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
 }
 
 
-def stand_in_worker_model(saved: list[str] | None = None) -> Any:
+def stand_in_worker_model(saved: list[str] | None = None) -> object:
     """A Keras 3 model whose strategy is worker 1 of a 2-worker MultiWorkerMirroredStrategy (no cluster, no op)."""
     import keras
 
@@ -252,14 +256,14 @@ def stand_in_worker_model(saved: list[str] | None = None) -> Any:
                 "/job:worker/replica:0/task:1/device:CPU:0", should_checkpoint=False, should_save_summary=False)
 
         @property
-        def extended(self) -> Any:
+        def extended(self) -> object:
             return self._stand_in_extended
 
-        def scope(self) -> Any:
+        def scope(self) -> object:
             return contextlib.nullcontext()
 
     class _Model(keras.Sequential):
-        def save_weights(self, filepath: Any, overwrite: bool = True, **kwargs: Any) -> None:
+        def save_weights(self, filepath: Any, overwrite: bool = True, **kwargs: object) -> None:
             if saved is None:
                 super().save_weights(filepath, overwrite=overwrite, **kwargs)
                 return
@@ -296,7 +300,7 @@ class ChiefFilesPatch(Patch):
             lacking |= set(group) - set(found[:1])
         return tuple(target for target in self.targets if target not in lacking)
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         with tempfile.TemporaryDirectory(prefix="tfstrategy-probe-") as scratch, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             root = Path(scratch)
@@ -314,7 +318,7 @@ class ChiefFilesPatch(Patch):
         return {SAVE_MODEL: model_broken, SAVE_WEIGHTS: (root / "m.weights.h5").exists(),
                 SAVE_H5: model_broken, **dict.fromkeys(exports, model_broken)}
 
-    def _probe_callbacks(self, module: Any, root: Path) -> dict[str, bool]:
+    def _probe_callbacks(self, module: ModuleType, root: Path) -> dict[str, bool]:
         callbacks = module.callbacks
         saved: list[str] = []
         model = stand_in_worker_model(saved)
@@ -351,11 +355,11 @@ class ChiefFilesPatch(Patch):
         self.original(DOWNLOAD)(source.as_uri(), str(target), lambda *_: seen.append(target.exists()))
         return any(seen)
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         fixed = _REPLACEMENTS[target](original)
 
         @functools.wraps(fixed)
-        def noting(*args: Any, **kwargs: Any) -> Any:
+        def noting(*args: object, **kwargs: object) -> object:
             if chief_files.shared_job() is not None:  # a multi-worker job: the writer now acts as the chief's
                 self.acted()
             return fixed(*args, **kwargs)

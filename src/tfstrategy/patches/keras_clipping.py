@@ -31,12 +31,16 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.keras_training_api import TrainingApiPatch
 from tfstrategy.patches.mechanism import ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Optimizer, Strategy
 
 CLIP = "optimizers.base_optimizer.BaseOptimizer._clip_gradients"
 ALL_REDUCE = "backend.tensorflow.optimizer.TFOptimizer._all_reduce_sum_gradients"
@@ -48,7 +52,7 @@ _SUMMED = threading.local()
 _PROBING: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def clips(optimizer: Any) -> bool:
+def clips(optimizer: Optimizer) -> bool:
     """Whether ``optimizer`` clips its gradients (Keras' own test: one of the three options set above 0)."""
     return any((getattr(optimizer, option, None) or 0) > 0 for option in OPTIONS)
 
@@ -69,7 +73,7 @@ class ClippingPatch(TrainingApiPatch):
     upstream = "tensorflow/tensorflow#33929: gradient clipping before the cross-replica sum"
     targets = (CLIP, ALL_REDUCE)
 
-    def probe_on(self, strategy: Any) -> ProbeResult:
+    def probe_on(self, strategy: Strategy) -> ProbeResult:
         import keras
 
         tf_ = tf()
@@ -91,10 +95,10 @@ class ClippingPatch(TrainingApiPatch):
         broken = any(value == 2.0 for value in moved.values())
         return ProbeResult({CLIP: broken, ALL_REDUCE: broken})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         if target == ALL_REDUCE:
             @functools.wraps(original)
-            def _all_reduce_sum_gradients(optimizer: Any, grads_and_vars: Any) -> Any:
+            def _all_reduce_sum_gradients(optimizer: Optimizer, grads_and_vars: Any) -> object:
                 summed = _summed()
                 if id(optimizer) in summed:
                     summed.discard(id(optimizer))
@@ -104,7 +108,7 @@ class ClippingPatch(TrainingApiPatch):
             return _all_reduce_sum_gradients
 
         @functools.wraps(original)
-        def _clip_gradients(optimizer: Any, grads: Any) -> Any:
+        def _clip_gradients(optimizer: Optimizer, grads: Any) -> object:
             tf_ = tf()
             context = tf_.distribute.get_replica_context()
             if (not clips(optimizer) or context is None or context.num_replicas_in_sync < 2 or optimizer in _PROBING

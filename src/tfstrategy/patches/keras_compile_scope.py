@@ -28,7 +28,9 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
@@ -36,15 +38,18 @@ from tfstrategy.errors import ScopeError
 from tfstrategy.patches.mechanism import Patch, ProbeResult
 from tfstrategy.selection.names import strategy_name
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
+
 TARGET = "Trainer.compile"
 
 
-def _created_in(strategy: Any, obj: Any) -> bool:
+def _created_in(strategy: Strategy, obj: Any) -> bool:
     variables = obj.variables() if callable(obj.variables) else obj.variables
     return all(strategy.extended.variable_created_in_scope(_compat.tf_variable(v)) for v in variables)
 
 
-def _in_scope(strategy: Any, value: Any, renewed: list[str]) -> Any:
+def _in_scope(strategy: Strategy, value: Any, renewed: list[str]) -> Any:
     """``value``, or a copy made from its config in ``strategy``'s scope if it was created outside it."""
     if isinstance(value, str) or not hasattr(value, "variables") or not hasattr(value, "get_config"):
         return value
@@ -72,7 +77,7 @@ class CompileScopePatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_trainer_module()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         import keras
 
@@ -82,11 +87,11 @@ class CompileScopePatch(Patch):
         self.original(TARGET)(model, optimizer="sgd", loss="mse")
         return ProbeResult({TARGET: not _created_in(strategy, model.optimizer)})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         signature = inspect.signature(original)
 
         @functools.wraps(original)
-        def compile(model: Any, *args: Any, **kwargs: Any) -> Any:
+        def compile(model: Model, *args: object, **kwargs: object) -> object:
             strategy = _compat.model_strategy(model)
             if strategy is None or tf().distribute.has_strategy() or PATCH.needed() is not True:
                 return original(model, *args, **kwargs)

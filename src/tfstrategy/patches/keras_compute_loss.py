@@ -34,12 +34,16 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.keras_training_api import TrainingApiPatch
 from tfstrategy.patches.mechanism import ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
 
 COMPUTE_LOSS = "trainers.trainer.Trainer.compute_loss"
 KERAS_STEPS_CALL = "trainers.trainer.Trainer._compute_loss"
@@ -52,7 +56,7 @@ def _inside_keras_steps() -> bool:
     return bool(getattr(_KERAS_OWN, "depth", 0))
 
 
-def overrides_a_step(model: Any) -> bool:
+def overrides_a_step(model: Model) -> bool:
     """Whether ``model``'s class has a ``train_step`` or ``test_step`` of its own (not Keras' TensorFlow trainer's)."""
     trainer = _compat.keras3_tensorflow_trainer()
     if trainer is None:
@@ -62,7 +66,7 @@ def overrides_a_step(model: Any) -> bool:
                for step in ("train_step", "test_step"))
 
 
-def reported_loss(scaled: Any, replicas: int) -> Any:
+def reported_loss(scaled: Any, replicas: int) -> object:
     """The unscaled value of ``scaled``, with ``scaled``'s gradient (exactly: the added term's gradient is 1)."""
     tf_ = tf()
     unscaled = scaled * tf_.cast(replicas, scaled.dtype)
@@ -78,7 +82,7 @@ class ComputeLossPatch(TrainingApiPatch):
     upstream = "keras-team/keras#16285: custom train_step on x replicas reports the loss / x"
     targets = (COMPUTE_LOSS, KERAS_STEPS_CALL)
 
-    def probe_on(self, strategy: Any) -> ProbeResult:
+    def probe_on(self, strategy: Strategy) -> ProbeResult:
         import keras
 
         tf_ = tf()
@@ -94,10 +98,10 @@ class ComputeLossPatch(TrainingApiPatch):
             raise RuntimeError(f"the probe's squared error of 4 was reported as {sorted(values)}, expected 4 or 2")
         return ProbeResult({COMPUTE_LOSS: values == {2.0}, KERAS_STEPS_CALL: values == {2.0}})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         if target == KERAS_STEPS_CALL:
             @functools.wraps(original)
-            def _compute_loss(model: Any, *args: Any, **kwargs: Any) -> Any:
+            def _compute_loss(model: Model, *args: object, **kwargs: object) -> object:
                 _KERAS_OWN.depth = getattr(_KERAS_OWN, "depth", 0) + 1
                 try:
                     return original(model, *args, **kwargs)
@@ -107,7 +111,7 @@ class ComputeLossPatch(TrainingApiPatch):
             return _compute_loss
 
         @functools.wraps(original)
-        def compute_loss(model: Any, *args: Any, **kwargs: Any) -> Any:
+        def compute_loss(model: Model, *args: object, **kwargs: object) -> object:
             loss = original(model, *args, **kwargs)
             context = tf().distribute.get_replica_context()
             if (loss is None or _inside_keras_steps() or context is None or context.num_replicas_in_sync < 2

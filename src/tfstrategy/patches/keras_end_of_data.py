@@ -49,13 +49,18 @@ fails once Keras fixes it.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
 from tfstrategy.patches import keras_steps_per_execution as steps_per_execution
 from tfstrategy.patches.keras_steps_per_execution import _multi_step_function
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 _TARGET = "TensorFlowTrainer.make_train_function"
 #: Keras' own builder of the step function, which the probe runs.
@@ -66,7 +71,7 @@ _BUILDER = _compat.trainer_make_function_target()
 _PROBE_CALLS = 32
 
 
-def fix_needed(model: Any) -> bool:
+def fix_needed(model: Model) -> bool:
     """Whether ``model``'s next train/test function would count a step past the end of data without the fix."""
     if getattr(model, "run_eagerly", False) or getattr(model, "jit_compile", False) is True:
         return False
@@ -94,14 +99,14 @@ class EndOfDataPatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_tensorflow_trainer()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         # Keras' own _make_function, under keras_steps_per_execution's dispatcher if installed.
         original = steps_per_execution.PATCH.original(_BUILDER)
         with tf_.init_scope():
             queue = tf_.queue.FIFOQueue(_PROBE_CALLS + 1, tf_.int32, shapes=[])  # room for every call's phantom
 
-            def step(data: Any) -> Any:
+            def step(data: object) -> object:
                 queue.enqueue(tf_.constant(1))  # takes nothing from the batch, like iterations.assign_add(1)
                 return {"value": tf_.reduce_sum(data)}
 
@@ -122,9 +127,9 @@ class EndOfDataPatch(Patch):
             phantom = int(queue.size()) - 1
         return ProbeResult({_TARGET: phantom > 0})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def make_train_function(model: Any, force: bool = False) -> Any:
+        def make_train_function(model: Model, force: bool = False) -> object:
             if model.train_function is not None and not force:
                 return model.train_function
             if fix_needed(model):

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
@@ -44,23 +45,26 @@ from tfstrategy.errors import TrainingError
 from tfstrategy.patches.keras_training_api import TrainingApiPatch
 from tfstrategy.patches.mechanism import ProbeResult
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Optimizer, Strategy
+
 TARGET = "backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients"
 
 #: The probe's own optimizer: Keras' function runs for it as it is (the probe measures that).
 _PROBING: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _apply_accumulated(optimizer: Any, context: Any, grads: list[Any], variables: list[Any]) -> None:
+def _apply_accumulated(optimizer: Optimizer, context: Any, grads: list[object], variables: list[object]) -> None:
     """Keras' accumulate-or-apply ``cond``, taken in the cross-replica context (see the module docstring)."""
     tf_ = tf()
     steps = optimizer.gradient_accumulation_steps
     accumulators = _compat.gradient_accumulators(optimizer, variables)
 
-    def replica_apply(local: list[Any]) -> None:
+    def replica_apply(local: list[object]) -> None:
         _compat.apply_step(optimizer, [(grad + accumulator) / steps for grad, accumulator in zip(local, accumulators)],
                            variables)
 
-    def cross_replica(distribution: Any, per_replica: list[Any]) -> None:
+    def cross_replica(distribution: Any, per_replica: list[object]) -> None:
         def apply() -> None:
             distribution.extended.call_for_each_replica(replica_apply, args=(per_replica,))
             _compat.reset_gradient_accumulators(optimizer)
@@ -86,7 +90,7 @@ class GradientAccumulationPatch(TrainingApiPatch):
     upstream = "keras-team/keras#20582: gradient accumulation raises merge_call errors under a tf.distribute strategy"
     targets = (TARGET,)
 
-    def probe_on(self, strategy: Any) -> ProbeResult:
+    def probe_on(self, strategy: Strategy) -> ProbeResult:
         import keras
 
         tf_ = tf()
@@ -104,9 +108,9 @@ class GradientAccumulationPatch(TrainingApiPatch):
             return ProbeResult({TARGET: True})
         return ProbeResult({TARGET: False})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def _backend_apply_gradients(optimizer: Any, grads: Any, trainable_variables: Any) -> Any:
+        def _backend_apply_gradients(optimizer: Optimizer, grads: Any, trainable_variables: Any) -> Any:
             context = tf().distribute.get_replica_context()
             if (not optimizer.gradient_accumulation_steps or context is None or context.num_replicas_in_sync < 2
                     or optimizer in _PROBING or not PATCH.acts_on(context.strategy)):

@@ -31,7 +31,8 @@ ops, so it waits until a model first asks for XLA on 2+ local devices. The upstr
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
@@ -40,6 +41,9 @@ from tfstrategy.patches.mechanism import Patch, ProbeResult
 from tfstrategy.selection.names import strategy_name
 from tfstrategy.selection.strategies import mirrored_strategy
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
+
 TARGET = "Trainer.jit_compile"
 
 
@@ -47,12 +51,12 @@ class _Property(property):
     """A property that, unlike ``property`` itself, can carry the mechanism's marker attribute."""
 
 
-def local_replicas(model: Any) -> int:
+def local_replicas(model: Model) -> int:
     strategy = _compat.model_strategy(model)
     return 0 if strategy is None else len(strategy.extended.worker_devices)
 
 
-def turned_off(model: Any) -> bool:
+def turned_off(model: Model) -> bool:
     """Whether ``jit_compile=True`` on ``model`` would fail on its strategy (and is turned off)."""
     strategy = _compat.model_strategy(model)
     if strategy is None:
@@ -76,7 +80,7 @@ class JitCompilePatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_trainer_module()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         import keras
         import numpy as np
@@ -94,8 +98,8 @@ class JitCompilePatch(Patch):
             return ProbeResult({TARGET: True})
         return ProbeResult({TARGET: False})
 
-    def replacement(self, target: str, original: Any) -> Any:
-        def set_jit_compile(model: Any, value: Any) -> None:
+    def replacement(self, target: str, original: Any) -> Any:  # a property, not a function
+        def set_jit_compile(model: Model, value: Any) -> None:
             if value is True and turned_off(model):
                 PATCH.acted()
                 strategy = _compat.model_strategy(model)

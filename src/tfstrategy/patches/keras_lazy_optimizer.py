@@ -28,11 +28,16 @@ fails once Keras lifts the creation itself.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Optimizer
 
 TARGET = "TFOptimizer.add_variable"
 
@@ -50,7 +55,7 @@ class LazyOptimizerPatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_tf_optimizer_module()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         import keras
 
@@ -58,11 +63,11 @@ class LazyOptimizerPatch(Patch):
         optimizer = keras.optimizers.SGD(0.1)
         eager: list[bool] = []
 
-        def initializer(shape: Any, dtype: Any = None) -> Any:
+        def initializer(shape: object, dtype: object = None) -> object:
             eager.append(tf_.executing_eagerly())
             return tf_.zeros(shape, dtype)
 
-        def create() -> Any:
+        def create() -> object:
             return add_variable(optimizer, (1,), initializer=initializer, name="tfstrategy_probe").value + 1.0
 
         try:
@@ -73,9 +78,9 @@ class LazyOptimizerPatch(Patch):
             raise RuntimeError("Keras' add_variable never called the probe's initializer")
         return ProbeResult({TARGET: not eager[0]})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def add_variable(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        def add_variable(optimizer: Optimizer, *args: object, **kwargs: object) -> object:
             tf_ = tf()
             if not tf_.inside_function() or PATCH.needed() is not True:
                 return original(optimizer, *args, **kwargs)

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from tfstrategy import _compat
@@ -40,7 +42,7 @@ PACKAGES = ("keras", "tf_keras_copy", "tensorflow_keras")
 NAMES = ("SGD", "Adam")
 
 
-def _translate(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def _translate(name: str, args: tuple[object, ...], kwargs: dict[str, object]) -> tuple[dict[str, object], str]:
     """Keras 3 keyword arguments for a legacy optimizer's call, and what was changed, for the warning line."""
     import inspect
 
@@ -74,7 +76,7 @@ def _translate(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
 def _keras3_optimizer(name: str, package: str) -> Any:
     public = "keras" if package == "keras" else "tf.keras"
 
-    def legacy_optimizer(*args: Any, **kwargs: Any) -> Any:
+    def legacy_optimizer(*args: object, **kwargs: object) -> object:
         import keras
 
         PATCH.acted()
@@ -106,7 +108,7 @@ class LegacyOptimizersPatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_legacy_optimizer_packages()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         broken = {}
         for target in self.targets:
             if not self._has(module, target):
@@ -120,7 +122,7 @@ class LegacyOptimizersPatch(Patch):
                 broken[target] = False
         return ProbeResult(broken)
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         package, _, name = target.rpartition(".")
         return functools.update_wrapper(_keras3_optimizer(name, package), original, assigned=("__module__",))
 

@@ -31,22 +31,27 @@ fails once Keras fixes it.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.mechanism import Patch, ProbeResult
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Optimizer
+
 _TARGET = "LossScaleOptimizer.check_finite"
 
 
 class _Values:
-    def __init__(self, values: list[Any]) -> None:
+    def __init__(self, values: list[object]) -> None:
         self.values = values
 
 
 class _StandInExtended:
-    def call_for_each_replica(self, fn: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> _Values:
+    def call_for_each_replica(self, fn: Any, args: tuple[object, ...] = (), kwargs: Any = None) -> _Values:
         count = max(len(arg.values) for arg in args if isinstance(arg, _Values))
         return _Values([fn(*[arg.values[i] if isinstance(arg, _Values) else arg for arg in args]) for i in range(count)])
 
@@ -54,7 +59,7 @@ class _StandInExtended:
 class _StandInDistribution:
     extended = _StandInExtended()
 
-    def experimental_local_results(self, value: Any) -> list[Any]:
+    def experimental_local_results(self, value: Any) -> list[object]:
         return list(value.values)
 
 
@@ -72,7 +77,7 @@ class LossScalePatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_loss_scale_module()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         check_finite = self.original(_TARGET)
         outcome: list[str] = []
@@ -86,9 +91,9 @@ class LossScalePatch(Patch):
         # Applied (on every replica) although replica 1 overflowed: the bug.
         return ProbeResult({_TARGET: outcome[0] == "applied"})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def check_finite(optimizer: Any, grads: Any) -> Any:
+        def check_finite(optimizer: Optimizer, grads: object) -> object:
             finite = original(optimizer, grads)
             tf_ = tf()
             context = tf_.distribute.get_replica_context()

@@ -45,14 +45,18 @@ import threading
 import warnings
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Optimizer
 
 GET_SCALED = "LossScaleOptimizer.get_scaled_loss"
 GET_UNSCALED = "LossScaleOptimizer.get_unscaled_gradients"
@@ -85,13 +89,13 @@ def _scaled_outputs() -> deque[Any]:
     return _STEP.scaled  # type: ignore[no-any-return]
 
 
-def _unscaled() -> dict[int, tuple[list[Any], Any]]:
+def _unscaled() -> dict[int, tuple[list[object], Any]]:
     if not hasattr(_STEP, "unscaled"):
         _STEP.unscaled = {}
     return _STEP.unscaled  # type: ignore[no-any-return]
 
 
-def _current_scale(optimizer: Any) -> Any:
+def _current_scale(optimizer: Optimizer) -> object:
     return optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
 
 
@@ -120,19 +124,19 @@ class LossScaleApiPatch(Patch):
     def target_module(self) -> Any:
         return target_namespace()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         optimizer_class = module.LossScaleOptimizer
         keras_own = [getattr(optimizer_class, name, None) for name in ("get_scaled_loss", "get_unscaled_gradients")]
         missing = any(method is None or getattr(method, _ADDED, False) for method in keras_own)
         return ProbeResult({target: missing for target in self.targets})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         return {GET_SCALED: _get_scaled_loss, GET_UNSCALED: _get_unscaled_gradients,
                 SCALE: _noting_scale_loss, APPLY: _checked_apply, TAPE: _noting_gradient}[target](original)
 
 
-def _get_scaled_loss(original: Any) -> Any:
-    def get_scaled_loss(optimizer: Any, loss: Any) -> Any:
+def _get_scaled_loss(original: Callable[..., object]) -> Callable[..., object]:
+    def get_scaled_loss(optimizer: Optimizer, loss: object) -> object:
         """Keras 2's name for ``scale_loss`` (restored by tfstrategy)."""
         PATCH.acted()
         if callable(loss):
@@ -143,8 +147,8 @@ def _get_scaled_loss(original: Any) -> Any:
     return get_scaled_loss
 
 
-def _get_unscaled_gradients(original: Any) -> Any:
-    def get_unscaled_gradients(optimizer: Any, grads: Any) -> list[Any]:
+def _get_unscaled_gradients(original: Callable[..., object]) -> Callable[..., object]:
+    def get_unscaled_gradients(optimizer: Optimizer, grads: Any) -> list[object]:
         """Keras 2's unscaling: ``grads`` divided by the loss scale (``apply`` then does not divide again)."""
         PATCH.acted()
         tf_ = tf()
@@ -157,14 +161,14 @@ def _get_unscaled_gradients(original: Any) -> Any:
     return get_unscaled_gradients
 
 
-def _weak(value: Any) -> Any:
+def _weak(value: object) -> object:
     """A weak reference to ``value``; raises ``TypeError`` for a value that takes none."""
     return weakref.ref(value)
 
 
-def _noting_scale_loss(original: Any) -> Any:
+def _noting_scale_loss(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def scale_loss(optimizer: Any, loss: Any) -> Any:
+    def scale_loss(optimizer: Optimizer, loss: object) -> object:
         scaled = original(optimizer, loss)
         try:
             _scaled_outputs().append(_weak(scaled))
@@ -175,9 +179,9 @@ def _noting_scale_loss(original: Any) -> Any:
     return scale_loss
 
 
-def _noting_gradient(original: Any) -> Any:
+def _noting_gradient(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def gradient(tape: Any, target: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
+    def gradient(tape: object, target: object, sources: object, *args: object, **kwargs: object) -> object:
         result = original(tape, target, sources, *args, **kwargs)
         seeded = (args[0] if args else kwargs.get("output_gradients")) is not None
         try:
@@ -192,9 +196,9 @@ def _noting_gradient(original: Any) -> Any:
     return gradient
 
 
-def _checked_apply(original: Any) -> Any:
+def _checked_apply(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def apply(optimizer: Any, grads: Any, trainable_variables: Any = None) -> Any:
+    def apply(optimizer: Optimizer, grads: Any, trainable_variables: Any = None) -> object:
         grads = list(grads)
         remembered = _unscaled().pop(id(optimizer), None)
         scaled_outputs = [output for output in (ref() for ref in _scaled_outputs()) if output is not None]
@@ -229,7 +233,7 @@ def _checked_apply(original: Any) -> Any:
     return apply
 
 
-def _unscaled_loss(optimizer: Any, grads: list[Any], taped: _TapeCall | None, scaled_outputs: list[Any]) -> str | None:
+def _unscaled_loss(optimizer: Optimizer, grads: list[object], taped: _TapeCall | None, scaled_outputs: list[object]) -> str | None:
     """``"graph"``/``"eager"`` when ``grads`` are a tape's gradients of a loss the loss scale took no part in.
 
     ``None`` when nothing shows that: gradients not (all) from the latest tape call, an ``output_gradients``
@@ -256,7 +260,7 @@ def _unscaled_loss(optimizer: Any, grads: list[Any], taped: _TapeCall | None, sc
     return None
 
 
-def _scale_in_ancestry(optimizer: Any, targets: list[Any], scaled_outputs: list[Any]) -> bool:
+def _scale_in_ancestry(optimizer: Optimizer, targets: list[Any], scaled_outputs: list[Any]) -> bool:
     """Whether a ``scale_loss`` output or a read of ``optimizer``'s scale is among the ops ``targets`` came from.
 
     True too when the graph is too large to read to the end (no evidence either way).
@@ -283,7 +287,7 @@ def _scale_in_ancestry(optimizer: Any, targets: list[Any], scaled_outputs: list[
     return False
 
 
-def _scale_handles(optimizer: Any, graph: Any) -> set[str]:
+def _scale_handles(optimizer: Optimizer, graph: object) -> set[str]:
     """Names, in ``graph``, of the placeholders that capture ``optimizer.dynamic_scale``'s resource handles."""
     variable = getattr(optimizer, "dynamic_scale", None)
     if variable is None:  # not built yet: its scale_loss multiplied by initial_scale, a constant

@@ -69,18 +69,22 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import StrategyError
 from tfstrategy.patches.mechanism import Patch, PatchStatus, ProbeResult
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
+
 BUILD = _compat.trainer_build_peek_target()
 REDUCE = "reduce_per_replica"
 
 
-def _first_local_replica(strategy: Any, value: Any) -> Any:
+def _first_local_replica(strategy: Strategy, value: object) -> Any:
     if isinstance(value, tf().distribute.DistributedValues):
         return strategy.experimental_local_results(value)[0]
     return value
@@ -91,7 +95,7 @@ def _reduce_to_first_replica(strategy: Any) -> Iterator[None]:
     """Within the block, ``strategy.reduce`` returns each leaf's first local replica (shapes only)."""
     tree = _compat.keras3_tree()
 
-    def reduce(reduce_op: Any, value: Any, axis: Any = None) -> Any:
+    def reduce(reduce_op: Any, value: Any, axis: Any = None) -> object:
         return tree.map_structure(lambda leaf: _first_local_replica(strategy, leaf), value)
 
     strategy.reduce = reduce  # an instance attribute shadows the method until deleted
@@ -108,7 +112,7 @@ def _reduce_unless_uneven(strategy: Any) -> Iterator[None]:
     reduce_evenly = strategy.reduce
     distributed = tf().distribute.DistributedValues
 
-    def reduce(reduce_op: Any, value: Any, axis: Any = None) -> Any:
+    def reduce(reduce_op: Any, value: Any, axis: Any = None) -> object:
         leaves = [leaf for leaf in tree.flatten(value) if isinstance(leaf, distributed)]
         parts = [strategy.experimental_local_results(leaf) for leaf in leaves]
         if all(len({tuple(part.shape) for part in leaf_parts}) == 1 for leaf_parts in parts):
@@ -125,7 +129,7 @@ def _reduce_unless_uneven(strategy: Any) -> Iterator[None]:
         del strategy.reduce
 
 
-def _require_multi_step_loop(model: Any, steps: int) -> None:
+def _require_multi_step_loop(model: Model, steps: int) -> None:
     """Bug 3: several steps per execution need the steps_per_execution patch's loop; install it or refuse."""
     # Imported here: that module's patch is independent of this one, and either may be used alone.
     from tfstrategy.patches import keras_steps_per_execution
@@ -149,9 +153,9 @@ def _require_multi_step_loop(model: Any, steps: int) -> None:
     )
 
 
-def _fixed_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
+def _fixed_symbolic_build(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def _maybe_symbolic_build(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def _maybe_symbolic_build(self: Any, *args: object, **kwargs: object) -> object:
         strategy = _compat.model_strategy(self)
         if strategy is None:
             return original(self, *args, **kwargs)
@@ -170,7 +174,7 @@ def _fixed_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
     return _maybe_symbolic_build
 
 
-def _reduce_across_workers(strategy: Any, op: str, values: Any) -> Any:
+def _reduce_across_workers(strategy: Strategy, op: str, values: object) -> Any:
     """The cross-replica ``op`` of every leaf, packed into one all-reduce when the leaves share a dtype.
 
     Keras reduces each log (the loss, every metric) separately: one collective
@@ -187,9 +191,9 @@ def _reduce_across_workers(strategy: Any, op: str, values: Any) -> Any:
     return tree.pack_sequence_as(values, [strategy.experimental_local_results(value)[0] for value in reduced])
 
 
-def _fixed_reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any]:
+def _fixed_reduce_per_replica(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def reduce_per_replica(values: Any, strategy: Any, reduction: str) -> Any:
+    def reduce_per_replica(values: object, strategy: Strategy, reduction: str) -> object:
         # MWMS is never a TPUStrategy, so Keras' "auto" means "mean" here.
         if reduction in ("auto", "mean", "sum") and _compat.in_multi_worker_mode(strategy):
             PATCH.acted()
@@ -208,23 +212,23 @@ def stand_in_strategy(calls: list[tuple[Any, Any]]) -> Any:
             self._stand_in_extended = _compat.multi_worker_extended_stand_in("/job:worker/replica:0/task:0/device:CPU:0")
 
         @property
-        def extended(self) -> Any:
+        def extended(self) -> object:
             return self._stand_in_extended
 
-        def reduce(self, reduce_op: Any, value: Any, axis: Any = None) -> Any:
+        def reduce(self, reduce_op: object, value: object, axis: object = None) -> object:
             calls.append((value, axis))
             return value.values[0] if isinstance(value, distribute.DistributedValues) else value
 
-        def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        def experimental_local_results(self, value: object) -> tuple[object, ...]:
             return tuple(value.values) if isinstance(value, distribute.DistributedValues) else (value,)
 
-        def scope(self) -> Any:
+        def scope(self) -> object:
             return contextlib.nullcontext()
 
     return _StandIn()
 
 
-def epoch_iterator_forms(batch: Any) -> list[Any]:
+def epoch_iterator_forms(batch: object) -> list[object]:
     """One epoch of one batch, in each form Keras' TensorFlow trainer has iterated (newest first)."""
     return [[(0, 1, iter([batch]))], [(0, iter([batch]))]]
 
@@ -245,13 +249,13 @@ class MWMSPatch(Patch):
         # Keras 3 models only; a tf_keras model (TF_USE_LEGACY_KERAS=1) never runs this trainer.
         return _compat.keras3_tensorflow_trainer()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         import numpy as np
 
         calls: list[tuple[Any, Any]] = []
         strategy = stand_in_strategy(calls)
 
-        def built(iterator: Any = None, data_batch: Any = None) -> None:
+        def built(iterator: object = None, data_batch: object = None) -> None:
             calls.append((data_batch, "built"))
 
         batch = (
@@ -282,7 +286,7 @@ class MWMSPatch(Patch):
         )
         return ProbeResult({BUILD: build_broken or self.build_reduces_replicas, REDUCE: reduce_broken})
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         if target == BUILD:
             return _fixed_symbolic_build(original)
         return _fixed_reduce_per_replica(original)

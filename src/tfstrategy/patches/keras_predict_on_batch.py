@@ -25,12 +25,16 @@ so it waits until a model first predicts a batch on 2+ replicas. The upstream ca
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.keras_training_api import TrainingApiPatch
 from tfstrategy.patches.mechanism import ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
 
 TARGET = "backend.tensorflow.trainer.TensorFlowTrainer.predict_on_batch"
 
@@ -42,7 +46,7 @@ def split_rows(rows: int, replicas: int, replica: int) -> tuple[int, int]:
     return start, start + base + (1 if replica < extra else 0)
 
 
-def _rows(leaves: list[Any]) -> int | None:
+def _rows(leaves: list[object]) -> int | None:
     """The batch's row count, if every leaf is an array or tensor with the same first dimension."""
     counts = set()
     for leaf in leaves:
@@ -54,7 +58,7 @@ def _rows(leaves: list[Any]) -> int | None:
     return counts.pop() if len(counts) == 1 else None
 
 
-def distributed_batch(strategy: Any, x: Any) -> Any:
+def distributed_batch(strategy: Strategy, x: object) -> object:
     """``x`` split by rows over ``strategy``'s replicas (a per-replica value), or ``None`` if it cannot be."""
     tree = _compat.keras3_tree()
     leaves = tree.flatten(x)
@@ -64,7 +68,7 @@ def distributed_batch(strategy: Any, x: Any) -> Any:
     tf_ = tf()
     replicas = strategy.num_replicas_in_sync
 
-    def part(context: Any) -> Any:
+    def part(context: Any) -> object:
         start, end = split_rows(rows, replicas, context.replica_id_in_sync_group)
         return tree.map_structure(lambda leaf: tf_.convert_to_tensor(leaf)[start:end], x)
 
@@ -79,7 +83,7 @@ class PredictOnBatchPatch(TrainingApiPatch):
     upstream = "no public report found: Keras 3 predict_on_batch on 2+ replicas returns replicas x the rows"
     targets = (TARGET,)
 
-    def probe_on(self, strategy: Any) -> ProbeResult:
+    def probe_on(self, strategy: Strategy) -> ProbeResult:
         import keras
         import numpy as np
 
@@ -90,9 +94,9 @@ class PredictOnBatchPatch(TrainingApiPatch):
             raise RuntimeError(f"the probe's batch of 2 gave {rows} rows, expected 2 or 4")
         return ProbeResult({TARGET: rows == 4})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def predict_on_batch(model: Any, x: Any) -> Any:
+        def predict_on_batch(model: Model, x: object) -> object:
             strategy = model.distribute_strategy
             if strategy.num_replicas_in_sync < 2 or not PATCH.acts_on(strategy):
                 return original(model, x)

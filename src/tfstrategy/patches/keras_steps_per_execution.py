@@ -50,11 +50,16 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.patches.mechanism import Patch, ProbeResult
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +69,12 @@ _MARKER = "_tfstrategy_steps_per_execution_fix"
 _MAKE_FUNCTION = _compat.trainer_make_function_target()
 
 
-def _collective_strategy(strategy: Any) -> bool:
+def _collective_strategy(strategy: Strategy) -> bool:
     distribute = tf().distribute
     return isinstance(strategy, (distribute.MirroredStrategy, distribute.MultiWorkerMirroredStrategy))
 
 
-def fix_needed(model: Any) -> bool:
+def fix_needed(model: Model) -> bool:
     """Whether ``model``'s next train/test function would hit the bug without the fix."""
     if getattr(model, "run_eagerly", False) or int(getattr(model, "steps_per_execution", 1) or 1) <= 1:
         return False
@@ -79,14 +84,14 @@ def fix_needed(model: Any) -> bool:
     return PATCH.needed() is True
 
 
-def _without_optionals(data: Any) -> Any:
+def _without_optionals(data: object) -> object:
     # Keras passes absent sample weights as empty tf.experimental.Optional; its
     # steps expect None there.
     optional = tf().experimental.Optional
     return tf().nest.map_structure(lambda item: None if isinstance(item, optional) else item, data)
 
 
-def _multi_step_function(model: Any, step_function: Any) -> Any:
+def _multi_step_function(model: Model, step_function: Any) -> object:
     """``function(iterator) -> logs`` with Keras' calling convention, step traced inline."""
     trainer = _compat.keras3_tensorflow_trainer()
     if trainer is None:  # the patch is applied only where Keras 3 runs on TensorFlow
@@ -97,7 +102,7 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
     if model.jit_compile:
         logger.warning("tfstrategy: jit_compile is not applied to the multi-replica steps_per_execution loop.")
 
-    def one_step(data: Any) -> Any:
+    def one_step(data: Any) -> object:
         # A plain Python function: strategy.run is traced into whichever graph
         # calls it, so no nested tf.function holds the collective's deferred key.
         outputs = strategy.run(step_function, args=(_without_optionals(data),))
@@ -109,11 +114,11 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
     # (single replica's) logs through the loop and reduce them once, after it.
     reduce_once = _compat.in_multi_worker_mode(strategy) and len(strategy.extended.worker_devices) == 1
 
-    def local_step(data: Any) -> Any:
+    def local_step(data: Any) -> object:
         outputs = strategy.run(step_function, args=(_without_optionals(data),))
         return tf_.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], outputs)
 
-    def multi_step(iterator: Any, outputs_like: Any) -> Any:
+    def multi_step(iterator: Any, outputs_like: Any) -> object:
         steps = int(model.steps_per_execution)
         # Every step runs inside the loop, guarded by the loop condition, so an
         # exhausted iterator runs none. (Taking the first batch with get_next()
@@ -122,10 +127,10 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
         # The loop's outputs start as zeros shaped like the step's outputs.
         initial = tf_.nest.map_structure(lambda spec: tf_.zeros([d or 0 for d in spec.shape], spec.dtype), outputs_like)
 
-        def more(done: Any, outputs: Any, next_data: Any) -> Any:
+        def more(done: Any, outputs: Any, next_data: Any) -> object:
             return tf_.logical_and(done < steps, next_data.has_value())
 
-        def step(done: Any, outputs: Any, next_data: Any) -> Any:
+        def step(done: Any, outputs: Any, next_data: Any) -> object:
             outputs = (local_step if reduce_once else one_step)(next_data.get_value())
             # Fetch only when another step follows: a batch fetched at the end
             # of an execution would be lost to the next one.
@@ -148,7 +153,7 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
 
     compiled: list[Any] = []
 
-    def function(iterator: Any) -> Any:
+    def function(iterator: Any) -> object:
         if isinstance(iterator, (tf_.data.Iterator, tf_.distribute.DistributedIterator)):
             if not compiled:
                 # The step's output structure, from a trace that never runs.
@@ -169,7 +174,7 @@ def _multi_step_function(model: Any, step_function: Any) -> Any:
     return function
 
 
-def stand_in_trainer(module: Any, *, steps_per_execution: int) -> Any:
+def stand_in_trainer(module: ModuleType, *, steps_per_execution: int) -> object:
     """The few attributes of a Keras model that ``TensorFlowTrainer._make_function`` reads, for the probes."""
     steps = steps_per_execution  # a class body cannot read an enclosing name it assigns
 
@@ -198,11 +203,11 @@ class StepsPerExecutionPatch(Patch):
         # Keras 3 models only; a tf_keras model (TF_USE_LEGACY_KERAS=1) never runs this trainer.
         return _compat.keras3_tensorflow_trainer()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         original = self.original(_MAKE_FUNCTION)
 
-        def step(data: Any) -> Any:
+        def step(data: object) -> object:
             # What a collective's instance key is: a value captured when the function is called.
             key = _compat.capture_call_time_value(lambda: tf_.constant(1.0), tf_.TensorSpec([], tf_.float32))
             return {"value": tf_.reduce_sum(data) + key}
@@ -219,9 +224,9 @@ class StepsPerExecutionPatch(Patch):
             raise RuntimeError(f"the stand-in step returned {outputs!r}, expected 2.0")
         return ProbeResult({_MAKE_FUNCTION: False})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def _make_function(model: Any, step_function: Any) -> Any:
+        def _make_function(model: Model, step_function: object) -> object:
             # Decided each time Keras (re)builds a function, so a later compile()
             # with other settings is honoured.
             if fix_needed(model):
@@ -235,7 +240,7 @@ class StepsPerExecutionPatch(Patch):
 PATCH = StepsPerExecutionPatch()
 
 
-def fix_steps_per_execution(model: Any) -> bool:
+def fix_steps_per_execution(model: Model) -> bool:
     """Let ``model.fit``/``evaluate`` run ``steps_per_execution > 1`` on 2+ replicas.
 
     Installs the process-wide patch (``tfstrategy.select`` already does) and
@@ -263,6 +268,6 @@ def fix_steps_per_execution(model: Any) -> bool:
     return PATCH.needed() is True
 
 
-def uses_fixed_loop(model: Any, which: str = "train") -> bool:
+def uses_fixed_loop(model: Model, which: str = "train") -> bool:
     """Whether the model's built ``train`` (or ``test``) function is tfstrategy's loop."""
     return bool(getattr(getattr(model, f"{which}_function", None), _MARKER, False))

@@ -10,12 +10,16 @@ to the verified release each fix acts there without one, as :mod:`~tfstrategy.pa
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat, _versions
 from tfstrategy.patches.keras_uneven_batches import probe_devices
 from tfstrategy.patches.mechanism import Patch, ProbeResult
 from tfstrategy.selection.strategies import mirrored_strategy
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Strategy
 
 
 def probe_strategy() -> Any:
@@ -32,14 +36,14 @@ class TrainingApiPatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_training_api_root()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         return self.probe_on(probe_strategy())
 
-    def probe_on(self, strategy: Any) -> ProbeResult:
+    def probe_on(self, strategy: Strategy) -> ProbeResult:
         """Run Keras' own code on ``strategy`` (2 replicas of this host); may raise (the mechanism catches)."""
         raise NotImplementedError
 
-    def acts_on(self, strategy: Any) -> bool:
+    def acts_on(self, strategy: Strategy) -> bool:
         """Whether the fix acts for a step on ``strategy`` (of 2+ replicas): the probe's answer, or, across
         workers, whether the installed Keras is not newer than the release the fix was verified against."""
         if _compat.in_multi_worker_mode(strategy):

@@ -47,13 +47,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat, _versions
 from tfstrategy._tf import tf
 from tfstrategy.patches.mechanism import Patch, ProbeResult
 from tfstrategy.selection.strategies import mirrored_strategy
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 STEP = "backend.tensorflow.trainer.TensorFlowTrainer.train_step"
 SCALE = "losses.loss.scale_loss_for_distribution"
@@ -69,7 +73,7 @@ _SHARE = threading.local()
 
 
 @contextlib.contextmanager
-def _batch_share(share: Any) -> Iterator[None]:
+def _batch_share(share: object) -> Iterator[None]:
     previous = getattr(_SHARE, "value", None)
     _SHARE.value = share
     try:
@@ -78,14 +82,14 @@ def _batch_share(share: Any) -> Iterator[None]:
         _SHARE.value = previous
 
 
-def local_batch_size(data: Any) -> Any:
+def local_batch_size(data: object) -> object:
     """The number of examples in one replica's ``(x, y, sample_weight)`` (or ``x``) batch, as a tensor."""
     x = data[0] if isinstance(data, tuple) and 1 <= len(data) <= 3 else data
     leaf = next(item for item in _compat.keras3_tree().flatten(x) if item is not None)
     return tf().shape(leaf)[0]
 
 
-def fix_needed(model: Any) -> bool:
+def fix_needed(model: Model) -> bool:
     """Whether ``model``'s Keras ``train_step`` on this strategy needs the batch-share weighting."""
     strategy = _compat.model_strategy(model)
     if strategy is not None and _compat.in_multi_worker_mode(strategy) and not _versions.newer_than(
@@ -118,7 +122,7 @@ class UnevenBatchesPatch(Patch):
     def target_module(self) -> Any:
         return _compat.keras3_loss_module_root()
 
-    def run_probe(self, module: Any) -> ProbeResult:
+    def run_probe(self, module: ModuleType) -> ProbeResult:
         tf_ = tf()
         import keras
 
@@ -140,7 +144,7 @@ class UnevenBatchesPatch(Patch):
         weight = float(model.get_weights()[0].reshape(()))
         return ProbeResult({STEP: abs(weight - _PROBE_EXPECTED) > 1e-4, SCALE: True, UNSCALE: True})
 
-    def replacement(self, target: str, original: Any) -> Any:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         if target == STEP:
             return _weighted_train_step(original)
         if target == SCALE:
@@ -148,9 +152,9 @@ class UnevenBatchesPatch(Patch):
         return _scale(original, inverse=True)
 
 
-def _weighted_train_step(original: Any) -> Any:
+def _weighted_train_step(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def train_step(model: Any, data: Any) -> Any:
+    def train_step(model: Model, data: object) -> object:
         tf_ = tf()
         context = tf_.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync < 2 or not fix_needed(model):
@@ -171,20 +175,20 @@ def _weighted_train_step(original: Any) -> Any:
 class _Share:
     """This replica's share of the global batch, and whether the replicas' shares differ (a bool tensor)."""
 
-    def __init__(self, value: Any, uneven: Any) -> None:
+    def __init__(self, value: object, uneven: object) -> None:
         self.value = value
         self.uneven = uneven
 
 
-def _scale(original: Any, *, inverse: bool) -> Any:
+def _scale(original: Callable[..., object], *, inverse: bool) -> Callable[..., object]:
     @functools.wraps(original)
-    def scale(value: Any) -> Any:
+    def scale(value: Any) -> object:
         share = getattr(_SHARE, "value", None)
         if share is None:
             return original(value)
         tf_ = tf()
 
-        def weighted() -> Any:
+        def weighted() -> object:
             factor = tf_.cast(share.value, value.dtype)
             # unscale(scale(v)) == v, and a replica with no example (share 0) reports 0 at weight 0.
             return tf_.math.divide_no_nan(value, factor) if inverse else value * factor

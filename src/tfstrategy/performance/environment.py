@@ -78,7 +78,7 @@ def tracker_from_environment(env: dict[str, str] | None = None) -> dict[str, Any
     if not minutes > 0:
         raise TrainingError(f"Received {ENV_PROFILE_EVERY}={every!r}; expected a number of minutes above 0 "
                             "(tfstrategy run/launch --profile-every).")
-    settings: dict[str, Any] = {"directory": directory, "every_minutes": minutes}
+    settings: dict[str, object] = {"directory": directory, "every_minutes": minutes}
     share = (env.get(ENV_PROFILE_PROBES) or "").strip()
     if share:
         settings["probe_share"] = valid_probe_share(share, ENV_PROFILE_PROBES)

@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.performance.timing import ProbePlan, alternating, mean_seconds
 from tfstrategy.training.no_trace import dataset_copy, pipeline_batch, pipeline_ops, skip_build_peek, snapshot
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Dataset, Model, Strategy
+
 #: The larger-K probe traces a new train function; it runs only once this much has been trained.
 LARGER_K_AFTER_SECONDS = 30.0
 
 
-def _allreduce(strategy: Any, model: Any, count: int) -> float:
+def _allreduce(strategy: Strategy, model: Model, count: int) -> float:
     """Seconds an all-reduce of tensors shaped as the model's gradients adds to a call: one call with it minus one
     without. The first collective of a call absorbs the workers' skew in reaching it (measured: 20 ms against
     6 ms for the next one on a loaded machine), and a step pays it as well."""
@@ -38,7 +41,7 @@ def _allreduce(strategy: Any, model: Any, count: int) -> float:
               for variable in model.trainable_variables]
 
     def call(reduce: bool) -> Any:
-        def replica() -> Any:
+        def replica() -> object:
             values = [tf_.zeros(shape, dtype) for shape, dtype in shapes]
             if reduce:
                 values = tf_.distribute.get_replica_context().all_reduce(tf_.distribute.ReduceOp.SUM, values)
@@ -50,7 +53,7 @@ def _allreduce(strategy: Any, model: Any, count: int) -> float:
     return max(statistics.median(timed["reduce"]) - statistics.median(timed["alone"]), 0.0)
 
 
-def probe(model: Any, dataset: Any, *, plan: ProbePlan, steps_per_execution: int,
+def probe(model: Model, dataset: Dataset | None, *, plan: ProbePlan, steps_per_execution: int,
           larger_k: int | None) -> dict[str, Any]:
     """Run the probes ``plan`` chose on ``model`` with a copy of ``dataset``; leave no trace.
 
@@ -111,7 +114,7 @@ def _say_not_probed(not_probed: dict[str, str], plan: ProbePlan, no_copy: str | 
         not_probed["reduction"] = plan.skipped.get("reduction", "left out")
 
 
-def _input_probes(model: Any, strategy: Any, function: Any, copy: Any, plan: ProbePlan, steps_per_execution: int,
+def _input_probes(model: Model, strategy: Strategy, function: Any, copy: Any, plan: ProbePlan, steps_per_execution: int,
                   larger_k: int | None, found: dict[str, Any]) -> None:
     """The step on one cached batch (and at the larger K), then on the data, then the input alone."""
     tf_ = tf()
@@ -153,6 +156,6 @@ def _input_probes(model: Any, strategy: Any, function: Any, copy: Any, plan: Pro
     iterators.clear()
 
 
-def _leading_dimension(batch: Any) -> int | None:
+def _leading_dimension(batch: object) -> int | None:
     leading = tf().nest.flatten(batch)[0].shape
     return int(leading[0]) if leading.rank else None

@@ -38,7 +38,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
@@ -60,11 +60,14 @@ from tfstrategy.settings import ENV_PROFILE_PROBES
 from tfstrategy.training.no_trace import snapshot
 from tfstrategy.training.steps_per_execution import job_mean
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Dataset, Logs, Model, Strategy
+
 __all__ = ["StepTimes", "Tracker", "add_report", "performance_report", "probe", "profile_environment",
            "tracker_from_environment"]
 
 
-def _worker(strategy: Any) -> tuple[int, int]:
+def _worker(strategy: Strategy) -> tuple[int, int]:
     if not _compat.in_multi_worker_mode(strategy):
         return 0, 1
     resolver = strategy.cluster_resolver
@@ -72,11 +75,11 @@ def _worker(strategy: Any) -> tuple[int, int]:
     return int(resolver.task_id or 0), max(1, int(strategy.num_replicas_in_sync) // local)
 
 
-def _local_replicas(strategy: Any) -> int:
+def _local_replicas(strategy: Strategy) -> int:
     return max(1, len(strategy.extended.worker_devices))
 
 
-def gather_rows(strategy: Any, row: list[float]) -> list[list[float]]:
+def gather_rows(strategy: Strategy, row: list[float]) -> list[list[float]]:
     """Every worker's ``row``, in worker order (an all-gather: one all-reduce of a table where each worker fills
     its own line; NaN travels as a mask). One process: its own row."""
     if not _compat.in_multi_worker_mode(strategy):
@@ -98,7 +101,7 @@ def gather_rows(strategy: Any, row: list[float]) -> list[list[float]]:
     return rows
 
 
-def _accelerators(strategy: Any) -> bool:
+def _accelerators(strategy: Strategy) -> bool:
     """Whether the replicas are GPUs or TPUs (device names)."""
     devices = getattr(strategy.extended, "worker_devices", ()) or ()
     return any(kind in str(device).upper() for device in devices for kind in ("GPU", "TPU"))
@@ -164,7 +167,7 @@ class Tracker:
         if self.sampler is not None:
             self.sampler.stop()
 
-    def due(self, strategy: Any, *, final: bool) -> bool:
+    def due(self, strategy: Strategy, *, final: bool) -> bool:
         """A model's first report at a fit's end, then once ``every_minutes`` passed; agreed by all workers.
 
         Any worker due makes all due (they run the probes' collectives together), once every worker has timed a step.
@@ -176,8 +179,8 @@ class Tracker:
         wanted, timed = job_mean(strategy, [float(first or overdue), float(self.times.timed_steps() > 0)])
         return wanted > 0 and timed == 1
 
-    def report(self, model: Any, dataset: Any, *, global_batch: int | None = None,
-               steps_per_execution: int | None = None, cap: int | None = None, step_function: Any = None) -> Report:
+    def report(self, model: Model, dataset: Dataset | None, *, global_batch: int | None = None,
+               steps_per_execution: int | None = None, cap: int | None = None, step_function: object = None) -> Report:
         """Probe, build the report from the steps timed since the last one, print it and write its files.
 
         ``step_function``: a custom loop's step; called on its last batch, again and again, it is the
@@ -231,7 +234,7 @@ class Tracker:
         self._write(result, job)
         return result
 
-    def _probe_custom_loop(self, model: Any, probes: dict[str, Any], plan: ProbePlan, step_function: Any) -> None:
+    def _probe_custom_loop(self, model: Model, probes: dict[str, Any], plan: ProbePlan, step_function: Any) -> None:
         """A custom loop's probes: its timed wait, and its step on its last batch, again and again (no input)."""
         times = self.times
         probes["waited"] = statistics.median(w / s for w, s in zip(times.waits, times.steps))
@@ -266,7 +269,7 @@ class Tracker:
         if worker == 0:
             print(text, file=sys.stderr, flush=True)
 
-    def steps(self, batches: Iterable[Any]) -> Iterator[Any]:
+    def steps(self, batches: Iterable[object]) -> Iterator[object]:
         """Time a custom loop: ``for batch in tracker.steps(dataset): step(batch)``.
 
         The wait for each ``next()`` is input; the time until the loop asks for the next batch is the step.
@@ -305,7 +308,7 @@ class _Settings(TypedDict):
     probe_share: float | None
 
 
-def tracker_for(model: Any, **settings: Any) -> Tracker:
+def tracker_for(model: Model, **settings: Any) -> Tracker:
     """The model's :class:`Tracker`, made at its first report callback (so one report covers several fits)."""
     found = getattr(model, _ATTRIBUTE, None)
     if found is None:
@@ -325,7 +328,7 @@ def _callback_class(base: type) -> type:
         _supports_tf_logs = True
         _tfstrategy_execution_aware = True
 
-        def __init__(self, dataset: Any = None, *, every_minutes: float | None = EVERY_MINUTES,
+        def __init__(self, dataset: Dataset | None = None, *, every_minutes: float | None = EVERY_MINUTES,
                      directory: str | os.PathLike[str] | None = None, larger_k: bool | None = None,
                      global_batch: int | None = None, probe_share: float | None = None) -> None:
             super().__init__()
@@ -336,38 +339,38 @@ def _callback_class(base: type) -> type:
             self.tracker = Tracker(**self.settings)
             self._first_batch = 0
 
-        def set_model(self, model: Any) -> None:
+        def set_model(self, model: Model) -> None:
             super().set_model(model)
             self.tracker = tracker_for(model, **self.settings)
 
         def _strategy(self) -> Any:
             return _compat.model_strategy(self.model) or tf().distribute.get_strategy()
 
-        def on_train_begin(self, logs: Any = None) -> None:
+        def on_train_begin(self, logs: Logs = None) -> None:
             # A train function made for this fit traces at its first execution: that one is not timed.
             function = getattr(self.model, "train_function", None)
             self.tracker.times.new_run(warm_up=function is None or function is not self.tracker.function)
             self.tracker.function = function
             self.tracker.start_gauges()
 
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
             self.tracker.times.pause()
             self.tracker.times.epoch_begins()
 
-        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None:
             self._first_batch = batch
             self.tracker.times.begin()
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
             self.tracker.times.end(batch - self._first_batch + 1)
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             self.tracker.times.pause()
             self.tracker.times.epoch_ends()
             if self.tracker.reports and self.tracker.due(self._strategy(), final=False):
                 self._report()
 
-        def on_train_end(self, logs: Any = None) -> None:
+        def on_train_end(self, logs: Logs = None) -> None:
             self.tracker.stop_gauges()
             if self.tracker.due(self._strategy(), final=True):
                 self._report()
@@ -380,7 +383,7 @@ def _callback_class(base: type) -> type:
     return PerformanceReport
 
 
-def performance_report(dataset: Any = None, *, every_minutes: float | None = EVERY_MINUTES,
+def performance_report(dataset: Dataset | None = None, *, every_minutes: float | None = EVERY_MINUTES,
                        directory: str | os.PathLike[str] | None = None, larger_k: bool | None = None,
                        global_batch: int | None = None, probe_share: float | None = None) -> Any:
     """A Keras callback that reports where each step's time goes: input, reduction, dispatch, compute.
@@ -417,7 +420,7 @@ def performance_report(dataset: Any = None, *, every_minutes: float | None = EVE
 
 
 
-def add_report(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], settings: dict[str, Any]) -> None:
+def add_report(model: Model, args: tuple[Any, ...], kwargs: dict[str, Any], settings: dict[str, Any]) -> None:
     """Put a report callback, on fit's own data, into ``fit``'s keyword arguments (the hook's step)."""
     from tfstrategy.training.steps_per_execution import as_dataset
 

@@ -37,7 +37,6 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from tfstrategy.performance.evidence import WAITING, Inference, infer
 
@@ -133,7 +132,7 @@ class Report:
     #: When the probes did not split the step: what the free samples point at.
     inferred: Inference | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         m = self.measurements
         return {
             "worker": m.worker, "workers": m.workers, "replicas": m.replicas, "global_batch": m.global_batch,

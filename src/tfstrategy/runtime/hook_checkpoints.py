@@ -39,11 +39,11 @@ from tfstrategy.state.registry import RUNTIME
 __all__ = ["checkpoint_files"]
 
 
-def _written_once(original: Callable[..., Any]) -> Callable[..., Any]:
+def _written_once(original: Callable[..., object]) -> Callable[..., object]:
     from tfstrategy.multiworker import chief_files
 
     @functools.wraps(original)
-    def _write(self: Any, file_prefix: Any, options: Any = None) -> Any:
+    def _write(self: Any, file_prefix: Any, options: Any = None) -> object:
         if getattr(options, "experimental_enable_async_checkpoint", False):
             # TensorFlow's thread writes it later through this same method (without the flag): redirected there.
             return original(self, file_prefix, options)

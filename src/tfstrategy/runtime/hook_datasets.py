@@ -21,17 +21,20 @@ import functools
 import math
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tfstrategy import _compat
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 from tfstrategy.state.registry import RUNTIME
 
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Dataset
+
 __all__ = ["data_sharding", "fewest_files"]
 
 
 
-def fewest_files(dataset: Any) -> int | None:
+def fewest_files(dataset: Dataset) -> int | None:
     """The fewest files any file list of ``dataset`` holds, as TensorFlow's sharding by file counts them; else ``None``.
 
     TensorFlow's file readers (and ``list_files``) mark their list of names with an ``Identity``
@@ -57,9 +60,9 @@ def fewest_files(dataset: Any) -> int | None:
     return min(counts) if counts else None
 
 
-def _by_element_when_too_few_files(original: Callable[..., Any]) -> Callable[..., Any]:
+def _by_element_when_too_few_files(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def _experimental_distribute_dataset(self: Any, dataset: Any, options: Any) -> Any:
+    def _experimental_distribute_dataset(self: object, dataset: Dataset, options: object) -> object:
         import tensorflow as tf
 
         workers = _compat.collective_worker_count(self)

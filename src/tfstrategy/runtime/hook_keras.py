@@ -9,10 +9,13 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import ScopeError
 from tfstrategy.state.registry import RUNTIME
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 __all__ = ["audit", "keras2_aliases", "performance_report"]
 
@@ -26,7 +29,7 @@ def keras2_aliases() -> str | None:
     if hasattr(metric, "reset_states") or not hasattr(metric, "reset_state"):
         return None
 
-    def alias(original: Any) -> Callable[..., Any]:
+    def alias(original: object) -> Callable[..., object]:
         def reset_states(self: Any) -> None:
             """Keras 2's name of :meth:`reset_state` (added back by tfstrategy's start-up hook)."""
             RUNTIME.hook.changed("keras2_aliases", "Metric.reset_states() (Keras 2) ran as reset_state()")
@@ -52,9 +55,9 @@ def audit(mode: str) -> str | None:
     return f"Model.fit and Model.evaluate audit the scope first ({mode})"
 
 
-def _audited(original: Callable[..., Any], method: str, mode: str) -> Callable[..., Any]:
+def _audited(original: Callable[..., object], method: str, mode: str) -> Callable[..., object]:
     @functools.wraps(original)
-    def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(model: Model, *args: object, **kwargs: object) -> object:
         if method == "fit":
             from tfstrategy.training.datasets import refuse_endless_fit
             from tfstrategy.training.sentinel import add_sentinel, resolve_sentinel
@@ -67,7 +70,7 @@ def _audited(original: Callable[..., Any], method: str, mode: str) -> Callable[.
     return wrapper
 
 
-def _audit_model(model: Any, method: str, mode: str) -> None:
+def _audit_model(model: Model, method: str, mode: str) -> None:
     import tensorflow as tf
 
     from tfstrategy import _compat
@@ -105,9 +108,9 @@ def performance_report() -> str | None:
     return f"Model.fit reports where each step's time goes, into {settings['directory']}"
 
 
-def _reported(original: Callable[..., Any], settings: dict[str, Any]) -> Callable[..., Any]:
+def _reported(original: Callable[..., object], settings: dict[str, object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(model: Model, *args: object, **kwargs: object) -> object:
         from tfstrategy.performance.report import add_report
 
         if len(args) > 5:  # callbacks passed positionally: fit(x, y, batch_size, epochs, verbose, callbacks, ...)

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tfstrategy.contract.exits import EXIT_FAILURE, EXIT_STOPPED
 from tfstrategy.errors import DeviceError, TFStrategyError
@@ -27,6 +27,9 @@ from tfstrategy.selection.names import strategy_name
 from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES
 from tfstrategy.state.registry import KEY_STRIDE, RUNTIME
 from tfstrategy.worker_contract import STOP_PREFIXES
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Strategy
 
 __all__ = ["chosen_devices", "keras_flavours", "prepare_collectives", "watch_strategies", "mirrored_devices",
            "refuse_unjoinable", "refuse_unjoined_fit", "stop"]
@@ -108,7 +111,7 @@ def prepare_collectives(config: ClusterConfig | None) -> str | None:
             "op; list_logical_devices() lists this worker's devices until it joins")
 
 
-def _local_devices(original: Callable[..., Any], task: device_lists.Task) -> Callable[..., Any]:
+def _local_devices(original: Callable[..., Any], task: device_lists.Task) -> Callable[..., object]:
     """``tf.config.list_logical_devices`` lists this worker's devices only, as in plain TensorFlow, until it joins.
 
     The cluster configured at import would otherwise show every worker's devices, and a
@@ -116,7 +119,7 @@ def _local_devices(original: Callable[..., Any], task: device_lists.Task) -> Cal
     """
 
     @functools.wraps(original)
-    def list_logical_devices(device_type: str | None = None) -> list[Any]:
+    def list_logical_devices(device_type: str | None = None) -> list[object]:
         found = original(device_type)
         if RUNTIME.hook.joined:
             return list(found)
@@ -128,7 +131,7 @@ def _local_devices(original: Callable[..., Any], task: device_lists.Task) -> Cal
     return list_logical_devices
 
 
-def _enable_once(original: Callable[..., Any]) -> Callable[..., Any]:
+def _enable_once(original: Callable[..., object]) -> Callable[..., object]:
     """The strategy's own enable, on a runtime that already started with the same server, does nothing.
 
     Called again on a running context, ``enable_collective_ops`` rebuilds the
@@ -139,7 +142,7 @@ def _enable_once(original: Callable[..., Any]) -> Callable[..., Any]:
     from tfstrategy import _compat
 
     @functools.wraps(original)
-    def enable_collective_ops(self: Any, server_def: Any) -> None:
+    def enable_collective_ops(self: object, server_def: object) -> None:
         if _compat.serves_already(self, server_def):
             return
         original(self, server_def)
@@ -147,7 +150,7 @@ def _enable_once(original: Callable[..., Any]) -> Callable[..., Any]:
     return enable_collective_ops
 
 
-def _keys_of_its_own(original: Callable[..., Any]) -> Callable[..., Any]:
+def _keys_of_its_own(original: Callable[..., object]) -> Callable[..., object]:
     """Each MultiWorkerMirroredStrategy of the process starts its collective keys where no earlier one's are.
 
     Every strategy numbers its collectives from the same first group and instance
@@ -162,14 +165,14 @@ def _keys_of_its_own(original: Callable[..., Any]) -> Callable[..., Any]:
     from tfstrategy import _compat
 
     @functools.wraps(original)
-    def _initialize_multi_worker(self: Any, cluster_resolver: Any) -> Any:
+    def _initialize_multi_worker(self: object, cluster_resolver: object) -> object:
         _compat.offset_collective_key_base(self, KEY_STRIDE * RUNTIME.next_number("multi_worker_strategies"))
         return original(self, cluster_resolver)
 
     return _initialize_multi_worker
 
 
-def _note_unused_replicas(strategy: Any) -> None:
+def _note_unused_replicas(strategy: Strategy) -> None:
     """``--cpu-replicas`` with a strategy it cannot change (OneDevice, MultiWorkerMirrored): said once."""
     distribute = _distribute()
     kind = next((name for name in device_lists.FIXED_DEVICE_STRATEGIES
@@ -194,7 +197,7 @@ def _created_by_tfstrategy() -> bool:
     return False
 
 
-def _describe(strategy: Any) -> str:
+def _describe(strategy: Strategy) -> str:
     try:
         replicas = int(strategy.num_replicas_in_sync)
     except Exception:  # e.g. a ParameterServerStrategy before its cluster answers
@@ -210,9 +213,9 @@ def watch_strategies(timeout: float | None) -> str:
     distribute = _distribute()
     signature = inspect.signature(distribute.MultiWorkerMirroredStrategy.__init__)
 
-    def base_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    def base_init(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        def __init__(self: Any, *args: object, **kwargs: object) -> None:
             original(self, *args, **kwargs)
             if not _compat.is_default_strategy(self) and not _made_by_a_probe():
                 RUNTIME.hook.strategies.append(_describe(self))
@@ -220,9 +223,9 @@ def watch_strategies(timeout: float | None) -> str:
 
         return __init__
 
-    def mwms_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    def mwms_init(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        def __init__(self: object, *args: object, **kwargs: object) -> None:
             bound = signature.bind(self, *args, **kwargs)
             options = bound.arguments.get("communication_options")
             if timeout is not None and getattr(options, "timeout_seconds", None) is None:
@@ -256,8 +259,8 @@ def mirrored_devices(inputs: PlanInputs) -> str:
         gpus = len(__import__("tensorflow").config.list_physical_devices("GPU"))
         local = one_job.worker_devices(gpus)
 
-        def new(original: Any) -> Callable[..., Any]:
-            def __new__(klass: type, devices: Any = None, cross_device_ops: Any = None) -> Any:
+        def new(original: object) -> Callable[..., object]:
+            def __new__(klass: type, devices: object = None, cross_device_ops: object = None) -> object:
                 if klass is not cls or (devices is not None and _called_by_tfstrategy()):
                     return object.__new__(klass)
                 task = (config.task_type, config.task_index)
@@ -280,9 +283,9 @@ def mirrored_devices(inputs: PlanInputs) -> str:
     except DeviceError as error:  # TFSTRATEGY_DEVICES naming a device this host lacks: never the CPU instead
         stop(f"tfstrategy stopped the script before its strategy: {error}")
 
-    def init(original: Callable[..., Any]) -> Callable[..., Any]:
+    def init(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def __init__(self: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
+        def __init__(self: object, devices: object = None, cross_device_ops: object = None) -> None:
             if devices is None:
                 if chosen is not None:
                     RUNTIME.hook.changed("mirrored_devices", f"MirroredStrategy() given {len(chosen)} devices")
@@ -312,7 +315,7 @@ def chosen_devices(inputs: PlanInputs) -> list[str] | None:
     return [device.tf_name for device in choice.devices]
 
 
-def _check_listed(devices: Any, chosen: list[str] | None) -> Any:
+def _check_listed(devices: object, chosen: list[str] | None) -> object:
     """The devices a script's ``MirroredStrategy(devices)`` gets under ``run``: the policy of :func:`device_lists.decide_listed`.
 
     ``[]`` is every device tfstrategy would use; a listed device the host lacks stops the
@@ -356,9 +359,9 @@ def refuse_unjoinable(config: ClusterConfig | None) -> str | None:
         "experimental.TPUStrategy.__init__": "TPUStrategy",
     }
 
-    def refusing(what: str) -> Callable[[Any], Callable[..., Any]]:
-        def factory(original: Callable[..., Any]) -> Callable[..., Any]:
-            def refused(self: Any, *args: Any, **kwargs: Any) -> Any:  # __init__, or ClusterCoordinator's __new__
+    def refusing(what: str) -> Callable[[Any], Callable[..., object]]:
+        def factory(original: Callable[..., object]) -> Callable[..., object]:
+            def refused(self: object, *args: object, **kwargs: object) -> object:  # __init__, or ClusterCoordinator's __new__
                 if _called_by_tfstrategy():
                     return original(self, *args, **kwargs)
                 stop(one_job.refusal(what, config.num_workers))
@@ -392,9 +395,9 @@ def refuse_unjoined_fit(config: ClusterConfig | None) -> str | None:
         return None
     from tfstrategy import _compat
 
-    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+    def factory(original: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(original)
-        def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
+        def fit(model: Model, *args: object, **kwargs: object) -> object:
             strategy = _compat.model_strategy(model)
             if not RUNTIME.hook.joined and (strategy is None or _compat.is_default_strategy(strategy)):
                 import tensorflow as tf

@@ -81,19 +81,19 @@ def summarize_graph(graph: Any) -> GraphSummary:
     return GraphSummary(ops, variables)
 
 
-def trace_of(graph: Any, *, kind: str, epoch: int, step: int) -> FunctionTrace:
+def trace_of(graph: object, *, kind: str, epoch: int, step: int) -> FunctionTrace:
     """The ledger's record of the function whose graph is ``graph``."""
     summary = summarize_graph(graph)
     return FunctionTrace(kind=kind, fingerprint=summary.fingerprint(), collectives=summary.collectives,
                          epoch=epoch, step=step, summary=summary.describe())
 
 
-def _fingerprinting(original: Callable[..., Any]) -> Callable[..., Any]:
+def _fingerprinting(original: Callable[..., object]) -> Callable[..., object]:
     import tensorflow as tf
 
     from tfstrategy.runtime.ledger import current_keeper
 
-    def run(self: Any, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> Any:
+    def run(self: object, fn: object, args: object = (), kwargs: object = None, options: object = None) -> object:
         graph = tf.compat.v1.get_default_graph()
         if not getattr(graph, "building_function", False) or _tfstrategys_own(sys._getframe(1).f_code.co_filename):
             return original(self, fn, args, kwargs, options)  # eager, or tfstrategy's own check
@@ -125,7 +125,7 @@ def _tfstrategys_own(filename: str) -> bool:
     return path.startswith(_PACKAGE) and not path.startswith(_PATCHES)
 
 
-def _record(graph: Any) -> None:
+def _record(graph: object) -> None:
     from tfstrategy.runtime.ledger import current_keeper
 
     keeper = current_keeper()
@@ -154,14 +154,14 @@ def fingerprint_traces() -> str:
     return ", the fingerprints of traced functions and the model's weights"
 
 
-def _recording_weights_in_scope(original: Callable[..., Any]) -> Callable[..., Any]:
+def _recording_weights_in_scope(original: Callable[..., object]) -> Callable[..., object]:
     """``Strategy.scope`` that, once Keras is imported, records each Keras weight created (models are built there).
 
     The ledger step runs while TensorFlow is imported, often from inside Keras' own import: Keras'
     layers are hooked at the first ``scope()`` instead, where the user's model is about to be built.
     """
 
-    def scope(self: Any) -> Any:
+    def scope(self: object) -> object:
         if RUNTIME.replacement("ledger_weights") is None:
             _record_weights()
         return original(self)
@@ -185,12 +185,12 @@ def _record_weights() -> None:
                                    "different models are told apart before their first trace)"))
 
 
-def _recording_weights(original: Callable[..., Any]) -> Callable[..., Any]:
+def _recording_weights(original: Callable[..., object]) -> Callable[..., object]:
     import inspect
 
     signature = inspect.signature(original)
 
-    def add_weight(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def add_weight(self: object, *args: object, **kwargs: object) -> object:
         from tfstrategy.runtime.ledger import current_keeper
 
         keeper = current_keeper()

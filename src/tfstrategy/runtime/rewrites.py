@@ -26,7 +26,7 @@ class Rewrite(Replacement):
     """One rewrite of the hook: ``factories`` maps a target path to ``original -> replacement``."""
 
     def __init__(self, name: str, module: Callable[..., ModuleType | None],
-                 factories: Mapping[str, Callable[..., Any]], *, detail: str = "") -> None:
+                 factories: Mapping[str, Callable[[Any], Callable[..., object]]], *, detail: str = "") -> None:
         super().__init__()
         # A rewrite's name and targets are its instance's (a Patch's are its class's).
         self.name = name  # type: ignore[misc]
@@ -38,9 +38,9 @@ class Rewrite(Replacement):
     def target_module(self) -> ModuleType | None:
         return self._module()
 
-    def replacement(self, target: str, original: Any) -> Callable[..., Any]:
+    def replacement(self, target: str, original: object) -> Callable[..., object]:
         # A target the owner lacks has no original: its factory receives None.
-        replacement: Callable[..., Any] = self._factories[target](None if original is MISSING else original)
+        replacement: Callable[..., object] = self._factories[target](None if original is MISSING else original)
         return replacement
 
     def status(self) -> PatchStatus:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _versions
 from tfstrategy.patches.mechanism import PatchStatus
@@ -28,6 +28,9 @@ from tfstrategy.selection.host import HostInfo
 from tfstrategy.selection.strategies import build
 from tfstrategy.settings import StrategyKind, collective_timeout_cost
 
+if TYPE_CHECKING:
+    pass
+
 __all__ = ["Request", "Selection", "resolve_request", "select"]
 
 
@@ -39,7 +42,7 @@ _EXPLAINED_STEPS = ("set_tf_config",)
 class Selection:
     """A ready strategy, why it was chosen, and what :func:`select` changed in the process to get it."""
 
-    strategy: Any
+    strategy: Any  # select() rebinds its `strategy` argument (a kind) to the strategy it builds: mypy sees str | Any there
     choice: Choice
     sources: Mapping[str, str] = field(default_factory=dict)
     #: The process-wide steps select() took, in order: ``(name, what it did)``.

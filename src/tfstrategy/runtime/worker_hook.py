@@ -40,6 +40,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy import native_log
@@ -113,7 +114,7 @@ class _RunAfter(importlib.abc.Loader):
     def create_module(self, spec: Any) -> Any:
         return self._loader.create_module(spec)
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: ModuleType) -> None:
         with native_log.native_start_up_held(self._log_level):
             self._loader.exec_module(module)
         try:
@@ -125,7 +126,7 @@ class _RunAfter(importlib.abc.Loader):
             print(f"tfstrategy: hook after importing {module.__name__}: {type(error).__name__}: {error}",
                   file=sys.stderr, flush=True)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._loader, name)
 
 

@@ -35,13 +35,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy.contract.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper
 from tfstrategy.state.registry import RUNTIME
 from tfstrategy.worker_contract import STACK_SIGNAL, SUPERVISION_VARIABLES, WorkerContract
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Logs, Model
 
 __all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches"]
 
@@ -215,7 +218,7 @@ def _sample_ledger() -> None:
             pass
 
 
-def progress_callbacks(keras: Any) -> tuple[Any, Any] | None:
+def progress_callbacks(keras: object) -> tuple[Any, Any] | None:
     """Two ``keras.callbacks.Callback``: one to put first (a batch ended), one last (a batch begins).
 
     So a batch counts as ended before the script's own ``on_*_batch_end`` callbacks run, and as
@@ -241,7 +244,7 @@ def _counting_callbacks(keras: Any, writer: ProgressWriter) -> tuple[Any, Any]:
         # Never asks for the logs as numbers, so it adds no synchronisation to a step.
         _supports_tf_logs = True
 
-        def _end(self, batch: int, logs: Any = None) -> None:
+        def _end(self, batch: int, logs: Logs = None) -> None:
             writer.step_ends()
 
         on_train_batch_end = on_test_batch_end = on_predict_batch_end = _end
@@ -249,7 +252,7 @@ def _counting_callbacks(keras: Any, writer: ProgressWriter) -> tuple[Any, Any]:
         # A dataset of unknown length ends inside a begun batch (Keras calls on_*_batch_begin, then
         # the data runs out and it breaks off): the epoch's end says the step is over (the call's
         # end says it in _with_progress).
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             writer.steps_over()
 
     class BatchBegins(keras.callbacks.Callback):
@@ -257,7 +260,7 @@ def _counting_callbacks(keras: Any, writer: ProgressWriter) -> tuple[Any, Any]:
 
         _supports_tf_logs = True
 
-        def _begin(self, batch: int, logs: Any = None) -> None:
+        def _begin(self, batch: int, logs: Logs = None) -> None:
             writer.step_begins()
 
         on_train_batch_begin = on_test_batch_begin = on_predict_batch_begin = _begin
@@ -273,16 +276,16 @@ def _ledger_callbacks(keras: Any, writer: ProgressWriter, keeper: LedgerKeeper) 
 
         _supports_tf_logs = True
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
             writer.step_ends()
             keeper.batch_ends(batch)
 
-        def _end(self, batch: int, logs: Any = None) -> None:
+        def _end(self, batch: int, logs: Logs = None) -> None:
             writer.step_ends()
 
         on_test_batch_end = on_predict_batch_end = _end
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             writer.steps_over()
             keeper.epoch_ends()  # a batch begun and never ended: its data ran out
 
@@ -291,15 +294,15 @@ def _ledger_callbacks(keras: Any, writer: ProgressWriter, keeper: LedgerKeeper) 
 
         _supports_tf_logs = True
 
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
             planned = steps if isinstance(steps := (self.params or {}).get("steps"), int) else None
             keeper.epoch_begins(epoch, planned)
 
-        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None:
             keeper.batch_begins(batch)
             writer.step_begins()
 
-        def _begin(self, batch: int, logs: Any = None) -> None:
+        def _begin(self, batch: int, logs: Logs = None) -> None:
             writer.step_begins()
 
         on_test_batch_begin = on_predict_batch_begin = _begin
@@ -328,8 +331,8 @@ def count_batches(flavours: list[Any]) -> str | None:
 _CALLBACKS_POSITION = {"fit": 5, "evaluate": 6, "predict": 4}
 
 
-def _with_progress(original: Callable[..., Any], keras: Any, position: int, method: str) -> Callable[..., Any]:
-    def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+def _with_progress(original: Callable[..., object], keras: object, position: int, method: str) -> Callable[..., object]:
+    def wrapper(model: Model, *args: Any, **kwargs: Any) -> object:
         keeper = current_keeper()
         if keeper is not None:
             keeper.call_begins(method)

@@ -19,7 +19,7 @@ import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
@@ -28,6 +28,9 @@ from tfstrategy.scope.creation_sites import site_of
 from tfstrategy.selection.names import strategy_name
 from tfstrategy.state.registry import RUNTIME
 from tfstrategy.training.precision import float16_output_message
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Logs, Model, Optimizer, Strategy, StrategyOrSelection, Variable
 
 __all__ = ["VariableRecord", "AuditReport", "strategy_of", "audit_scope", "require_scope", "guard_model", "scope_guard"]
 
@@ -131,7 +134,7 @@ class AuditReport:
         return "\n".join(parts)
 
 
-def strategy_of(strategy_or_selection: Any) -> Any:
+def strategy_of(strategy_or_selection: object) -> Any:
     """The ``tf.distribute.Strategy`` of a strategy or a :class:`tfstrategy.Selection`.
 
     A selection is known by what it holds (its ``strategy``), not by its class: the audit
@@ -149,11 +152,11 @@ def strategy_of(strategy_or_selection: Any) -> Any:
     return strategy
 
 
-def _owned_variables(model: Any, optimizer: Any, metrics: Iterable[Any]) -> list[tuple[str, Any]]:
+def _owned_variables(model: Model, optimizer: Optimizer | None, metrics: Iterable[Any]) -> list[tuple[str, Any]]:
     owned: list[tuple[str, Any]] = []
     seen: set[int] = set()
 
-    def add(owner: str, variables: Iterable[Any]) -> None:
+    def add(owner: str, variables: Iterable[object]) -> None:
         for variable in variables:
             if id(variable) not in seen:
                 seen.add(id(variable))
@@ -170,7 +173,7 @@ def _owned_variables(model: Any, optimizer: Any, metrics: Iterable[Any]) -> list
     return owned
 
 
-def _nested_owners(model: Any, strategy: Any) -> dict[int, Any]:
+def _nested_owners(model: Model, strategy: Strategy) -> dict[int, Any]:
     """Variable id -> the strategy of the nested model that made it, when ``model`` is used without a strategy.
 
     Keras' tutorials export a trained model by wrapping it, after training and
@@ -181,7 +184,7 @@ def _nested_owners(model: Any, strategy: Any) -> dict[int, Any]:
     nested model of another strategy is a genuine mistake, so only the default
     strategy looks inside.
     """
-    owners: dict[int, Any] = {}
+    owners: dict[int, object] = {}
     if model is None or not _compat.is_default_strategy(strategy):
         return owners
     pending = list(getattr(model, "layers", ()))
@@ -195,12 +198,12 @@ def _nested_owners(model: Any, strategy: Any) -> dict[int, Any]:
     return owners
 
 
-def _in_scope(strategy: Any, variable: Any) -> bool:
+def _in_scope(strategy: Strategy, variable: Variable) -> bool:
     # Asking about a Keras 3 variable itself raises AttributeError (measured on Keras 3.15).
     return bool(strategy.extended.variable_created_in_scope(_compat.tf_variable(variable)))
 
 
-def _object_problems(strategy: Any, model: Any, optimizer: Any, records: list[VariableRecord]) -> list[str]:
+def _object_problems(strategy: Strategy, model: Model, optimizer: Optimizer | None, records: list[VariableRecord]) -> list[str]:
     problems = []
     stray_owners = {record.owner for record in records if not record.in_scope}
     name = strategy_name(strategy)
@@ -222,11 +225,11 @@ def _object_problems(strategy: Any, model: Any, optimizer: Any, records: list[Va
 
 
 def audit_scope(
-    model: Any,
+    model: Model,
     strategy: Any,
     *,
-    optimizer: Any = None,
-    metrics: Iterable[Any] = (),
+    optimizer: Optimizer | None = None,
+    metrics: Iterable[object] = (),
     require_built_optimizer: bool = False,
 ) -> AuditReport:
     """List every model, optimizer and metric variable and check it against ``strategy``.
@@ -279,7 +282,7 @@ def audit_scope(
     )
 
 
-def require_scope(model: Any, strategy: Any, *, from_build_in_scope: bool = False, **audit_args: Any) -> AuditReport:
+def require_scope(model: Model, strategy: Strategy, *, from_build_in_scope: bool = False, **audit_args: Any) -> AuditReport:
     """Audit like :func:`audit_scope` and raise if anything is outside the scope.
 
     Raises:
@@ -291,7 +294,7 @@ def require_scope(model: Any, strategy: Any, *, from_build_in_scope: bool = Fals
     return report
 
 
-def _audit_key(model: Any) -> tuple[int, ...]:
+def _audit_key(model: Model) -> tuple[int, ...]:
     optimizer = getattr(model, "optimizer", None)
     return (
         id(optimizer),
@@ -301,7 +304,7 @@ def _audit_key(model: Any) -> tuple[int, ...]:
     )
 
 
-def guard_model(model: Any, strategy: Any) -> Any:
+def guard_model(model: Model, strategy: Any) -> Any:
     """Make ``model.fit`` (evaluate, predict, ``*_on_batch``) audit the scope first.
 
     The audit runs before Keras builds anything, so a stray optimizer gives a
@@ -318,9 +321,9 @@ def guard_model(model: Any, strategy: Any) -> Any:
     strategy = strategy_of(strategy)
     passed: dict[str, tuple[int, ...]] = {}
 
-    def wrap(method: Any) -> Any:
+    def wrap(method: Any) -> object:
         @functools.wraps(method)
-        def guarded(*args: Any, **kwargs: Any) -> Any:
+        def guarded(*args: object, **kwargs: object) -> object:
             if method.__name__ == "fit":
                 refuse_endless_fit(args, kwargs)
             key = _audit_key(model)
@@ -350,12 +353,12 @@ def _scope_guard_class() -> type:
     class ScopeGuard(keras.callbacks.Callback):  # type: ignore[name-defined]  # an untyped Keras class
         """Keras callback: audit the scope when training, evaluation or prediction begins."""
 
-        def __init__(self, strategy: Any) -> None:
+        def __init__(self, strategy: StrategyOrSelection) -> None:
             super().__init__()
             self.strategy = strategy_of(strategy)
             self.report: AuditReport | None = None
 
-        def _audit(self, logs: Any = None) -> None:
+        def _audit(self, logs: Logs = None) -> None:
             self.report = require_scope(self.model, self.strategy)
 
         on_train_begin = _audit
@@ -365,7 +368,7 @@ def _scope_guard_class() -> type:
     return ScopeGuard
 
 
-def scope_guard(strategy: Any) -> Any:
+def scope_guard(strategy: StrategyOrSelection) -> Any:
     """A Keras callback that raises :class:`ScopeError` when ``fit`` begins on a badly scoped model.
 
     Keras builds a compiled optimizer before callbacks run, so an optimizer

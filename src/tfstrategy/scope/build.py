@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
@@ -21,6 +21,9 @@ from tfstrategy.scope.audit import AuditReport, guard_model, require_scope, stra
 from tfstrategy.scope.creation_sites import recording
 from tfstrategy.scope.restore import RestoreReport, load_keras_model, restore_checkpoint
 from tfstrategy.selection.names import strategy_name
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model
 
 ModelSource = Callable[[], Any] | str | os.PathLike[str]
 
@@ -54,7 +57,7 @@ class BuildReport:
         return lines
 
 
-def _make_model(source: ModelSource, compile_args: dict[str, Any]) -> tuple[Any, RestoreReport | None]:
+def _make_model(source: ModelSource, compile_args: dict[str, object]) -> tuple[Model, RestoreReport | None]:
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if not path.endswith(".keras"):
@@ -81,7 +84,7 @@ def _make_model(source: ModelSource, compile_args: dict[str, Any]) -> tuple[Any,
 _COMPILE_METRIC_ALIASES = ("acc", "accuracy", "ce", "crossentropy")
 
 
-def _names(value: Any) -> list[str]:
+def _names(value: object) -> list[str]:
     """The string identifiers in a compile argument (a name, or a list/dict of them, nested)."""
     if isinstance(value, str):
         return [value]
@@ -92,7 +95,7 @@ def _names(value: Any) -> list[str]:
     return []
 
 
-def _check_identifiers(compile_args: dict[str, Any]) -> None:
+def _check_identifiers(compile_args: dict[str, object]) -> None:
     """Refuse unknown loss/metric names now: Keras resolves them only at the first fit."""
     keras = tf().keras
     lookups = {"loss": keras.losses.get, "metrics": keras.metrics.get, "weighted_metrics": keras.metrics.get}
@@ -119,7 +122,7 @@ def _refuse_identifier(argument: str, name: str) -> None:
     ) from None
 
 
-def _build_optimizer(model: Any) -> None:
+def _build_optimizer(model: Model) -> None:
     if getattr(model, "optimizer", None) is None:
         raise BuildError(
             f"Received model {model.name!r} that is not compiled and no compile arguments; expected e.g. "

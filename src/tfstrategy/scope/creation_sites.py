@@ -23,11 +23,14 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.state.registry import RUNTIME
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Variable
 
 __all__ = ["site_of", "recording", "start_recording"]
 
@@ -114,7 +117,7 @@ def _forget(key: int, ref: weakref.ref[Any]) -> None:
         del _SITES[key]
 
 
-def _remember(variable: Any, where: str) -> None:
+def _remember(variable: Variable, where: str) -> None:
     key = id(variable)
     try:
         ref: weakref.ref[Any] = weakref.ref(variable, functools.partial(_forget, key))
@@ -123,7 +126,7 @@ def _remember(variable: Any, where: str) -> None:
     _SITES[key] = (ref, where)
 
 
-def _record_site(next_creator: Any, **kwargs: Any) -> Any:
+def _record_site(next_creator: Any, **kwargs: object) -> object:
     variable = next_creator(**kwargs)
     where = user_site(2)
     if where is not None:
@@ -135,7 +138,7 @@ def _record_site(next_creator: Any, **kwargs: Any) -> Any:
     return variable
 
 
-def site_of(variable: Any) -> str | None:
+def site_of(variable: Variable) -> str | None:
     """Where ``variable`` (a Keras or TensorFlow variable) was created, if recorded."""
     inner = _compat.tf_variable(variable)
     candidates = [variable, inner]

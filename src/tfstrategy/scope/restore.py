@@ -19,11 +19,14 @@ import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Optimizer
 
 __all__ = ["RestoreReport", "restore_checkpoint", "load_keras_model"]
 
@@ -72,7 +75,7 @@ def _first_line(error: BaseException) -> str:
 
 
 @contextmanager
-def _all_or_nothing(model: Any, source: str, what: str) -> Iterator[None]:
+def _all_or_nothing(model: Model, source: str, what: str) -> Iterator[None]:
     """Put every model and optimizer variable back if the block fails."""
     variables = list(model.weights) + list(model.optimizer.variables if model.optimizer else [])
     # A host copy of every value; the price of never leaving a half-restored model.
@@ -91,7 +94,7 @@ def _all_or_nothing(model: Any, source: str, what: str) -> Iterator[None]:
         ) from error
 
 
-def _optimizer_slot_free_count(optimizer: Any) -> int:
+def _optimizer_slot_free_count(optimizer: Optimizer) -> int:
     """Variables an unbuilt optimizer has (iterations, learning rate), i.e. state without slots."""
     return sum(1 for v in optimizer.variables if v is optimizer.iterations or v.path.endswith("/learning_rate"))
 
@@ -155,7 +158,7 @@ def _require_file(path: str, what: str) -> None:
                               "Fix its permissions or run as its owner.")
 
 
-def _restore_keras_weights(model: Any, path: str, inside_zip: bool) -> RestoreReport:
+def _restore_keras_weights(model: Model, path: str, inside_zip: bool) -> RestoreReport:
     _require_file(path, ".keras" if inside_zip else ".weights.h5")
     saved = _saved_optimizer_count(path, inside_zip)
     with _all_or_nothing(model, path, "the weights in"):
@@ -212,13 +215,13 @@ def _checkpoint_contents(prefix: str) -> tuple[set[str], dict[str, list[int]]]:
     return roots, shapes
 
 
-def _tracked_variable_count(root: Any) -> int:
+def _tracked_variable_count(root: object) -> int:
     # Keras 3 variables wrap a tf.Variable; tf_keras' are tf.Variables.
     variable_types = (tf().Variable, *_compat.keras_variable_types())
     return sum(1 for obj in tf().train.TrackableView(root).descendants() if isinstance(obj, variable_types))
 
 
-def _restore_tf_checkpoint(model: Any, path: str) -> RestoreReport:
+def _restore_tf_checkpoint(model: Model, path: str) -> RestoreReport:
     prefix = _checkpoint_prefix(path)
     roots, shapes = _checkpoint_contents(prefix)
     if "model" not in roots:
@@ -256,7 +259,7 @@ def _restore_tf_checkpoint(model: Any, path: str) -> RestoreReport:
     )
 
 
-def restore_checkpoint(model: Any, checkpoint: str | os.PathLike[str]) -> RestoreReport:
+def restore_checkpoint(model: Model, checkpoint: str | os.PathLike[str]) -> RestoreReport:
     """Restore ``checkpoint`` into a compiled model with a built optimizer, all or nothing.
 
     Raises:
@@ -277,7 +280,7 @@ def restore_checkpoint(model: Any, checkpoint: str | os.PathLike[str]) -> Restor
     return _restore_tf_checkpoint(model, path)
 
 
-def load_keras_model(path: str, *, compile: bool) -> tuple[Any, RestoreReport]:
+def load_keras_model(path: str, *, compile: bool) -> tuple[Model, RestoreReport]:
     """``keras.models.load_model`` in the current scope, with clear errors and a report."""
     _require_file(path, ".keras")
     saved = _saved_optimizer_count(path, inside_zip=True)

@@ -11,8 +11,6 @@ through :func:`strategy_name` (a test scans the sources for ``type(strategy).__n
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = ["DEFAULT_STRATEGY", "strategy_name"]
 
 #: How the strategy in effect outside any ``strategy.scope()`` is named.
@@ -35,7 +33,7 @@ _PUBLIC_NAMES = {
 }
 
 
-def strategy_name(strategy_or_class: Any) -> str:
+def strategy_name(strategy_or_class: object) -> str:
     """The name a user knows ``strategy_or_class`` by (an instance or a class).
 
     Example:

@@ -21,7 +21,7 @@ __all__ = ["LOCAL_KEY_BASE", "build", "mirrored_strategy"]
 LOCAL_KEY_BASE = 1_000_000_000
 
 
-def mirrored_strategy(devices: list[str], cross_device_ops: Any = None) -> Any:
+def mirrored_strategy(devices: list[str], cross_device_ops: object = None) -> Any:
     """A MirroredStrategy whose collective keys no other strategy in this process uses.
 
     Every MirroredStrategy starts its collective group and instance keys at the

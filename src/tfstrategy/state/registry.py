@@ -56,7 +56,7 @@ class Override:
     the replacement if the attribute was only inherited.
     """
 
-    def __init__(self, owner: Any, attribute: str, replacement: Any, *, name: str, note: str = "") -> None:
+    def __init__(self, owner: object, attribute: str, replacement: object, *, name: str, note: str = "") -> None:
         self.name = name
         self.attribute = attribute
         self.note = note
@@ -73,7 +73,7 @@ class Override:
         _write(owner, attribute, replacement)
 
     @property
-    def original(self) -> Any:
+    def original(self) -> object:
         """The owner's own attribute before the override (``None`` if it was inherited or absent)."""
         return None if self._original is MISSING else self._original
 
@@ -101,14 +101,14 @@ class Override:
                            note=self.note)
 
 
-def _write(owner: Any, attribute: str, value: Any) -> None:
+def _write(owner: object, attribute: str, value: object) -> None:
     if isinstance(owner, type):
         setattr(owner, attribute, value)
     else:
         object.__setattr__(owner, attribute, value)  # untracked by Keras
 
 
-def _delete(owner: Any, attribute: str) -> None:
+def _delete(owner: object, attribute: str) -> None:
     if isinstance(owner, type):
         delattr(owner, attribute)
     else:
@@ -230,7 +230,7 @@ class ProcessRuntime:
         with self._lock:
             return tuple(item for key, item in self._replacements.items() if key not in self._step_of)
 
-    def override_attribute(self, owner: Any, attribute: str, replacement: Any, *, name: str,
+    def override_attribute(self, owner: object, attribute: str, replacement: object, *, name: str,
                            note: str = "") -> Override:
         """Set ``owner.attribute = replacement``, recorded so :meth:`reset` (or the result's ``remove``) undoes it."""
         override = Override(owner, attribute, replacement, name=name, note=note)

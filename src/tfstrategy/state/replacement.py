@@ -28,7 +28,7 @@ __all__ = ["ORIGINAL", "Replacement", "get_path"]
 ORIGINAL = "__tfstrategy_original__"
 
 
-def get_path(root: Any, path: str) -> Any:
+def get_path(root: object, path: str) -> Any:
     """``root.a.b`` for ``path="a.b"``; ``AttributeError`` if any part is missing."""
     value = root
     for part in path.split("."):
@@ -55,7 +55,7 @@ class Replacement:
         """The module holding the targets, or ``None`` when the installed library has nothing to replace."""
         raise NotImplementedError
 
-    def replacement(self, target: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def replacement(self, target: str, original: Callable[..., object]) -> Callable[..., object]:
         """The function installed in place of ``original`` (:data:`~tfstrategy.state.status.MISSING` if none)."""
         raise NotImplementedError
 
@@ -76,7 +76,7 @@ class Replacement:
         function = self._originals.get(target) or get_path(self.target_module(), target)
         while hasattr(function, ORIGINAL):
             function = getattr(function, ORIGINAL)
-        found: Callable[..., Any] = function
+        found: Callable[..., object] = function
         return found
 
     def apply(self) -> PatchStatus:

@@ -24,7 +24,6 @@ Why the rules, measured on TensorFlow 2.21 / Keras 3.15 under MirroredStrategy:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from tfstrategy.errors import BatchError
 
@@ -48,7 +47,7 @@ def _whole(name: str, value: object, *, minimum: int) -> int:
     return value
 
 
-def replicas_of(strategy_or_replicas: Any) -> int:
+def replicas_of(strategy_or_replicas: object) -> int:
     """The replica count of a strategy, a :class:`~tfstrategy.Selection`, or an int.
 
     Raises:
@@ -108,7 +107,7 @@ class BatchPlan:
 
 
 def plan_batch(
-    replicas: Any,
+    replicas: object,
     *,
     global_batch: int | None = None,
     per_replica_batch: int | None = None,

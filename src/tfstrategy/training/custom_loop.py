@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy._tf import tf
 from tfstrategy.errors import BatchError, LossReductionError, TrainingError
 from tfstrategy.training.batching import BatchPlan, replicas_of
 from tfstrategy.training.precision import require_loss_scaling
 from tfstrategy.training.sentinel import Sentinel, resolve_sentinel
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Dataset, Model, Optimizer, Strategy
 
 __all__ = ["TrainStep", "make_train_step"]
 
@@ -36,7 +39,7 @@ def _loss_name(loss: Any) -> str:
     return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
 
 
-def resolve_loss(loss: Any) -> Callable[..., Any]:
+def resolve_loss(loss: Any) -> Callable[..., object]:
     """Turn a loss (object, function or Keras name) into a per-example loss function.
 
     Raises:
@@ -66,7 +69,7 @@ def resolve_loss(loss: Any) -> Callable[..., Any]:
                 f"Received loss {_loss_name(loss)} with reduction={text!r}; expected reduction='none', because {why} "
                 f"Pass {type(loss).__name__}(reduction='none'): make_train_step divides by the global batch itself."
             )
-    resolved: Callable[..., Any] = loss
+    resolved: Callable[..., object] = loss
     return resolved
 
 
@@ -91,12 +94,12 @@ class TrainStep:
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         *,
-        strategy: Any,
+        strategy: Strategy,
         global_batch: int,
-        loss: Callable[..., Any],
-        optimizer: Any,
+        loss: Callable[..., object],
+        optimizer: Optimizer,
         metrics: Sequence[Any],
         sentinel: Any = None,
         report: Any = None,
@@ -207,7 +210,7 @@ class TrainStep:
         return LoopBackup(self.model, strategy=self.strategy, backup_dir=base, save_freq=save_freq,
                           delete_at_finish=delete_at_finish)
 
-    def run_epoch(self, dataset: Any, steps: int | None = None) -> dict[str, float]:
+    def run_epoch(self, dataset: Dataset, steps: int | None = None) -> dict[str, float]:
         """Run one pass (or ``steps`` steps) over a distributed dataset; return the last logs as floats."""
         self.reset_metrics()
         logs: dict[str, Any] = {}
@@ -225,7 +228,7 @@ class TrainStep:
         return result
 
 
-def _build_optimizer(optimizer: Any, model: Any, strategy: Any) -> None:
+def _build_optimizer(optimizer: Optimizer, model: Model, strategy: Strategy) -> None:
     """Create an unbuilt optimizer's slot variables now, in the scope.
 
     Keras optimizers build lazily on the first ``apply_gradients``; in a custom
@@ -246,13 +249,13 @@ def _build_optimizer(optimizer: Any, model: Any, strategy: Any) -> None:
 
 
 def make_train_step(
-    model: Any,
+    model: Model,
     *,
-    strategy: Any,
+    strategy: Strategy,
     global_batch: int | BatchPlan,
     loss: Any,
-    optimizer: Any | None = None,
-    metrics: Sequence[Any] = (),
+    optimizer: Optimizer | None = None,
+    metrics: Sequence[object] = (),
     sentinel: bool | None = None,
     report: bool | None = None,
 ) -> TrainStep:
@@ -320,7 +323,7 @@ def make_train_step(
         )
     _build_optimizer(optimizer, model, strategy)
     keras = tf().keras
-    built: list[Any] = []
+    built: list[object] = []
     with strategy.scope():
         for metric in metrics:
             if isinstance(metric, str):
@@ -336,7 +339,7 @@ def make_train_step(
                      metrics=built, sentinel=watch, report=_tracker(report))
 
 
-def _tracker(report: bool | None) -> Any:
+def _tracker(report: bool | None) -> object:
     from tfstrategy.performance.environment import tracker_from_environment
 
     settings = tracker_from_environment()

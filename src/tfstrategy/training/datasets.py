@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import BatchError
 from tfstrategy.training.batching import BatchPlan, plan_batch, replicas_of
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Dataset, Strategy
 
 __all__ = ["auto_shard_policy", "dataset_size", "plan_dataset", "prepare_dataset", "refuse_endless_fit"]
 
@@ -32,7 +35,7 @@ _FILE_SOURCES = ("tfrecord", "textline", "fixedlengthrecord")
 AUTO_SHARD_POLICIES = ("off", "data", "file", "auto")
 
 
-def _dataset_chain(dataset: Any) -> list[Any]:
+def _dataset_chain(dataset: Dataset) -> list[Any]:
     """The dataset and every dataset it reads from, outermost first."""
     seen, order, stack = set(), [], [dataset]
     while stack:
@@ -45,7 +48,7 @@ def _dataset_chain(dataset: Any) -> list[Any]:
     return order
 
 
-def batched_by(dataset: Any) -> str | None:
+def batched_by(dataset: Dataset) -> str | None:
     """The name of the batching transformation whose batches ``dataset`` yields, or ``None``.
 
     Walks the pipeline from the output towards the source; an ``unbatch``
@@ -97,14 +100,14 @@ def batched_by(dataset: Any) -> str | None:
     return visit(dataset)
 
 
-def reads_files(dataset: Any) -> bool:
+def reads_files(dataset: Dataset) -> bool:
     """Whether the pipeline's source reads TFRecord, text-line or fixed-length files."""
     return any(
         any(marker in type(part).__name__.lower() for marker in _FILE_SOURCES) for part in _dataset_chain(dataset)
     )
 
 
-def is_multi_worker(strategy: Any) -> bool:
+def is_multi_worker(strategy: Strategy) -> bool:
     """Whether the strategy has more than one input pipeline's worth of workers."""
     distribute = tf().distribute
     if not isinstance(strategy, distribute.MultiWorkerMirroredStrategy):
@@ -117,8 +120,8 @@ def is_multi_worker(strategy: Any) -> bool:
 
 
 def auto_shard_policy(
-    strategy: Any, dataset: Any | None = None, requested: str | None = None, *, keeps_partial_batch: bool = False
-) -> Any:
+    strategy: Strategy, dataset: Dataset | None = None, requested: str | None = None, *, keeps_partial_batch: bool = False
+) -> object:
     """The ``tf.data.experimental.AutoShardPolicy`` to set for this strategy and dataset.
 
     On one worker there is nothing to shard. Training batches are all full and
@@ -151,7 +154,7 @@ def auto_shard_policy(
     return policy.FILE if dataset is not None and reads_files(dataset) else policy.DATA
 
 
-def _refuse_batched(dataset: Any) -> None:
+def _refuse_batched(dataset: Dataset) -> None:
     name = batched_by(dataset)
     if name:
         raise BatchError(
@@ -164,7 +167,7 @@ def _refuse_batched(dataset: Any) -> None:
 _FIT_STEPS_POSITION = 12
 
 
-def _cardinality(data: Any) -> int | None:
+def _cardinality(data: object) -> int | None:
     distribute = tf().distribute
     if isinstance(data, tf().data.Dataset):
         return int(data.cardinality())
@@ -176,7 +179,7 @@ def _cardinality(data: Any) -> int | None:
     return None
 
 
-def refuse_endless_fit(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def refuse_endless_fit(args: tuple[object, ...], kwargs: dict[str, object]) -> None:
     """Refuse ``fit(dataset)`` on an infinite dataset without ``steps_per_epoch``: its first epoch never ends.
 
     Args:
@@ -198,15 +201,15 @@ def refuse_endless_fit(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         )
 
 
-def dataset_size(dataset: Any) -> int | None:
+def dataset_size(dataset: Dataset) -> int | None:
     """Examples in one pass over an unbatched dataset; ``None`` when infinite or unknown."""
     cardinality = int(dataset.cardinality())
     return cardinality if cardinality >= 0 else None
 
 
 def plan_dataset(
-    dataset: Any,
-    strategy: Any,
+    dataset: Dataset,
+    strategy: Strategy,
     *,
     global_batch: int | None = None,
     per_replica_batch: int | None = None,
@@ -239,7 +242,7 @@ def plan_dataset(
 
 def prepare_dataset(
     data: Any | Callable[[Any], Any],
-    strategy: Any,
+    strategy: Strategy,
     *,
     global_batch: int | None = None,
     per_replica_batch: int | None = None,
@@ -288,7 +291,7 @@ def prepare_dataset(
     return batched.with_options(options).prefetch(tf().data.AUTOTUNE)
 
 
-def _check_plan(plan: BatchPlan, strategy: Any, global_batch: int | None, per_replica_batch: int | None) -> None:
+def _check_plan(plan: BatchPlan, strategy: Strategy, global_batch: int | None, per_replica_batch: int | None) -> None:
     if global_batch is not None or per_replica_batch is not None:
         raise BatchError(
             f"Received plan= and global_batch={global_batch!r}/per_replica_batch={per_replica_batch!r}; expected "
@@ -302,7 +305,7 @@ def _check_plan(plan: BatchPlan, strategy: Any, global_batch: int | None, per_re
         )
 
 
-def _require_one_argument(dataset_fn: Callable[..., Any]) -> None:
+def _require_one_argument(dataset_fn: Callable[..., object]) -> None:
     try:
         signature = inspect.signature(dataset_fn)
     except (TypeError, ValueError):  # a builtin or C function: let the call decide
@@ -319,12 +322,12 @@ def _require_one_argument(dataset_fn: Callable[..., Any]) -> None:
 
 def _prepare_from_function(
     dataset_fn: Callable[[Any], Any],
-    strategy: Any,
+    strategy: Strategy,
     global_batch: int | None,
     per_replica_batch: int | None,
     plan: BatchPlan | None,
     training: bool,
-) -> Any:
+) -> object:
     _require_one_argument(dataset_fn)
     if plan is None:
         plan = plan_batch(strategy, global_batch=global_batch, per_replica_batch=per_replica_batch, drop_remainder=training)

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.state.registry import RUNTIME
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Dataset, Model
 
 #: Shuffles that take a shared seed generator -> the same shuffle with a generator of its own.
 _OWN_SEED_GENERATOR = {"ShuffleDatasetV3": "ShuffleDataset", "ShuffleAndRepeatDatasetV2": "ShuffleAndRepeatDataset"}
@@ -38,7 +41,7 @@ class Snapshot:
     """The values of every variable and random state a training step can change."""
 
     variables: list[Any]
-    values: list[Any]
+    values: list[object]
     python_random: Any
     numpy_random: Any = None
     _numpy: Any = field(default=None, repr=False)
@@ -63,7 +66,7 @@ def _random_state_variables() -> list[Any]:
     return states
 
 
-def snapshot(model: Any, *, metrics: bool = False) -> Snapshot:
+def snapshot(model: Model, *, metrics: bool = False) -> Snapshot:
     """Save the model's variables (weights, seed generators), its optimizer's, and the global random states.
 
     With ``metrics`` the metrics' variables too (a probe in the middle of a ``fit``); without, the caller
@@ -78,11 +81,11 @@ def snapshot(model: Any, *, metrics: bool = False) -> Snapshot:
                     numpy_random=numpy.random.get_state() if numpy is not None else None, _numpy=numpy)
 
 
-def _graph(dataset: Any) -> Any:
+def _graph(dataset: Dataset) -> Any:
     return _compat.dataset_graph_def(dataset)
 
 
-def pipeline_ops(dataset: Any) -> tuple[str, ...]:
+def pipeline_ops(dataset: Dataset) -> tuple[str, ...]:
     """The operation types of a ``tf.data`` pipeline's graph (``MapDataset``, ``PrefetchDataset``, ...), or ()."""
     try:
         return tuple(sorted({node.op for node in _graph(dataset).node if "Dataset" in node.op}))
@@ -98,7 +101,7 @@ def _name(reference: str) -> str:
     return reference.lstrip("^").split(":")[0]
 
 
-def pipeline_batch(dataset: Any) -> int | None:
+def pipeline_batch(dataset: Dataset) -> int | None:
     """The batch size of a ``tf.data`` pipeline's outermost batch, read from its graph (no element made), or None.
 
     Reading a batch would run the pipeline (on a slow ``map``, a fifth of a second to make its iterator and batch).
@@ -119,7 +122,7 @@ def pipeline_batch(dataset: Any) -> int | None:
         return None
 
 
-def dataset_copy(dataset: Any) -> tuple[Any, str | None]:
+def dataset_copy(dataset: Dataset) -> tuple[Any, str | None]:
     """A copy of ``dataset`` whose iteration leaves the original's shuffle order alone, or why there is none.
 
     Returns:
@@ -150,7 +153,7 @@ def dataset_copy(dataset: Any) -> tuple[Any, str | None]:
     return _compat.dataset_from_variant(variant, dataset.element_spec), None
 
 
-def skip_build_peek(model: Any) -> None:
+def skip_build_peek(model: Model) -> None:
     """Make the model's later ``fit`` calls skip Keras' peek at one batch once nothing is left to build.
 
     Under a strategy, Keras 3 starts every ``fit`` by making a distributed
@@ -173,7 +176,7 @@ def skip_build_peek(model: Any) -> None:
     if not _compat.has_class_build_peek(model):
         return
 
-    def _maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> Any:
+    def _maybe_symbolic_build(iterator: object = None, data_batch: object = None) -> object:
         source = None if iterator is None else _compat.epoch_iterator_source(iterator)
         if source is not None and _compat.keras3_nothing_left_to_build(model):
             iter(source)  # the shuffle seeds the peek's iterator would have drawn; no element is read

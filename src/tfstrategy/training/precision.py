@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import PrecisionError, TrainingError
 from tfstrategy.settings import ENV_PRECISION, did_you_mean, received, resolve_setting, setting_name
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Model, Optimizer
 
 __all__ = [
     "PRECISIONS",
@@ -117,19 +120,19 @@ def set_precision(precision: str) -> str:
     return f"Keras global policy {policy} ({', '.join(names)})"
 
 
-def _compute_dtype(obj: Any) -> str:
+def _compute_dtype(obj: object) -> str:
     policy = getattr(obj, "dtype_policy", None)
     dtype = getattr(policy, "compute_dtype", None) or getattr(obj, "compute_dtype", None) or "float32"
     return str(getattr(dtype, "name", dtype))
 
 
-def computes_in(model: Any, dtype: str = "float16") -> bool:
+def computes_in(model: Model, dtype: str = "float16") -> bool:
     """Whether the model or any of its layers computes in ``dtype``."""
     layers = [model, *(getattr(model, "layers", None) or [])]
     return any(_compute_dtype(layer) == dtype for layer in layers)
 
 
-def loss_scaling(optimizer: Any) -> str | None:
+def loss_scaling(optimizer: Optimizer) -> str | None:
     """How a custom loop scales the loss for ``optimizer``.
 
     Returns:
@@ -146,7 +149,7 @@ def loss_scaling(optimizer: Any) -> str | None:
     return None
 
 
-def loss_scale_optimizer(optimizer: Any, *, initial_scale: float | None = None) -> Any:
+def loss_scale_optimizer(optimizer: Optimizer, *, initial_scale: float | None = None) -> object:
     """``optimizer`` wrapped in its Keras' ``LossScaleOptimizer`` (create it in the strategy's scope)."""
     from tfstrategy import _compat
 
@@ -162,7 +165,7 @@ def global_policy() -> str:
     return str(_compat.keras_for().mixed_precision.global_policy().name)
 
 
-def require_loss_scaling(model: Any, optimizer: Any) -> str | None:
+def require_loss_scaling(model: Model, optimizer: Optimizer) -> str | None:
     """The optimizer's loss scaling, refusing none for a model that computes in float16.
 
     Raises:
@@ -181,7 +184,7 @@ def require_loss_scaling(model: Any, optimizer: Any) -> str | None:
     return scaling
 
 
-def _output_layers(model: Any) -> list[Any]:
+def _output_layers(model: Model) -> list[Any]:
     from tfstrategy import _compat
 
     layers = getattr(model, "layers", None) or []
@@ -196,7 +199,7 @@ def _output_layers(model: Any) -> list[Any]:
     return named or layers[-1:]
 
 
-def float16_outputs(model: Any) -> list[str]:
+def float16_outputs(model: Model) -> list[str]:
     """Layers whose outputs the loss receives in float16 or bfloat16, as ``name (Class, dtype[, activation])``."""
     found = []
     for layer in _output_layers(model):
@@ -209,7 +212,7 @@ def float16_outputs(model: Any) -> list[str]:
     return found
 
 
-def float16_output_message(model: Any) -> str | None:
+def float16_output_message(model: Model) -> str | None:
     """One line naming the model's half-precision output layers, or ``None``."""
     found = float16_outputs(model)
     if not found:

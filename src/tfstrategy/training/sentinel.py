@@ -28,12 +28,15 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import DivergenceError, TrainingError
 from tfstrategy.settings import ENV_SENTINEL, received, resolve_setting, setting_name
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Logs, Model, Strategy
 
 __all__ = ["Sentinel", "divergence_sentinel", "parse_sentinel", "resolve_sentinel"]
 
@@ -93,7 +96,7 @@ class Sentinel:
         rtol: relative checksum difference still counted as equal.
     """
 
-    def __init__(self, strategy: Any, variables: Any, *, rtol: float = RTOL) -> None:
+    def __init__(self, strategy: Strategy, variables: Any, *, rtol: float = RTOL) -> None:
         self.strategy = getattr(strategy, "strategy", strategy)
         self.variables = [_compat.tf_variable(variable) for variable in variables]
         if not self.variables:
@@ -104,7 +107,7 @@ class Sentinel:
         self.last_equal_step: int | None = None
         self._function = tf().function(self._distributed_check, autograph=False)
 
-    def _replica_check(self) -> Any:
+    def _replica_check(self) -> object:
         tf_ = tf()
         context = tf_.distribute.get_replica_context()
         # Each replica reads its own copy in replica context.
@@ -112,7 +115,7 @@ class Sentinel:
         # One collective: every replica (on every worker) gets every replica's checksum.
         return context.all_gather(tf_.reshape(total, [1]), axis=0)
 
-    def _distributed_check(self) -> Any:
+    def _distributed_check(self) -> object:
         values = self.strategy.run(self._replica_check)
         return self.strategy.experimental_local_results(values)[0]
 
@@ -170,7 +173,7 @@ class Sentinel:
 _ATTRIBUTE = "_tfstrategy_sentinel"
 
 
-def sentinel_for(model: Any, strategy: Any) -> Sentinel:
+def sentinel_for(model: Model, strategy: Strategy) -> Sentinel:
     """The model's :class:`Sentinel` for ``strategy``, made once per model and set of weights."""
     weights = [_compat.tf_variable(variable) for variable in model.weights]
     found = getattr(model, _ATTRIBUTE, None)
@@ -187,13 +190,13 @@ def _callback_class(base: type) -> type:
     class DivergenceSentinel(base):
         """Keras callback: stop ``fit`` when replicas or workers stop holding the same weights."""
 
-        def __init__(self, every: int | str = "epoch", strategy: Any = None) -> None:
+        def __init__(self, every: int | str = "epoch", strategy: Strategy | None = None) -> None:
             super().__init__()
             self.every = parse_sentinel(every, name="every") or "epoch"
             self.strategy = strategy
             self.sentinel: Sentinel | None = None
 
-        def _check(self, logs: Any) -> None:
+        def _check(self, logs: Logs) -> None:
             model = self.model
             if self.sentinel is None:
                 strategy = self.strategy or _compat.model_strategy(model) or tf().distribute.get_strategy()
@@ -207,18 +210,18 @@ def _callback_class(base: type) -> type:
                 model.stop_training = True
                 raise
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
             if isinstance(self.every, int) and (batch + 1) % self.every == 0:
                 self._check(logs)
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
             if self.every == "epoch":
                 self._check(logs)
 
     return DivergenceSentinel
 
 
-def divergence_sentinel(every: int | str = "epoch", *, strategy: Any = None) -> Any:
+def divergence_sentinel(every: int | str = "epoch", *, strategy: Strategy | None = None) -> Any:
     """A Keras callback that raises :class:`~tfstrategy.errors.DivergenceError` when replicas disagree.
 
     Args:
@@ -231,7 +234,7 @@ def divergence_sentinel(every: int | str = "epoch", *, strategy: Any = None) -> 
     return _callback_class(tf().keras.callbacks.Callback)(every, strategy)
 
 
-def add_sentinel(model: Any, kwargs: dict[str, Any], every: int | str | None) -> None:
+def add_sentinel(model: Model, kwargs: dict[str, Any], every: int | str | None) -> None:
     """Put a sentinel callback into ``fit``'s keyword arguments, unless off or already there (the hook's step)."""
     if every is None:
         return

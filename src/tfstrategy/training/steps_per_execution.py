@@ -41,13 +41,16 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
 from tfstrategy.state.registry import RUNTIME
 from tfstrategy.training.no_trace import dataset_copy, skip_build_peek, snapshot
+
+if TYPE_CHECKING:
+    from tfstrategy._protocols import Dataset, Model, Strategy
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ class StepsPerExecutionChoice:
         return f"steps_per_execution={self.steps} ({self.reason}; cap {self.cap}: {self.cap_reason}{measured})"
 
 
-def _per_step_callbacks(callbacks: Iterable[Any]) -> list[str]:
+def _per_step_callbacks(callbacks: Iterable[object]) -> list[str]:
     base = None
     named = []
     for callback in callbacks:
@@ -96,7 +99,7 @@ def _per_step_callbacks(callbacks: Iterable[Any]) -> list[str]:
 
 
 def steps_cap(
-    *, steps_per_epoch: int | None, callbacks: Iterable[Any] = (), max_steps: int = MAX_STEPS
+    *, steps_per_epoch: int | None, callbacks: Iterable[object] = (), max_steps: int = MAX_STEPS
 ) -> tuple[int, str]:
     """The largest K allowed, and why.
 
@@ -209,7 +212,7 @@ def choose_steps_per_execution(
 # --- measuring a real model ------------------------------------------------------------
 
 
-def _cardinality(dataset: Any) -> int | None:
+def _cardinality(dataset: Dataset) -> int | None:
     cardinality = getattr(dataset, "cardinality", None)
     if cardinality is None:
         return None
@@ -217,7 +220,7 @@ def _cardinality(dataset: Any) -> int | None:
     return value if value > 0 else None  # INFINITE (-1) and UNKNOWN (-2)
 
 
-def job_mean(strategy: Any, values: list[float]) -> list[float]:
+def job_mean(strategy: Strategy, values: list[float]) -> list[float]:
     """The mean of each value over the job's workers (the values themselves in one process), so every
     worker takes the same decisions."""
     if not _compat.in_multi_worker_mode(strategy):
@@ -235,7 +238,7 @@ class _Timer:
     kept, so that timings of two Ks can alternate.
     """
 
-    def __init__(self, model: Any, dataset: Any) -> None:
+    def __init__(self, model: Model, dataset: Dataset) -> None:
         self.model = model
         strategy = model.distribute_strategy
         self.strategy = strategy
@@ -263,10 +266,10 @@ class _Timer:
 
 
 def tune_steps_per_execution(
-    model: Any,
-    dataset: Any,
+    model: Model,
+    dataset: Dataset,
     *,
-    callbacks: Iterable[Any] = (),
+    callbacks: Iterable[object] = (),
     steps_per_epoch: int | None = None,
     max_steps: int = MAX_STEPS,
     min_seconds: float = 0.4,
@@ -335,7 +338,7 @@ def tune_steps_per_execution(
     return _set(model, choice)
 
 
-def _set(model: Any, choice: StepsPerExecutionChoice) -> StepsPerExecutionChoice:
+def _set(model: Model, choice: StepsPerExecutionChoice) -> StepsPerExecutionChoice:
     _compat.set_steps_per_execution(model, choice.steps)
     object.__setattr__(model, _CHOICE, choice)  # untracked by Keras
     logger.info("tfstrategy: %s", choice.line())
@@ -345,12 +348,12 @@ def _set(model: Any, choice: StepsPerExecutionChoice) -> StepsPerExecutionChoice
 _CHOICE = "_tfstrategy_steps_per_execution_choice"
 
 
-def last_choice(model: Any) -> StepsPerExecutionChoice | None:
+def last_choice(model: Model) -> StepsPerExecutionChoice | None:
     """The choice :func:`tune_steps_per_execution` (or ``steps_per_execution="auto"``) made for ``model``."""
     return getattr(model, _CHOICE, None)
 
 
-def tune_at_first_fit(model: Any) -> None:
+def tune_at_first_fit(model: Model) -> None:
     """Make the model's next ``fit`` tune K on its own data and callbacks first (``steps_per_execution="auto"``).
 
     An instance override of ``model.fit`` registered with the process runtime, one shot: the first call removes
@@ -359,7 +362,7 @@ def tune_at_first_fit(model: Any) -> None:
     fit = model.fit
 
     @functools.wraps(fit)
-    def fit_tuning_first(*args: Any, **kwargs: Any) -> Any:
+    def fit_tuning_first(*args: object, **kwargs: object) -> object:
         override.remove()  # one shot: later fits run as compiled
         _tune_for_fit(model, args, kwargs)
         return fit(*args, **kwargs)
@@ -368,7 +371,7 @@ def tune_at_first_fit(model: Any) -> None:
                                           note="the model's next fit tunes steps_per_execution first")
 
 
-def _tune_for_fit(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _tune_for_fit(model: Model, args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
     """Tune K on ``fit(*args, **kwargs)``'s data and callbacks, and print the choice unless ``verbose=0``."""
     data = args[0] if args else kwargs.get("x")
     dataset = as_dataset(data, args[1] if len(args) > 1 else kwargs.get("y"), kwargs.get("batch_size"))
@@ -383,7 +386,7 @@ def _tune_for_fit(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         print(f"tfstrategy: {choice.line()}", flush=True)
 
 
-def as_dataset(data: Any, labels: Any, batch_size: int | None) -> Any:
+def as_dataset(data: object, labels: object, batch_size: int | None) -> Any:
     """fit's data as a dataset: a dataset as it is, arrays batched as fit batches them, else None."""
     tf_ = tf()
     if isinstance(data, (tf_.data.Dataset, tf_.distribute.DistributedDataset)):

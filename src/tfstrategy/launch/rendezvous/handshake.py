@@ -11,7 +11,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 from tfstrategy.launch.rendezvous.wire import _HEX, PROTOCOL, Message, ProtocolError, parse_message
 
@@ -26,7 +26,7 @@ def client_proof(secret: bytes, server_nonce: str, client_nonce: str, rank: int)
     return _mac(secret, f"{PROTOCOL}|client|{server_nonce}|{client_nonce}|{rank}".encode())
 
 
-def welcome_proof(secret: bytes, server_nonce: str, client_nonce: str, rank: int, welcome: Mapping[str, Any]) -> str:
+def welcome_proof(secret: bytes, server_nonce: str, client_nonce: str, rank: int, welcome: Mapping[str, object]) -> str:
     """The server's proof, over every field of its welcome (job identity, round, heartbeat) but the proof."""
     fields = json.dumps({k: v for k, v in welcome.items() if k != "proof"}, sort_keys=True, separators=(",", ":"))
     return _mac(secret, f"{PROTOCOL}|server|{server_nonce}|{client_nonce}|{rank}|{fields}".encode())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 from tfstrategy.launch.ledger_diagnosis import diagnose, view_from_wire
 from tfstrategy.launch.rendezvous.wire import DIAGNOSIS_LINES, Failed
@@ -13,7 +12,7 @@ __all__ = ["root_cause", "across_nodes"]
 
 
 def root_cause(reported: list[tuple[int, Failed]],
-               shared: Mapping[int, list[dict[str, Any]]] | None = None) -> tuple[int, Failed]:
+               shared: Mapping[int, list[dict[str, object]]] | None = None) -> tuple[int, Failed]:
     """The round's root cause among ``reported`` (each node's failure, earliest first; never empty).
 
     A failure its node's ledgers diagnosed names the cause; else one every node's worker views
@@ -26,7 +25,7 @@ def root_cause(reported: list[tuple[int, Failed]],
 
 
 def across_nodes(reported: list[tuple[int, Failed]],
-                 shared: Mapping[int, list[dict[str, Any]]] | None = None) -> tuple[int, Failed] | None:
+                 shared: Mapping[int, list[dict[str, object]]] | None = None) -> tuple[int, Failed] | None:
     """The failure every node's worker views together diagnose (``--nnodes``: no node alone sees the cause).
 
     ``reported``: each node's failure (rank, message), earliest first; ``shared``: the latest views of the

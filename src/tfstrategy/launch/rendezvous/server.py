@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.rendezvous.admission import PendingConnections
@@ -137,7 +136,7 @@ class RendezvousServer:
         #: The round's failures so far, by node, and the monotonic second the first arrived.
         self._failures: dict[int, Failed] = {}
         #: Each node's latest worker views of the running round (:class:`Views`), for a diagnosis across nodes.
-        self._views: dict[int, list[dict[str, Any]]] = {}
+        self._views: dict[int, list[dict[str, object]]] = {}
         self._first_failure_at: float | None = None
         self._closed = False
         for target in (self._accept_loop, self._tick_loop):
@@ -265,7 +264,7 @@ class RendezvousServer:
                     # Before the welcome, so that the node joins the round that takes it in.
                     self._reform_locked(lost=[], joined=[claimed], graceful=True,
                                         reason=f"node {claimed} joined from {address}")
-                welcome: dict[str, Any] = {
+                welcome: dict[str, object] = {
                     "type": "welcome", "job_id": self.job_id, "round": self.round,
                     "heartbeat": limits.heartbeat_seconds, "dead_after": limits.dead_after,
                 }
@@ -477,7 +476,7 @@ class RendezvousServer:
                     return
             time.sleep(0.05)
 
-    def latest_views(self, round: int) -> dict[int, list[dict[str, Any]]]:
+    def latest_views(self, round: int) -> dict[int, list[dict[str, object]]]:
         """Each node's latest worker views of round ``round`` (:class:`Views`, checked), by rank; none once it ended."""
         with self._lock:
             return dict(self._views) if round == self.round and self.state is JobState.RUNNING else {}

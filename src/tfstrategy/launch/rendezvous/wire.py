@@ -118,7 +118,7 @@ def read_json(reader: LineReader, *, deadline: float) -> dict[str, Any] | None:
     return value
 
 
-def encode(message: Mapping[str, Any]) -> bytes:
+def encode(message: Mapping[str, object]) -> bytes:
     return (json.dumps(message, separators=(",", ":")) + "\n").encode()
 
 
@@ -161,13 +161,13 @@ class Failed(Message):
     lines: list[str]
     logs: list[str]
     diagnosis: list[str]
-    views: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    views: list[dict[str, object]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def bounded(cls, *, round: int, worker: int | None, reason: str, status: int, time: float, consequential: bool,
                 outcome: str, lines: tuple[str, ...] | list[str], logs: tuple[str, ...] | list[str],
                 diagnosis: tuple[str, ...] | list[str] = (),
-                views: tuple[dict[str, Any], ...] | list[dict[str, Any]] = ()) -> Failed:
+                views: tuple[dict[str, object], ...] | list[dict[str, object]] = ()) -> Failed:
         """A failure cut to what the wire carries (the newest lines, the first log files), so it never breaks the protocol."""
         return cls(round=round, worker=worker, reason=reason[:_TEXT], status=min(max(status, 0), 1023),
                    time=time if math.isfinite(time) and 0 <= time <= _WALL else 0.0, consequential=consequential,
@@ -214,7 +214,7 @@ class Views(Message):
 
     kind: ClassVar[str] = "views"
     round: int
-    views: list[dict[str, Any]]
+    views: list[dict[str, object]]
 
 
 @dataclass(frozen=True)
@@ -361,7 +361,7 @@ def _text(limit: int = _TEXT, pattern: re.Pattern[str] | None = None, choices: t
 
 
 def _list(item: Check, limit: int) -> Check:
-    def check(value: object, where: str) -> list[Any]:
+    def check(value: object, where: str) -> list[object]:
         if not isinstance(value, list) or len(value) > limit:
             raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected a list of at most {limit} items")
         return [item(entry, f"{where}[{index}]") for index, entry in enumerate(value)]
@@ -382,14 +382,14 @@ def _addresses(value: object, where: str) -> dict[str, str]:
 
 
 def _optional(check: Check) -> Check:
-    def optional(value: object, where: str) -> Any:
+    def optional(value: object, where: str) -> object:
         return None if value is None else check(value, where)
     return optional
 
 
 def _record(checks: Mapping[str, Check]) -> Check:
     """An object with exactly the keys of ``checks``, each checked."""
-    def check(value: object, where: str) -> dict[str, Any]:
+    def check(value: object, where: str) -> dict[str, object]:
         if not isinstance(value, dict) or set(value) != set(checks):
             keys = sorted(value) if isinstance(value, dict) else str(value)[:60]
             raise ProtocolError(f"{where} is {keys!r}; expected an object of {sorted(checks)}")
@@ -398,7 +398,7 @@ def _record(checks: Mapping[str, Check]) -> Check:
 
 
 def _pair(first: Check, second: Check) -> Check:
-    def check(value: object, where: str) -> list[Any]:
+    def check(value: object, where: str) -> list[object]:
         if not isinstance(value, list) or len(value) != 2:
             raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected a pair")
         return [first(value[0], f"{where}[0]"), second(value[1], f"{where}[1]")]
@@ -406,7 +406,7 @@ def _pair(first: Check, second: Check) -> Check:
 
 
 def _triple(first: Check, second: Check, third: Check) -> Check:
-    def check(value: object, where: str) -> list[Any]:
+    def check(value: object, where: str) -> list[object]:
         if not isinstance(value, list) or len(value) != 3:
             raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected a list of 3")
         return [first(value[0], f"{where}[0]"), second(value[1], f"{where}[1]"), third(value[2], f"{where}[2]")]
@@ -454,7 +454,7 @@ _FIELDS: dict[str, Check] = {
 }
 
 
-def parse_message(data: Mapping[str, Any], messages: Mapping[str, type[Message]]) -> Message:
+def parse_message(data: Mapping[str, object], messages: Mapping[str, type[Message]]) -> Message:
     """The typed message of ``data`` (its ``type`` one of ``messages``), every field checked.
 
     Raises:
