@@ -215,7 +215,7 @@ def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
 class _WorkerCount(argparse.Action):
     """``-n N`` or ``MIN:MAX``: ``num_workers`` is N (or MAX), ``min_workers`` MIN (``None`` for a fixed count)."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:
         text = str(values).strip()
         parsed = parse_min_max(text)
