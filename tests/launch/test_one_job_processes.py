@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, run_script_on_one_cpu
 
 SCRIPT = ROOT / "tests" / "workers" / "one_job_script.py"
 
@@ -36,10 +36,8 @@ def _losses(stdout: str) -> list[float]:
 
 @pytest.fixture(scope="module")
 def one_process_loss() -> float:
-    result = subprocess.run([sys.executable, str(SCRIPT), "mirrored"], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-2000:]
-    [loss] = _losses(result.stdout)
+    """The 1-process run: the script in this process, its MirroredStrategy() on one CPU (no start-up of its own)."""
+    [loss] = _losses(run_script_on_one_cpu(SCRIPT, "mirrored"))
     return loss
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, run_script_on_one_cpu
 from tfstrategy.launch.processes import exception_line, failure_reason
 from tfstrategy.runtime.worker_hook import STARTUP_DIR, hook_environment
 
@@ -86,26 +86,11 @@ def test_run_gives_the_seed_script_four_replicas():
 
 
 @pytest.mark.slow
-def test_run_trains_steps_per_execution_8_on_four_replicas_like_one(tmp_path, monkeypatch):
+def test_run_trains_steps_per_execution_8_on_four_replicas_like_one(tmp_path):
     """The one-replica answer is the same script run in this process with MirroredStrategy() on /cpu:0 alone (what
     ``run --cpu-replicas 1`` gives it; one replica needs no fix), so only the four-replica run starts TensorFlow."""
-    import runpy
-
-    import tensorflow as tf
-
-    from helpers import mirrored
-
     script = SCRIPTS / "spe_script.py"
-    one_cpu = mirrored(1)
-
-    class OneCpu(tf.distribute.MirroredStrategy):  # a subclass: tfstrategy reads the class's own attributes
-        def __new__(cls, *args, **kwargs):
-            return one_cpu  # not an OneCpu: __init__ is not called again
-
-    monkeypatch.setattr(tf.distribute, "MirroredStrategy", OneCpu)
-    monkeypatch.setattr(sys, "argv", [str(script), str(tmp_path / "one.npz")])
-    runpy.run_path(str(script), run_name="__main__")
-    monkeypatch.undo()
+    run_script_on_one_cpu(script, str(tmp_path / "one.npz"))
     four, _ = _tfstrategy("run", "--cpu-replicas", "4", "--", sys.executable, str(script), str(tmp_path / "four.npz"), timeout=180)
     assert four.returncode == 0, four.stderr[-2000:]
     assert "replicas 4" in four.stdout
