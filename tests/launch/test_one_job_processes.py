@@ -121,6 +121,7 @@ def test_a_worker_of_two_stops_each_kind_at_its_creation_in_one_line(case, monke
         raise _Stopped(message)
 
     monkeypatch.setattr(hook_strategies, "stop", stopped)
+    monkeypatch.setattr(hook_strategies.RUNTIME.hook, "joined", False)  # a worker that has not joined
     before = set(rewrites())
     try:
         hook_strategies.mirrored_devices(inputs)
