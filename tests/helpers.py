@@ -80,3 +80,30 @@ def run_example(name: str, timeout: float = 180) -> subprocess.CompletedProcess:
     """Run ``examples/NAME`` with this Python in a fresh process, from the repository root."""
     return subprocess.run([sys.executable, str(ROOT / "examples" / name)], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
+
+
+def run_script_on_one_cpu(script: Path, *argv: str) -> str:
+    """Run a user's ``script`` in this process with ``MirroredStrategy()`` on ``/cpu:0`` alone; its stdout.
+
+    What ``python script`` (or ``tfstrategy run --cpu-replicas 1``) gives it on this one-CPU host, without a
+    TensorFlow start-up of its own: the one-replica reference of a multi-replica run.
+    """
+    import contextlib
+    import io
+    import runpy
+
+    import pytest
+    import tensorflow as tf
+
+    one_cpu = mirrored(1)
+
+    class OneCpu(tf.distribute.MirroredStrategy):  # a subclass: tfstrategy reads the class's own attributes
+        def __new__(cls, *args, **kwargs):
+            return one_cpu  # not a OneCpu: its __init__ is not called again
+
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
+        patch.setattr(tf.distribute, "MirroredStrategy", OneCpu)
+        patch.setattr(sys, "argv", [str(script), *argv])
+        runpy.run_path(str(script), run_name="__main__")
+    return out.getvalue()

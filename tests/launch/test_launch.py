@@ -424,10 +424,15 @@ def test_sigkilled_worker_is_restarted_and_resumes_to_the_same_weights(uninterru
 
 
 @pytest.mark.multiprocess
-def test_worker_that_never_starts_fails_the_job_within_the_timeout(tmp_path):
-    code, out, err, _ = _launch("-n", "2", "--timeout", "30", "--", sys.executable, str(FIT_WORKER), "--out", str(tmp_path), "--stall", timeout=120)
+def test_worker_that_never_starts_fails_the_job_within_the_timeout():
+    """Worker 0 is creating its strategy (its starting file), worker 1 never began: the join timeout names both.
+
+    Plain workers, so --timeout 3 s is not waited out by TensorFlow's start-up; a real TensorFlow worker writing
+    its starting file is test_faults.py's early0 case, the policy test_policy.py's
+    test_join_timeout_names_the_worker_that_never_started_joining."""
+    code, out, err, _ = _launch("-n", "2", "--timeout", "3", "--", sys.executable, str(PLAIN_WORKER), "starting", timeout=60)
     assert code == 124
-    assert "worker 1 did not join within --timeout 30 s: it never started creating its strategy" in err
+    assert "worker 1 did not join within --timeout 3 s: it never started creating its strategy" in err
     assert "worker 0 is creating its strategy" in err
     assert "[worker 1] stalling before TensorFlow starts" in out and "  | " not in err  # its lines once, live
 

@@ -1,7 +1,8 @@
 """One job or a clear refusal, with real processes: each strategy kind under `tfstrategy launch -n 2` and `run`.
 
 Joined: both workers report the same final loss, equal to the 1-process run on the same global batch.
-Refused: the job exits 2 and the launcher's headline is the worker's one line saying what and what to do.
+Refused: the job exits 2 and the launcher's headline is the worker's one line saying what and what to do (end to end
+for a refused class and for fit without a strategy; every kind's refusal by the hook's rewrites runs in this process).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, run_script_on_one_cpu
 
 SCRIPT = ROOT / "tests" / "workers" / "one_job_script.py"
 
@@ -35,10 +36,8 @@ def _losses(stdout: str) -> list[float]:
 
 @pytest.fixture(scope="module")
 def one_process_loss() -> float:
-    result = subprocess.run([sys.executable, str(SCRIPT), "mirrored"], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-2000:]
-    [loss] = _losses(result.stdout)
+    """The 1-process run: the script in this process, its MirroredStrategy() on one CPU (no start-up of its own)."""
+    [loss] = _losses(run_script_on_one_cpu(SCRIPT, "mirrored"))
     return loss
 
 
@@ -62,21 +61,27 @@ def test_launch_joins_and_trains_as_one_job(case, one_process_loss):
     assert "steps: record_creation_sites" not in result.stdout + result.stderr
 
 
-REFUSALS = [
-    pytest.param("listed", "tfstrategy refused MirroredStrategy(devices=['CPU:0', 'CPU:1'])", id="mirrored-devices"),
-    pytest.param("one_device", "tfstrategy refused OneDeviceStrategy", id="one-device"),
-    pytest.param("parameter_server", "tfstrategy refused ParameterServerStrategy", id="parameter-server"),
-    pytest.param("coordinator", "tfstrategy refused ClusterCoordinator", id="cluster-coordinator"),
-    pytest.param("tpu", "tfstrategy refused TPUStrategy", id="tpu"),
-    pytest.param("default", "tfstrategy stopped Model.fit() before its first step", id="default-strategy"),
-]
+REFUSALS = {
+    "listed": "tfstrategy refused MirroredStrategy(devices=['CPU:0', 'CPU:1'])",
+    "one_device": "tfstrategy refused OneDeviceStrategy",
+    "parameter_server": "tfstrategy refused ParameterServerStrategy",
+    "coordinator": "tfstrategy refused ClusterCoordinator",
+    "tpu": "tfstrategy refused TPUStrategy",
+    "default": "tfstrategy stopped Model.fit() before its first step",
+}
 
 
 @pytest.mark.multiprocess
 @pytest.mark.extended
 @pytest.mark.slow
-@pytest.mark.parametrize(("case", "line"), REFUSALS)
-def test_launch_refuses_what_cannot_be_one_job_in_one_line(case, line):
+@pytest.mark.parametrize("case", [
+    # The two phases of the hook that refuse, each end to end: a strategy class refused at its creation (TensorFlow's
+    # rewrites), Model.fit stopped without a strategy (Keras'). Every kind's line: the in-process test below.
+    pytest.param("parameter_server", id="parameter-server"),
+    pytest.param("default", id="default-strategy"),
+])
+def test_launch_refuses_what_cannot_be_one_job_in_one_line(case):
+    line = REFUSALS[case]
     result = _launch(case)
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     # The launcher's headline is the worker's own one line, the same whichever worker said it first, said once:
@@ -87,6 +92,54 @@ def test_launch_refuses_what_cannot_be_one_job_in_one_line(case, line):
     assert "Traceback" not in result.stdout + result.stderr and "never created a strategy" not in result.stderr
     assert "final loss" not in result.stdout
     assert "under a multi-worker TF_CONFIG (2 workers" in headline and "more characters" not in headline
+
+
+class _Stopped(Exception):
+    """What the hook's ``stop()`` raises in this test instead of ending the process with exit status 2."""
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_a_worker_of_two_stops_each_kind_at_its_creation_in_one_line(case, monkeypatch, capsys):
+    """The script, in this process as worker 1 of a 2-worker TF_CONFIG, under the hook's three refusing rewrites.
+
+    ``stop()`` (one line, exit 2, tested in test_one_job.py) raises here, so every kind costs no TensorFlow start-up;
+    the launcher's handling of that line is the end-to-end test above, each kind's message test_one_job.py's
+    test_every_refusal_is_one_line_saying_what_happened_and_what_to_do.
+    """
+    import atexit
+    import runpy
+
+    from tfstrategy.multiworker.cluster import ClusterConfig
+    from tfstrategy.runtime import hook_strategies
+    from tfstrategy.runtime.inputs import PlanInputs
+    from tfstrategy.runtime.rewrites import rewrites
+
+    config = ClusterConfig(cluster={"worker": ("127.0.0.1:1", "127.0.0.1:2")}, task_type="worker", task_index=1)
+    inputs = PlanInputs(consumer="hook", cluster_tasks=2, cluster_source="TF_CONFIG", cluster=config, under_launcher=True)
+
+    def stopped(message: str):
+        raise _Stopped(message)
+
+    monkeypatch.setattr(hook_strategies, "stop", stopped)
+    monkeypatch.setattr(hook_strategies.RUNTIME.hook, "joined", False)  # a worker that has not joined
+    before = set(rewrites())
+    try:
+        hook_strategies.mirrored_devices(inputs)
+        hook_strategies.refuse_unjoinable(config)
+        atexit.unregister(hook_strategies._fail_if_never_joined)  # the worker's exit check, not this process's
+        hook_strategies.refuse_unjoined_fit(config)
+        monkeypatch.setattr(sys, "argv", [str(SCRIPT), case])
+        with pytest.raises(_Stopped) as stop:
+            runpy.run_path(str(SCRIPT), run_name="__main__")
+    finally:
+        for rewrite in reversed(rewrites()):
+            if rewrite not in before:
+                rewrite.remove()
+    assert set(rewrites()) == before
+    message = str(stop.value)
+    assert message.startswith(REFUSALS[case]), message
+    assert "\n" not in message and "under a multi-worker TF_CONFIG (2 workers" in message
+    assert "final loss" not in capsys.readouterr().out
 
 
 @pytest.mark.multiprocess

@@ -173,6 +173,21 @@ def test_a_sigkill_nobody_sent_suggests_the_oom_killer():
     assert result.failures[0].status == 137 and result.returncode == 1
 
 
+def test_a_joined_job_training_past_the_join_timeout_is_never_stopped():
+    """--timeout bounds the join only: a job whose training runs long past it ends as its workers do."""
+    def scenario(fleet, now, launcher):
+        if now > 5:
+            _joined_and_training(fleet, steps=int(now))
+        if now > 100:
+            for worker in fleet.attempts[0]:
+                worker.exit(0)
+
+    result, err, fleet, clock = _run(scenario, join_timeout=30)
+    assert (result.returncode, result.reason) == (0, EndReason.SUCCEEDED), err
+    assert all(not worker.signals or worker.signals == [signal.SIGKILL] for worker in fleet.attempts[0])
+    assert clock.now > 100 and "did not join" not in err
+
+
 def test_join_timeout_names_the_worker_that_never_started_joining():
     def scenario(fleet, now, launcher):
         fleet.at(0, 0).starting = True

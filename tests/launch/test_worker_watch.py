@@ -47,6 +47,12 @@ if sys.argv[1] == "late":
 if sys.argv[1] == "wait":
     print("waiting", flush=True)
     time.sleep(60)
+if sys.argv[1] == "input":  # blocked reading its input: a FIFO nobody writes
+    import pathlib, tempfile
+    fifo = pathlib.Path(tempfile.mkdtemp()) / "input"
+    os.mkfifo(fifo)
+    print("waiting", flush=True)
+    fifo.read_text()
 """
 
 
@@ -82,8 +88,14 @@ def test_a_python_process_the_worker_starts_does_not_inherit_its_supervision(tmp
     assert read_progress(tmp_path / "progress").finishing
 
 
-def test_the_heartbeat_beats_and_a_stack_signal_prints_every_threads_stack(tmp_path):
-    process = _worker(tmp_path, "wait")
+@pytest.mark.parametrize("mode", [pytest.param("wait", id="sleeping"), pytest.param("input", id="blocked-on-input")])
+def test_the_heartbeat_beats_and_a_stack_signal_prints_every_threads_stack(tmp_path, mode):
+    """A worker blocked in a call (a sleep, a read of its input nobody writes) beats and prints its stack on request.
+
+    The launcher's side of a worker blocked on its input (a stall "outside its step", as a busy callback) is
+    test_faults.py's busy case; this is the dump from inside the blocking read.
+    """
+    process = _worker(tmp_path, mode)
     try:
         assert process.stdout.readline().startswith("env") and process.stdout.readline() == "waiting\n"
         first = read_progress(tmp_path / "progress").heartbeat

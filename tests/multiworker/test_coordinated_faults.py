@@ -150,45 +150,46 @@ def second_job(first: Launch, backup: Path) -> tuple[int, str]:
     return code, err
 
 
+#: The kills of the one chain: first before the agreement (each start resumes from 8 and is killed in its save of 16
+#: again), then after it (the step killed is the one after the step the previous start resumed from).
+CUT_SHORT = ["before@1", "weights@1", "renamed@1", "written@1"]
+AROUND_THE_RECORD = ["agreed@1", "committed@1", "agreed@0"]
+
+
 @pytest.fixture(scope="module")
 def cut_short(tmp_path_factory) -> Chain:
-    """Kills before the agreement (step 16, after resuming from 8 each time); a second job tries the directory."""
-    return run_chain(tmp_path_factory.mktemp("cut-short"), ["before@1", "weights@1", "renamed@1", "written@1"],
-                     "--epochs", str(EPOCHS), env={"TFSTRATEGY_JOB_ID": "job-a"}, during=second_job)
-
-
-@pytest.fixture(scope="module")
-def around_the_record(tmp_path_factory) -> Chain:
-    """Kills after the agreement: the step killed is the one after the step the previous start resumed from."""
-    return run_chain(tmp_path_factory.mktemp("around-the-record"), ["agreed@1", "committed@1", "agreed@0"],
-                     "--epochs", str(EPOCHS))
+    """One job, a kill on each of its first 7 starts (8 starts, not the 9 of a job for each group of kills); a second
+    job tries the directory meanwhile."""
+    return run_chain(tmp_path_factory.mktemp("cut-short"), CUT_SHORT + AROUND_THE_RECORD, "--epochs", str(EPOCHS),
+                     env={"TFSTRATEGY_JOB_ID": "job-a"}, during=second_job)
 
 
 KILLS = [
-    # chain, start, point, worker, the steps every worker may resume from: the step whose save was killed
+    # start, point, worker, the steps every worker may resume from: the step whose save was killed
     # ("killed"), the committed one before it ("previous"), or either, the same on both
-    pytest.param("cut_short", 0, "before", 1, {"previous"}, id="before-the-weights-file"),
-    pytest.param("cut_short", 1, "weights", 1, {"previous"}, id="weights-file-written-not-renamed"),
-    pytest.param("cut_short", 2, "renamed", 1, {"previous"}, id="between-weights-and-sidecar"),
-    pytest.param("cut_short", 3, "written", 1, {"previous"}, id="part-written-before-agreement"),
+    pytest.param(0, "before", 1, {"previous"}, id="before-the-weights-file"),
+    pytest.param(1, "weights", 1, {"previous"}, id="weights-file-written-not-renamed"),
+    pytest.param(2, "renamed", 1, {"previous"}, id="between-weights-and-sidecar"),
+    pytest.param(3, "written", 1, {"previous"}, id="part-written-before-agreement"),
     # worker 0 writes its record of the step unless the launcher stops it first: that step or the one before
-    pytest.param("around_the_record", 0, "agreed", 1, {"previous", "killed"}, id="agreed-before-the-record"),
-    pytest.param("around_the_record", 1, "committed", 1, {"killed"}, id="after-the-record"),
-    pytest.param("around_the_record", 2, "agreed", 0, {"previous", "killed"}, id="chief-agreed-before-the-record"),
+    pytest.param(4, "agreed", 1, {"previous", "killed"}, id="agreed-before-the-record"),
+    pytest.param(5, "committed", 1, {"killed"}, id="after-the-record"),
+    pytest.param(6, "agreed", 0, {"previous", "killed"}, id="chief-agreed-before-the-record"),
 ]
 
 
-@pytest.mark.over_ceiling(seconds=300, reason="its module fixture is one job with a kill on each of 3-4 starts "
-                                              "(4-5 starts of 2 TensorFlow workers, instead of 2 starts a kill)")
-@pytest.mark.parametrize(("chain", "start", "point", "worker", "allowed"), KILLS)
+@pytest.mark.over_ceiling(seconds=450, reason="its module fixtures are the uninterrupted run and one job with a kill on "
+                                              "each of 7 starts (8 starts of 2 TensorFlow workers, instead of 2 starts "
+                                              "a kill)")
+@pytest.mark.parametrize(("start", "point", "worker", "allowed"), KILLS)
 def test_a_worker_killed_during_its_save_resumes_with_every_worker_from_one_committed_step(
-        reference, request, chain, start, point, worker, allowed):
-    job: Chain = request.getfixturevalue(chain)
+        reference, cut_short, start, point, worker, allowed):
+    job = cut_short
     assert job.code == 0, job.err[-3000:]
     armed = [record["fault"] for record in job.records(start)]
     assert armed[0] == armed[1] and armed[0][:2] == [point, worker], armed
     step = armed[0][2]
-    if chain == "cut_short":
+    if start < len(CUT_SHORT):
         assert step == 16  # every start resumed from 8, and was killed in its save of 16 again
     assert f"[worker {worker}] tfstrategy: test fault: SIGKILL at {point} of the save of step {step}" in job.err + job.out
     assert f"worker {worker} was killed by SIGKILL" in job.started(start)

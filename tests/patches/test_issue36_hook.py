@@ -3,7 +3,7 @@
 ``tests/workers/issue36_loop_script.py`` (a lazily built Adam in the custom-training tutorial's loop, the
 mixed-precision guide's loop with the Keras 2 loss-scale calls and its silent port, ``compile(jit_compile=True)``
 with ``fit``, and ``issue36_script``'s fit cases) runs once per mode, all cases in one process: on one device
-with the library's patches (the reference), under the start-up hook on 2 CPU replicas, on 2 workers, and as
+with the library's patches (the reference, in the test's own process), under the start-up hook on 2 CPU replicas, on 2 workers, and as
 plain TensorFlow on 2 CPU replicas (it must fail or differ, or this test could not fail).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ROOT, run_cli
+from helpers import ROOT, run_cli, run_script_on_one_cpu
 from tfstrategy import _versions
 from tfstrategy.diagnostics.equivalence import TOLERANCES
 
@@ -42,15 +42,10 @@ def _cases(text: str) -> dict[str, dict]:
     return {line.get("case", "replicas"): line for line in lines}
 
 
-def _plain(split: int | None) -> subprocess.CompletedProcess:
-    """The script as ``python`` runs it: with the library's patches on one device, or plain TF on ``split`` CPUs."""
-    env = {**os.environ, **PLAIN_ENV}
-    if split is None:
-        command = ["-c", "import runpy, sys, tfstrategy.patches; tfstrategy.patches.apply_patches(); sys.argv = [sys.argv[1]]; "
-                         "runpy.run_path(sys.argv[0], run_name='__main__')", str(SCRIPT)]
-    else:
-        command, env["ISSUE36_CPU_SPLIT"] = [str(SCRIPT)], str(split)
-    return subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+def _plain(split: int) -> subprocess.CompletedProcess:
+    """The script as ``python`` runs it: plain TF on ``split`` CPUs."""
+    env = {**os.environ, **PLAIN_ENV, "ISSUE36_CPU_SPLIT": str(split)}
+    return subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
 
 
 def _differences(got: dict[str, dict], reference: dict[str, dict]) -> dict[str, float]:
@@ -77,11 +72,14 @@ def _assert_notices_once(stderr: str, where: str) -> None:
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, dict]:
-    done = _plain(split=None)
-    assert done.returncode == 0, done.stderr[-3000:]
-    cases = _cases(done.stdout)
+    """The one-device answer: the script in this process, with the library's patches, on /cpu:0 alone."""
+    import tfstrategy.patches
+
+    tfstrategy.patches.apply_patches()
+    out = run_script_on_one_cpu(SCRIPT)
+    cases = _cases(out)
     assert cases["replicas"]["replicas"] == 1
-    assert all("weights" in cases[case] for case in TOLERANCE), done.stdout[-3000:]
+    assert all("weights" in cases[case] for case in TOLERANCE), out[-3000:]
     assert "keras-team/keras#19479" in cases[REFUSED]["error"]  # refused on one device too: no weights to compare
     return cases
 

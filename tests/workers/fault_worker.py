@@ -9,7 +9,6 @@ trains the tiny model of ``fit_worker.py`` for many epochs. Worker 1, at epoch 1
 ``early0``    (before creating its strategy) returns 0;
 ``sigstop``   sends itself SIGSTOP;
 ``busy``      spins forever in the callback;
-``input``     blocks reading a FIFO nobody writes;
 ``flood``     (before TensorFlow) writes 20 MB of ``\\r`` progress updates, no newline, then exits 1;
 ``cafe``      (before TensorFlow) prints "café" and a few lines, then every worker exits 0.
 
@@ -22,7 +21,6 @@ import importlib.util
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -70,10 +68,6 @@ class Fault(keras.callbacks.Callback):
         if mode == "busy":
             while True:
                 pass
-        if mode == "input":
-            fifo = Path(tempfile.mkdtemp()) / "input"
-            os.mkfifo(fifo)
-            fifo.read_text()
 
 
 class Pace(keras.callbacks.Callback):

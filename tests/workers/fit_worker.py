@@ -2,8 +2,8 @@
 
 Every worker writes ``<out>/worker-<i>.json`` (history, final weights, steps).
 Fault injection for the supervision tests (first start only, ``TFSTRATEGY_RESTART=0``):
-``--kill-at EPOCH:BATCH`` SIGKILLs worker 1 there; ``--stall`` makes worker 1 never start
-TensorFlow; ``--steal-port`` makes worker 0 occupy worker 1's port before worker 1 starts.
+``--kill-at EPOCH:BATCH`` SIGKILLs worker 1 there; ``--steal-port`` makes worker 0 occupy
+worker 1's port before worker 1 starts.
 ``--faults POINT@WORKER[:STEP],...`` kills one worker in its save on every start of a
 ``--max-restarts`` job, one fault per start (see :func:`arm_fault`), so one job runs several
 kills; each start writes ``<out>/attempt-<restart>-worker-<i>.json`` (the step it resumed from,
@@ -152,7 +152,6 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--kill-at", default=None, help="EPOCH:BATCH at which worker 1 SIGKILLs itself")
-    parser.add_argument("--stall", action="store_true", help="worker 1 never starts TensorFlow")
     parser.add_argument("--steal-port", action="store_true", help="worker 0 takes worker 1's port")
     parser.add_argument("--save-freq", default="epoch", help="backup_callbacks(save_freq=...): 'epoch' or batches")
     parser.add_argument("--keep-backup", action="store_true", help="backup_callbacks(delete_checkpoint=False)")
@@ -164,9 +163,6 @@ def main() -> int:
     index = int(os.environ["TFSTRATEGY_WORKER_INDEX"])
     first_start = os.environ.get("TFSTRATEGY_RESTART", "0") == "0"
     stolen = args.out / "port-stolen"
-    if args.stall and index == 1:
-        print("stalling before TensorFlow starts", flush=True)
-        time.sleep(600)
     if args.steal_port:
         if index == 0:
             port = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][1].rsplit(":", 1)[1]

@@ -3,7 +3,9 @@
 Each worker first starts a child (``sleep``) so the tests can check that nothing survives.
 ``fail``: worker 1 prints 30 lines and exits 3, the others wait. ``raise``: worker 1 raises a KeyError three
 calls deep (a traceback on its stderr), the others wait. ``sleep``: every worker waits.
-``joined``: worker 0 signals that it joined; worker 1 never does. ``leave``: worker 0 joins and waits;
+``joined``: worker 0 signals that it joined; worker 1 never does. ``starting``: worker 0 signals that it is
+creating its strategy (as the start-up hook does in a TensorFlow worker); worker 1 never gets that far. ``outlast``: every worker joins, then exits 0 six seconds later.
+``leave``: worker 0 joins and waits;
 worker 1 exits 0 without ever joining.
 ``listen``: every worker listens on 0.0.0.0:<its TF_CONFIG port>, as TensorFlow's server does,
 checks that its peers answer on 127.0.0.1, and waits. ``bind``: every worker binds 0.0.0.0:<its port> and exits 0.
@@ -36,6 +38,18 @@ if mode == "raise" and index == 1:
 
     evaluate()
 if mode == "leave" and index == 1:
+    sys.exit(0)
+if mode == "starting" and index == 0:
+    from tfstrategy.multiworker.worker_protocol import signal_starting
+
+    signal_starting()
+if mode == "starting" and index == 1:
+    print("stalling before TensorFlow starts", flush=True)
+if mode == "outlast":
+    from tfstrategy.multiworker.worker_protocol import signal_joined
+
+    signal_joined()
+    time.sleep(6)
     sys.exit(0)
 if mode in ("joined", "leave") and index == 0:
     from tfstrategy.multiworker.worker_protocol import signal_joined
