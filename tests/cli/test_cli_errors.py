@@ -78,7 +78,7 @@ def test_launch_usage_line_names_the_required_flag_and_the_program(capsys: pytes
     lines = _fail(capsys, "launch")
     assert lines == [
         "tfstrategy launch: error: the following arguments are required: -n/--num-workers",
-        "usage: tfstrategy launch -n N [options] -- COMMAND ...  ('tfstrategy launch --help' lists every option)",
+        "usage: tfstrategy launch -n N|MIN:MAX [options] -- COMMAND ...  ('tfstrategy launch --help' lists every option)",
     ]
 
 

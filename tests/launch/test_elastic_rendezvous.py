@@ -96,9 +96,9 @@ def _clusters(heard: dict[int, JobEvent | None]) -> list[int]:
 
 
 def test_the_first_round_waits_for_more_than_min_then_forms_with_those_present(job_of):
-    job = job_of(1, 3, wait=0.5)
+    started = time.monotonic()  # before the server exists: its wait starts at the earliest here (a loaded machine
+    job = job_of(1, 3, wait=0.5)  # may take longer than the wait to connect the two nodes)
     job.connect(0, 1)
-    started = time.monotonic()
     heard = job.form(0, 0, 1)
     assert _clusters(heard) == [0, 1] and time.monotonic() - started >= 0.5
     assert heard[1].data["workers"] == ["127.0.0.2:42000", "127.0.0.3:42001"]
