@@ -15,7 +15,8 @@ The rules, so that a sample stays readable and still says something exact:
   ``3x``), or a number of four digits or more (a port, ``1,494``); other whole numbers (a worker, a step,
   a batch count, an exit status) must be the same;
 - a line ``...`` stands for any lines; a line ending in `` ...`` matches the real line's beginning;
-- ``DIR`` matches a path.
+- ``DIR`` matches a path; a Python file's path (``tests/workers/fault_worker.py:65``) matches any path to a file
+  of that name, at any line.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from pathlib import Path
 
 from helpers import ROOT
 
-SAMPLE = re.compile(r"<!--\s*docs-sample:\s*(\S+)\s*-->\s*\n+```text\n(.*?)\n```", re.S)
+SAMPLE = re.compile(r"<!--\s*docs-sample:\s*(\S+)\s*-->\s*\n+[ \t]*```text\n(.*?)\n[ \t]*```", re.S)
 #: A measurement in a sample: a decimal number, seconds, or four digits or more (see the module's rules).
-MEASUREMENT = re.compile(r"(?<![0-9.,])(?:[0-9]+\.[0-9]+|[0-9]+(?= s\b| ms\b|%|/s| examples/s| in-step examples/s|x\b)|[0-9]{4,}|[0-9]{1,3}(?:,[0-9]{3})+)(?![0-9.,])")
+MEASUREMENT = re.compile(r"(?<![0-9.])(?<![0-9],)(?:[0-9]+\.[0-9]+|[0-9]+(?= s\b| ms\b|%|/s| examples/s| in-step examples/s|x\b)|[0-9]{4,}|[0-9]{1,3}(?:,[0-9]{3})+)(?![0-9.]|,[0-9])")
 
 
 def pages() -> list[Path]:
@@ -50,21 +51,34 @@ def all_samples() -> dict[str, tuple[Path, list[str]]]:
     return samples
 
 
+#: A file's path in a sample, with its line (``tests/workers/fault_worker.py:65``): any path to a file of that name.
+PATH = re.compile(r"\S*/([\w.-]+\.py)(?::[0-9]+)?")
+
+
+def _text_pattern(piece: str) -> str:
+    """Plain sample text as a pattern: measurements match any number, the rest itself."""
+    parts: list[str] = []
+    last = 0
+    for number in MEASUREMENT.finditer(piece):
+        parts.append(re.escape(piece[last:number.start()]))
+        parts.append(r"[0-9][0-9,]*(?:\.[0-9]+)?")
+        last = number.end()
+    parts.append(re.escape(piece[last:]))
+    return "".join(parts)
+
+
 def line_pattern(line: str) -> re.Pattern[str]:
     """One sample line as a pattern over a real console line (see the module's rules)."""
     prefix = line.endswith(" ...")
     text = line[:-4] if prefix else line
     parts: list[str] = []
-    for index, piece in enumerate(re.split(r"(DIR)", text)):
-        if index % 2:
-            parts.append(r"\S+")
-            continue
-        last = 0
-        for number in MEASUREMENT.finditer(piece):
-            parts.append(re.escape(piece[last:number.start()]))
-            parts.append(r"[0-9][0-9,]*(?:\.[0-9]+)?")
-            last = number.end()
-        parts.append(re.escape(piece[last:]))
+    last = 0
+    for token in re.finditer(r"DIR|" + PATH.pattern, text):
+        parts.append(_text_pattern(text[last:token.start()]))
+        name = token.group(1)
+        parts.append(r"\S+" if name is None else r"\S*/" + re.escape(name) + r"(?::[0-9]+)?")
+        last = token.end()
+    parts.append(_text_pattern(text[last:]))
     return re.compile("".join(parts) + ("" if prefix else r"\s*$"))
 
 

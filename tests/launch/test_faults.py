@@ -15,6 +15,7 @@ import time
 import pytest
 from test_launch import Run
 
+from docs_samples import assert_sample
 from helpers import ROOT
 
 FAULT_WORKER = ROOT / "tests" / "workers" / "fault_worker.py"
@@ -45,6 +46,7 @@ def test_a_crash_is_the_headline_with_the_users_frame_and_peers_errors_are_conse
                     headline)
     assert "fault_worker.py:" in headline and "in on_train_batch_end" in headline
     assert "worker 0" not in headline
+    assert_sample("failure-report", err)  # docs/guides/multi-worker.md shows this report
 
 
 @pytest.mark.multiprocess
