@@ -168,20 +168,22 @@ _TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer:TFOptimizer"
 @accessor(f"{_TRAINER}.predict_on_batch", f"{_BASE_TRAINER}.compute_loss", f"{_BASE_TRAINER}._compute_loss",
           f"{_BASE_OPTIMIZER}._clip_gradients", f"{_BASE_OPTIMIZER}._backend_apply_gradients",
           f"{_BASE_OPTIMIZER}._backend_reset_gradient_accumulators", f"{_BASE_OPTIMIZER}._get_variable_index",
-          f"{_TF_OPTIMIZER}._all_reduce_sum_gradients", f"{_TF_OPTIMIZER}._backend_increment_gradient_accumulators")
+          f"{_TF_OPTIMIZER}._all_reduce_sum_gradients", f"{_TF_OPTIMIZER}._backend_increment_gradient_accumulators",
+          "keras.src.backend.tensorflow.random:draw_seed", "keras.src.backend.tensorflow.image:draw_seed")
 def keras3_training_api_root() -> ModuleType | None:
     """``keras.src`` with its TensorFlow trainer and optimizer imported, when Keras 3 runs on TensorFlow.
 
     The issue-44 patches name ``backend.tensorflow.trainer.TensorFlowTrainer.predict_on_batch``,
     ``trainers.trainer.Trainer.compute_loss``/``_compute_loss``, ``optimizers.base_optimizer.BaseOptimizer``'s
     ``_clip_gradients`` and ``backend.tensorflow.optimizer.TFOptimizer``'s ``_all_reduce_sum_gradients`` and
-    ``_backend_apply_gradients`` inside it.
+    ``_backend_apply_gradients`` inside it, and the TensorFlow backend's ``random.draw_seed`` and
+    ``image.draw_seed`` (each module's own name for ``keras.src.random.seed_generator.draw_seed``).
     """
     if keras3_tensorflow_trainer() is None:
         return None
     try:
         import keras.src
-        from keras.src.backend.tensorflow import optimizer  # noqa: F401 - imported for the attribute paths
+        from keras.src.backend.tensorflow import image, optimizer, random  # noqa: F401 - imported for the attribute paths
         from keras.src.optimizers import base_optimizer  # noqa: F401
         from keras.src.trainers import trainer  # noqa: F401
     except ImportError:
