@@ -21,7 +21,8 @@ no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_
 :mod:`~tfstrategy.patches.keras_compute_loss` (a custom step's ``compute_loss`` reports one device's loss, keras-team/keras#16285) and
 :mod:`~tfstrategy.patches.keras_clipping` (``clipnorm``/``global_clipnorm``/``clipvalue`` clip the summed gradient) and
 :mod:`~tfstrategy.patches.keras_gradient_accumulation` (``gradient_accumulation_steps`` on 2+ replicas, keras-team/keras#20582) and
-:mod:`~tfstrategy.patches.keras_replica_seeds` (random layers draw other numbers on each replica).
+:mod:`~tfstrategy.patches.keras_replica_seeds` (random layers draw other numbers on each replica) and
+:mod:`~tfstrategy.patches.keras_stateful_rnn` (a stateful RNN on 2+ replicas refused in one line).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one, and every other replacement of upstream
 code installed in this process (the start-up hook's rewrites, instance overrides:
@@ -46,6 +47,7 @@ Example:
     keras_clipping: installed (optimizers.base_optimizer.BaseOptimizer._clip_gradients, ...); keras 3.15.1; probes when a model first needs it
     keras_gradient_accumulation: installed (backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients); keras 3.15.1; probes when a model first needs it
     keras_replica_seeds: installed (backend.tensorflow.random.draw_seed, ...); keras 3.15.1; probes when a model first needs it
+    keras_stateful_rnn: installed (layers.rnn.rnn.RNN.call); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from tfstrategy.patches import (
     keras_mwms,
     keras_predict_on_batch,
     keras_replica_seeds,
+    keras_stateful_rnn,
     keras_steps_per_execution,
     keras_uneven_batches,
 )
@@ -89,6 +92,7 @@ PATCHES: dict[str, Patch] = {
     keras_clipping.PATCH.name: keras_clipping.PATCH,
     keras_gradient_accumulation.PATCH.name: keras_gradient_accumulation.PATCH,
     keras_replica_seeds.PATCH.name: keras_replica_seeds.PATCH,
+    keras_stateful_rnn.PATCH.name: keras_stateful_rnn.PATCH,
 }
 
 

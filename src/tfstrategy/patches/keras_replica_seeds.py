@@ -72,10 +72,7 @@ class ReplicaSeedsPatch(TrainingApiPatch):
         with strategy.scope():
             generator = keras.random.SeedGenerator(7)
 
-        @tf().function
-        def seeds() -> Any:
-            return strategy.run(lambda: draw(generator))
-
+        seeds = tf().function(lambda: strategy.run(lambda: draw(generator)))
         parts = [np.asarray(part) for part in strategy.experimental_local_results(seeds())]
         if len(parts) != 2:
             raise RuntimeError(f"the probe's strategy has {len(parts)} replicas, expected 2")
