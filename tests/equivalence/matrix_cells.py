@@ -64,6 +64,7 @@ RANDOM = "random facts"
 FLOAT16 = "float16"
 RANDOM_FACTS = "facts (examples and calls draw differently, mean, std)"
 FIT_EVAL_PREDICT = "weights, History logs, evaluate logs, predictions, steps"
+FIT_PREDICT = "weights, History logs, predictions, steps"
 
 
 # --------------------------------------------------------------------------- the table
@@ -131,10 +132,10 @@ CELLS: tuple[Cell, ...] = (
                                                 "`predict`",
          driver=drivers.py_dataset, compares=FIT_EVAL_PREDICT),
     Cell(area="inputs", name="dict_inputs", what="a two-input functional model fed a dict of NumPy arrays by input name",
-         driver=drivers.dict_inputs, compares="weights, History logs, predictions, steps"),
+         driver=drivers.dict_inputs, compares=FIT_PREDICT),
     Cell(area="inputs", name="string_lookup", what="strings through a `StringLookup` (one-hot) inside the model, "
                                                    "`tf.data` of string tensors",
-         driver=drivers.string_lookup, compares="weights, History logs, predictions, steps"),
+         driver=drivers.string_lookup, compares=FIT_PREDICT),
     Cell(area="inputs", name="distribute_dataset_uneven",
          what="custom loop over `experimental_distribute_dataset`, 50 examples by 16 (last batch 2)",
          driver=drivers.distribute_dataset_uneven, compares="weights, each step's summed loss, steps"),
@@ -174,31 +175,30 @@ CELLS: tuple[Cell, ...] = (
     Cell(area="layers", name="dropout_rate_0", what="a model with `Dropout(0.0)` trained (no randomness: weights compare)",
          driver=models.dropout_rate_0, compares=WEIGHTS_LOGS_STEPS),
     Cell(area="layers", name="batch_norm", what="`BatchNormalization()` (the default, `synchronized=False`) trained, "
-                                                "then `evaluate`, `predict`",
-         driver=models.batch_norm, compares=FIT_EVAL_PREDICT),
+                                                "then `predict`",
+         driver=models.batch_norm, compares=FIT_PREDICT),
     Cell(area="layers", name="batch_norm_synchronized", what="`BatchNormalization(synchronized=True)` trained, then "
-                                                             "`evaluate`, `predict`",
-         driver=functools.partial(models.batch_norm, synchronized=True), compares=FIT_EVAL_PREDICT),
+                                                             "`predict`",
+         driver=functools.partial(models.batch_norm, synchronized=True), compares=FIT_PREDICT),
     Cell(area="layers", name="batch_norm_inference", what="`BatchNormalization` in inference mode: `evaluate`, "
                                                           "`predict` on its moving statistics",
          driver=models.batch_norm_inference, compares="evaluate logs, predictions"),
-    Cell(area="layers", name="fixed_batch_input", what="`Input(batch_size=16)`, `fit`, `evaluate`, `predict` on batches "
-                                                       "of 16",
-         driver=models.fixed_batch_input, compares=FIT_EVAL_PREDICT),
+    Cell(area="layers", name="fixed_batch_input", what="`Input(batch_size=16)`, `fit` and `predict` on batches of 16",
+         driver=models.fixed_batch_input, compares=FIT_PREDICT),
     Cell(area="layers", name="stateful_lstm", what="`LSTM(4, stateful=True)` on `Input(batch_size=16)`, 4 batches of "
                                                    "sequences, `fit`, `predict`",
-         driver=models.stateful_lstm, compares="weights, History logs, predictions, steps"),
+         driver=models.stateful_lstm, compares=FIT_PREDICT),
     # Compile options.
     Cell(area="compile", name="jit_compile", what="`compile(jit_compile=True)`, float32, `fit`, `predict`",
-         driver=models.fit_compiled(jit_compile=True), compares="weights, History logs, predictions, steps"),
+         driver=models.fit_compiled(jit_compile=True), compares=FIT_PREDICT),
     Cell(area="compile", name="steps_per_execution_4", what="`compile(steps_per_execution=4)`, `fit`, `predict`",
-         driver=models.fit_compiled(steps_per_execution=4), compares="weights, History logs, predictions, steps"),
+         driver=models.fit_compiled(steps_per_execution=4), compares=FIT_PREDICT),
     Cell(area="compile", name="mixed_float16", what="`mixed_float16` policy, `LossScaleOptimizer(SGD, initial_scale=128)`"
                                                     ", `fit`, `predict`",
-         driver=models.mixed_precision(), compares="weights, History logs, predictions, steps",
+         driver=models.mixed_precision(), compares=FIT_PREDICT,
          rtol=2e-3, atol=5e-3, why=FLOAT16),
     Cell(area="compile", name="mixed_float16_jit", what="the same with `jit_compile=True`",
-         driver=models.mixed_precision(jit_compile=True), compares="weights, History logs, predictions, steps",
+         driver=models.mixed_precision(jit_compile=True), compares=FIT_PREDICT,
          rtol=2e-3, atol=5e-3, why=FLOAT16),
 )
 
