@@ -472,3 +472,19 @@ def test_del_path_removes_what_set_path_added():
     assert _compat.get_path(root, "inner.added") == 1
     _compat.del_path(root, "inner.added")
     assert not hasattr(root.inner, "added")
+
+
+@pytest.mark.skipif(LEGACY, reason="Keras 3 internals: tf_keras has none of these bugs")
+def test_keras3_internals_the_issue_44_layer_patches_replace():
+    """keras_replica_seeds and keras_stateful_rnn name these; a marked error leaves a layer's call as it is."""
+    root = _compat.keras3_training_api_root()
+    assert callable(root.backend.tensorflow.random.draw_seed) and callable(root.backend.tensorflow.image.draw_seed)
+    assert callable(root.layers.rnn.rnn.RNN.call)
+
+    class Refusing(keras.layers.Layer):
+        def call(self, x):
+            raise _compat.keep_keras_error_message(ValueError("one line"))
+
+    with pytest.raises(ValueError) as raised:
+        Refusing()(np.ones((1, 1), "float32"))
+    assert str(raised.value) == "one line"

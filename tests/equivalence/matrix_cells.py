@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 
 import matrix_drivers as drivers
+import matrix_drivers_models as models
+from tfstrategy.errors import TrainingError
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS_PAGE = ROOT / "docs" / "reference" / "equivalence.md"
@@ -43,9 +45,26 @@ WHY = {
                  "any real error, which shows at 1e-3 or more)",
     "no sum": "float32: nothing is summed across replicas (each row is computed whole by one replica), so the "
               "values should be identical; the float32 bound is kept for kernels that pick another blocking",
+    "random facts": "random layers: one device's numbers cannot be reproduced on 2 replicas (each draws its own "
+                    "part of the batch), so the cell compares 0/1 facts one device's documented behaviour guarantees "
+                    "on the global batch (the second half of the batch draws other numbers than the first, a second "
+                    "call other numbers than the first, the mean and standard deviation of the layer's distribution "
+                    "within 5 standard errors), exactly",
+    "float16": "mixed_float16: the layers compute in float16 (precision 2^-10, 9.8e-4 relative); its gradients, "
+               "summed over 8 rows per replica then all-reduced in float32 instead of over 16 rows at once, round "
+               "differently, so after 8 steps the float32 weights differ by up to 4.3e-4, which moves every "
+               "prediction by up to 3.9e-3 absolute, small ones too (measured: 2.9e-3 at 0.44), and a loss by 4.5e-4; "
+               "hence atol 5e-3 with rtol 2e-3. A real error is far larger: with the default loss scale, whose "
+               "overflows skip other steps on one device than on 2 replicas, the epoch-1 loss differs by 1.9 and the "
+               "weights by 0.14",
 }
 FLOAT32 = "sum order"
 NO_REDUCTION = "no sum"
+RANDOM = "random facts"
+FLOAT16 = "float16"
+RANDOM_FACTS = "facts (examples and calls draw differently, mean, std)"
+FIT_EVAL_PREDICT = "weights, History logs, evaluate logs, predictions, steps"
+FIT_PREDICT = "weights, History logs, predictions, steps"
 
 
 # --------------------------------------------------------------------------- the table
@@ -107,6 +126,22 @@ CELLS: tuple[Cell, ...] = (
     Cell(area="inputs", name="sample_weight", what="NumPy with `sample_weight` (0.1..2.0), `weighted_metrics`, "
                                                    "`fit` and `evaluate`",
          driver=drivers.sample_weight, compares="weights, History logs, evaluate logs, steps"),
+    Cell(area="inputs", name="generator", what="a Python generator of batches of 16, endless, `steps_per_epoch=4`",
+         driver=drivers.generator, compares=WEIGHTS_LOGS_STEPS),
+    Cell(area="inputs", name="py_dataset", what="a `keras.utils.PyDataset` of 4 batches of 16, `fit`, `evaluate`, "
+                                                "`predict`",
+         driver=drivers.py_dataset, compares=FIT_EVAL_PREDICT),
+    Cell(area="inputs", name="dict_inputs", what="a two-input functional model fed a dict of NumPy arrays by input name",
+         driver=drivers.dict_inputs, compares=FIT_PREDICT),
+    Cell(area="inputs", name="string_lookup", what="strings through a `StringLookup` (one-hot) inside the model, "
+                                                   "`tf.data` of string tensors",
+         driver=drivers.string_lookup, compares=FIT_PREDICT),
+    Cell(area="inputs", name="distribute_dataset_uneven",
+         what="custom loop over `experimental_distribute_dataset`, 50 examples by 16 (last batch 2)",
+         driver=drivers.distribute_dataset_uneven, compares="weights, each step's summed loss, steps"),
+    Cell(area="inputs", name="datasets_from_function",
+         what="custom loop over `distribute_datasets_from_function` (per-replica batch from the `InputContext`)",
+         driver=drivers.datasets_from_function, compares="weights, each step's summed loss, steps"),
     Cell(area="inputs", name="class_weight", what="3-class softmax, `class_weight={0: 1, 1: 3, 2: 0.5}`",
          driver=drivers.class_weight, compares=WEIGHTS_LOGS_STEPS),
     Cell(area="inputs", name="validation_data", what="`validation_data` of 20 examples (last validation batch 4)",
@@ -128,6 +163,43 @@ CELLS: tuple[Cell, ...] = (
          driver=drivers.fit_with(drivers.sgd(weight_decay=0.05)), compares=WEIGHTS_LOGS_STEPS),
     Cell(area="optimizers", name="lr_schedule", what="SGD on `ExponentialDecay(0.1, decay_steps=1, decay_rate=0.7)`",
          driver=drivers.fit_with(drivers.schedule), compares=WEIGHTS_LOGS_STEPS),
+    # Layers with state or randomness. Random layers are called in training mode inside `strategy.run` (as `fit`'s
+    # step calls them) on a global batch of ones, twice.
+    Cell(area="layers", name="dropout", what="`Dropout(0.5, seed=3)` in training mode",
+         driver=models.dropout, compares=RANDOM_FACTS, why=RANDOM),
+    Cell(area="layers", name="gaussian_noise", what="`GaussianNoise(0.5, seed=3)` in training mode",
+         driver=models.gaussian_noise, compares=RANDOM_FACTS, why=RANDOM),
+    Cell(area="layers", name="seed_generator",
+         what="a custom layer drawing `keras.random.uniform` from its own `keras.random.SeedGenerator`",
+         driver=models.seed_generator, compares=RANDOM_FACTS, why=RANDOM),
+    Cell(area="layers", name="dropout_rate_0", what="a model with `Dropout(0.0)` trained (no randomness: weights compare)",
+         driver=models.dropout_rate_0, compares=WEIGHTS_LOGS_STEPS),
+    Cell(area="layers", name="batch_norm", what="`BatchNormalization()` (the default, `synchronized=False`) trained, "
+                                                "then `predict`",
+         driver=models.batch_norm, compares=FIT_PREDICT),
+    Cell(area="layers", name="batch_norm_synchronized", what="`BatchNormalization(synchronized=True)` trained, then "
+                                                             "`predict`",
+         driver=functools.partial(models.batch_norm, synchronized=True), compares=FIT_PREDICT),
+    Cell(area="layers", name="batch_norm_inference", what="`BatchNormalization` in inference mode: `evaluate`, "
+                                                          "`predict` on its moving statistics",
+         driver=models.batch_norm_inference, compares="evaluate logs, predictions"),
+    Cell(area="layers", name="fixed_batch_input", what="`Input(batch_size=16)`, `fit` and `predict` on batches of 16",
+         driver=models.fixed_batch_input, compares=FIT_PREDICT),
+    Cell(area="layers", name="stateful_lstm", what="`LSTM(4, stateful=True)` on `Input(batch_size=16)`, 4 batches of "
+                                                   "sequences, `fit`, `predict`",
+         driver=models.stateful_lstm, compares=FIT_PREDICT),
+    # Compile options.
+    Cell(area="compile", name="jit_compile", what="`compile(jit_compile=True)`, float32, `fit`, `predict`",
+         driver=models.fit_compiled(jit_compile=True), compares=FIT_PREDICT),
+    Cell(area="compile", name="steps_per_execution_4", what="`compile(steps_per_execution=4)`, `fit`, `predict`",
+         driver=models.fit_compiled(steps_per_execution=4), compares=FIT_PREDICT),
+    Cell(area="compile", name="mixed_float16", what="`mixed_float16` policy, `LossScaleOptimizer(SGD, initial_scale=128)`"
+                                                    ", `fit`, `predict`",
+         driver=models.mixed_precision(), compares=FIT_PREDICT,
+         rtol=2e-3, atol=5e-3, why=FLOAT16),
+    Cell(area="compile", name="mixed_float16_jit", what="the same with `jit_compile=True`",
+         driver=models.mixed_precision(jit_compile=True), compares=FIT_PREDICT,
+         rtol=2e-3, atol=5e-3, why=FLOAT16),
 )
 
 #: Cells run together in one process under ``tfstrategy run --cpu-replicas 2`` (tests/workers/equivalence_worker.py).
@@ -148,7 +220,35 @@ class Known:
 #: Cells that differ on 2 replicas (TF 2.21.0, Keras 3.15.1, tfstrategy's patches applied). Keys are
 #: cell ids; ``hook:`` + a cell id for the group run under ``tfstrategy run``. Measured values read
 #: "2 replicas vs one device".
-KNOWN: dict[str, Known] = {}
+KNOWN: dict[str, Known] = {
+    "layers:batch_norm": Known(
+        "by Keras' documented design, not a bug: `synchronized=False` (the default) normalizes each replica's 8 "
+        "examples by their own mean and variance, one device all 16 by theirs; `synchronized=True` is one device's "
+        "answer (the next row)",
+        "weights up to 0.44 away after 2 epochs, epoch-1 loss 0.69 apart, a prediction 2.6 (-8.74 vs -6.14)"),
+}
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A cell tfstrategy refuses on 2 replicas: the error, the start of its one line, and why no fix."""
+
+    error: type[BaseException]
+    says: str
+    why: str
+
+
+#: Cells refused on 2 replicas before their first step, in one line (the 2-replica run must raise it).
+REFUSED: dict[str, Refused] = {
+    "layers:stateful_lstm": Refused(
+        TrainingError, "Received LSTM(stateful=True) ('",
+        "`keras_stateful_rnn` (plain Keras: a traceback at the first step, \"If an RNN is stateful, the batch size "
+        "of the input sequences must be the same as the batch size of the initial state. Expected batch size: 16, "
+        "Received batch size: 8\"; with `Input(batch_size=8)` no error and one replica's state rows carried into "
+        "both; keras-team/keras#21183 is the batch-size check): a stateful RNN keeps one state row per row of its "
+        "fixed batch, which each replica's part of the batch cannot follow; the line says to train on one device "
+        "or carry the state with `return_state`/`initial_state`"),
+}
 
 
 def cell(cell_id: str) -> Cell:
@@ -251,11 +351,26 @@ def run_cell(one: Cell) -> Outcome:
         raise RuntimeError(f"Received Keras dtype policy {policy!r}; the matrix's tolerances are float32's. A test "
                            "before this one left its policy set: restore it (keras.config.set_dtype_policy).")
     reference = one_device_results(one.id)
+    refused = REFUSED.get(one.id)
+    if refused is not None:
+        return _refusal(one, strategy, refused)
     losses = reference.get("logs", {}).get("loss", [])
     if "steps" in reference and (reference["steps"] == 0 or len(set(losses)) < 2):
         # Two runs that never trained agree trivially: such a cell would prove nothing.
         raise RuntimeError(f"{one.id} did not train on one device: steps {reference['steps']}, losses {losses}")
     return compare(reference, one.driver(strategy), one.rtol, one.atol)
+
+
+def _refusal(one: Cell, strategy: Any, refused: Refused) -> Outcome:
+    """A refused cell's outcome: "equal" if the 2-replica run raises ``refused.error`` in one line saying it."""
+    try:
+        one.driver(strategy)
+    except refused.error as error:
+        line = str(error)
+        if "\n" in line or not line.startswith(refused.says):
+            return Outcome(False, math.inf, "the refusal", (f"not one line starting {refused.says!r}: {line[:400]}",))
+        return Outcome(True, 0.0, f"refused: {line[:60]}...")
+    return Outcome(False, math.inf, "no refusal", (f"the 2-replica run was not refused ({refused.error.__name__})",))
 
 
 def _param(one: Cell, known: Known | None) -> Any:
@@ -307,6 +422,9 @@ def _outcome(cell_id: str) -> tuple[str, str]:
     known = KNOWN.get(cell_id)
     if known is not None:
         return f"**differs**: {known.wrong}", known.measured
+    refused = REFUSED.get(cell_id.removeprefix("hook:"))
+    if refused is not None:
+        return f"refused in one line before the first step, by {refused.why}", "-"
     fixed = FIXED.get(cell_id.removeprefix("hook:"))
     return ("equal" if fixed is None else f"equal, fixed by tfstrategy: {fixed}"), MEASURED_EQUAL.get(cell_id, "-")
 
@@ -328,6 +446,20 @@ FIXED: dict[str, str] = {
                                   "11.85 vs 12.06, weights up to 0.025 away)",
     "optimizers:clipvalue": f"{_CLIPPED}: epoch-2 loss 11.19 "
                             "vs 11.63, weights up to 0.040 away)",
+    "inputs:string_lookup": "`keras_mwms` (its bug 5; keras-team/keras#21172; plain Keras: a traceback at the first "
+                            "step, \"Value for attr 'T' of string is not in the list of allowed values\": Keras' "
+                            "build averages the replicas' first batch, strings too)",
+    **{f"layers:{name}": f"`keras_replica_seeds` (no public report found; plain Keras: {what} identical on both "
+                         "replicas, `examples_differ` 0 vs 1: every replica draws from one mirrored seed)"
+       for name, what in (("dropout", "the masks of examples 8-15 are those of 0-7,"),
+                          ("gaussian_noise", "the noise of examples 8-15 is that of 0-7,"),
+                          ("seed_generator", "the numbers drawn for examples 8-15 are those of 0-7,"))},
+    **{f"compile:{name}": "`keras_jit_compile` (keras-team/keras#21366, #19005; plain Keras: the first step fails, "
+                          "\"Trying to access resource ... located in device CPU:1 from device CPU:0\"): XLA is turned "
+                          "off on 2 replicas of one host, with one warning line; one device keeps XLA"
+       for name in ("jit_compile", "mixed_float16_jit")},
+    "compile:steps_per_execution_4": "`keras_steps_per_execution` (plain Keras: the first execution fails, \"You must "
+                                     "feed a value for placeholder tensor 'while/cond/Placeholder'\")",
     "optimizers:gradient_accumulation": "`keras_gradient_accumulation` (keras-team/keras#20582; plain Keras: `fit` "
                                         "raises at its first step, RuntimeError \"`merge_call` called while defining a "
                                         "new graph\": the all-reduce sits inside the accumulate-or-apply `ops.cond`)",
@@ -360,6 +492,23 @@ MEASURED_EQUAL: dict[str, str] = {
     "optimizers:use_ema": "4.8e-7 (epoch-1 loss 7.696)",
     "optimizers:weight_decay": "1.2e-7 (a weight)",
     "optimizers:lr_schedule": "9.5e-7 (epoch-1 loss 8.006)",
+    "inputs:generator": "4.8e-7 (epoch-1 loss 7.696)",
+    "inputs:py_dataset": "4.8e-7 (epoch-1 loss 7.696)",
+    "inputs:dict_inputs": "4.8e-7 (epoch-1 loss 7.696)",
+    "inputs:string_lookup": "2.4e-7 (epoch-1 mae 3.013)",
+    "inputs:distribute_dataset_uneven": "9.5e-7 (step-1 loss 15.99)",
+    "inputs:datasets_from_function": "9.5e-7 (step-1 loss 15.85)",
+    "layers:dropout": "0 (every fact holds on both)",
+    "layers:gaussian_noise": "0 (every fact holds on both)",
+    "layers:seed_generator": "0 (every fact holds on both)",
+    "layers:dropout_rate_0": "4.8e-7 (epoch-1 loss 7.696)",
+    "layers:batch_norm_synchronized": "1.9e-6 (a prediction, 4.733)",
+    "layers:batch_norm_inference": "9.5e-7 (evaluate loss 12.73)",
+    "layers:fixed_batch_input": "4.8e-7 (epoch-1 loss 7.696)",
+    "compile:jit_compile": "7.2e-7 (a prediction, -2.747)",
+    "compile:steps_per_execution_4": "4.8e-7 (epoch-1 loss 7.696)",
+    "compile:mixed_float16": "3.9e-3 (a prediction, -5.043: one float16 ulp); weights 4.3e-4",
+    "compile:mixed_float16_jit": "3.9e-3 (a prediction, -5.043: one float16 ulp); weights 4.3e-4",
     "hook:entry:fit": "4.8e-7 (epoch-1 loss 7.696)",
     "hook:entry:predict": "0",
     "hook:entry:predict_on_batch": "0",

@@ -247,6 +247,128 @@ def validation_split(strategy: Any) -> dict[str, Any]:
     return fit_numpy(strategy, validation_split=0.25)
 
 
+def generator(strategy: Any) -> dict[str, Any]:
+    """A Python generator of (x, y) batches of BATCH, endless, with ``steps_per_epoch``."""
+    x, y = data()
+
+    def batches() -> Any:
+        while True:
+            for start in range(0, len(x), BATCH):
+                yield x[start:start + BATCH], y[start:start + BATCH]
+
+    fitted = regressor(strategy)
+    return _trained(fitted, fitted.fit(batches(), steps_per_epoch=len(x) // BATCH, epochs=EPOCHS, verbose=0))
+
+
+def py_dataset(strategy: Any) -> dict[str, Any]:
+    """A ``keras.utils.PyDataset`` of 4 batches, ``fit``, ``evaluate`` and ``predict``."""
+    import keras
+
+    x, y = data()
+
+    class Batches(keras.utils.PyDataset):
+        def __init__(self, with_targets: bool) -> None:
+            super().__init__()
+            self.with_targets = with_targets
+
+        def __len__(self) -> int:
+            return len(x) // BATCH
+
+        def __getitem__(self, index: int) -> Any:
+            rows = slice(index * BATCH, (index + 1) * BATCH)
+            return (x[rows], y[rows]) if self.with_targets else x[rows]
+
+    fitted = regressor(strategy)
+    history = fitted.fit(Batches(True), epochs=EPOCHS, shuffle=False, verbose=0)
+    return _trained(fitted, history, evaluate=_lists(fitted.evaluate(Batches(True), verbose=0, return_dict=True)),
+                    predictions=fitted.predict(Batches(False), verbose=0))
+
+
+def dict_inputs(strategy: Any) -> dict[str, Any]:
+    """A two-input functional model fed a dict of NumPy arrays by name."""
+    import keras
+
+    x, y = data()
+    with strategy.scope():
+        left, right = keras.Input((2,), name="left"), keras.Input((2,), name="right")
+        hidden = keras.layers.Dense(8, activation="tanh")(keras.layers.Concatenate()([left, right]))
+        fitted = _set_initial_weights(keras.Model({"left": left, "right": right}, keras.layers.Dense(1)(hidden)))
+        fitted.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+    features = {"left": x[:, :2], "right": x[:, 2:]}
+    history = fitted.fit(features, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    return _trained(fitted, history, predictions=fitted.predict(features, batch_size=BATCH, verbose=0))
+
+
+def string_lookup(strategy: Any) -> dict[str, Any]:
+    """Strings in: a ``StringLookup`` (fixed vocabulary, one-hot) inside the model, then Dense, on ``tf.data``
+    (Keras 3's NumPy adapter takes no string arrays, on one device either)."""
+    import keras
+    import tensorflow as tf
+
+    words = np.array(["red", "green", "blue", "other"])
+    x, y = data()
+    strings = words[labels(x)].reshape(-1, 1)
+    with strategy.scope():
+        inputs = keras.Input((1,), dtype="string")
+        coded = keras.layers.StringLookup(vocabulary=["red", "green", "blue"], output_mode="one_hot")(inputs)
+        hidden = keras.layers.Dense(8, activation="tanh")(coded)
+        fitted = _set_initial_weights(keras.Model(inputs, keras.layers.Dense(1)(hidden)))
+        fitted.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+    history = fitted.fit(tf.data.Dataset.from_tensor_slices((strings, y)).batch(BATCH), epochs=EPOCHS, verbose=0)
+    return _trained(fitted, history,
+                    predictions=fitted.predict(tf.data.Dataset.from_tensor_slices(strings).batch(BATCH), verbose=0))
+
+
+def _loop(strategy: Any, dataset: Any) -> dict[str, Any]:
+    """``custom_loop``'s step over an already distributed dataset."""
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        built = model()
+        optimizer = keras.optimizers.SGD(0.1)
+        loss_object = keras.losses.MeanSquaredError(reduction="none")
+
+    def replica_step(features: Any, targets: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(loss_object(targets, built(features, training=True)),
+                                              global_batch_size=BATCH)
+        optimizer.apply_gradients(zip(tape.gradient(loss, built.trainable_variables), built.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(batch: Any) -> Any:
+        return strategy.reduce("SUM", strategy.run(replica_step, args=batch), axis=None)
+
+    losses = [float(step(batch)) for _ in range(EPOCHS) for batch in dataset]
+    return {"weights": built.get_weights(), "logs": {"loss": losses}, "steps": int(optimizer.iterations.numpy())}
+
+
+def distribute_dataset_uneven(strategy: Any) -> dict[str, Any]:
+    """``experimental_distribute_dataset`` of 50 examples by 16 (a last batch of 2, one per replica)."""
+    import tensorflow as tf
+
+    x, y = data(50)
+    return _loop(strategy, strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)))
+
+
+def datasets_from_function(strategy: Any) -> dict[str, Any]:
+    """``distribute_datasets_from_function``: each input pipeline batches by the per-replica batch size
+    (``InputContext.get_per_replica_batch_size(BATCH)``), shards by pipeline; the replicas take consecutive
+    batches, so a step's global batch is the same 16 rows as one device's."""
+    import tensorflow as tf
+
+    x, y = data()
+
+    def dataset_fn(context: Any) -> Any:
+        rows = tf.data.Dataset.from_tensor_slices((x, y))
+        rows = rows.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return rows.batch(context.get_per_replica_batch_size(BATCH))
+
+    return _loop(strategy, strategy.distribute_datasets_from_function(dataset_fn))
+
+
 # --------------------------------------------------------------------------- drivers: optimizers
 
 

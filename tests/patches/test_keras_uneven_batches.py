@@ -110,3 +110,22 @@ def test_even_batches_train_bit_for_bit_as_without_the_patch(selected):
     for patched, plain in zip(patched_weights, plain_weights):
         np.testing.assert_array_equal(patched, plain)
     assert patched_loss == plain_loss
+
+
+def _first_batch(strategy, parts):
+    return strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(parts[context.replica_id_in_sync_group]))
+
+
+def test_the_build_takes_a_string_batch_s_part_and_still_averages_numbers(selected):
+    """Bug 5 of keras_mwms: strings cannot be averaged (AddN), so the build takes a part; even numbers keep
+    MirroredStrategy's own mean, as before."""
+    strategy = selected.strategy
+    words = _first_batch(strategy, [[["red"], ["blue"]], [["green"], ["red"]]])
+    numbers = _first_batch(strategy, [[1.0, 2.0], [3.0, 6.0]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="string"):  # what Keras' own build meets
+        strategy.reduce("MEAN", (words,), axis=None)
+    with mwms._reduce_unless_uneven(strategy):
+        (built,) = strategy.reduce("MEAN", (words,), axis=None)
+        assert built.shape == (2, 1) and built.dtype == tf.string
+        np.testing.assert_array_equal(strategy.reduce("MEAN", (numbers,), axis=None)[0], [2.0, 4.0])

@@ -162,6 +162,17 @@ def set_keras3_jit_compile(model: Any, value: bool) -> None:
     model.train_function = model.test_function = model.predict_function = None
 
 
+@accessor("keras.src.utils.traceback_utils:inject_argument_info_in_traceback")
+def keep_keras_error_message(error: BaseException) -> BaseException:
+    """Mark an error raised inside a layer's ``call`` so Keras re-raises it as it is.
+
+    Keras rewraps such an error in a new one of its class whose message adds "Exception encountered when
+    calling ..." and the arguments, unless it carries ``_keras_call_info_injected`` (the innermost call's mark).
+    """
+    error._keras_call_info_injected = True  # type: ignore[attr-defined]
+    return error
+
+
 _TRAINER = "keras.src.backend.tensorflow.trainer:TensorFlowTrainer"
 _BASE_TRAINER = "keras.src.trainers.trainer:Trainer"
 _BASE_OPTIMIZER = "keras.src.optimizers.base_optimizer:BaseOptimizer"
@@ -171,20 +182,25 @@ _TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer:TFOptimizer"
 @accessor(f"{_TRAINER}.predict_on_batch", f"{_BASE_TRAINER}.compute_loss", f"{_BASE_TRAINER}._compute_loss",
           f"{_BASE_OPTIMIZER}._clip_gradients", f"{_BASE_OPTIMIZER}._backend_apply_gradients",
           f"{_BASE_OPTIMIZER}._backend_reset_gradient_accumulators", f"{_BASE_OPTIMIZER}._get_variable_index",
-          f"{_TF_OPTIMIZER}._all_reduce_sum_gradients", f"{_TF_OPTIMIZER}._backend_increment_gradient_accumulators")
+          f"{_TF_OPTIMIZER}._all_reduce_sum_gradients", f"{_TF_OPTIMIZER}._backend_increment_gradient_accumulators",
+          "keras.src.backend.tensorflow.random:draw_seed", "keras.src.backend.tensorflow.image:draw_seed",
+          "keras.src.layers.rnn.rnn:RNN.call")
 def keras3_training_api_root() -> ModuleType | None:
     """``keras.src`` with its TensorFlow trainer and optimizer imported, when Keras 3 runs on TensorFlow.
 
     The issue-44 patches name ``backend.tensorflow.trainer.TensorFlowTrainer.predict_on_batch``,
     ``trainers.trainer.Trainer.compute_loss``/``_compute_loss``, ``optimizers.base_optimizer.BaseOptimizer``'s
     ``_clip_gradients`` and ``backend.tensorflow.optimizer.TFOptimizer``'s ``_all_reduce_sum_gradients`` and
-    ``_backend_apply_gradients`` inside it.
+    ``_backend_apply_gradients`` inside it, and the TensorFlow backend's ``random.draw_seed`` and
+    ``image.draw_seed`` (each module's own name for ``keras.src.random.seed_generator.draw_seed``), and
+    ``layers.rnn.rnn.RNN.call``.
     """
     if keras3_tensorflow_trainer() is None:
         return None
     try:
         import keras.src
-        from keras.src.backend.tensorflow import optimizer  # noqa: F401 - imported for the attribute paths
+        from keras.src.backend.tensorflow import image, optimizer, random  # noqa: F401 - imported for the attribute paths
+        from keras.src.layers.rnn import rnn  # noqa: F401
         from keras.src.optimizers import base_optimizer  # noqa: F401
         from keras.src.trainers import trainer  # noqa: F401
     except ImportError:

@@ -20,7 +20,9 @@ no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_
 :mod:`~tfstrategy.patches.keras_predict_on_batch` (``predict_on_batch`` split over the replicas) and
 :mod:`~tfstrategy.patches.keras_compute_loss` (a custom step's ``compute_loss`` reports one device's loss, keras-team/keras#16285) and
 :mod:`~tfstrategy.patches.keras_clipping` (``clipnorm``/``global_clipnorm``/``clipvalue`` clip the summed gradient) and
-:mod:`~tfstrategy.patches.keras_gradient_accumulation` (``gradient_accumulation_steps`` on 2+ replicas, keras-team/keras#20582).
+:mod:`~tfstrategy.patches.keras_gradient_accumulation` (``gradient_accumulation_steps`` on 2+ replicas, keras-team/keras#20582) and
+:mod:`~tfstrategy.patches.keras_replica_seeds` (random layers draw other numbers on each replica) and
+:mod:`~tfstrategy.patches.keras_stateful_rnn` (a stateful RNN on 2+ replicas refused in one line).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one, and every other replacement of upstream
 code installed in this process (the start-up hook's rewrites, instance overrides:
@@ -44,6 +46,8 @@ Example:
     keras_compute_loss: installed (trainers.trainer.Trainer.compute_loss, ...); keras 3.15.1; probes when a model first needs it
     keras_clipping: installed (optimizers.base_optimizer.BaseOptimizer._clip_gradients, ...); keras 3.15.1; probes when a model first needs it
     keras_gradient_accumulation: installed (backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients); keras 3.15.1; probes when a model first needs it
+    keras_replica_seeds: installed (backend.tensorflow.random.draw_seed, ...); keras 3.15.1; probes when a model first needs it
+    keras_stateful_rnn: installed (layers.rnn.rnn.RNN.call); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ from tfstrategy.patches import (
     keras_loss_scale_api,
     keras_mwms,
     keras_predict_on_batch,
+    keras_replica_seeds,
+    keras_stateful_rnn,
     keras_steps_per_execution,
     keras_uneven_batches,
 )
@@ -85,6 +91,8 @@ PATCHES: dict[str, Patch] = {
     keras_compute_loss.PATCH.name: keras_compute_loss.PATCH,
     keras_clipping.PATCH.name: keras_clipping.PATCH,
     keras_gradient_accumulation.PATCH.name: keras_gradient_accumulation.PATCH,
+    keras_replica_seeds.PATCH.name: keras_replica_seeds.PATCH,
+    keras_stateful_rnn.PATCH.name: keras_stateful_rnn.PATCH,
 }
 
 

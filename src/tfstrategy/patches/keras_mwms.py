@@ -55,6 +55,13 @@ worker (keras-team/keras#20585, #20329; seen in Keras 3.0 to 3.15):
    when, the replicas' parts differ in shape, the build takes the largest part
    (shapes only, as in 1); even batches keep Keras' reduce.
 
+5. The same ``reduce("MEAN")`` of the first batch fails on any strategy of 2+ replicas when a leaf cannot be
+   added: strings (a model that takes strings into a ``StringLookup``), booleans. MirroredStrategy sums the
+   parts with ``AddN``: "Value for attr 'T' of string is not in the list of allowed values" (on one device
+   there is nothing to reduce, so the same model trains; keras-team/keras#21172, a string input under
+   MirroredStrategy). Fix: when, and only when, a leaf is neither a number nor complex, the build takes the
+   largest part as in 4 (a mean of strings has no meaning, and the build reads shapes and dtypes only).
+
 Both replacements call the original Keras function unless the strategy is
 MWMS in multi-worker mode (or, for the build, the first batch is uneven), so
 every other strategy runs Keras' own code. The
@@ -105,9 +112,16 @@ def _reduce_to_first_replica(strategy: Any) -> Iterator[None]:
         del strategy.reduce
 
 
+def _addable(part: Any) -> bool:
+    """Whether ``AddN`` can sum this replica's part (a number or complex tensor; a string or bool cannot)."""
+    dtype = getattr(part, "dtype", None)
+    return dtype is None or bool(dtype.is_floating or dtype.is_integer or dtype.is_complex)
+
+
 @contextlib.contextmanager
 def _reduce_unless_uneven(strategy: Any) -> Iterator[None]:
-    """Within the block, ``strategy.reduce`` of replicas' parts that differ in shape returns the largest part."""
+    """Within the block, ``strategy.reduce`` of replicas' parts that differ in shape, or that cannot be added
+    (strings, booleans), returns the largest part."""
     tree = _compat.keras3_tree()
     reduce_evenly = strategy.reduce
     distributed = tf().distribute.DistributedValues
@@ -115,7 +129,8 @@ def _reduce_unless_uneven(strategy: Any) -> Iterator[None]:
     def reduce(reduce_op: Any, value: Any, axis: Any = None) -> object:
         leaves = [leaf for leaf in tree.flatten(value) if isinstance(leaf, distributed)]
         parts = [strategy.experimental_local_results(leaf) for leaf in leaves]
-        if all(len({tuple(part.shape) for part in leaf_parts}) == 1 for leaf_parts in parts):
+        if all(len({tuple(part.shape) for part in leaf_parts}) == 1 and _addable(leaf_parts[0])
+               for leaf_parts in parts):
             return reduce_evenly(reduce_op, value, axis=axis)
         largest = max(range(len(parts[0])), key=lambda index: int(parts[0][index].shape[0] or 0))
         return tree.map_structure(
