@@ -15,8 +15,8 @@ The rules, so that a sample stays readable and still says something exact:
   ``3x``), or a number of four digits or more (a port, ``1,494``); other whole numbers (a worker, a step,
   a batch count, an exit status) must be the same;
 - a line ``...`` stands for any lines; a line ending in `` ...`` matches the real line's beginning;
-- ``DIR`` matches a path; a Python file's path (``tests/workers/fault_worker.py:65``) matches any path to a file
-  of that name, at any line.
+- ``DIR`` matches a path; a file's path (``/tmp/x/model.weights.h5``, ``tests/workers/fault_worker.py:65``)
+  matches any path to a file of that name, at any line; a decimal may have an exponent (``1.2e-07``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from helpers import ROOT
 
 SAMPLE = re.compile(r"<!--\s*docs-sample:\s*(\S+)\s*-->\s*\n+[ \t]*```text\n(.*?)\n[ \t]*```", re.S)
 #: A measurement in a sample: a decimal number, seconds, or four digits or more (see the module's rules).
-MEASUREMENT = re.compile(r"(?<![0-9.])(?<![0-9],)(?:[0-9]+\.[0-9]+|[0-9]+(?= s\b| ms\b|%|/s| examples/s| in-step examples/s|x\b)|[0-9]{4,}|[0-9]{1,3}(?:,[0-9]{3})+)(?![0-9.]|,[0-9])")
+MEASUREMENT = re.compile(r"(?<![0-9.])(?<![0-9],)(?:[0-9]+\.[0-9]+(?:e[-+][0-9]+)?|[0-9]+(?= s\b| ms\b|%|/s| examples/s| in-step examples/s|x\b)|[0-9]{4,}|[0-9]{1,3}(?:,[0-9]{3})+)(?![0-9.]|,[0-9])")
 
 
 def pages() -> list[Path]:
@@ -51,8 +51,9 @@ def all_samples() -> dict[str, tuple[Path, list[str]]]:
     return samples
 
 
-#: A file's path in a sample, with its line (``tests/workers/fault_worker.py:65``): any path to a file of that name.
-PATH = re.compile(r"\S*/([\w.-]+\.py)(?::[0-9]+)?")
+#: A file's path in a sample (``/tmp/x/model.weights.h5``, ``tests/workers/fault_worker.py:65``): any path to a
+#: file of that name (at any line).
+PATH = re.compile(r"\S*/([\w.-]+\.[A-Za-z0-9]+)(?::[0-9]+)?")
 
 
 def _text_pattern(piece: str) -> str:
@@ -61,7 +62,7 @@ def _text_pattern(piece: str) -> str:
     last = 0
     for number in MEASUREMENT.finditer(piece):
         parts.append(re.escape(piece[last:number.start()]))
-        parts.append(r"[0-9][0-9,]*(?:\.[0-9]+)?")
+        parts.append(r"[0-9][0-9,]*(?:\.[0-9]+)?(?:e[-+][0-9]+)?")
         last = number.end()
     parts.append(re.escape(piece[last:]))
     return "".join(parts)

@@ -22,7 +22,10 @@ several pages show costs one run. An HTML comment on the line before a block cha
 - ``<!-- docs-test: new-process -->``: a python block that starts a fresh process (the earlier one must exit 0),
   for a block that needs a TensorFlow runtime not yet started.
 - ``<!-- docs-test: exit N -->``: every ``$`` line of the console block must exit N (default 0).
-- ``<!-- docs-test: output -->``: every output line shown (other than ``...``) must appear in the real output.
+- ``<!-- docs-test: output -->``: every output line shown (other than ``...``) must appear in the real output;
+  above a ``text`` block right after python code or a console block, the block is (the rest of) what it
+  printed: its lines must appear in order, by ``docs_samples.py``'s rules (a measurement matches any number, a
+  line ending in `` ...`` its start).
 
 A page's own python code must run clean of Keras' ``shuffle=True was passed, but will be ignored``
 warning (its ``fit`` on a dataset passes ``shuffle=False``, as the README's does): a reader copies it.
@@ -51,6 +54,7 @@ import pytest
 
 import tfstrategy
 import tfstrategy.errors
+from docs_samples import unmatched
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -95,6 +99,8 @@ class Segment:
     expected_output: list[str] = field(default_factory=list)
     #: python: runs in a fresh process (the page's first python, or a ``new-process`` block), not the page's last one.
     fresh: bool = False
+    #: What it prints, as the ``text`` block after it shows it (``docs_samples.py``'s rules).
+    printed: list[str] = field(default_factory=list)
 
 
 def blocks(page: Path) -> list[Block]:
@@ -103,11 +109,13 @@ def blocks(page: Path) -> list[Block]:
     found = []
     for match in FENCE.finditer(text):
         language = match.group(1)
-        if language not in ("python", "console"):
-            continue
         line = text.count("\n", 0, match.start()) + 1
         before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marker = MARKER.search(before)
+        if language == "text" and marker is not None and marker.group(1) == "output":
+            found.append(Block(language, match.group(2), line, *marker.groups()))  # the python before it printed this
+        if language not in ("python", "console"):
+            continue
         found.append(Block(language, match.group(2), line, *(marker.groups() if marker else ("", ""))))
     return found
 
@@ -152,6 +160,11 @@ def segments(page: Path) -> tuple[list[Segment], dict[str, str]]:
             continue
         if block.directive == "file":
             files[block.argument] = block.code
+            continue
+        if block.language == "text":
+            flush()  # the code so far printed it; what follows runs on in the same process
+            assert result, f"{page.name}:{block.line}: an output text block follows the code or command that prints it"
+            result[-1].printed.extend(line.strip() for line in block.code.splitlines() if line.strip())
             continue
         if block.language == "python":
             if block.directive == "new-process":
@@ -371,6 +384,8 @@ def check_step(segment: Segment, ran: Ran, label: str) -> None:
     actual = {line.rstrip() for line in ran.output.splitlines()}
     missing = [line for line in segment.expected_output if line not in actual]
     assert not missing, f"lines shown in the docs but not printed: {missing}; {context}"
+    unprinted = unmatched(segment.printed, ran.output)
+    assert not unprinted, f"the output shown in the docs, from {unprinted[0]!r} on, was not printed in order; {context}"
     if segment.kind == "python":
         assert KERAS_SHUFFLE_WARNING not in ran.output, f"a fit on a dataset needs shuffle=False; {context}"
 

@@ -211,9 +211,6 @@ CASES: tuple[Case, ...] = (
         plain=Trains(replicas=1),
         run=Trains(replicas=2),
         launch=Trains(workers=2, replicas=2),
-        known={"run": (r"Value for attr 'T' of string is not in the list",
-                     "Keras 3's symbolic build averages the first batch over the replicas, which fails on string "
-                     "features on 2+ replicas, as in plain TensorFlow")},
         plain_tf_two_workers='exit 0, but each worker trains alone',
     ),
     Case(

@@ -116,6 +116,8 @@ class Replacement:
                         setattr(owner, attribute, original)
                     elif attribute in vars(owner):
                         delattr(owner, attribute)
+                        if attribute == "__new__" and original is object.__new__:
+                            setattr(owner, attribute, staticmethod(_allocate))
                 del self._originals[target]
             RUNTIME.unregister(self)
             return self.status()
@@ -139,3 +141,15 @@ class Replacement:
         except AttributeError:
             return False
         return True
+
+
+def _allocate(cls: type, *args: object, **kwargs: object) -> object:
+    """``object.__new__`` as a class that inherits it calls it: the arguments are ``__init__``'s.
+
+    CPython does not restore a class whose ``__new__`` was set and then deleted: its instances are
+    then made through ``object.__new__`` with the class's arguments, which raises ``TypeError:
+    object.__new__() takes exactly one argument`` (measured on 3.11, for ``MirroredStrategy`` after the
+    hook's rewrite was removed). Setting ``object.__new__`` back explicitly fails the same way; this
+    allocation, as ``__new__``, makes the class behave as before the replacement.
+    """
+    return object.__new__(cls)
