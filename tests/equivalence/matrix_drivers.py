@@ -160,30 +160,11 @@ def custom_train_step(strategy: Any) -> dict[str, Any]:
 
 def custom_loop(strategy: Any) -> dict[str, Any]:
     """TensorFlow's distributed custom-loop tutorial, in short: a loss object with ``reduction="none"``
-    and ``tf.nn.compute_average_loss`` over the global batch, inside ``strategy.run``."""
-    import keras
+    and ``tf.nn.compute_average_loss`` over the global batch, inside ``strategy.run`` (:func:`_loop`)."""
     import tensorflow as tf
 
     x, y = data()
-    with strategy.scope():
-        built = model()
-        optimizer = keras.optimizers.SGD(0.1)
-        loss_object = keras.losses.MeanSquaredError(reduction="none")
-    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH))
-
-    def replica_step(features: Any, targets: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(loss_object(targets, built(features, training=True)),
-                                              global_batch_size=BATCH)
-        optimizer.apply_gradients(zip(tape.gradient(loss, built.trainable_variables), built.trainable_variables))
-        return loss
-
-    @tf.function
-    def step(batch: Any) -> Any:
-        return strategy.reduce("SUM", strategy.run(replica_step, args=batch), axis=None)
-
-    losses = [float(step(batch)) for _ in range(EPOCHS) for batch in dataset]
-    return {"weights": built.get_weights(), "logs": {"loss": losses}, "steps": int(optimizer.iterations.numpy())}
+    return _loop(strategy, strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)))
 
 
 # --------------------------------------------------------------------------- drivers: inputs
@@ -320,7 +301,7 @@ def string_lookup(strategy: Any) -> dict[str, Any]:
 
 
 def _loop(strategy: Any, dataset: Any) -> dict[str, Any]:
-    """``custom_loop``'s step over an already distributed dataset."""
+    """The custom loop's step (TensorFlow's tutorial) over an already distributed dataset."""
     import keras
     import tensorflow as tf
 
