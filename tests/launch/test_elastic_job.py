@@ -197,22 +197,24 @@ def test_a_node_that_dies_in_its_save_leaves_the_other_to_resume_from_the_step_b
     assert worst <= TOLERANCE, f"weights differ from one device's by {worst:.2e}"
 
 
-def _worker_pid(tag: str, index: int) -> int | None:
-    """The pid of the job's (``tag``) worker ``index``: the process that runs elastic_worker.py with that index."""
+def _worker_pid(tag: str, index: int, restart: int = 0) -> int | None:
+    """The pid of the job's (``tag``) worker ``index`` of attempt ``restart``: the process running elastic_worker.py."""
     for pid in _tagged(tag):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if f"TFSTRATEGY_WORKER_INDEX={index}".encode() in environ and WORKER.name.encode() in command:
+        if ({f"TFSTRATEGY_WORKER_INDEX={index}".encode(), f"TFSTRATEGY_RESTART={restart}".encode()} <= set(environ)
+                and WORKER.name.encode() in command):
             return pid
     return None
 
 
 def test_three_local_workers_lose_one_to_sigkill_and_the_two_left_end_with_one_devices_weights(tmp_path):
     """``launch -n 2:3`` on one machine: worker 2 SIGKILLed (the OOM killer, a device gone) once step 10 is committed;
-    workers 0 and 1 re-form without it from step 10, which is not a restart, and finish alone."""
+    workers 0 and 1 re-form without it from step 10, which is not a restart; a replacement for worker 2 (restart 1 of
+    1) is taken back at a step the workers agree on, and the three end with one device's weights."""
     backup, out = tmp_path / "backup", tmp_path / "out"
     out.mkdir()
     backup.mkdir(mode=0o700)
@@ -222,7 +224,7 @@ def test_three_local_workers_lose_one_to_sigkill_and_the_two_left_end_with_one_d
     console = tmp_path / "console.txt"
     with open(console, "w") as err:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "tfstrategy", "launch", "-n", "2:3", "--backup-dir", str(backup), "--timeout", "120",
+            [sys.executable, "-m", "tfstrategy", "launch", "-n", "2:3", "--max-restarts", "1", "--backup-dir", str(backup), "--timeout", "120",
              "--", sys.executable, str(WORKER), "--out", str(out), "--epochs", "2"],
             cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TAG: tag}, text=True, stdout=subprocess.DEVNULL,
             stderr=err)
@@ -233,6 +235,8 @@ def test_three_local_workers_lose_one_to_sigkill_and_the_two_left_end_with_one_d
         os.kill(pid, signal.SIGKILL)
         _wait(lambda: "worker 2 lost: going on with 2 workers from step 10" in console.read_text(),
               "the two left to re-form")
+        # The gate holds the two at step 11 until the replacement is taken: its re-formation then has a known step.
+        _wait(lambda: "worker 2 back: going on with 3 workers" in console.read_text(), "the replacement to be taken")
         gate.unlink()  # train to the end
         code = launcher.wait(GUARD)
     finally:
@@ -242,16 +246,21 @@ def test_three_local_workers_lose_one_to_sigkill_and_the_two_left_end_with_one_d
     assert code == 0, said
     assert _tagged(tag) == [], said
     launcher_lines = [line for line in said.splitlines() if line.startswith("tfstrategy launch:")]
-    assert not [line for line in launcher_lines if "restart" in line.replace("(not restarts)", "")], said
-    assert "tfstrategy launch: 1 re-formation(s) for workers lost (not restarts)" in launcher_lines[-2], said
-    assert launcher_lines[-1].startswith("tfstrategy launch: 2 workers exited 0 in"), said  # the two that finished
+    replacing = [line for line in launcher_lines if "replacement" in line]  # it uses restart 1 of --max-restarts 1
+    assert len(replacing) == 1 and "(restart 1 of 1)" in replacing[0], said
+    assert not [line for line in launcher_lines if "restart" in line.replace("(not restarts)", "")
+                and line not in replacing], said
+    assert "tfstrategy launch: 2 re-formation(s) for workers lost or taken back (not restarts)" in launcher_lines[-2], said
+    assert launcher_lines[-1].startswith("tfstrategy launch: 3 workers exited 0 in"), said  # the three that finished
     assert_sample("elastic-local-loss", said)
     reference = _one_device_weights(epochs=2)
-    for index in (0, 1):
+    for index in (0, 1, 2):
         final = json.loads((out / f"worker-{index}.json").read_text())
-        assert (final["workers"], final["steps"]) == (2, 20)
+        assert (final["workers"], final["steps"]) == (3, 20)
         worst = max(float(np.max(np.abs(np.asarray(w) - r))) for w, r in zip(final["weights"], reference))
         assert worst <= TOLERANCE, f"worker {index}'s weights differ from one device's by {worst:.2e}"
     starts = [json.loads(line) for line in (out / "starts.jsonl").read_text().splitlines()]
-    assert sorted((s["workers"], s["index"]) for s in starts) == [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]
+    assert sorted((s["workers"], s["index"]) for s in starts) == [(2, 0), (2, 1), *[(3, i) for i in (0, 0, 1, 1, 2, 2)]]
     assert {s["step"] for s in starts if s["workers"] == 2} == {11}  # resumed after the committed step 10
+    back = int(re.search(r"worker 2 back: going on with 3 workers from step (\d+)", said).group(1))
+    assert {s["step"] for s in starts[-3:]} == {back + 1}  # the three resumed after the step the two stopped at

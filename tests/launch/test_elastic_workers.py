@@ -95,18 +95,131 @@ def test_an_error_in_the_script_is_the_jobs_failure_not_a_loss(tmp_path):
 def test_a_loss_at_min_fails_the_job_and_a_restart_brings_back_every_worker(tmp_path):
     def scenario(fleet: Fleet, now: float) -> None:
         last = len(fleet.attempts) - 1
-        _training(fleet, last)
-        if last in (0, 1) and now > 2 + 4 * last:
-            fleet.at(last, len(fleet.attempts[last]) - 1).exit(-signal.SIGKILL)
-        if last == 2 and now > 20:
-            for worker in fleet.attempts[last]:
+        waiting = last == 2 and len(fleet.attempts[2]) == 1  # round 2's replacement, which never gets ready here
+        if last < 2 or waiting:
+            _training(fleet, min(last, 1))
+        if last == 0 and now > 2:
+            fleet.at(0, 1).exit(-signal.SIGKILL)
+        if waiting and now > 8:
+            fleet.at(1, 0).exit(-signal.SIGKILL)  # at MIN
+        if last == 2 and len(fleet.attempts[2]) == 3:
+            for worker in fleet.attempts[2][1:]:
+                worker.join()
+                worker.train(steps=3)
+                if now > 20:
+                    worker.exit(0)
+
+    result, err, fleet = _run(scenario, tmp_path, workers=2, fewest=1, max_restarts=2)
+    # 2 workers -> worker 1 lost, 1 goes on, a replacement for worker 1 waits (restart 1 of 2) -> the one left is
+    # killed at MIN before the replacement is ready: the job's failure, restarted whole (2 again; restart 2 of 2),
+    # and the replacement, waiting for a round that will not come, is stopped.
+    waiting, *restarted = fleet.attempts[2]
+    assert [len(group) for group in fleet.attempts[:2]] == [2, 1] and len(restarted) == 2, err
+    assert waiting.returncode == -signal.SIGKILL and not waiting.joined
+    assert "worker 1 lost: going on with 1 worker" in err and "(restart 2 of 2)" in err
+    assert (result.returncode, result.restarts, result.replacements, len(result.reformations)) == (0, 1, 1, 1)
+
+
+def _train_all(fleet: Fleet) -> None:
+    """Every live worker of every attempt joins and trains (a replacement too, ahead of its round)."""
+    for attempt in range(len(fleet.attempts)):
+        _training(fleet, attempt)
+
+
+def test_a_lost_workers_replacement_is_taken_back_at_a_step_the_workers_agree_on(tmp_path):
+    def scenario(fleet: Fleet, now: float) -> None:
+        last = len(fleet.attempts) - 1
+        _train_all(fleet)
+        if last == 0 and now > 2:
+            fleet.at(0, 2).exit(-signal.SIGKILL)
+        if last == 2 and len(fleet.attempts[2]) == 3 and now > 20:
+            for worker in fleet.attempts[2]:
                 worker.exit(0)
 
-    result, err, fleet = _run(scenario, tmp_path, workers=2, fewest=1, max_restarts=1)
-    # 2 workers -> worker 1 lost, 1 goes on -> that one killed at MIN: the job's failure, restarted whole (2 again).
-    assert [len(group) for group in fleet.attempts] == [2, 1, 2], err
-    assert "worker 1 lost: going on with 1 worker" in err and "(restart 1 of 1)" in err
-    assert (result.returncode, result.restarts, len(result.reformations)) == (0, 1, 1)
+    result, err, fleet = _run(scenario, tmp_path, workers=3, fewest=2, max_restarts=1, log_dir=tmp_path / "logs",
+                              run_id="r")
+    assert (result.returncode, result.reason) == (0, EndReason.SUCCEEDED), err
+    # 3 -> worker 2 lost -> 2; a replacement started as worker 2 of round 2, then workers 0 and 1 beside it.
+    replacement, *others = fleet.attempts[2]
+    assert [len(group) for group in fleet.attempts] == [3, 2, 3] and replacement.index == 2, err
+    assert sorted(w.index for w in others) == [0, 1]
+    assert {int(w.spec.env["TFSTRATEGY_NUM_WORKERS"]) for w in fleet.attempts[2]} == {3}
+    assert {w.spec.env["TF_CONFIG"] for w in fleet.attempts[2]} != set()
+    clusters = {json.dumps(json.loads(w.spec.env["TF_CONFIG"])["cluster"]) for w in fleet.attempts[2]}
+    assert len(clusters) == 1  # the replacement waited in the cluster the others then joined
+    # Taken at a step the workers agree on: SIGTERM (the preemption callbacks), not a kill mid-step.
+    assert all(w.signals[:1] == [signal.SIGTERM] for w in fleet.attempts[1])
+    assert replacement.returncode == 0  # not stopped with the group it waited for: it trained in the next
+    assert "starting a replacement for a lost worker, as worker 2 of the next group (restart 1 of 1)" in err
+    assert ("tfstrategy launch: worker 2 back: going on with 3 workers from scratch (nothing committed yet); "
+            "the workers stopped at a step they agreed on") in err
+    assert (result.restarts, result.replacements, result.workers) == (0, 1, 3)
+    records = [json.loads(line) for line in (tmp_path / "logs" / "r" / "reformations.jsonl").read_text().splitlines()]
+    assert [(r["lost_worker"], r["joined_worker"], r["workers"], r["round"], r["graceful"]) for r in records] == [
+        (2, None, 2, 1, False), (None, 2, 3, 2, True)]
+
+
+def test_without_a_restart_left_a_lost_worker_is_not_replaced(tmp_path):
+    result, err, fleet = _run(_lose(2, at=2, then_succeed=30), tmp_path, workers=3, fewest=2)
+    assert (result.returncode, result.replacements) == (0, 0), err
+    assert [len(group) for group in fleet.attempts] == [3, 2] and "replacement" not in err
+
+
+def test_a_worker_that_dies_every_time_is_replaced_at_most_max_restarts_times(tmp_path):
+    def scenario(fleet: Fleet, now: float) -> None:
+        last = len(fleet.attempts) - 1
+        _train_all(fleet)  # a replacement waiting alone in its round gets ready at once
+        group = fleet.attempts[last]
+        if len(group) == 3 and now > 2 + 10 * last:
+            next(w for w in group if w.index == 2).exit(-signal.SIGKILL)  # the OOM killer, every time
+        if last == 5 and now > 60:
+            for worker in group:
+                worker.exit(0)
+
+    result, err, fleet = _run(scenario, tmp_path, workers=3, fewest=2, max_restarts=2)
+    assert (result.returncode, result.reason) == (0, EndReason.SUCCEEDED), err
+    # lost, replaced, lost again, replaced, lost again: the restarts are used up, the two go on alone.
+    assert [len(group) for group in fleet.attempts] == [3, 2, 3, 2, 3, 2], err
+    assert (result.restarts, result.replacements, len(result.reformations)) == (0, 2, 5)
+    assert err.count("worker 2 lost: going on with 2 workers") == 3 and err.count("worker 2 back:") == 2
+
+
+def test_a_replacement_that_fails_before_joining_leaves_the_group_alone(tmp_path):
+    def scenario(fleet: Fleet, now: float) -> None:
+        last = len(fleet.attempts) - 1
+        _training(fleet, min(last, 1))
+        if last == 0 and now > 2:
+            fleet.at(0, 2).exit(-signal.SIGKILL)
+        if last == 2:
+            for worker in fleet.attempts[2]:
+                if worker.returncode is None:
+                    worker.exit(1, lines=("RuntimeError: no device",))  # before its strategy: never ready
+            if len(fleet.attempts[2]) == 2 and now > 30:
+                for worker in fleet.attempts[1]:
+                    worker.exit(0)
+
+    result, err, fleet = _run(scenario, tmp_path, workers=3, fewest=2, max_restarts=2)
+    assert (result.returncode, result.reason) == (0, EndReason.SUCCEEDED), err
+    assert [len(group) for group in fleet.attempts] == [3, 2, 2], err  # two replacements tried, both failed
+    assert all(w.returncode == 0 for w in fleet.attempts[1])  # the group was not stopped for them
+    assert err.count("the replacement worker 2 exited with status 1 before it created its strategy") == 2
+    assert (result.replacements, len(result.reformations), result.workers) == (2, 1, 2)
+
+
+def test_a_replacement_that_never_creates_its_strategy_is_stopped_at_the_timeout(tmp_path):
+    def scenario(fleet: Fleet, now: float) -> None:
+        last = len(fleet.attempts) - 1
+        _training(fleet, min(last, 1))
+        if last == 0 and now > 2:
+            fleet.at(0, 2).exit(-signal.SIGKILL)
+        if now > 60:
+            for worker in fleet.attempts[1]:
+                worker.exit(0)
+
+    result, err, fleet = _run(scenario, tmp_path, workers=3, fewest=2, max_restarts=1, join_timeout=20)
+    assert (result.returncode, result.replacements) == (0, 1), err
+    assert fleet.attempts[2][0].signals == [signal.SIGKILL]
+    assert "the replacement worker 2 did not create its strategy within --timeout 20 s; stopped it" in err
 
 
 @pytest.mark.parametrize(

@@ -94,7 +94,10 @@ DESCRIPTION = textwrap.dedent(
     taken in at a step the workers agree on. Each re-formed group resumes from the
     newest committed backup step; re-formations do not use --max-restarts.
     Node 0 must stay. On one machine, -n MIN:MAX (with --backup-dir) goes on
-    without a worker killed with no error of its own while MIN remain.
+    without a worker killed with no error of its own while MIN remain, then
+    starts a replacement for it, which the group takes at a step the workers
+    agree on once it creates its strategy; each replacement uses one of
+    --max-restarts (with none left, the lost worker's place stays empty).
     docs/guides/elastic.md has the rules.
 
     What is authenticated: only this control channel. Every message carries the
@@ -144,9 +147,11 @@ def launch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                         help="worker processes to start (on each machine with --nnodes). MIN:MAX (one machine, "
                         "with --backup-dir): start MAX; a worker killed with no error of its own (SIGKILL, the OOM "
                         "killer, its device gone) re-forms the others without it from the newest committed step "
-                        "while MIN remain, which is not a restart")
+                        "while MIN remain, which is not a restart; a replacement for it, started then, uses one of "
+                        "--max-restarts")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
-                        help="restart the whole group up to K times after a failure (default: 0)")
+                        help="restart the whole group up to K times after a failure (default: 0); under -n MIN:MAX, "
+                        "each replacement of a lost worker uses one too")
     parser.add_argument("--backup-dir", type=Path, metavar="DIR",
                         help="the job's backup directory (created 0700; each worker's part in DIR/worker-i), read by "
                         "tfstrategy.backup_callbacks(); refused if another user owns it or others can write it "
@@ -471,7 +476,9 @@ def launch_command(args: argparse.Namespace) -> int:
               f"failure to all workers joined again {rejoined}", file=sys.stderr)
     if result.reformations:
         joined = ", ".join(f"{seconds:.1f} s" for seconds in result.reform_seconds) or "never"
-        what = "workers lost" if options.min_workers is not None else "nodes lost or joined"
+        back = any(record.get("joined_worker") is not None for record in result.reformations)
+        what = ("nodes lost or joined" if options.min_workers is None else
+                "workers lost or taken back" if back else "workers lost")
         print(f"tfstrategy launch: {len(result.reformations)} re-formation(s) for {what} (not restarts); "
               f"re-formation to all workers joined {joined}", file=sys.stderr)
     from tfstrategy.launch.output import status_line

@@ -16,7 +16,7 @@ from typing import Protocol
 from tfstrategy.launch.processes import LOOPBACK, free_ports
 from tfstrategy.launch.states import Failure, Outcome
 
-__all__ = ["Cluster", "Reformation", "Event", "Coordinator", "LocalCoordinator"]
+__all__ = ["Cluster", "Reformation", "Vacancy", "Event", "Coordinator", "LocalCoordinator"]
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,25 @@ class Reformation:
     joined: tuple[int, ...] = ()
     graceful: bool = False
     reason: str = ""
-    #: ``-n MIN:MAX`` on one machine: the worker lost, and how many this machine starts in the new round.
+    #: ``-n MIN:MAX`` on one machine: the worker lost, or the replacement taken back (its index in the new round),
+    #: and how many this machine starts in the new round.
     lost_worker: int | None = None
+    joined_worker: int | None = None
     workers: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Vacancy:
+    """A lost worker's place (``-n MIN:MAX``), to start a replacement for while the group trains.
+
+    The replacement is worker ``index`` of round ``round``, whose cluster is ``cluster``; it uses restart
+    ``restart`` of ``--max-restarts``. Once it creates its strategy, the group re-forms to take it.
+    """
+
+    round: int
+    index: int
+    cluster: Cluster
+    restart: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +114,13 @@ class Coordinator(Protocol):
     def decide(self, attempt: int, failure: Failure) -> Event:
         """The decision after ``failure`` on this machine: the attempt's root cause, restart or not."""
 
+    def vacancy(self, attempt: int) -> Vacancy | None:
+        """A lost worker's place to start a replacement for now, while ``attempt`` trains (``-n MIN:MAX``; it uses
+        one of ``--max-restarts``); ``None``: none, or no restart left."""
+
+    def take(self, vacancy: Vacancy) -> Event:
+        """The replacement started for ``vacancy`` creates its strategy: the re-formation that takes it."""
+
     def share(self, attempt: int, views: tuple[dict[str, object], ...]) -> None:
         """Give node 0 this node's workers' compact views (``--nnodes``), for a diagnosis across nodes."""
 
@@ -125,6 +148,9 @@ class LocalCoordinator:
     ``workers`` and ``min_workers`` (``-n MIN:MAX``): a worker killed with no error of its own while more than
     ``min_workers`` train re-forms the group without it, from the newest committed step, which is not a
     restart; below that, or on any other failure, the group restarts as launched (every worker) as without MIN.
+    A lost worker's place is a :meth:`vacancy` while a restart is left: a replacement started for it uses one
+    (so a worker that dies every time is not replaced forever), and is taken in by a graceful re-formation
+    (:meth:`take`), as a node that joins is.
     """
 
     def __init__(self, max_restarts: int, port_range: tuple[int, int] | None = None, *, workers: int = 0,
@@ -133,6 +159,7 @@ class LocalCoordinator:
         self.port_range = port_range
         self.workers, self.most, self.min_workers = workers, workers, min_workers
         self.restarts = 0
+        self._vacancy: Vacancy | None = None
 
     @property
     def rank(self) -> int | None:
@@ -149,12 +176,16 @@ class LocalCoordinator:
         return free_ports(count, port_range=self.port_range)
 
     def form(self, attempt: int, ports: list[int]) -> Cluster | Event:
+        vacancy, self._vacancy = self._vacancy, None
+        if vacancy is not None and vacancy.round == attempt:  # the replacement already waits in this cluster
+            return vacancy.cluster
         return Cluster(tuple(f"{LOOPBACK}:{port}" for port in ports))
 
     def poll(self) -> Event | None:
         return None
 
     def decide(self, attempt: int, failure: Failure) -> Event:
+        self._vacancy = None  # a replacement waiting for this round's successor is stopped with it
         if (self.min_workers is not None and failure.killed and failure.index is not None
                 and self.workers > self.min_workers):
             self.workers -= 1
@@ -164,6 +195,21 @@ class LocalCoordinator:
         if restart:  # a restart is the group as launched: every worker again
             self.restarts, self.workers = self.restarts + 1, self.most
         return Event.failed(failure, restart=restart)
+
+    def vacancy(self, attempt: int) -> Vacancy | None:
+        if self.min_workers is None or self.workers >= self.most or self.restarts >= self.max_restarts:
+            return None
+        self.restarts += 1
+        count = self.workers + 1  # one place at a time: the replacement is the next round's last worker
+        cluster = Cluster(tuple(f"{LOOPBACK}:{port}" for port in self.ports(count)))
+        self._vacancy = Vacancy(round=attempt + 1, index=count - 1, cluster=cluster, restart=self.restarts)
+        return self._vacancy
+
+    def take(self, vacancy: Vacancy) -> Event:
+        self.workers = len(vacancy.cluster.addresses)
+        return Event(outcome=Outcome.INTERRUPTED, reform=Reformation(
+            round=vacancy.round, nodes=(), joined_worker=vacancy.index, workers=self.workers, graceful=True,
+            reason=f"a replacement for a lost worker (restart {vacancy.restart}) created its strategy"))
 
     def share(self, attempt: int, views: tuple[dict[str, object], ...]) -> None:
         """Nothing to share: every worker is here."""

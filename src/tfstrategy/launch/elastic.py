@@ -1,7 +1,9 @@
 """An elastic job's re-formations (``--nnodes MIN:MAX``, ``-n MIN:MAX``), as the launcher says and records them.
 
 Node 0's rendezvous decides when the group re-forms (:class:`~tfstrategy.launch.rendezvous.RendezvousServer`):
-a node lost while at least MIN remain, or a node that joins while fewer than MAX train. Every
+a node lost while at least MIN remain, or a node that joins while fewer than MAX train; on one machine
+(``-n MIN:MAX``) the :class:`~tfstrategy.launch.coordinator.LocalCoordinator`: a worker lost, or its
+replacement ready. Every
 launcher then stops its workers, says one line, adds a record to ``--log-dir``'s
 ``reformations.jsonl`` and forms the next round; the workers resume from the newest step every
 worker of the old group committed (:mod:`tfstrategy.multiworker.coordinated`), which a group of
@@ -49,15 +51,17 @@ def _workers(count: int) -> str:
 def reformation_line(reform: Reformation, workers_per_node: int, step: int | None) -> str:
     """The one line a re-formation gets, e.g. ``node 2 lost: going on with 2 nodes (4 workers) from step 1,200``."""
     where = "from scratch (nothing committed yet)" if step is None else f"from step {step:,} (the newest committed)"
+    how = "; the workers stopped at a step they agreed on" if reform.graceful else ""
     if reform.lost_worker is not None:  # -n MIN:MAX on one machine
         return f"worker {reform.lost_worker} lost: going on with {_workers(reform.workers or 0)} {where}"
+    if reform.joined_worker is not None:  # its replacement, taken back
+        return f"worker {reform.joined_worker} back: going on with {_workers(reform.workers or 0)} {where}{how}"
     parts = []
     if reform.lost:  # a node that asked to leave is lost at a step the workers agreed on
         parts.append(f"{_nodes(reform.lost)} {'left' if reform.graceful else 'lost'}")
     if reform.joined:
         parts.append(f"{_nodes(reform.joined)} joined")
     count = len(reform.nodes)
-    how = "; the workers stopped at a step they agreed on" if reform.graceful else ""
     return (f"{' and '.join(parts) or 're-formed'}: going on with {count} node{'s' if count != 1 else ''} "
             f"({_workers(count * workers_per_node)}) {where}{how}")
 
@@ -67,5 +71,5 @@ def reformation_record(reform: Reformation, options: LaunchOptions, wall: float,
     workers = len(reform.nodes) * options.num_workers if reform.workers is None else reform.workers
     return {"time": wall, "round": reform.round, "nodes": list(reform.nodes), "lost": list(reform.lost),
             "joined": list(reform.joined), "graceful": reform.graceful, "reason": reform.reason,
-            "lost_worker": reform.lost_worker, "workers": workers, "step": newest_committed_step(options.backup_dir),
+            "lost_worker": reform.lost_worker, "joined_worker": reform.joined_worker, "workers": workers, "step": newest_committed_step(options.backup_dir),
             "stop_seconds": round(seconds, 3)}

@@ -191,6 +191,11 @@ class GroupMonitor:
                        error=None if w.error is None else w.error.describe())
             for w in self.workers.values()]
 
+    @property
+    def training(self) -> bool:
+        """Every worker joined and has finished a batch in this attempt (past loading a backup): the group trains."""
+        return self.all_joined and all(w.steps >= 1 for w in self.workers.values())
+
     def _every_worker_joined(self) -> bool:
         workers = list(self.workers.values())
         if all(w.joined or w.state is WorkerState.SUCCEEDED for w in workers) and any(w.joined for w in workers):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch import exposure, processes
-from tfstrategy.launch.coordinator import Cluster, Event, Reformation
+from tfstrategy.launch.coordinator import Cluster, Event, Reformation, Vacancy
 from tfstrategy.launch.rendezvous import EventKind, JobEvent, NodeOptions, RendezvousClient, RendezvousServer
 from tfstrategy.launch.rendezvous.wire import VIEWS, Failed, RoundFailed, Views
 from tfstrategy.launch.states import Failure, Outcome
@@ -114,6 +114,13 @@ class RendezvousCoordinator:
     def decide(self, attempt: int, failure: Failure) -> Event:
         """Node 0's decision after a failure here: the round's root cause (maybe another node's), restart or not."""
         return self._event(self._client.report_failure(failure_to_message(attempt, failure)))
+
+    def vacancy(self, attempt: int) -> Vacancy | None:
+        """None: a node's workers are not replaced one by one; a node that starts again joins the rendezvous."""
+        return None
+
+    def take(self, vacancy: Vacancy) -> Event:
+        raise RuntimeError("a job of several nodes has no vacancy to take (vacancy() is always None)")
 
     def finish(self, attempt: int) -> Event:
         return self._event(self._client.finish(attempt))

@@ -178,6 +178,8 @@ class RunResult:
     returncode: int = EXIT_SUCCESS
     reason: Outcome = Outcome.SUCCEEDED
     restarts: int = 0
+    #: Replacements started for lost workers (``-n MIN:MAX``); each used one of ``--max-restarts`` too.
+    replacements: int = 0
     #: This machine's workers in the last group started (fewer than ``-n`` after a worker lost under ``-n MIN:MAX``).
     workers: int = 0
     #: The root cause of each failed attempt (in order), the peers' consequences apart.

@@ -43,7 +43,7 @@ from tfstrategy.contract.exits import EXIT_JOIN_TIMEOUT, EXIT_PREEMPTED
 from tfstrategy.contract.files import worker_files
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import Console, stopped_line
-from tfstrategy.launch.coordinator import Coordinator, Event, LocalCoordinator, Reformation
+from tfstrategy.launch.coordinator import Coordinator, Event, LocalCoordinator, Reformation, Vacancy
 from tfstrategy.launch.elastic import reformation_line, reformation_record
 from tfstrategy.launch.monitor import Decision, GroupMonitor, Policy
 from tfstrategy.launch.nodes import RendezvousCoordinator, secret_free_environment
@@ -79,6 +79,15 @@ _POLL_SECONDS = 0.1
 _SHARE_SECONDS = 1.0
 
 Spawn = Callable[[WorkerSpec], WorkerHandle]
+
+
+@dataclasses.dataclass(frozen=True)
+class Replacement:
+    """A worker started for a lost worker's place (``-n MIN:MAX``), waiting in the next round's cluster."""
+
+    vacancy: Vacancy
+    handle: WorkerHandle
+    started: float
 
 
 def policy_of(options: LaunchOptions) -> Policy:
@@ -121,6 +130,8 @@ class Launcher:
         self._subreaper = False
         self._lifeline: Lifeline | None = None
         self._started = False
+        self._replacement: Replacement | None = None
+        self._run_dir, self._settings = Path(), WorkerSettings()
         self.tag = uuid.uuid4().hex
 
     def settings(self, backup_dir: Path | None = None) -> WorkerSettings:
@@ -170,6 +181,7 @@ class Launcher:
     def _release(self, coordinator: Coordinator | None) -> None:
         """Leave nothing behind, whatever fails on the way: workers, the coordinator, the reaper, orphans."""
         try:
+            self._drop_replacement(self._replacement)
             self._stop(grace=0.0)
             self._console.settle()
         finally:
@@ -195,7 +207,7 @@ class Launcher:
         ports = {first + local: int(address.rsplit(":", 1)[1])
                  for local, address in enumerate(addresses[first:first + count])}
         attempt_dir = run_dir / f"attempt-{attempt}"
-        attempt_dir.mkdir()
+        attempt_dir.mkdir(exist_ok=True)  # a replacement for this round may have made it
         span = f" {first}" if count == 1 else f"s {first}..{first + count - 1}"
         where = "" if coordinator.rank is None else f" (worker{span} of {len(addresses)})"
         self._say(f"starting {count} worker(s){where} on " + ", ".join(addresses[first:first + count])
@@ -205,41 +217,56 @@ class Launcher:
         if log_dir is not None:  # a run of its own (--run-id): a second run never overwrites the first's files
             self._say(f"run {self.options.run_id}: each worker's output goes to {log_dir}/worker-<i>/stdout.log and "
                       "stderr.log" + (" (and to the console)" if self.options.tee else ""))
+        replacement, self._replacement = self._replacement, None
         for index, port in ports.items():
-            files = worker_files(attempt_dir, index)
-            contract = WorkerContract(
-                index=index, num_workers=len(addresses), restart=attempt, join_file=files.join_file,
-                error_file=files.error_file, progress_file=files.progress_file, launcher_pid=os.getpid(),
-                lifeline_fd=None if self._lifeline is None else self._lifeline.read_fd, job_tag=self.tag,
-                node_rank=coordinator.rank, settings=settings)
-            env = {
-                **hook_environment(audit=self.options.audit, summary=True, env=secret_free_environment(self.env)),
-                **contract.to_environ(),
-                "TF_CONFIG": cluster_tf_config(addresses, index),
-                # Line-by-line output, so prefixes and failure tails are current; UTF-8 whatever the
-                # terminal's encoding, as the launcher reads it (and re-encodes for the terminal).
-                "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8",
-            }
-            worker_logs = None if log_dir is None else (log_dir / f"worker-{index}" / "stdout.log",
-                                                        log_dir / f"worker-{index}" / "stderr.log")
-            spec = WorkerSpec(index=index, command=self.options.command, env=env, port=port,
-                              join_file=files.join_file, error_file=files.error_file, progress_file=files.progress_file,
-                              logs=worker_logs, console=self._on_console(index))
-            spawn = self._spawn
-            if spawn is None:
-                raise RuntimeError("Launcher._start() runs only inside run()")
-            self._started = True
-            try:
-                self._workers.append(spawn(spec))
-            except OSError as error:
-                raise LaunchError(
-                    f"Received the command {self.options.command[0]!r}, which could not be started ({error.strerror}); "
-                    "expected a program this user can run."
-                ) from None
+            if replacement is not None and (replacement.vacancy.round, replacement.vacancy.index) == (attempt, index):
+                self._workers.append(replacement.handle)  # it waits in this cluster already
+                replacement = None
+            else:
+                self._workers.append(self._spawn_worker(coordinator, attempt_dir, settings, attempt, index, port,
+                                                        addresses))
+        if replacement is not None:  # for another round: that cluster is gone
+            self._drop_replacement(replacement)
         handles = {worker.index: worker for worker in self._workers}
         return GroupMonitor(list(ports), policy_of(self.options), started=self._clock(),
                             lines=lambda index: handles[index].last_lines(), ports=ports,
                             peers_elsewhere=len(addresses) > count)
+
+    def _spawn_worker(self, coordinator: Coordinator, attempt_dir: Path, settings: WorkerSettings, attempt: int,
+                      index: int, port: int, addresses: Sequence[str]) -> WorkerHandle:
+        """Start worker ``index`` of ``attempt``'s cluster ``addresses`` (its files in ``attempt_dir``)."""
+        run_log_dir = self.options.run_log_dir
+        log_dir = None if run_log_dir is None else run_log_dir / f"attempt-{attempt}"
+        files = worker_files(attempt_dir, index)
+        contract = WorkerContract(
+            index=index, num_workers=len(addresses), restart=attempt, join_file=files.join_file,
+            error_file=files.error_file, progress_file=files.progress_file, launcher_pid=os.getpid(),
+            lifeline_fd=None if self._lifeline is None else self._lifeline.read_fd, job_tag=self.tag,
+            node_rank=coordinator.rank, settings=settings)
+        env = {
+            **hook_environment(audit=self.options.audit, summary=True, env=secret_free_environment(self.env)),
+            **contract.to_environ(),
+            "TF_CONFIG": cluster_tf_config(list(addresses), index),
+            # Line-by-line output, so prefixes and failure tails are current; UTF-8 whatever the
+            # terminal's encoding, as the launcher reads it (and re-encodes for the terminal).
+            "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8",
+        }
+        worker_logs = None if log_dir is None else (log_dir / f"worker-{index}" / "stdout.log",
+                                                    log_dir / f"worker-{index}" / "stderr.log")
+        spec = WorkerSpec(index=index, command=self.options.command, env=env, port=port,
+                          join_file=files.join_file, error_file=files.error_file, progress_file=files.progress_file,
+                          logs=worker_logs, console=self._on_console(index))
+        spawn = self._spawn
+        if spawn is None:
+            raise RuntimeError("Launcher._start() runs only inside run()")
+        self._started = True
+        try:
+            return spawn(spec)
+        except OSError as error:
+            raise LaunchError(
+                f"Received the command {self.options.command[0]!r}, which could not be started ({error.strerror}); "
+                "expected a program this user can run."
+            ) from None
 
     def _on_console(self, index: int) -> bool:
         """Whether worker ``index``'s lines go to the console."""
@@ -254,7 +281,7 @@ class Launcher:
         return (here and failure.index is not None and failure.index in local and self._on_console(failure.index)
                 and self._console.lost is None)
 
-    def _watch(self, coordinator: Coordinator, monitor: GroupMonitor, failed_at: float | None,
+    def _watch(self, coordinator: Coordinator, attempt: int, monitor: GroupMonitor, failed_at: float | None,
                reformed_at: float | None, result: RunResult) -> Decision | Event | None:
         """The monitor loop: until the attempt ends here (a decision), elsewhere (an event), or a signal (``None``)."""
         shared: tuple[tuple[dict[str, Any], ...], float] = ((), -_SHARE_SECONDS)
@@ -288,19 +315,71 @@ class Launcher:
             if decision.outcome is not None:
                 result.stall_seconds.extend(monitor.stall_seconds)
                 return decision
+            taken = self._replace(coordinator, attempt, result, take=monitor.training)
+            if taken is not None:
+                return taken
             self._sleep(_POLL_SECONDS)
+
+    def _replace(self, coordinator: Coordinator, attempt: int, result: RunResult, *, take: bool) -> Event | None:
+        """Start a replacement for a lost worker's place, watch it; the re-formation that takes it once it is ready.
+
+        It starts at once (its start-up overlaps the group's) and is taken once it creates its strategy and ``take``:
+        the group has trained a batch from its backup, so the re-formation costs no step already won, and its workers
+        stop at a step they agree on (the preemption callbacks are in place).
+        """
+        replacement = self._replacement
+        if replacement is None:
+            vacancy = coordinator.vacancy(attempt)
+            if vacancy is None:
+                return None
+            result.replacements += 1
+            self._say(f"starting a replacement for a lost worker, as worker {vacancy.index} of the next group "
+                      f"(restart {vacancy.restart} of {self.options.max_restarts}); the group takes it at a step "
+                      "the workers agree on once it creates its strategy")
+            # Files of its own: if the group fails first, the round's number is a restart's, whose worker must not
+            # read this one's join file.
+            attempt_dir = self._run_dir / f"attempt-{vacancy.round}" / f"replacement-{vacancy.restart}"
+            attempt_dir.mkdir(parents=True)
+            address = vacancy.cluster.addresses[vacancy.index]
+            handle = self._spawn_worker(coordinator, attempt_dir, self._settings, vacancy.round, vacancy.index,
+                                        int(address.rsplit(":", 1)[1]), vacancy.cluster.addresses)
+            self._replacement = replacement = Replacement(vacancy, handle, self._clock())
+        seen = replacement.handle.observe()
+        if seen.returncode is not None:
+            self._drop_replacement(replacement)
+            self._say(f"the replacement worker {replacement.vacancy.index} exited with status {seen.returncode} "
+                      f"before it created its strategy; the group goes on without it")
+        elif seen.starting or seen.joined or seen.listening:
+            return coordinator.take(replacement.vacancy) if take else None
+        elif self.options.join_timeout and self._clock() - replacement.started > self.options.join_timeout:
+            self._drop_replacement(replacement)
+            self._say(f"the replacement worker {replacement.vacancy.index} did not create its strategy within "
+                      f"--timeout {self.options.join_timeout:g} s; stopped it, the group goes on without it")
+        return None
+
+    def _drop_replacement(self, replacement: Replacement | None) -> None:
+        """Stop a replacement that will not be taken (its round will not come, or it failed)."""
+        if replacement is None:
+            return
+        if self._replacement is replacement:
+            self._replacement = None
+        stop_workers([replacement.handle], grace=0.0, clock=self._clock, sleep=self._sleep)
+        replacement.handle.close()
 
     # --- the job ----------------------------------------------------------------------------------
 
     def _supervise(self, coordinator: Coordinator, run_dir: Path, settings: WorkerSettings) -> RunResult:
         result = RunResult()
+        self._run_dir, self._settings = run_dir, settings
         ended = coordinator.connect()
         if ended is not None or self._signal is not None:
             return self._ended(ended, result)
         attempt, failed_at, reformed_at = coordinator.round, None, None
         restarts = 0  # the counted ones: a re-formation of an elastic job is not one
         while True:
-            started = self._start(coordinator, run_dir, settings, attempt, restarts if failed_at is not None else 0)
+            # A replacement of a lost worker (-n MIN:MAX) uses one of --max-restarts too: numbered with them.
+            used = restarts + result.replacements if failed_at is not None else 0
+            started = self._start(coordinator, run_dir, settings, attempt, used)
             if isinstance(started, Event) and started.reform is not None and self._signal is None:
                 attempt, failed_at, reformed_at = self._reform(started.reform, result), None, self._clock()
                 continue
@@ -309,8 +388,11 @@ class Launcher:
             result.workers = self._count
             if failed_at is not None:
                 result.restart_seconds.append(self._clock() - failed_at)
-            decision = self._watch(coordinator, started, failed_at, reformed_at, result)
+            decision = self._watch(coordinator, attempt, started, failed_at, reformed_at, result)
             reformed_at = None
+            if not (isinstance(decision, Event) and decision.reform is not None
+                    and decision.reform.joined_worker is not None):
+                self._drop_replacement(self._replacement)  # the round it waits for will not come
             if decision is None or self._signal is not None:
                 return self._ended(None, result)
             failed_at = self._clock()
@@ -345,7 +427,8 @@ class Launcher:
             self._report(coordinator, attempt, started, failure, consequences, failed_at)
             if not event.restart:
                 if self.options.max_restarts and failure.outcome.restartable:
-                    self._say(f"giving up after {restarts} restart(s)")
+                    replaced = f" and {result.replacements} replacement(s) of lost workers" if result.replacements else ""
+                    self._say(f"giving up after {restarts} restart(s){replaced}")
                 return result.end(failure.outcome)
             attempt += 1
             restarts += 1
@@ -474,6 +557,8 @@ class Launcher:
                              clock=self._clock, sleep=self._sleep)
         if self._subreaper:
             exclude = {worker.pid for worker in workers}
+            if self._replacement is not None:  # it waits for the next round: not an orphan
+                exclude.add(self._replacement.handle.pid)
             if self._lifeline is not None:
                 exclude.add(self._lifeline.pid)
             stop_orphans(exclude)
