@@ -24,12 +24,14 @@ def data():
     return x, (np.tanh(x) @ np.array([[0.5], [-1.0], [2.0], [0.25]], "float32")).astype("float32")
 
 
-def build(strategy):
+def build(strategy, *, random_layers=False):
     import keras
 
     keras.utils.set_random_seed(3)
+    noise = [keras.layers.Dropout(0.5), keras.layers.GaussianNoise(0.1)] if random_layers else []
     with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), *noise,
+                                  keras.layers.Dense(1)])
         model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     return model
 
@@ -171,6 +173,35 @@ def test_a_record_of_another_job_is_refused_and_a_saved_step_resumes(tmp_path):
     from tfstrategy.multiworker.coordinated import ResumePoint
 
     assert _backup(tmp_path, model).restore(model) == ResumePoint(step=0, epoch=1, batch=0)
+
+
+def test_the_backup_keeps_the_seed_generators_so_a_resumed_model_draws_on_not_again(tmp_path):
+    """Keras 3's ``save_weights`` leaves out the random layers' seed generators (their state is no weight): loaded
+    alone, a model draws its first Dropout masks and noise again. The backup keeps their state (in the step's
+    sidecar), so the resumed model's next draw is the one the uninterrupted model makes."""
+    from tfstrategy import _compat
+    from tfstrategy.multiworker import commit
+
+    strategy = mirrored(2)
+    model = build(strategy, random_layers=True)
+    x = data()[0][:BATCH]
+    for _ in range(3):
+        model(x, training=True)  # three steps' draws
+    saver = _backup(tmp_path, model)
+    assert saver.restore(model).step == 0
+    with strategy.scope():
+        model.optimizer.build(model.trainable_variables)
+    assert saver.save(model, epoch=0, batch=3)
+    saver.close()
+    saved = [list(state.numpy()) for state in _compat.model_seed_states(model)]
+    assert [state[1] for state in saved] == [3, 3]  # Dropout's and GaussianNoise's, after three draws
+    assert commit.read_part(tmp_path / "worker-0", 0).seeds == tuple(tuple(state) for state in saved)
+    uninterrupted = model(x, training=True).numpy()
+
+    resumed = build(mirrored(2), random_layers=True)
+    _backup(tmp_path, resumed).restore(resumed)
+    assert [list(state.numpy()) for state in _compat.model_seed_states(resumed)] == saved
+    np.testing.assert_array_equal(resumed(x, training=True).numpy(), uninterrupted)
 
 
 def test_a_damaged_newest_step_falls_back_one_step_and_is_voided(tmp_path, capfd):

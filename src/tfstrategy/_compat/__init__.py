@@ -120,6 +120,7 @@ from tfstrategy._compat.keras_trainer import (
 )
 from tfstrategy._compat.random_state import (
     keras_global_seed_generator,
+    model_seed_states,
     numpy_if_imported,
     tf_global_generator,
 )
@@ -189,6 +190,7 @@ __all__ = [
     "keras3_tree",
     "keras_for",
     "keras_global_seed_generator",
+    "model_seed_states",
     "keras_tensor_layer",
     "keras_variable_types",
     "keras_version",

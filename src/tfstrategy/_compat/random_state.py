@@ -34,3 +34,19 @@ def tf_global_generator() -> Any:
 def numpy_if_imported() -> ModuleType | None:
     """NumPy, if something imported it (so saving its random state costs no import)."""
     return sys.modules.get("numpy")
+
+
+@accessor("keras.src.random.seed_generator:SeedGenerator.state")
+def model_seed_states(model: Any) -> list[Any]:
+    """The state variables of the Keras 3 ``SeedGenerator`` objects of ``model``'s layers, in the model's order.
+
+    Keras 3 lists them in ``model.variables`` but ``save_weights`` does not write them (a layer saves only its
+    weights), so a model loaded from a backup draws its first random numbers again. They are found by the name
+    ``SeedGenerator`` gives its state variable; tf_keras has none (its layers draw from stateful ops).
+    """
+    found = []
+    for variable in getattr(model, "variables", None) or []:
+        name = str(getattr(variable, "name", "")).split(":")[0].rsplit("/", 1)[-1]
+        if name == "seed_generator_state":
+            found.append(variable)
+    return found

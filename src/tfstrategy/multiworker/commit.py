@@ -125,10 +125,13 @@ class Part:
     batch: int
     size: int
     sha256: str
+    #: The state of each of the model's random seed generators (Keras 3 ``SeedGenerator``), in the model's order:
+    #: ``save_weights`` does not write them. Empty for a model without any, and in backups of tfstrategy 0.3.
+    seeds: tuple[tuple[int, ...], ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return {"format": FORMAT, "job_id": self.job_id, "step": self.step, "epoch": self.epoch,
-                "batch": self.batch, "size": self.size, "sha256": self.sha256}
+                "batch": self.batch, "size": self.size, "sha256": self.sha256, "seeds": [list(s) for s in self.seeds]}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,8 +211,15 @@ def read_part(directory: Path, step: int) -> Part:
     job, digest = data.get("job_id"), data.get("sha256")
     if not isinstance(job, str) or not isinstance(digest, str) or len(digest) != 64:
         raise BackupError(f"The backup sidecar {path} lacks job_id or sha256; it is not loaded (step {step}).")
+    seeds = data.get("seeds", [])
+    if not isinstance(seeds, list) or not all(
+            isinstance(state, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in state)
+            for state in seeds):
+        raise BackupError(f"The backup sidecar {path} has seeds={str(seeds)[:60]}; expected a list of lists of "
+                          f"integers (random generators' states). It is not loaded (step {step}).")
     part = Part(job_id=job, step=_int(data, "step", path, "sidecar"), epoch=_int(data, "epoch", path, "sidecar"),
-                batch=_int(data, "batch", path, "sidecar"), size=_int(data, "size", path, "sidecar"), sha256=digest)
+                batch=_int(data, "batch", path, "sidecar"), size=_int(data, "size", path, "sidecar"), sha256=digest,
+                seeds=tuple(tuple(state) for state in seeds))
     if part.step != step:
         raise BackupError(f"The backup sidecar {path} says step {part.step}; its name says step {step}. It is not loaded.")
     return part

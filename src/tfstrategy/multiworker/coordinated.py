@@ -259,6 +259,7 @@ class CoordinatedBackup:
         try:
             part = commit.read_part(path.parent, resume.step)
             self._load(model, path)
+            self._load_seeds(model, part)
             loaded_step = int(_optimizer_of(model).iterations.numpy()) if _optimizer_of(model) is not None else part.step
             if loaded_step != part.step:
                 failure = f"{path} holds optimizer step {loaded_step}, its sidecar says step {part.step}"
@@ -291,6 +292,20 @@ class CoordinatedBackup:
             with self.strategy.scope():
                 optimizer.build(model.trainable_variables)
         restore_checkpoint(model, path)
+
+    def _load_seeds(self, model: Model, part: commit.Part) -> None:
+        """The random seed generators' states of ``part`` into ``model``, so it draws what it would have drawn."""
+        import numpy as np
+
+        states = _compat.model_seed_states(model)
+        if not part.seeds and not states:
+            return
+        if len(states) != len(part.seeds) or any(len(s) != int(np.prod(v.shape)) for v, s in zip(states, part.seeds)):
+            _say(f"{self.task}: the backup of step {part.step} holds {len(part.seeds)} random seed generator "
+                 f"state(s), the model has {len(states)}; the model's generators start from their seeds again")
+            return
+        for variable, values in zip(states, part.seeds):
+            variable.assign(np.asarray(values).astype(variable.dtype).reshape(variable.shape))
 
     # --- save ----------------------------------------------------------------------------
 
@@ -343,7 +358,11 @@ class CoordinatedBackup:
         os.replace(tmp, self.directory / commit.part_name(step))
         commit.fsync_directory(self.directory)
         self._fault_point("renamed", step)
-        part = commit.Part(job_id=self.job_id, step=step, epoch=epoch, batch=batch, size=size, sha256=digest)
+        import numpy as np
+
+        seeds = tuple(tuple(int(x) for x in np.asarray(v.numpy()).ravel()) for v in _compat.model_seed_states(model))
+        part = commit.Part(job_id=self.job_id, step=step, epoch=epoch, batch=batch, size=size, sha256=digest,
+                           seeds=seeds)
         commit.atomic_write_text(self.directory / commit.sidecar_name(step), json.dumps(part.to_json()) + "\n")
 
     def _prune(self, keep: set[int]) -> None:
