@@ -222,6 +222,47 @@ def test_a_replacement_that_never_creates_its_strategy_is_stopped_at_the_timeout
     assert "the replacement worker 2 did not create its strategy within --timeout 20 s; stopped it" in err
 
 
+def test_a_pipeline_whose_batches_depend_on_the_worker_count_is_said_at_the_re_formation(tmp_path):
+    from tfstrategy.contract.ledger import Ledger
+
+    def scenario(fleet: Fleet, now: float) -> None:
+        last = len(fleet.attempts) - 1
+        _training(fleet, last)
+        for worker in fleet.attempts[last]:  # by file, and steps_per_epoch counted from each worker's files
+            worker.ledger = Ledger(epoch=0, extra={"sharding": "file", "epoch_steps": 30 // len(fleet.attempts[last])})
+        if last == 0 and now > 2:
+            fleet.at(0, 2).exit(-signal.SIGKILL)
+        if last == 1 and now > 10:
+            for worker in fleet.attempts[1]:
+                worker.exit(0)
+
+    result, err, fleet = _run(scenario, tmp_path, workers=3, fewest=2)
+    assert result.returncode == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("tfstrategy launch:")]
+    lost = next(i for i, line in enumerate(lines) if "worker 2 lost" in line)
+    assert lines[lost + 1] == (
+        "tfstrategy launch: the workers of the group before it: each reads files of its own (AutoShardPolicy.FILE, or "
+        "AUTO on a dataset of files), so a global batch depends on the number of workers: the re-formed group trains "
+        "on other batches than the uninterrupted run would (set the dataset's auto_shard_policy to DATA for the same "
+        "batches at every size); it goes on"), err
+    assert ("tfstrategy launch: the workers plan 15 steps an epoch in a group of 2, 10 in a group of 3: steps_per_epoch "
+            "(or the data) depends on the number of workers") in err
+    assert err.count("depends on the number of workers") == 2  # each said once
+
+
+def test_a_pipeline_of_the_same_global_batches_at_every_size_is_not_said(tmp_path):
+    from tfstrategy.contract.ledger import Ledger
+
+    def scenario(fleet: Fleet, now: float) -> None:
+        _lose(2, at=2, then_succeed=10)(fleet, now)
+        for worker in fleet.attempts[-1]:
+            worker.ledger = Ledger(epoch=0, extra={"epoch_steps": 10})
+
+    result, err, _ = _run(scenario, tmp_path, workers=3, fewest=2)
+    assert result.returncode == 0 and "worker 2 lost" in err, err
+    assert "depends on the number of workers" not in err
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

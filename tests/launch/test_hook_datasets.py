@@ -91,3 +91,31 @@ def test_enough_files_one_worker_or_the_scripts_own_policy_are_left_alone(record
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
     chosen = tf.data.TFRecordDataset([records[0]]).with_options(options)
     assert _distributed(2, chosen) == tf.data.experimental.AutoShardPolicy.FILE  # the script's choice stands
+
+
+@pytest.mark.parametrize(("make", "workers", "said"), [
+    pytest.param(lambda records: tf.data.TFRecordDataset(records), 2, "file", id="auto-by-file"),
+    pytest.param(lambda records: _with_policy(tf.data.TFRecordDataset([records[0]]), "FILE"), 2, "file", id="file"),
+    pytest.param(lambda records: _with_policy(tf.data.Dataset.range(8), "OFF"), 2, "off", id="off"),
+    pytest.param(lambda records: tf.data.TFRecordDataset([records[0]]), 2, None, id="too-few-files-by-element"),
+    pytest.param(lambda records: tf.data.Dataset.range(8).batch(2), 2, None, id="in-memory-by-element"),
+    pytest.param(lambda records: tf.data.TFRecordDataset(records), 1, None, id="one-worker"),
+])
+def test_the_ledger_keeps_a_pipeline_whose_workers_read_data_of_their_own(records, monkeypatch, make, workers, said):
+    """What an elastic job's launcher reads at a re-formation: by file or not sharded, a global batch depends on the
+    number of workers."""
+
+    class Keeper:
+        sharding = None
+
+    keeper = Keeper()
+    monkeypatch.setattr(RUNTIME, "_said", set())
+    monkeypatch.setattr(hook_datasets, "current_keeper", lambda: keeper)
+    _distributed(workers, make(records))
+    assert keeper.sharding == said
+
+
+def _with_policy(dataset, name: str):
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, name)
+    return dataset.with_options(options)

@@ -13,6 +13,7 @@ the global batch stays the same, so each step's arithmetic does not depend on th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,9 +22,11 @@ from tfstrategy.launch.coordinator import Reformation
 from tfstrategy.multiworker import commit
 
 if TYPE_CHECKING:
+    from tfstrategy.contract.ledger import Ledger
     from tfstrategy.launch.options import LaunchOptions
 
-__all__ = ["newest_committed_step", "reformation_line", "reformation_record"]
+__all__ = ["newest_committed_step", "reformation_line", "reformation_record", "planned_steps", "pipeline_line",
+           "steps_line"]
 
 
 def newest_committed_step(backup_dir: Path | None) -> int | None:
@@ -73,3 +76,37 @@ def reformation_record(reform: Reformation, options: LaunchOptions, wall: float,
             "joined": list(reform.joined), "graceful": reform.graceful, "reason": reform.reason,
             "lost_worker": reform.lost_worker, "joined_worker": reform.joined_worker, "workers": workers, "step": newest_committed_step(options.backup_dir),
             "stop_seconds": round(seconds, 3)}
+
+
+def planned_steps(ledgers: Sequence[Ledger | None]) -> int | None:
+    """The steps an epoch the workers plan (Keras' ``steps``: ``steps_per_epoch`` or the data's), if they said it."""
+    planned = {ledger.extra.get("epoch_steps") for ledger in ledgers if ledger is not None}
+    steps = [value for value in planned if isinstance(value, int) and not isinstance(value, bool)]
+    return max(steps) if steps else None
+
+
+def pipeline_line(ledgers: Sequence[Ledger | None]) -> str | None:
+    """The one line for a group whose workers read data of their own (``AutoShardPolicy.FILE``, ``OFF``), else ``None``.
+
+    Such a pipeline's global batches depend on the number of workers: after a re-formation step *S* trains on other
+    examples than it would have, so the job does not end with the uninterrupted run's model.
+    """
+    kinds = {ledger.extra.get("sharding") for ledger in ledgers if ledger is not None}
+    if "file" in kinds:
+        how = "each reads files of its own (AutoShardPolicy.FILE, or AUTO on a dataset of files)"
+    elif "off" in kinds:
+        how = "each reads the whole dataset (AutoShardPolicy.OFF)"
+    else:
+        return None
+    return (f"the workers of the group before it: {how}, so a global batch depends on the number of workers: the "
+            "re-formed group trains on other batches than the uninterrupted run would (set the dataset's "
+            "auto_shard_policy to DATA for the same batches at every size); it goes on")
+
+
+def steps_line(before: tuple[int, int], workers: int, steps: int) -> str | None:
+    """The one line when a group of ``workers`` plans ``steps`` an epoch where ``before`` (workers, steps) planned other."""
+    if before[0] == workers or before[1] == steps:
+        return None
+    return (f"the workers plan {steps:,} steps an epoch in a group of {workers}, {before[1]:,} in a group of {before[0]}: "
+            "steps_per_epoch (or the data) depends on the number of workers, so the re-formed group's epochs "
+            "cover other batches than the uninterrupted run's; it goes on")

@@ -191,6 +191,10 @@ class GroupMonitor:
                        error=None if w.error is None else w.error.describe())
             for w in self.workers.values()]
 
+    def ledgers(self) -> list[Ledger | None]:
+        """Every worker's latest ledger here (``None``: none read yet)."""
+        return [worker.ledger for worker in self.workers.values()]
+
     @property
     def training(self) -> bool:
         """Every worker joined and has finished a batch in this attempt (past loading a backup): the group trains."""

@@ -44,7 +44,7 @@ from tfstrategy.contract.files import worker_files
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import Console, stopped_line
 from tfstrategy.launch.coordinator import Coordinator, Event, LocalCoordinator, Reformation, Vacancy
-from tfstrategy.launch.elastic import reformation_line, reformation_record
+from tfstrategy.launch.elastic import pipeline_line, planned_steps, reformation_line, reformation_record, steps_line
 from tfstrategy.launch.monitor import Decision, GroupMonitor, Policy
 from tfstrategy.launch.nodes import RendezvousCoordinator, secret_free_environment
 from tfstrategy.launch.options import (
@@ -131,6 +131,11 @@ class Launcher:
         self._lifeline: Lifeline | None = None
         self._started = False
         self._replacement: Replacement | None = None
+        #: The workers of the current group (every node's), and what the group before a re-formation planned (its
+        #: workers, its steps an epoch), until the re-formed group's plan is compared with it.
+        self._group = 0
+        self._planned: tuple[int, int] | None = None
+        self._said_pipeline = False
         self._run_dir, self._settings = Path(), WorkerSettings()
         self.tag = uuid.uuid4().hex
 
@@ -204,6 +209,7 @@ class Launcher:
         if isinstance(formed, Event):
             return formed
         addresses, first = list(formed.addresses), formed.first
+        self._group = len(addresses)
         ports = {first + local: int(address.rsplit(":", 1)[1])
                  for local, address in enumerate(addresses[first:first + count])}
         attempt_dir = run_dir / f"attempt-{attempt}"
@@ -303,6 +309,10 @@ class Launcher:
                 shared = (views, now)
             for note in decision.notes:
                 self._say(note)
+            if self._planned is not None and (steps := planned_steps(monitor.ledgers())) is not None:
+                line, self._planned = steps_line(self._planned, self._group, steps), None
+                if line is not None:
+                    self._say(line)
             if decision.dump_stacks:
                 for worker in self._workers:
                     worker.dump_stacks()
@@ -381,7 +391,7 @@ class Launcher:
             used = restarts + result.replacements if failed_at is not None else 0
             started = self._start(coordinator, run_dir, settings, attempt, used)
             if isinstance(started, Event) and started.reform is not None and self._signal is None:
-                attempt, failed_at, reformed_at = self._reform(started.reform, result), None, self._clock()
+                attempt, failed_at, reformed_at = self._reform(started.reform, result, None), None, self._clock()
                 continue
             if isinstance(started, Event) or self._signal is not None:
                 return self._ended(started if isinstance(started, Event) else None, result)
@@ -418,7 +428,7 @@ class Launcher:
             if event.reform is not None and event.failure is not None and lost_here and self._signal is None:
                 self._report(coordinator, attempt, started, event.failure, consequences, failed_at)
             if event.reform is not None and self._signal is None:
-                attempt, failed_at, reformed_at = self._reform(event.reform, result), None, self._clock()
+                attempt, failed_at, reformed_at = self._reform(event.reform, result, started), None, self._clock()
                 continue
             if self._signal is not None or event.failure is None:
                 return self._ended(event, result)
@@ -450,8 +460,12 @@ class Launcher:
             self._say(f"{failure.report(consequences, shown=shown)}\nstopped {whose} "
                       f"{self._clock() - failed_at:.1f} s after the failure")
 
-    def _reform(self, reform: Reformation, result: RunResult) -> int:
-        """Stop this machine's workers for an elastic re-formation, say it in one line, keep its record; its round."""
+    def _reform(self, reform: Reformation, result: RunResult, monitor: GroupMonitor | None) -> int:
+        """Stop this machine's workers for an elastic re-formation, say it in one line, keep its record; its round.
+
+        From the old group's ledgers (``monitor``), once: a line if its workers read data of their own, which makes
+        the global batches depend on the group's size; and its steps an epoch, to compare with the new group's.
+        """
         stopping = self._clock()
         if reform.graceful:  # they stop at one agreed step (the preemption callback), then exit 75
             self._console.stopping()
@@ -465,6 +479,14 @@ class Launcher:
         record = reformation_record(reform, self.options, self._wall(), self._clock() - stopping)
         result.reformations.append(record)
         self._say(reformation_line(reform, self.options.num_workers, record.get("step")))
+        ledgers = [] if monitor is None else monitor.ledgers()
+        pipeline = pipeline_line(ledgers)
+        if pipeline is not None and not self._said_pipeline:
+            self._said_pipeline = True
+            self._say(pipeline)
+        planned = planned_steps(ledgers)
+        if planned is not None:
+            self._planned = (self._group, planned)
         run_log_dir = self.options.run_log_dir
         if run_log_dir is not None:
             try:

@@ -12,7 +12,9 @@ the file and keeps its share of every global batch, so the job trains on the sam
 as one process would.
 
 Files are counted as TensorFlow's sharding counts them (:func:`fewest_files`); a policy the script
-set itself is left alone.
+set itself is left alone. Under ``launch`` the worker's ledger also keeps how the dataset is sharded
+when each worker reads data of its own (by file, or not at all): the global batches then depend on
+the number of workers, which an elastic job's launcher says at a re-formation.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tfstrategy import _compat
+from tfstrategy.runtime.ledger import current_keeper
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 from tfstrategy.state.registry import RUNTIME
 
@@ -66,9 +69,17 @@ def _by_element_when_too_few_files(original: Callable[..., object]) -> Callable[
         import tensorflow as tf
 
         workers = _compat.collective_worker_count(self)
-        auto = tf.data.experimental.AutoShardPolicy.AUTO
-        if workers > 1 and dataset.options().experimental_distribute.auto_shard_policy == auto:
-            files = fewest_files(dataset)
+        policies = tf.data.experimental.AutoShardPolicy
+        policy = dataset.options().experimental_distribute.auto_shard_policy
+        files = fewest_files(dataset) if workers > 1 and policy == policies.AUTO else None
+        keeper = current_keeper()
+        if keeper is not None and workers > 1:
+            # Each worker reads files of its own (or every worker all of it): the global batches depend on the
+            # number of workers (what an elastic job's launcher says at a re-formation).
+            own = (policy == policies.FILE or policy == policies.OFF
+                   or (policy == policies.AUTO and files is not None and files >= workers))
+            keeper.sharding = ("off" if policy == policies.OFF else "file") if own else keeper.sharding
+        if workers > 1 and policy == policies.AUTO:
             if files is not None and files < workers:
                 by_element = tf.data.Options()
                 by_element.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA

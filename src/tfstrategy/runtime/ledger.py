@@ -87,6 +87,9 @@ class LedgerKeeper(UsersCodeSeconds):
         #: differs, before any function is traced: the last weight each created names the difference.
         self.weights = 0
         self.last_weights: tuple[tuple[int, str, str], ...] = ()
+        #: ``"file"`` or ``"off"``: a dataset distributed so that each worker reads data of its own (by file) or all of
+        #: it; the global batches then depend on the number of workers (``None``: by element, or not known).
+        self.sharding: str | None = None
         self._urgent = False
         # The heartbeat's side: samples of (clock, total steps, outside, CPU, input and py_function seconds).
         self._samples: deque[tuple[float, int, float, float, float, float]] = deque(maxlen=_WINDOW)
@@ -175,6 +178,8 @@ class LedgerKeeper(UsersCodeSeconds):
         extra: dict[str, object] = {"loop": self.loop, "epoch_steps": self.epoch_steps,
                                     "in_batch": self.in_batch, "call": calls[-1] if calls else None,
                                     "tracing": self.tracing}
+        if self.sharding is not None:
+            extra["sharding"] = self.sharding
         if self.weights:
             extra["weights"] = {"count": self.weights, "last": [list(weight) for weight in self.last_weights]}
         return Ledger(epoch=self.epoch, batches=self.batches, steps=self.steps, total_steps=self.total_steps,
