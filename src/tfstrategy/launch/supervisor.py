@@ -63,6 +63,7 @@ from tfstrategy.launch.processes import (
     stop_orphans,
     stop_workers,
 )
+from tfstrategy.launch.replacement import Replacements
 from tfstrategy.launch.states import Failure, Outcome, RunResult
 from tfstrategy.worker_contract import WorkerContract, WorkerSettings, hook_environment
 
@@ -79,15 +80,6 @@ _POLL_SECONDS = 0.1
 _SHARE_SECONDS = 1.0
 
 Spawn = Callable[[WorkerSpec], WorkerHandle]
-
-
-@dataclasses.dataclass(frozen=True)
-class Replacement:
-    """A worker started for a lost worker's place (``-n MIN:MAX``), waiting in the next round's cluster."""
-
-    vacancy: Vacancy
-    handle: WorkerHandle
-    started: float
 
 
 def policy_of(options: LaunchOptions) -> Policy:
@@ -130,7 +122,9 @@ class Launcher:
         self._subreaper = False
         self._lifeline: Lifeline | None = None
         self._started = False
-        self._replacement: Replacement | None = None
+        self._replacements = Replacements(spawn=self._spawn_replacement, say=self._say, clock=clock, sleep=sleep,
+                                          join_timeout=self.options.join_timeout,
+                                          max_restarts=self.options.max_restarts)
         #: The workers of the current group (every node's), and what the group before a re-formation planned (its
         #: workers, its steps an epoch), until the re-formed group's plan is compared with it.
         self._group = 0
@@ -186,7 +180,7 @@ class Launcher:
     def _release(self, coordinator: Coordinator | None) -> None:
         """Leave nothing behind, whatever fails on the way: workers, the coordinator, the reaper, orphans."""
         try:
-            self._drop_replacement(self._replacement)
+            self._replacements.drop()
             self._stop(grace=0.0)
             self._console.settle()
         finally:
@@ -223,16 +217,11 @@ class Launcher:
         if log_dir is not None:  # a run of its own (--run-id): a second run never overwrites the first's files
             self._say(f"run {self.options.run_id}: each worker's output goes to {log_dir}/worker-<i>/stdout.log and "
                       "stderr.log" + (" (and to the console)" if self.options.tee else ""))
-        replacement, self._replacement = self._replacement, None
         for index, port in ports.items():
-            if replacement is not None and (replacement.vacancy.round, replacement.vacancy.index) == (attempt, index):
-                self._workers.append(replacement.handle)  # it waits in this cluster already
-                replacement = None
-            else:
-                self._workers.append(self._spawn_worker(coordinator, attempt_dir, settings, attempt, index, port,
-                                                        addresses))
-        if replacement is not None:  # for another round: that cluster is gone
-            self._drop_replacement(replacement)
+            waiting = self._replacements.adopt(attempt, index)  # a replacement waits in this cluster already
+            self._workers.append(waiting or self._spawn_worker(coordinator, attempt_dir, settings, attempt, index,
+                                                               port, addresses))
+        self._replacements.drop()  # one for another round: that cluster is gone
         handles = {worker.index: worker for worker in self._workers}
         return GroupMonitor(list(ports), policy_of(self.options), started=self._clock(),
                             lines=lambda index: handles[index].last_lines(), ports=ports,
@@ -273,6 +262,18 @@ class Launcher:
                 f"Received the command {self.options.command[0]!r}, which could not be started ({error.strerror}); "
                 "expected a program this user can run."
             ) from None
+
+    def _spawn_replacement(self, vacancy: Vacancy) -> WorkerHandle:
+        """Start the replacement for ``vacancy``, with files of its own: should the group fail first, the round's
+        number is a restart's, whose worker must not read this one's join file."""
+        attempt_dir = self._run_dir / f"attempt-{vacancy.round}" / f"replacement-{vacancy.restart}"
+        attempt_dir.mkdir(parents=True)
+        address = vacancy.cluster.addresses[vacancy.index]
+        coordinator = self._coordinator
+        if coordinator is None:
+            raise RuntimeError("Launcher._spawn_replacement() runs only inside run()")
+        return self._spawn_worker(coordinator, attempt_dir, self._settings, vacancy.round, vacancy.index,
+                                  int(address.rsplit(":", 1)[1]), vacancy.cluster.addresses)
 
     def _on_console(self, index: int) -> bool:
         """Whether worker ``index``'s lines go to the console."""
@@ -325,56 +326,10 @@ class Launcher:
             if decision.outcome is not None:
                 result.stall_seconds.extend(monitor.stall_seconds)
                 return decision
-            taken = self._replace(coordinator, attempt, result, take=monitor.training)
+            taken = self._replacements.tend(coordinator, attempt, result, take=monitor.training)
             if taken is not None:
                 return taken
             self._sleep(_POLL_SECONDS)
-
-    def _replace(self, coordinator: Coordinator, attempt: int, result: RunResult, *, take: bool) -> Event | None:
-        """Start a replacement for a lost worker's place, watch it; the re-formation that takes it once it is ready.
-
-        It starts at once (its start-up overlaps the group's) and is taken once it creates its strategy and ``take``:
-        the group has trained a batch from its backup, so the re-formation costs no step already won, and its workers
-        stop at a step they agree on (the preemption callbacks are in place).
-        """
-        replacement = self._replacement
-        if replacement is None:
-            vacancy = coordinator.vacancy(attempt)
-            if vacancy is None:
-                return None
-            result.replacements += 1
-            self._say(f"starting a replacement for a lost worker, as worker {vacancy.index} of the next group "
-                      f"(restart {vacancy.restart} of {self.options.max_restarts}); the group takes it at a step "
-                      "the workers agree on once it creates its strategy")
-            # Files of its own: if the group fails first, the round's number is a restart's, whose worker must not
-            # read this one's join file.
-            attempt_dir = self._run_dir / f"attempt-{vacancy.round}" / f"replacement-{vacancy.restart}"
-            attempt_dir.mkdir(parents=True)
-            address = vacancy.cluster.addresses[vacancy.index]
-            handle = self._spawn_worker(coordinator, attempt_dir, self._settings, vacancy.round, vacancy.index,
-                                        int(address.rsplit(":", 1)[1]), vacancy.cluster.addresses)
-            self._replacement = replacement = Replacement(vacancy, handle, self._clock())
-        seen = replacement.handle.observe()
-        if seen.returncode is not None:
-            self._drop_replacement(replacement)
-            self._say(f"the replacement worker {replacement.vacancy.index} exited with status {seen.returncode} "
-                      f"before it created its strategy; the group goes on without it")
-        elif seen.starting or seen.joined or seen.listening:
-            return coordinator.take(replacement.vacancy) if take else None
-        elif self.options.join_timeout and self._clock() - replacement.started > self.options.join_timeout:
-            self._drop_replacement(replacement)
-            self._say(f"the replacement worker {replacement.vacancy.index} did not create its strategy within "
-                      f"--timeout {self.options.join_timeout:g} s; stopped it, the group goes on without it")
-        return None
-
-    def _drop_replacement(self, replacement: Replacement | None) -> None:
-        """Stop a replacement that will not be taken (its round will not come, or it failed)."""
-        if replacement is None:
-            return
-        if self._replacement is replacement:
-            self._replacement = None
-        stop_workers([replacement.handle], grace=0.0, clock=self._clock, sleep=self._sleep)
-        replacement.handle.close()
 
     # --- the job ----------------------------------------------------------------------------------
 
@@ -402,7 +357,7 @@ class Launcher:
             reformed_at = None
             if not (isinstance(decision, Event) and decision.reform is not None
                     and decision.reform.joined_worker is not None):
-                self._drop_replacement(self._replacement)  # the round it waits for will not come
+                self._replacements.drop()  # the round it waits for will not come
             if decision is None or self._signal is not None:
                 return self._ended(None, result)
             failed_at = self._clock()
@@ -579,8 +534,9 @@ class Launcher:
                              clock=self._clock, sleep=self._sleep)
         if self._subreaper:
             exclude = {worker.pid for worker in workers}
-            if self._replacement is not None:  # it waits for the next round: not an orphan
-                exclude.add(self._replacement.handle.pid)
+            waiting = self._replacements.pid()
+            if waiting is not None:  # it waits for the next round: not an orphan
+                exclude.add(waiting)
             if self._lifeline is not None:
                 exclude.add(self._lifeline.pid)
             stop_orphans(exclude)
