@@ -50,7 +50,7 @@ class Reformation:
 
 @dataclass(frozen=True, kw_only=True)
 class Vacancy:
-    """A lost worker's place (``-n MIN:MAX``), to start a replacement for while the group trains.
+    """A lost worker's place (``-n MIN:MAX``), to start a replacement for while the group goes on without it.
 
     The replacement is worker ``index`` of round ``round``, whose cluster is ``cluster``; it uses restart
     ``restart`` of ``--max-restarts``. Once it creates its strategy, the group re-forms to take it.
@@ -115,8 +115,8 @@ class Coordinator(Protocol):
         """The decision after ``failure`` on this machine: the attempt's root cause, restart or not."""
 
     def vacancy(self, attempt: int) -> Vacancy | None:
-        """A lost worker's place to start a replacement for now, while ``attempt`` trains (``-n MIN:MAX``; it uses
-        one of ``--max-restarts``); ``None``: none, or no restart left."""
+        """A lost worker's place to start a replacement for now, while ``attempt`` runs without it (``-n MIN:MAX``;
+        it uses one of ``--max-restarts``); ``None``: none, or no restart left."""
 
     def take(self, vacancy: Vacancy) -> Event:
         """The replacement started for ``vacancy`` creates its strategy: the re-formation that takes it."""
