@@ -48,9 +48,9 @@ from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime import tracebacks, worker_watch
 from tfstrategy.settings import (
     AUDIT_MODES,
-    ENV_DEBUG,
-    ENV_HOOK_PID,
-    ENV_HOOK_SUMMARY,
+    DEBUG,
+    HOOK_PID,
+    HOOK_SUMMARY,
     validate_audit_mode,
 )
 from tfstrategy.state.registry import RUNTIME
@@ -68,11 +68,11 @@ def install() -> None:
 
     Does nothing in a Python child of the hooked process (``TFSTRATEGY_HOOK_PID`` names another pid).
     """
-    owner = os.environ.get(ENV_HOOK_PID)
+    owner = HOOK_PID.text(os.environ)
     if owner and owner != str(os.getpid()):
         return
-    os.environ[ENV_HOOK_PID] = str(os.getpid())
-    if os.environ.get(ENV_HOOK_SUMMARY) == "1":
+    os.environ[HOOK_PID.name] = str(os.getpid())
+    if HOOK_SUMMARY.read(os.environ):
         atexit.register(_print_summary)
     _supervise()
     # The hook lives as long as the process: after tfstrategy.reset() a second job is supervised and
@@ -218,7 +218,7 @@ def _print_summary() -> None:
     from tfstrategy.runtime.plan import current_plan
 
     plan = current_plan(HOOK)
-    debug = os.environ.get(ENV_DEBUG, "").strip() == "1"
+    debug = bool(DEBUG.read(os.environ))
     line = RUNTIME.hook.summary(changes(plan.steps if plan is not None else (), debug=debug), debug=debug,
                                 replacements=tuple(item.name for item in RUNTIME.unowned()))
     print(line, file=sys.stderr, flush=True)
