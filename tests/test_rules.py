@@ -10,11 +10,15 @@ Read from the source (``ast``), no TensorFlow: `make lint` runs this module besi
   why it stays, and the list may only shrink (an entry that no longer matches fails too).
 - ``_protocols`` (the TensorFlow/Keras objects as typing protocols) is imported only under ``TYPE_CHECKING``:
   types cost a worker nothing at run time.
+- Every ``TFSTRATEGY_*`` variable is declared once, as a ``settings.Variable`` (a cluster environment's in its
+  module): its name is spelled as a string in that declaration and nowhere else in the code, and every name
+  the code's messages, the docs or the CLI's help mention is a declared one.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 
 import pytest
 
@@ -140,3 +144,68 @@ def test_protocols_are_imported_only_for_type_checking():
 ])
 def test_the_private_module_reader(source, expected):
     assert len(_private_uses(ast.parse(source))) == expected
+
+
+#: Modules that spell a variable's name themselves, and why (the test checks it is a declared one).
+NAMES_SPELLED_OUTSIDE = {
+    "runtime/startup/sitecustomize.py": "runs in every Python process started with the hook's PYTHONPATH: it "
+                                        "imports tfstrategy only when TFSTRATEGY_HOOK says so",
+    "launch/reaper.py": "run as a file, it imports nothing of tfstrategy so it starts in milliseconds",
+}
+_NAME = re.compile(r"TFSTRATEGY_[A-Z0-9_]*[A-Z0-9]\b(?!_?\*)")
+
+
+def _declared() -> dict[str, object]:
+    from tfstrategy.contract.pod import K8S_VARIABLES
+    from tfstrategy.environments.slurm import SLURM_VARIABLES
+    from tfstrategy.multiworker.coordinated import FAULT
+    from tfstrategy.settings import VARIABLES
+
+    variables = (*VARIABLES, *SLURM_VARIABLES, *K8S_VARIABLES, FAULT)
+    names = [variable.name for variable in variables]
+    assert len(names) == len(set(names)), f"declared twice: {sorted(n for n in names if names.count(n) > 1)}"
+    return {variable.name: variable for variable in variables}
+
+
+def _declarations(tree: ast.Module) -> set[int]:
+    """The ``name=`` constants of ``Variable(...)`` calls in ``tree``."""
+    return {id(keyword.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "Variable" for keyword in node.keywords if keyword.arg == "name"}
+
+
+def test_every_variable_name_is_spelled_once_in_its_declaration():
+    declared = _declared()
+    spelled: dict[str, list[str]] = {}
+    outside = []
+    for module, tree in _modules():
+        declarations = _declarations(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str) and _NAME.fullmatch(node.value)):
+                continue
+            where = f"{module}:{node.lineno}"
+            if id(node) in declarations:
+                spelled.setdefault(node.value, []).append(where)
+            elif module in NAMES_SPELLED_OUTSIDE:
+                assert node.value in declared, f"{where} spells {node.value!r}, which no Variable declares"
+            else:
+                outside.append(f"{where} {node.value}")
+    assert not outside, (f"variable names spelled outside their declaration: {outside}; use the Variable "
+                         "(settings.X.name, .text(env), .read(env)) instead")
+    assert {name: places for name, places in spelled.items() if len(places) > 1} == {}
+    assert sorted(spelled) == sorted(declared)
+
+
+def test_every_variable_the_code_or_the_docs_mention_is_declared():
+    declared = _declared()
+    texts = [*(path for path in PACKAGE.rglob("*.py")), *(ROOT / "docs").rglob("*.md"), ROOT / "README.md",
+             ROOT / "ARCHITECTURE.md"]
+    unknown = sorted({f"{path.relative_to(ROOT)}: {name}" for path in texts
+                      for name in _NAME.findall(path.read_text(encoding="utf-8")) if name not in declared})
+    assert not unknown, f"TFSTRATEGY_* names no Variable declares (a typo, or one removed): {unknown}"
+
+
+def test_each_variable_says_who_reads_it_what_it_means_and_what_a_valid_value_is():
+    from tfstrategy.settings import Side
+
+    for name, variable in _declared().items():
+        assert isinstance(variable.side, Side) and variable.help.strip() and variable.expected.strip(), name

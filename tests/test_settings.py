@@ -117,3 +117,43 @@ def test_check_bounds_its_few_collectives(tasks, env_value, expected, monkeypatc
     if env_value is not None:
         monkeypatch.setenv(ENV_COLLECTIVE_TIMEOUT, env_value)
     assert _check_collective_timeout(tasks, 60.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        pytest.param("TFSTRATEGY_CPU_REPLICAS", " 4 ", 4, id="integer-stripped"),
+        pytest.param("TFSTRATEGY_CPU_REPLICAS", None, None, id="unset-default"),
+        pytest.param("TFSTRATEGY_AUDIT", "", "warn", id="blank-is-unset"),
+        pytest.param("TFSTRATEGY_AUDIT", "STOP", "stop", id="one-of-any-case"),
+        pytest.param("TFSTRATEGY_SENTINEL", "on", "epoch", id="sentinel-on"),
+        pytest.param("TFSTRATEGY_PRECISION", "mixed-float16", "mixed_float16", id="precision-dash"),
+        pytest.param("TFSTRATEGY_PROFILE", "off", None, id="profile-off"),
+        pytest.param("TFSTRATEGY_DEBUG", "1", True, id="flag"),
+        pytest.param("TFSTRATEGY_RESTART", None, 0, id="restart-default"),
+    ],
+)
+def test_a_variable_parses_its_text_else_gives_its_default(name, text, expected):
+    from tfstrategy.settings import variable
+
+    env = {} if text is None else {name: text}
+    assert variable(name).read(env) == expected
+
+
+def test_a_bad_variable_names_itself_and_what_a_valid_value_is():
+    from tfstrategy.errors import LaunchError
+    from tfstrategy.settings import CPU_REPLICAS
+
+    with pytest.raises(StrategyError, match=r"^Received TFSTRATEGY_CPU_REPLICAS='0'; expected a number of logical CPU "
+                                            r"devices, 1 or more\.$"):
+        CPU_REPLICAS.read({"TFSTRATEGY_CPU_REPLICAS": "0"})
+    with pytest.raises(LaunchError, match=r"'x'; expected a number .* \(set by launch\)\.$"):
+        CPU_REPLICAS.read({"TFSTRATEGY_CPU_REPLICAS": "x"}, error=LaunchError, fix="set by launch")
+
+
+def test_the_hook_reads_its_device_check_and_the_settings_it_quotes_from_its_inputs():
+    from tfstrategy.runtime.inputs import HOOK, derive_inputs
+
+    inputs = derive_inputs(HOOK, env={"TFSTRATEGY_DEVICE_CHECK": "warn", "TFSTRATEGY_CPU_REPLICAS": "2"})
+    assert (inputs.device_check, dict(inputs.flags), inputs.cpu_replicas) == ("warn", {"--cpu-replicas": "2"}, 2)
+    assert derive_inputs(HOOK, env={}).flags == {}

@@ -5,11 +5,12 @@ environment, so one script runs unchanged under different command lines. When
 the script *also* passes a different value in code, neither silently wins: the
 conflict is an error that says which one to remove.
 
-Two kinds of variables live here. *Settings* a user may set
-(:data:`ENV_STRATEGY`, :data:`ENV_DEVICES`, :data:`ENV_CPU_REPLICAS`,
-:data:`ENV_COLLECTIVE_TIMEOUT`, :data:`ENV_PORT_RANGE`, ...) and the *launch protocol* that ``tfstrategy
-launch`` sets for each worker (:data:`ENV_NUM_WORKERS` ... :data:`ENV_ISOLATED`). A cluster environment's own
-variables (``TFSTRATEGY_SLURM``, ``TFSTRATEGY_SLURM_PORT``) live in its module under :mod:`tfstrategy.environments`.
+Each variable is one :class:`Variable` (name, who reads it, help, parser, default), declared once in
+:data:`VARIABLES`: *settings* a user may set (:data:`STRATEGY`, :data:`DEVICES`, :data:`CPU_REPLICAS`,
+:data:`COLLECTIVE_TIMEOUT`, ...), the *launch protocol* that ``tfstrategy launch`` sets for each worker
+(:data:`NUM_WORKERS` ... :data:`JOB_TAG`) and the *hook*'s (:data:`HOOK` ... :data:`DEVICE_CHECK`); the
+``ENV_*`` constants are their names. A cluster environment's own variables (``TFSTRATEGY_SLURM``, the pod
+contract's ``TFSTRATEGY_K8S_*``) are declared with the same type in their modules.
 """
 
 from __future__ import annotations
@@ -20,70 +21,265 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from tfstrategy.errors import SettingsConflictError, StrategyError
 
-# Settings (argument > variable > default).
-ENV_STRATEGY = "TFSTRATEGY_STRATEGY"
-ENV_DEVICES = "TFSTRATEGY_DEVICES"
-ENV_CPU_REPLICAS = "TFSTRATEGY_CPU_REPLICAS"
-#: Seconds a multi-worker collective waits for a peer before raising.
-ENV_COLLECTIVE_TIMEOUT = "TFSTRATEGY_COLLECTIVE_TIMEOUT"
-#: The ports ``tfstrategy launch`` gives its workers, LOW-HIGH, when ``--port-range`` is not given.
-ENV_PORT_RANGE = "TFSTRATEGY_PORT_RANGE"
-#: The run's folder under ``--log-dir`` (`tfstrategy launch --run-id`), e.g. the same on every node of one job.
-ENV_RUN_ID = "TFSTRATEGY_RUN_ID"
-#: The Keras global dtype policy set before the model is built: float32, mixed_float16 or mixed_bfloat16.
-ENV_PRECISION = "TFSTRATEGY_PRECISION"
-#: The divergence sentinel's interval: epoch, a step count, or off (`tfstrategy launch` defaults to epoch).
-ENV_SENTINEL = "TFSTRATEGY_SENTINEL"
-#: The performance report's directory (`tfstrategy run/launch --profile`); unset or off: no report.
-ENV_PROFILE = "TFSTRATEGY_PROFILE"
-#: Minutes between performance reports on long jobs (`--profile-every`).
-ENV_PROFILE_EVERY = "TFSTRATEGY_PROFILE_EVERY"
-#: The share of the time trained since the last report its probes may take (default 0.1; `probe_share=`).
-ENV_PROFILE_PROBES = "TFSTRATEGY_PROFILE_PROBES"
 
-# The launch protocol: set by `tfstrategy launch` for each worker it starts.
-ENV_NUM_WORKERS = "TFSTRATEGY_NUM_WORKERS"
-ENV_WORKER_INDEX = "TFSTRATEGY_WORKER_INDEX"
-ENV_RESTART = "TFSTRATEGY_RESTART"
-ENV_JOIN_FILE = "TFSTRATEGY_JOIN_FILE"
-ENV_BACKUP_DIR = "TFSTRATEGY_BACKUP_DIR"
-#: The job's identity in its backups, set by the user (passed on by ``launch``); else the cluster environment's
-#: (tfstrategy.environments.job_id), else the directory's.
-ENV_JOB_ID = "TFSTRATEGY_JOB_ID"
-#: This machine's rank in a multi-node job (`tfstrategy launch --nnodes N`), when --node-rank is not given.
-ENV_NODE_RANK = "TFSTRATEGY_NODE_RANK"
-#: The shared secret every node of a multi-node job proves it knows (never passed to the workers).
-ENV_LAUNCH_SECRET = "TFSTRATEGY_LAUNCH_SECRET"
-#: Set by the launcher after it re-executed itself in a private network namespace.
-ENV_ISOLATED = "TFSTRATEGY_ISOLATED_NETWORK"
-#: Supervision (tfstrategy.runtime.worker_watch): the worker's error file, progress file, the pid of its
-#: launcher and the descriptor that reaches end-of-file when the launcher dies; a tag every process of the job carries.
-ENV_ERROR_FILE = "TFSTRATEGY_ERROR_FILE"
-ENV_PROGRESS_FILE = "TFSTRATEGY_PROGRESS_FILE"
-ENV_LAUNCHER_PID = "TFSTRATEGY_LAUNCHER_PID"
-ENV_LIFELINE_FD = "TFSTRATEGY_LIFELINE_FD"
-ENV_JOB_TAG = "TFSTRATEGY_JOB_TAG"
+class Side(str, Enum):
+    """Who sets a ``TFSTRATEGY_*`` variable, and so who reads it."""
 
-# The start-up hook (`tfstrategy run` and `tfstrategy launch`): see tfstrategy.runtime.worker_hook.
-#: "1" makes the hook's sitecustomize install tfstrategy's worker side in a process.
-ENV_HOOK = "TFSTRATEGY_HOOK"
-#: What the hook does when a model's variables are outside its strategy's scope: warn, stop or off.
-ENV_AUDIT = "TFSTRATEGY_AUDIT"
+    #: A user may set it (argument > variable > default); ``tfstrategy`` commands set it from their flags.
+    USER = "user setting"
+    #: ``tfstrategy launch`` sets it for each worker (or reads it from its own environment).
+    LAUNCH = "launch protocol"
+    #: The start-up hook of ``tfstrategy run`` and ``launch`` reads it (its switches and its messages).
+    HOOK = "hook"
+    #: A cluster environment's own (its module under :mod:`tfstrategy.environments`, the pod contract).
+    CLUSTER = "cluster environment"
+    #: Only tfstrategy's own tests set it (a fault to inject).
+    TEST = "tests only"
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _flag(text: str) -> bool:
+    return text == "1"
+
+
+def integer(low: int) -> Callable[[str], int]:
+    """A parser of whole numbers ``>= low`` (``ValueError`` otherwise)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise ValueError(text)
+        return value
+
+    return parse
+
+
+def positive_number(text: str) -> float:
+    """A finite number above 0 (``ValueError`` otherwise)."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(text)
+    return value
+
+
+def one_of(values: tuple[str, ...]) -> Callable[[str], str]:
+    """A parser of one of ``values``, in any case (``ValueError`` otherwise)."""
+
+    def parse(text: str) -> str:
+        if text.lower() not in values:
+            raise ValueError(text)
+        return text.lower()
+
+    return parse
+
+
+#: The values of ``TFSTRATEGY_PRECISION`` (as :func:`tfstrategy.training.precision.parse_precision` accepts them).
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 #: The values of ``--audit`` / ``TFSTRATEGY_AUDIT`` (here, not in the hook's module, so the CLI's parser
 #: offers them without loading the hook).
 AUDIT_MODES = ("warn", "stop", "off")
-#: "1": print one summary line (strategies, what changed for the script, the audit) when the process exits.
-ENV_HOOK_SUMMARY = "TFSTRATEGY_HOOK_SUMMARY"
-#: "1" (``run``/``launch --debug``): the summary names the hook's steps, tracebacks keep tfstrategy's frames.
-ENV_DEBUG = "TFSTRATEGY_DEBUG"
-#: Set by the hook to the pid it installed in: a Python child of the script (which inherits it) stays unhooked.
-ENV_HOOK_PID = "TFSTRATEGY_HOOK_PID"
-#: What the hook does with a script's device list naming a device the host lacks: stop (default) or warn.
-ENV_DEVICE_CHECK = "TFSTRATEGY_DEVICE_CHECK"
+
+
+def _precision(text: str) -> str:
+    lowered = text.lower().replace("-", "_")
+    if lowered not in PRECISIONS:
+        raise ValueError(text)
+    return lowered
+
+
+def _sentinel(text: str) -> str:
+    lowered = text.lower()
+    if lowered in ("epoch", "on"):
+        return "epoch"
+    if lowered in ("off", "0", "none"):
+        return "off"
+    if lowered.isdigit() and int(lowered) > 0:
+        return str(int(lowered))
+    raise ValueError(text)
+
+
+def _directory_or_off(text: str) -> Path | None:
+    return None if text.lower() == "off" else Path(text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variable:
+    """One ``TFSTRATEGY_*`` variable: its name, who reads it, what it means, how its text is parsed.
+
+    Every variable is declared once, here (a cluster environment's own in its module, with this type),
+    and read and written through its declaration, so a name or a parser is never spelled twice.
+    """
+
+    name: str
+    side: Side
+    help: str
+    #: The value from the variable's (stripped, non-empty) text; ``ValueError`` when it is not valid.
+    parse: Callable[[str], Any] = _text
+    #: What a valid value is, for the error on one that is not.
+    expected: str = "a value"
+    #: The value when the variable is unset or blank.
+    default: Any = None
+
+    def text(self, environ: Mapping[str, str]) -> str | None:
+        """The variable's text in ``environ``, stripped; ``None`` when unset or blank."""
+        text = environ.get(self.name, "").strip()
+        return text or None
+
+    def read(self, environ: Mapping[str, str], *, error: type[Exception] = StrategyError, fix: str = "") -> Any:
+        """The parsed value in ``environ`` (:attr:`default` when unset or blank).
+
+        Raises:
+            error: the text is not valid; the message names the variable, what was expected and ``fix``.
+        """
+        return self.value(self.text(environ), error=error, fix=fix)
+
+    def value(self, text: str | None, *, error: type[Exception] = StrategyError, fix: str = "") -> Any:
+        """The variable's ``text`` parsed (:attr:`default` when ``None`` or blank), as :meth:`read` does."""
+        text = (text or "").strip()
+        if not text:
+            return self.default
+        try:
+            return self.parse(text)
+        except ValueError:
+            shown = text if len(text) <= 80 else f"{text[:80]}..."
+            raise error(f"Received {self.name}={shown!r}; expected {self.expected}"
+                        f"{f' ({fix})' if fix else ''}.") from None
+
+
+# Settings (argument > variable > default).
+STRATEGY = Variable(name="TFSTRATEGY_STRATEGY", side=Side.USER, help="the strategy select() builds (--strategy)",
+                    expected="a strategy kind")
+DEVICES = Variable(name="TFSTRATEGY_DEVICES", side=Side.USER, help="the devices to replicate over (--devices)",
+                   expected="a device list")
+CPU_REPLICAS = Variable(name="TFSTRATEGY_CPU_REPLICAS", side=Side.USER, parse=integer(1),
+                        help="split the CPU into N logical devices used as replicas (--cpu-replicas)",
+                        expected="a number of logical CPU devices, 1 or more")
+COLLECTIVE_TIMEOUT = Variable(name="TFSTRATEGY_COLLECTIVE_TIMEOUT", side=Side.USER,
+                              help="seconds a multi-worker collective waits for a peer before raising",
+                              expected="seconds > 0, or none")
+PORT_RANGE = Variable(name="TFSTRATEGY_PORT_RANGE", side=Side.USER,
+                      help="the ports tfstrategy launch gives its workers, LOW-HIGH, when --port-range is not given",
+                      expected="LOW-HIGH")
+RUN_ID = Variable(name="TFSTRATEGY_RUN_ID", side=Side.USER,
+                  help="the run's folder under --log-dir (tfstrategy launch --run-id), e.g. the same on every node "
+                       "of one job", expected="a run id")
+PRECISION = Variable(name="TFSTRATEGY_PRECISION", side=Side.USER, parse=_precision,
+                     help="the Keras global dtype policy set before the model is built (--precision)",
+                     expected=f"one of {', '.join(PRECISIONS)}")
+SENTINEL = Variable(name="TFSTRATEGY_SENTINEL", side=Side.USER, parse=_sentinel,
+                    help="the divergence sentinel's interval: epoch, a step count, or off (launch: epoch)",
+                    expected="epoch, a step interval such as 100, or off")
+PROFILE = Variable(name="TFSTRATEGY_PROFILE", side=Side.USER, parse=_directory_or_off,
+                   help="the performance report's directory (run/launch --profile); unset or off: no report",
+                   expected="a directory")
+PROFILE_EVERY = Variable(name="TFSTRATEGY_PROFILE_EVERY", side=Side.USER, parse=positive_number,
+                         help="minutes between performance reports on long jobs (--profile-every)",
+                         expected="a number of minutes above 0")
+PROFILE_PROBES = Variable(name="TFSTRATEGY_PROFILE_PROBES", side=Side.USER, parse=positive_number,
+                          help="the share of the time trained since the last report its probes may take "
+                               "(default 0.1; --profile-probes)", expected="a share of the time trained above 0")
+BACKUP_DIR = Variable(name="TFSTRATEGY_BACKUP_DIR", side=Side.USER, parse=Path,
+                      help="the job's backup directory (launch --backup-dir; k8s: where the backups are mounted)",
+                      expected="a directory")
+JOB_ID = Variable(name="TFSTRATEGY_JOB_ID", side=Side.USER,
+                  help="the job's identity in its backups (else the cluster environment's, else the directory's)",
+                  expected="the job's identity")
+NODE_RANK = Variable(name="TFSTRATEGY_NODE_RANK", side=Side.USER, parse=integer(0),
+                     help="this machine's rank in a multi-node job (launch --nnodes N), when --node-rank is not given",
+                     expected="this machine's rank, 0 or more")
+LAUNCH_SECRET = Variable(name="TFSTRATEGY_LAUNCH_SECRET", side=Side.USER,
+                         help="the shared secret every node of a multi-node job proves it knows (never passed to "
+                              "the workers)", expected="a secret")
+
+# The launch protocol: set by `tfstrategy launch` for each worker it starts.
+NUM_WORKERS = Variable(name="TFSTRATEGY_NUM_WORKERS", side=Side.LAUNCH, parse=integer(1),
+                       help="the job's number of workers", expected="a count of workers, 1 or more")
+WORKER_INDEX = Variable(name="TFSTRATEGY_WORKER_INDEX", side=Side.LAUNCH, parse=integer(0),
+                        help="this worker's index (task.index in TF_CONFIG)", expected="this worker's index, 0 or more")
+RESTART = Variable(name="TFSTRATEGY_RESTART", side=Side.LAUNCH, parse=integer(0), default=0,
+                   help="0 on the first start, k after the k-th restart of the group",
+                   expected="a restart count, 0 or more")
+JOIN_FILE = Variable(name="TFSTRATEGY_JOIN_FILE", side=Side.LAUNCH, parse=Path,
+                     help="written by tfstrategy once this worker's strategy exists (<file>.starting while it is "
+                          "created)", expected="a file path")
+ISOLATED = Variable(name="TFSTRATEGY_ISOLATED_NETWORK", side=Side.LAUNCH, parse=_flag,
+                    help="set by the launcher after it re-executed itself in a private network namespace",
+                    expected="1")
+ERROR_FILE = Variable(name="TFSTRATEGY_ERROR_FILE", side=Side.LAUNCH, parse=Path,
+                      help="supervision: where the worker's first uncaught exception goes", expected="a file path")
+PROGRESS_FILE = Variable(name="TFSTRATEGY_PROGRESS_FILE", side=Side.LAUNCH, parse=Path,
+                         help="supervision: the worker's heartbeat and batch counts (its ledger beside it)",
+                         expected="a file path")
+LAUNCHER_PID = Variable(name="TFSTRATEGY_LAUNCHER_PID", side=Side.LAUNCH, parse=integer(1),
+                        help="supervision: the pid of the worker's launcher", expected="the launcher's process id")
+LIFELINE_FD = Variable(name="TFSTRATEGY_LIFELINE_FD", side=Side.LAUNCH, parse=integer(0),
+                       help="supervision: the descriptor that reaches end-of-file when the launcher dies",
+                       expected="a file descriptor")
+JOB_TAG = Variable(name="TFSTRATEGY_JOB_TAG", side=Side.LAUNCH,
+                   help="a tag every process of the job carries (the reaper finds them by it)",
+                   expected="the job's tag")
+
+# The start-up hook (`tfstrategy run` and `tfstrategy launch`): see tfstrategy.runtime.worker_hook.
+HOOK = Variable(name="TFSTRATEGY_HOOK", side=Side.HOOK, parse=_flag,
+                help="1 makes the hook's sitecustomize install tfstrategy's worker side in a process", expected="1")
+AUDIT = Variable(name="TFSTRATEGY_AUDIT", side=Side.HOOK, parse=one_of(AUDIT_MODES), default="warn",
+                 help="what the hook does when a model's variables are outside its strategy's scope (--audit)",
+                 expected=f"one of {', '.join(AUDIT_MODES)}")
+HOOK_SUMMARY = Variable(name="TFSTRATEGY_HOOK_SUMMARY", side=Side.HOOK, parse=_flag, default=False,
+                        help="1: print one summary line (strategies, what changed, the audit) when the process exits",
+                        expected="1")
+DEBUG = Variable(name="TFSTRATEGY_DEBUG", side=Side.HOOK, parse=_flag, default=False,
+                 help="1 (run/launch --debug): the summary names the hook's steps, tracebacks keep tfstrategy's "
+                      "frames", expected="1")
+HOOK_PID = Variable(name="TFSTRATEGY_HOOK_PID", side=Side.HOOK,
+                    help="set by the hook to the pid it installed in: a Python child of the script stays unhooked",
+                    expected="a process id")
+DEVICE_CHECK = Variable(name="TFSTRATEGY_DEVICE_CHECK", side=Side.HOOK, parse=one_of(("stop", "warn")),
+                        default="stop",
+                        help="what the hook does with a script's device list naming a device the host lacks",
+                        expected="stop (a device list naming a device this host lacks is an error) or warn "
+                                 "(report it and go on)")
+
+#: Every variable of this module, in the order above (a cluster environment's own are in its module).
+VARIABLES: tuple[Variable, ...] = (
+    STRATEGY, DEVICES, CPU_REPLICAS, COLLECTIVE_TIMEOUT, PORT_RANGE, RUN_ID, PRECISION, SENTINEL, PROFILE,
+    PROFILE_EVERY, PROFILE_PROBES, BACKUP_DIR, JOB_ID, NODE_RANK, LAUNCH_SECRET,
+    NUM_WORKERS, WORKER_INDEX, RESTART, JOIN_FILE, ISOLATED, ERROR_FILE, PROGRESS_FILE, LAUNCHER_PID, LIFELINE_FD,
+    JOB_TAG,
+    HOOK, AUDIT, HOOK_SUMMARY, DEBUG, HOOK_PID, DEVICE_CHECK,
+)
+
+# The names alone, as most modules spell them.
+ENV_STRATEGY, ENV_DEVICES, ENV_CPU_REPLICAS = STRATEGY.name, DEVICES.name, CPU_REPLICAS.name
+ENV_COLLECTIVE_TIMEOUT, ENV_PORT_RANGE, ENV_RUN_ID = COLLECTIVE_TIMEOUT.name, PORT_RANGE.name, RUN_ID.name
+ENV_PRECISION, ENV_SENTINEL, ENV_PROFILE = PRECISION.name, SENTINEL.name, PROFILE.name
+ENV_PROFILE_EVERY, ENV_PROFILE_PROBES = PROFILE_EVERY.name, PROFILE_PROBES.name
+ENV_BACKUP_DIR, ENV_JOB_ID, ENV_NODE_RANK, ENV_LAUNCH_SECRET = BACKUP_DIR.name, JOB_ID.name, NODE_RANK.name, LAUNCH_SECRET.name
+ENV_NUM_WORKERS, ENV_WORKER_INDEX, ENV_RESTART = NUM_WORKERS.name, WORKER_INDEX.name, RESTART.name
+ENV_JOIN_FILE, ENV_ISOLATED, ENV_ERROR_FILE = JOIN_FILE.name, ISOLATED.name, ERROR_FILE.name
+ENV_PROGRESS_FILE, ENV_LAUNCHER_PID, ENV_LIFELINE_FD = PROGRESS_FILE.name, LAUNCHER_PID.name, LIFELINE_FD.name
+ENV_JOB_TAG, ENV_HOOK, ENV_AUDIT, ENV_HOOK_SUMMARY = JOB_TAG.name, HOOK.name, AUDIT.name, HOOK_SUMMARY.name
+ENV_DEBUG, ENV_HOOK_PID, ENV_DEVICE_CHECK = DEBUG.name, HOOK_PID.name, DEVICE_CHECK.name
+
+
+def variable(name: str) -> Variable:
+    """The declaration of ``name`` among :data:`VARIABLES`.
+
+    Raises:
+        KeyError: not a variable of this module.
+    """
+    return _BY_NAME[name]
+
+
+_BY_NAME = {item.name: item for item in VARIABLES}
 
 #: Seconds a collective may wait for a peer when neither code nor environment says: none (wait, as TensorFlow
 #: does). A per-op timeout costs a thread per collective for that long (:func:`collective_timeout_cost`); a hang is

@@ -17,42 +17,42 @@ exit statuses (:mod:`tfstrategy.contract.exits`).
 
 from __future__ import annotations
 
-import math
 import os
 import signal
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tfstrategy.contract.exits import EXIT_STOPPED as EXIT_STOPPED  # re-exported: it moved there
 from tfstrategy.errors import LaunchError
 from tfstrategy.settings import (
-    AUDIT_MODES,
-    ENV_AUDIT,
-    ENV_BACKUP_DIR,
-    ENV_CPU_REPLICAS,
-    ENV_DEBUG,
-    ENV_DEVICES,
-    ENV_ERROR_FILE,
-    ENV_HOOK,
-    ENV_HOOK_PID,
-    ENV_HOOK_SUMMARY,
-    ENV_JOB_ID,
-    ENV_JOB_TAG,
-    ENV_JOIN_FILE,
-    ENV_LAUNCHER_PID,
-    ENV_LIFELINE_FD,
-    ENV_NODE_RANK,
-    ENV_NUM_WORKERS,
-    ENV_PRECISION,
-    ENV_PROFILE,
-    ENV_PROFILE_EVERY,
-    ENV_PROFILE_PROBES,
-    ENV_PROGRESS_FILE,
-    ENV_RESTART,
-    ENV_SENTINEL,
-    ENV_WORKER_INDEX,
+    AUDIT,
+    BACKUP_DIR,
+    CPU_REPLICAS,
+    DEBUG,
+    DEVICES,
+    ERROR_FILE,
+    HOOK,
+    HOOK_PID,
+    HOOK_SUMMARY,
+    JOB_ID,
+    JOB_TAG,
+    JOIN_FILE,
+    LAUNCHER_PID,
+    LIFELINE_FD,
+    NODE_RANK,
+    NUM_WORKERS,
+    PRECISION,
+    PRECISIONS,
+    PROFILE,
+    PROFILE_EVERY,
+    PROFILE_PROBES,
+    PROGRESS_FILE,
+    RESTART,
+    SENTINEL,
+    WORKER_INDEX,
+    Variable,
     validate_audit_mode,
 )
 
@@ -77,67 +77,38 @@ def stop_line(returncode: int | None, lines: Sequence[str]) -> str | None:
         return None
     return next((line.strip() for line in reversed(lines) if line.strip().startswith(STOP_PREFIXES)), None)
 
-#: The values of ``TFSTRATEGY_PRECISION`` (as :func:`tfstrategy.training.precision.parse_precision` accepts them).
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 #: The variables only the worker itself acts on; the hook removes them once taken (see the module's note).
-SUPERVISION_VARIABLES = (ENV_ERROR_FILE, ENV_PROGRESS_FILE, ENV_LAUNCHER_PID, ENV_LIFELINE_FD)
+SUPERVISION_VARIABLES = (ERROR_FILE.name, PROGRESS_FILE.name, LAUNCHER_PID.name, LIFELINE_FD.name)
 _FIX = "they are set by tfstrategy launch; unset the variable or fix its value"
 
 T = TypeVar("T")
 
 
-def _read(environ: Mapping[str, str], name: str, parse: Callable[[str], T | None], expected: str) -> T | None:
-    """``environ[name]`` parsed (``None`` when unset or blank).
-
-    Raises:
-        LaunchError: ``parse`` refused it; the message names ``name`` and what was expected.
-    """
-    text = environ.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        value = parse(text)
-    except ValueError:
-        value = None
-    if value is None:
-        shown = text if len(text) <= 80 else f"{text[:80]}..."
-        raise LaunchError(f"Received {name}={shown!r}; expected {expected} ({_FIX}).")
-    return value
+def _variable(spec: Variable, default: object = None) -> Any:
+    """A field carried by ``spec`` (its declaration in :mod:`tfstrategy.settings` parses and names it)."""
+    return field(default=default, metadata={"variable": spec})
 
 
-def _integer(low: int) -> Callable[[str], int | None]:
-    def parse(text: str) -> int | None:
-        value = int(text)
-        return value if value >= low else None
-    return parse
+def _to_environ(record: object, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """The variables of ``record``'s fields that are set (``True`` as ``"1"``; ``None`` and ``False`` left out)."""
+    environ: dict[str, str] = {}
+    for item in fields(record):  # type: ignore[arg-type]
+        spec = item.metadata.get("variable")
+        value = getattr(record, item.name)
+        if spec is None or item.name in skip or value is None or value is False:
+            continue
+        environ[spec.name] = "1" if value is True else f"{value:g}" if isinstance(value, float) else str(value)
+    return environ
 
 
-def _minutes(text: str) -> float | None:
-    value = float(text)
-    return value if math.isfinite(value) and value > 0 else None
-
-
-def _sentinel(text: str) -> str | None:
-    lowered = text.lower()
-    if lowered in ("epoch", "on"):
-        return "epoch"
-    if lowered in ("off", "0", "none"):
-        return "off"
-    return str(int(lowered)) if lowered.isdigit() and int(lowered) > 0 else None
-
-
-def _precision(text: str) -> str | None:
-    lowered = text.lower().replace("-", "_")
-    return lowered if lowered in PRECISIONS else None
-
-
-def _one_of(values: tuple[str, ...]) -> Callable[[str], str | None]:
-    return lambda text: text.lower() if text.lower() in values else None
-
-
-def _put(environ: dict[str, str], name: str, value: object) -> None:
-    if value is not None and value is not False:
-        environ[name] = "1" if value is True else str(value)
+def _from_environ(kind: type[T], environ: Mapping[str, str], **given: object) -> T:
+    """``kind`` with each field read from its variable in ``environ`` (checked), but those ``given``; a field
+    whose variable is unset or blank keeps its default."""
+    values = {item.name: spec.read(environ, error=LaunchError, fix=_FIX)
+              for item in fields(kind)  # type: ignore[arg-type]
+              if (spec := item.metadata.get("variable")) is not None and item.name not in given
+              and spec.text(environ) is not None}
+    return kind(**values, **given)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,39 +116,30 @@ class WorkerSettings:
     """The job-wide settings every worker of a launch gets (each may also come from the user's environment)."""
 
     #: Variables outside the strategy's scope before ``fit``: ``warn``, ``stop`` or ``off``.
-    audit: str | None = None
+    audit: str | None = _variable(AUDIT)
     #: Print the hook's one summary line at exit.
-    summary: bool = False
+    summary: bool = _variable(HOOK_SUMMARY, False)
     #: ``--debug``: the summary names the hook's steps, tracebacks keep tfstrategy's own frames.
-    debug: bool = False
+    debug: bool = _variable(DEBUG, False)
     #: The Keras global dtype policy (one of :data:`PRECISIONS`).
-    precision: str | None = None
+    precision: str | None = _variable(PRECISION)
     #: The divergence sentinel: ``"epoch"``, a step interval (``"100"``) or ``"off"``.
-    sentinel: str | None = None
+    sentinel: str | None = _variable(SENTINEL)
     #: The performance report's directory (``--profile``), and the minutes between reports.
-    profile_dir: Path | None = None
-    profile_every: float | None = None
+    profile_dir: Path | None = _variable(PROFILE)
+    profile_every: float | None = _variable(PROFILE_EVERY)
     #: The share of the time trained the report's probes may take (``--profile-probes``).
-    profile_probes: float | None = None
+    profile_probes: float | None = _variable(PROFILE_PROBES)
     #: The job's backup directory, and its identity in the backups.
-    backup_dir: Path | None = None
-    job_id: str | None = None
+    backup_dir: Path | None = _variable(BACKUP_DIR)
+    job_id: str | None = _variable(JOB_ID)
     #: The logical CPU split and the device list the hook applies.
-    cpu_replicas: int | None = None
-    devices: str | None = None
+    cpu_replicas: int | None = _variable(CPU_REPLICAS)
+    devices: str | None = _variable(DEVICES)
 
     def to_environ(self) -> dict[str, str]:
         """The variables of the settings that are set."""
-        environ: dict[str, str] = {}
-        for name, value in ((ENV_AUDIT, self.audit), (ENV_HOOK_SUMMARY, self.summary or None), (ENV_DEBUG, self.debug or None),
-                            (ENV_PRECISION, self.precision), (ENV_SENTINEL, self.sentinel),
-                            (ENV_PROFILE, self.profile_dir),
-                            (ENV_PROFILE_EVERY, None if self.profile_every is None else f"{self.profile_every:g}"),
-                            (ENV_PROFILE_PROBES, None if self.profile_probes is None else f"{self.profile_probes:g}"),
-                            (ENV_BACKUP_DIR, self.backup_dir), (ENV_JOB_ID, self.job_id),
-                            (ENV_CPU_REPLICAS, self.cpu_replicas), (ENV_DEVICES, self.devices)):
-            _put(environ, name, value)
-        return environ
+        return _to_environ(self)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> WorkerSettings:
@@ -186,21 +148,7 @@ class WorkerSettings:
         Raises:
             LaunchError: a value that is not valid; the message names its variable.
         """
-        profile = _read(environ, ENV_PROFILE, str, "a directory")
-        return cls(
-            audit=_read(environ, ENV_AUDIT, _one_of(AUDIT_MODES), f"one of {', '.join(AUDIT_MODES)}"),
-            summary=environ.get(ENV_HOOK_SUMMARY, "").strip() == "1",
-            debug=environ.get(ENV_DEBUG, "").strip() == "1",
-            precision=_read(environ, ENV_PRECISION, _precision, f"one of {', '.join(PRECISIONS)}"),
-            sentinel=_read(environ, ENV_SENTINEL, _sentinel, "epoch, a step interval such as 100, or off"),
-            profile_dir=None if profile is None or profile.lower() == "off" else Path(profile),
-            profile_every=_read(environ, ENV_PROFILE_EVERY, _minutes, "a number of minutes above 0"),
-            profile_probes=_read(environ, ENV_PROFILE_PROBES, _minutes, "a share of the time trained above 0"),
-            backup_dir=_read(environ, ENV_BACKUP_DIR, Path, "a directory"),
-            job_id=_read(environ, ENV_JOB_ID, str, "the job's identity"),
-            cpu_replicas=_read(environ, ENV_CPU_REPLICAS, _integer(1), "a number of logical CPU devices, 1 or more"),
-            devices=_read(environ, ENV_DEVICES, str, "a device list"),
-        )
+        return _from_environ(cls, environ)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,22 +162,22 @@ class WorkerContract:
     """
 
     #: This worker's global index (``task.index`` in ``TF_CONFIG``) and the job's number of workers.
-    index: int | None = None
-    num_workers: int | None = None
+    index: int | None = _variable(WORKER_INDEX)
+    num_workers: int | None = _variable(NUM_WORKERS)
     #: 0 on the first start, k after the k-th restart of the group.
-    restart: int = 0
+    restart: int = _variable(RESTART, 0)
     #: Written by tfstrategy once this worker's strategy exists (``<file>.starting`` while it is created).
-    join_file: Path | None = None
+    join_file: Path | None = _variable(JOIN_FILE)
     #: Supervision: the first uncaught exception, the heartbeat and batch counts, the launcher's pid and the
     #: descriptor that reaches end-of-file when it dies.
-    error_file: Path | None = None
-    progress_file: Path | None = None
-    launcher_pid: int | None = None
-    lifeline_fd: int | None = None
+    error_file: Path | None = _variable(ERROR_FILE)
+    progress_file: Path | None = _variable(PROGRESS_FILE)
+    launcher_pid: int | None = _variable(LAUNCHER_PID)
+    lifeline_fd: int | None = _variable(LIFELINE_FD)
     #: A tag every process of the job carries (the reaper finds them by it).
-    job_tag: str | None = None
+    job_tag: str | None = _variable(JOB_TAG)
     #: This machine's rank in a job of several (``--nnodes``).
-    node_rank: int | None = None
+    node_rank: int | None = _variable(NODE_RANK)
     settings: WorkerSettings = field(default_factory=WorkerSettings)
 
     @property
@@ -239,14 +187,7 @@ class WorkerContract:
 
     def to_environ(self) -> dict[str, str]:
         """The variables of this contract (those set), to put into the worker's environment."""
-        environ = self.settings.to_environ()
-        for name, value in ((ENV_WORKER_INDEX, self.index), (ENV_NUM_WORKERS, self.num_workers),
-                            (ENV_RESTART, self.restart if self.launched else None), (ENV_JOIN_FILE, self.join_file),
-                            (ENV_ERROR_FILE, self.error_file), (ENV_PROGRESS_FILE, self.progress_file),
-                            (ENV_LAUNCHER_PID, self.launcher_pid), (ENV_LIFELINE_FD, self.lifeline_fd),
-                            (ENV_JOB_TAG, self.job_tag), (ENV_NODE_RANK, self.node_rank)):
-            _put(environ, name, value)
-        return environ
+        return {**self.settings.to_environ(), **_to_environ(self, skip=() if self.launched else ("restart",))}
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> WorkerContract:
@@ -256,25 +197,12 @@ class WorkerContract:
             LaunchError: a value that is not valid, or an index without the number of workers or
                 outside it; the message names the variable.
         """
-        count = "a count of workers, 1 or more"
-        index = _read(environ, ENV_WORKER_INDEX, _integer(0), "this worker's index, 0 or more")
-        num_workers = _read(environ, ENV_NUM_WORKERS, _integer(1), count)
-        if index is not None and (num_workers is None or index >= num_workers):
-            raise LaunchError(f"Received {ENV_WORKER_INDEX}={index} with {ENV_NUM_WORKERS}="
-                              f"{environ.get(ENV_NUM_WORKERS, '')!r}; expected an index below the number of workers "
+        contract = _from_environ(cls, environ, settings=WorkerSettings.from_environ(environ))
+        if contract.index is not None and (contract.num_workers is None or contract.index >= contract.num_workers):
+            raise LaunchError(f"Received {WORKER_INDEX.name}={contract.index} with {NUM_WORKERS.name}="
+                              f"{environ.get(NUM_WORKERS.name, '')!r}; expected an index below the number of workers "
                               f"({_FIX}).")
-        return cls(
-            index=index, num_workers=num_workers,
-            restart=_read(environ, ENV_RESTART, _integer(0), "a restart count, 0 or more") or 0,
-            join_file=_read(environ, ENV_JOIN_FILE, Path, "a file path"),
-            error_file=_read(environ, ENV_ERROR_FILE, Path, "a file path"),
-            progress_file=_read(environ, ENV_PROGRESS_FILE, Path, "a file path"),
-            launcher_pid=_read(environ, ENV_LAUNCHER_PID, _integer(1), "the launcher's process id"),
-            lifeline_fd=_read(environ, ENV_LIFELINE_FD, _integer(0), "a file descriptor"),
-            job_tag=_read(environ, ENV_JOB_TAG, str, "the job's tag"),
-            node_rank=_read(environ, ENV_NODE_RANK, _integer(0), "this machine's rank, 0 or more"),
-            settings=WorkerSettings.from_environ(environ),
-        )
+        return contract
 
 
 def hook_environment(
@@ -294,15 +222,8 @@ def hook_environment(
     env = dict(os.environ if env is None else env)
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(STARTUP_DIR) + (os.pathsep + path if path else "")
-    env[ENV_HOOK] = "1"
-    env.pop(ENV_HOOK_PID, None)  # the process started with this environment is the one to hook
-    env[ENV_AUDIT] = validate_audit_mode(audit)
-    if cpu_replicas is not None:
-        env[ENV_CPU_REPLICAS] = str(cpu_replicas)
-    if devices is not None:
-        env[ENV_DEVICES] = devices
-    if summary:
-        env[ENV_HOOK_SUMMARY] = "1"
-    if debug:
-        env[ENV_DEBUG] = "1"
+    env[HOOK.name] = "1"
+    env.pop(HOOK_PID.name, None)  # the process started with this environment is the one to hook
+    env.update(WorkerSettings(audit=validate_audit_mode(audit), cpu_replicas=cpu_replicas, devices=devices,
+                              summary=summary, debug=debug).to_environ())
     return env

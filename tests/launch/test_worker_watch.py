@@ -222,3 +222,32 @@ def test_reset_forgets_the_hooks_state():
     RUNTIME.supervision["heartbeat"] = "in a file"
     reset()
     assert RUNTIME.hook.steps == [] and RUNTIME.supervision == {} and RUNTIME.plans == {}
+
+
+def test_reset_runs_what_the_process_keeps_armed_after_clearing_the_job():
+    from tfstrategy.state.registry import RUNTIME, ProcessRuntime
+
+    runtime = ProcessRuntime()
+    seen = []
+    runtime.keep_armed("t:hook", lambda: seen.append(dict(runtime.supervision)) or runtime.supervision.update(hb="x"))
+    runtime.supervision["hb"] = "old"
+    runtime.hook.steps.append(("x", "y"))
+    runtime.reset()
+    assert seen == [{}]  # armed after the job's state was cleared
+    assert runtime.supervision == {"hb": "x"} and runtime.hook.steps == []
+    assert RUNTIME is not runtime
+
+
+@pytest.mark.multiprocess
+def test_a_launched_worker_that_resets_and_trains_again_keeps_its_batch_counts_and_ledger(tmp_path):
+    import json
+
+    from helpers import run_cli
+
+    result = run_cli("launch", "-n", "1", "--timeout", "120", "--", sys.executable,
+                     str(ROOT / "tests" / "workers" / "reset_worker.py"), timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    seen = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("[worker 0] {"))[11:])
+    assert (seen["first"], seen["second"]) == (4, 7)  # the second fit's 3 batches counted on
+    assert seen["rearmed"] == seen["armed"] == ["die_with_launcher", "dump_stacks", "heartbeat", "record_errors"]
+    assert seen["ledger"] == [3, "fit"]  # the second job's ledger, kept by the heartbeat

@@ -14,7 +14,7 @@ from tfstrategy.native_log import log_level, native_start_up_held
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
 from tfstrategy.selection.devices import DeviceRequest, parse_devices
 from tfstrategy.selection.host import HostInfo
-from tfstrategy.settings import AUDIT_MODES, ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind
+from tfstrategy.settings import AUDIT_MODES, CPU_REPLICAS, ENV_CPU_REPLICAS, ENV_DEVICES, ENV_STRATEGY, StrategyKind
 
 __all__ = ["add_program_arguments", "program_from_args", "add_strategy_arguments", "add_output_arguments", "quiet_tensorflow", "import_tensorflow_quietly",
            "tensorflow_log_environment", "StrategyFlags", "strategy_flags", "check_device_flag", "device_flag_error", "names_gpus",
@@ -163,7 +163,7 @@ def strategy_flags(strategy: str | None, devices: str | None, cpu_replicas: str 
         raise StrategyError(f"Received --cpu-replicas {replicas} with --devices {devices}; CPU replicas and GPU devices "
                             "exclude each other. Drop --cpu-replicas to train on GPUs, or pass --devices cpu.")
     split, split_by = replicas, "--cpu-replicas"
-    if replicas is None and (env.get(ENV_CPU_REPLICAS) or "").strip():
+    if replicas is None and CPU_REPLICAS.text(env):
         split, split_by = validate_cpu_replicas(env[ENV_CPU_REPLICAS], name=ENV_CPU_REPLICAS), ENV_CPU_REPLICAS
     if request is not None and devices is not None and not names_gpus(request):
         host = HostInfo(cpus=split or 1, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))

@@ -100,9 +100,9 @@ def _check_collective_timeout(cluster_tasks: int, join_timeout: float) -> float 
     check runs a few collectives only, so it bounds them and fails rather than hang on a peer that died.
     ``TFSTRATEGY_COLLECTIVE_TIMEOUT`` still decides when set (``None`` here: select() reads it).
     """
-    from tfstrategy.settings import ENV_COLLECTIVE_TIMEOUT
+    from tfstrategy.settings import COLLECTIVE_TIMEOUT
 
-    if cluster_tasks <= 1 or (os.environ.get(ENV_COLLECTIVE_TIMEOUT) or "").strip():
+    if cluster_tasks <= 1 or COLLECTIVE_TIMEOUT.text(os.environ):
         return None
     return join_timeout
 

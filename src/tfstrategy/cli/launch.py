@@ -16,7 +16,16 @@ from tfstrategy._tf import ensure_tensorflow_installed
 from tfstrategy.cli._common import add_program_arguments, program_from_args, quiet_tensorflow
 from tfstrategy.contract.exits import EXIT_STALL, help_table
 from tfstrategy.errors import LaunchError
-from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, ENV_PORT_RANGE, ENV_RUN_ID, parse_min_max
+from tfstrategy.settings import (
+    ENV_LAUNCH_SECRET,
+    ENV_NODE_RANK,
+    ENV_PORT_RANGE,
+    ENV_RUN_ID,
+    NODE_RANK,
+    PORT_RANGE,
+    RUN_ID,
+    parse_min_max,
+)
 
 if TYPE_CHECKING:  # the launcher's modules load when a job starts, not for `tfstrategy check`
     from tfstrategy.launch.console import ConsoleView
@@ -266,11 +275,11 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
     port_range = None
     if args.port_range is not None:
         port_range = parse_port_range(args.port_range)
-    elif os.environ.get(ENV_PORT_RANGE, "").strip():
+    elif PORT_RANGE.text(os.environ):
         port_range = parse_port_range(os.environ[ENV_PORT_RANGE], source=ENV_PORT_RANGE)
     run_id = args.run_id
-    if run_id is None and args.log_dir is not None and os.environ.get(ENV_RUN_ID, "").strip():
-        run_id = parse_run_id(os.environ[ENV_RUN_ID].strip(), source=ENV_RUN_ID)
+    if run_id is None and args.log_dir is not None and (text := RUN_ID.text(os.environ)):
+        run_id = parse_run_id(text, source=ENV_RUN_ID)
     return validate_launch_options(
         LaunchOptions(
             command=tuple(program),
@@ -402,7 +411,7 @@ def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> 
         raise LaunchError(f"Received --nnodes {args.nnodes} without --master; expected node 0's HOST:PORT, {example}.")
     rank = args.node_rank
     if rank is None:
-        text = env.get(ENV_NODE_RANK, "").strip()
+        text = NODE_RANK.text(env) or ""
         if not text.lstrip("-").isdigit():
             raise LaunchError(f"Received --nnodes {args.nnodes} without --node-rank, and {ENV_NODE_RANK}={text!r}; "
                               f"expected this machine's rank 0..{args.nnodes - 1} in either, {example}.")

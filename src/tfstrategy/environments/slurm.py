@@ -32,26 +32,31 @@ from tfstrategy import _compat
 from tfstrategy.environments.base import ClusterEnvironment, read_count, variables_line
 from tfstrategy.errors import ClusterConfigError, TFStrategyError
 from tfstrategy.multiworker.cluster import ClusterConfig, check_port, validate_tf_config
-from tfstrategy.settings import resolve_setting
+from tfstrategy.settings import Side, Variable, resolve_setting
 
 __all__ = ["Slurm", "read_slurm_step", "tf_config_from_slurm", "SlurmStepCluster", "cluster_from_slurm_step"]
 
-#: ``off`` stops select() from building the cluster from a Slurm job step (independent tasks).
-ENV_SLURM = "TFSTRATEGY_SLURM"
-#: Base port of the workers of a Slurm step: the k-th task on a node listens on base + k.
-ENV_SLURM_PORT = "TFSTRATEGY_SLURM_PORT"
+_OFF = ("0", "off", "false", "no")
+SLURM = Variable(name="TFSTRATEGY_SLURM", side=Side.CLUSTER, parse=lambda text: text.lower() not in _OFF, default=True,
+                 help="off (or 0, false, no) stops select() from building the cluster from a Slurm job step "
+                      "(independent tasks)", expected="off to switch the Slurm cluster off")
+SLURM_PORT = Variable(name="TFSTRATEGY_SLURM_PORT", side=Side.CLUSTER,
+                      help="base port of the workers of a Slurm step: the k-th task on a node listens on base + k",
+                      expected="a port number such as 23456")
+#: Every variable of the Slurm environment.
+SLURM_VARIABLES = (SLURM, SLURM_PORT)
+ENV_SLURM, ENV_SLURM_PORT = SLURM.name, SLURM_PORT.name
 
 #: TensorFlow's own default port for Slurm jobs (SlurmClusterResolver's port_base).
 DEFAULT_SLURM_PORT = 8888
 #: Ports derived from job and step ids lie in [20000, 60000): 1000 jobs x 5 steps x 8 tasks per node.
 DERIVED_PORT_BASE, DERIVED_JOB_SLOTS, DERIVED_STEP_SLOTS, DERIVED_TASKS_PER_NODE = 20000, 1000, 5, 8
 _REQUIRED = ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
-_OFF = ("0", "off", "false", "no")
 
 
 def slurm_switched_off(env: Mapping[str, str]) -> bool:
     """``TFSTRATEGY_SLURM=off`` (or 0, false, no): the tasks of a step stay independent jobs."""
-    return env.get(ENV_SLURM, "").strip().lower() in _OFF
+    return not SLURM.read(env)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -73,7 +73,7 @@ from tfstrategy.kubernetes.scheduling import (
     quantity,
     resources,
 )
-from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK
+from tfstrategy.settings import BACKUP_DIR, ENV_LAUNCH_SECRET, ENV_NODE_RANK, JOB_ID
 
 __all__ = [
     "K8sOptions", "validate_k8s_options", "manifests", "job_manifest", "service_manifest", "network_policy_manifest",
@@ -85,7 +85,7 @@ CONTAINER_NAME = "worker"
 DEFAULT_PORT = 2222  # Kubeflow TFJob's port, which images and firewall rules often already allow
 
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_RESERVED = frozenset({"TF_CONFIG", "TFSTRATEGY_BACKUP_DIR", "TFSTRATEGY_JOB_ID", *POD_VARIABLES})
+_RESERVED = frozenset({"TF_CONFIG", BACKUP_DIR.name, JOB_ID.name, *POD_VARIABLES})
 _EXAMPLE = "e.g. tfstrategy k8s -n 4 --image registry.example.com/train:1 -- python train.py"
 
 
@@ -282,7 +282,7 @@ def pod_environment(options: K8sOptions) -> list[dict[str, Any]]:
         return [
             {"name": ENV_NODE_RANK, **_field(f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']")},
             {"name": ENV_LAUNCH_SECRET, "valueFrom": {"secretKeyRef": {"name": options.launch_secret, "key": "secret"}}},
-            {"name": "TFSTRATEGY_JOB_ID", **_field(f"metadata.labels['{JOB_NAME_LABEL}']")},
+            {"name": JOB_ID.name, **_field(f"metadata.labels['{JOB_NAME_LABEL}']")},
             *({"name": key, "value": value} for key, value in options.env.items()),
         ]
     env: list[dict[str, Any]] = [
@@ -293,10 +293,10 @@ def pod_environment(options: K8sOptions) -> list[dict[str, Any]]:
         {"name": ENV_K8S_FAILURES, **_field(f"metadata.annotations['{FAILURE_COUNT_ANNOTATION}']")},
         {"name": ENV_K8S_IGNORED_FAILURES, **_field(f"metadata.annotations['{IGNORED_FAILURE_COUNT_ANNOTATION}']")},
         # The job's identity in its backups: the Job's name, so a Job applied again under the same name resumes.
-        {"name": "TFSTRATEGY_JOB_ID", **_field(f"metadata.labels['{JOB_NAME_LABEL}']")},
+        {"name": JOB_ID.name, **_field(f"metadata.labels['{JOB_NAME_LABEL}']")},
     ]
     if options.backup_pvc is not None:
-        env.append({"name": "TFSTRATEGY_BACKUP_DIR", "value": options.backup_dir})
+        env.append({"name": BACKUP_DIR.name, "value": options.backup_dir})
     env.extend({"name": key, "value": value} for key, value in options.env.items())
     return env
 

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from tfstrategy.errors import PlatformError
-from tfstrategy.settings import ENV_ISOLATED
+from tfstrategy.settings import ENV_ISOLATED, ISOLATED
 
 __all__ = ["is_isolated", "reexec_isolated", "bring_up_loopback"]
 
@@ -34,7 +34,7 @@ _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
 def is_isolated() -> bool:
     """Whether this process runs in the private namespace made by :func:`reexec_isolated`."""
-    return os.environ.get(ENV_ISOLATED) == "1"
+    return bool(ISOLATED.read(os.environ))
 
 
 def check_isolation_available() -> None:

@@ -43,6 +43,7 @@ from tfstrategy.errors import BackupError, CheckpointError, TFStrategyError
 from tfstrategy.multiworker import commit
 from tfstrategy.multiworker.cluster import load_cluster_config
 from tfstrategy.selection.names import strategy_name
+from tfstrategy.settings import Side, Variable
 
 if TYPE_CHECKING:
     from tfstrategy._protocols import Model, Strategy
@@ -52,7 +53,9 @@ __all__ = ["ResumePoint", "CoordinatedBackup", "FAULT_ENV"]
 #: Test-only fault injection: ``POINT@WORKER:STEP`` SIGKILLs that worker at that point of the save of that
 #: step, on the job's first start only; ``POINT@WORKER:STEP:node`` SIGKILLs its launcher first, as a machine
 #: that dies mid-save (an elastic job goes on without it). Points: see :data:`FAULT_POINTS`.
-FAULT_ENV = "TFSTRATEGY_TEST_BACKUP_FAULT"
+FAULT = Variable(name="TFSTRATEGY_TEST_BACKUP_FAULT", side=Side.TEST, expected="POINT@WORKER:STEP[:node]",
+                 help="SIGKILL a worker (or its launcher, :node) at a point of one step's coordinated save")
+FAULT_ENV = FAULT.name
 FAULT_POINTS = ("before", "weights", "renamed", "written", "agreed", "committed")
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from tfstrategy.contract.files import starting_file
 from tfstrategy.errors import SaveError
 from tfstrategy.multiworker.cluster import load_cluster_config
-from tfstrategy.settings import ENV_BACKUP_DIR
+from tfstrategy.settings import BACKUP_DIR
 from tfstrategy.worker_contract import WorkerContract
 
 __all__ = ["signal_joined", "signal_starting", "backup_callbacks"]
@@ -123,8 +123,8 @@ def backup_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options
         if not os.access(directory, os.W_OK | os.X_OK):
             raise PermissionError(errno.EACCES, "permission denied", str(directory))
     except OSError as error:
-        source = "backup_dir" if backup_dir is not None else ENV_BACKUP_DIR
-        base = backup_dir if backup_dir is not None else os.environ.get(ENV_BACKUP_DIR)
+        source = "backup_dir" if backup_dir is not None else BACKUP_DIR.name
+        base = backup_dir if backup_dir is not None else os.environ.get(BACKUP_DIR.name)
         raise SaveError(
             f"Received {source}={str(base)!r}; the backup directory {str(directory)!r} cannot be created or written "
             f"({error.strerror or error}: {error.filename or directory}). Pass a writable directory "

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tfstrategy.errors import TrainingError
-from tfstrategy.settings import ENV_PROFILE, ENV_PROFILE_EVERY, ENV_PROFILE_PROBES
+from tfstrategy.settings import PROFILE, PROFILE_EVERY, PROFILE_PROBES
 
 #: A report every this many minutes on long jobs (at an epoch's end), besides the first fit's.
 EVERY_MINUTES = 10.0
@@ -58,28 +58,28 @@ def profile_environment(profile: bool, directory: str | os.PathLike[str], every_
     if path.exists() and not path.is_dir():
         raise TrainingError(f"Received --profile-dir {str(directory)!r}, which is a file; expected a directory "
                             "(made if missing) for the report's files. Name another one.")
-    found = {ENV_PROFILE: str(path), ENV_PROFILE_EVERY: f"{every_minutes:g}"}
+    found = {PROFILE.name: str(path), PROFILE_EVERY.name: f"{every_minutes:g}"}
     if share is not None:
-        found[ENV_PROFILE_PROBES] = f"{share:g}"
+        found[PROFILE_PROBES.name] = f"{share:g}"
     return found
 
 
 def tracker_from_environment(env: dict[str, str] | None = None) -> dict[str, Any] | None:
     """The report's settings from ``TFSTRATEGY_PROFILE`` (its directory) and ``TFSTRATEGY_PROFILE_EVERY``, or None."""
     env = dict(os.environ if env is None else env)
-    directory = (env.get(ENV_PROFILE) or "").strip()
+    directory = PROFILE.text(env) or ""
     if not directory or directory.lower() == "off":
         return None
-    every = (env.get(ENV_PROFILE_EVERY) or "").strip()
+    every = PROFILE_EVERY.text(env) or ""
     try:
         minutes = float(every) if every else EVERY_MINUTES
     except ValueError:
         minutes = -1.0
     if not minutes > 0:
-        raise TrainingError(f"Received {ENV_PROFILE_EVERY}={every!r}; expected a number of minutes above 0 "
+        raise TrainingError(f"Received {PROFILE_EVERY.name}={every!r}; expected a number of minutes above 0 "
                             "(tfstrategy run/launch --profile-every).")
     settings: dict[str, object] = {"directory": directory, "every_minutes": minutes}
-    share = (env.get(ENV_PROFILE_PROBES) or "").strip()
+    share = PROFILE_PROBES.text(env) or ""
     if share:
-        settings["probe_share"] = valid_probe_share(share, ENV_PROFILE_PROBES)
+        settings["probe_share"] = valid_probe_share(share, PROFILE_PROBES.name)
     return settings

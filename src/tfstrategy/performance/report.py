@@ -56,7 +56,7 @@ from tfstrategy.performance.probes import LARGER_K_AFTER_SECONDS, probe
 from tfstrategy.performance.sampler import StackSampler, ledger_gauges
 from tfstrategy.performance.timing import ProbePlan, StepTimes, median_seconds, plan_probes
 from tfstrategy.performance.verdict import Measurements, Report, verdict
-from tfstrategy.settings import ENV_PROFILE_PROBES
+from tfstrategy.settings import PROFILE_PROBES
 from tfstrategy.training.no_trace import snapshot
 from tfstrategy.training.steps_per_execution import job_mean
 
@@ -123,8 +123,8 @@ def _probe_share(given: float | None) -> float:
     """The argument, else ``TFSTRATEGY_PROFILE_PROBES``, else :data:`PROBE_SHARE` (checked)."""
     if given is not None:
         return valid_probe_share(given)
-    variable = (os.environ.get(ENV_PROFILE_PROBES) or "").strip()
-    return valid_probe_share(variable, ENV_PROFILE_PROBES) if variable else PROBE_SHARE
+    variable = PROFILE_PROBES.text(os.environ)
+    return valid_probe_share(variable, PROFILE_PROBES.name) if variable else PROBE_SHARE
 
 
 class Tracker:

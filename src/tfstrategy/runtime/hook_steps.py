@@ -71,7 +71,7 @@ class WatchStrategies(Step):
     def _take(self) -> str | None:
         from tfstrategy.runtime.hook_strategies import watch_strategies
 
-        return watch_strategies(self.inputs.collective_timeout)
+        return watch_strategies(self.inputs.collective_timeout, self.inputs.flags.get("--cpu-replicas"))
 
 
 class MirroredDevices(Step):

@@ -24,7 +24,7 @@ from tfstrategy.runtime import device_lists, one_job
 from tfstrategy.runtime.inputs import PlanInputs
 from tfstrategy.runtime.rewrites import Rewrite, install_rewrite
 from tfstrategy.selection.names import strategy_name
-from tfstrategy.settings import ENV_CPU_REPLICAS, ENV_DEVICE_CHECK, ENV_DEVICES
+from tfstrategy.settings import DEVICE_CHECK
 from tfstrategy.state.registry import KEY_STRIDE, RUNTIME
 from tfstrategy.worker_contract import STOP_PREFIXES
 
@@ -172,14 +172,14 @@ def _keys_of_its_own(original: Callable[..., object]) -> Callable[..., object]:
     return _initialize_multi_worker
 
 
-def _note_unused_replicas(strategy: Strategy) -> None:
+def _note_unused_replicas(strategy: Strategy, cpu_replicas: str | None) -> None:
     """``--cpu-replicas`` with a strategy it cannot change (OneDevice, MultiWorkerMirrored): said once."""
     distribute = _distribute()
     kind = next((name for name in device_lists.FIXED_DEVICE_STRATEGIES
                  if isinstance(strategy, getattr(distribute, name))), None)
     if kind is None or _created_by_tfstrategy():
         return
-    note = device_lists.replicas_note(kind, os.environ.get(ENV_CPU_REPLICAS), _script_line())
+    note = device_lists.replicas_note(kind, cpu_replicas, _script_line())
     if note and not any(known.startswith(f"{kind} at ") for known in RUNTIME.hook.notes):  # once per kind
         RUNTIME.hook.notes.append(note)
         print(f"tfstrategy: {note}", file=sys.stderr, flush=True)
@@ -205,8 +205,11 @@ def _describe(strategy: Strategy) -> str:
     return f"{strategy_name(strategy)}, {replicas} replica{'' if replicas == 1 else 's'}"
 
 
-def watch_strategies(timeout: float | None) -> str:
-    """Every strategy is named in the summary; MultiWorkerMirroredStrategy signals the launcher and gets a timeout."""
+def watch_strategies(timeout: float | None, cpu_replicas: str | None = None) -> str:
+    """Every strategy is named in the summary; MultiWorkerMirroredStrategy signals the launcher and gets a timeout.
+
+    ``cpu_replicas`` is ``--cpu-replicas`` as given (noted once where a strategy cannot use it).
+    """
     from tfstrategy import _compat
     from tfstrategy.multiworker.worker_protocol import signal_joined, signal_starting
 
@@ -219,7 +222,7 @@ def watch_strategies(timeout: float | None) -> str:
             original(self, *args, **kwargs)
             if not _compat.is_default_strategy(self) and not _made_by_a_probe():
                 RUNTIME.hook.strategies.append(_describe(self))
-                _note_unused_replicas(self)
+                _note_unused_replicas(self, cpu_replicas)
 
         return __init__
 
@@ -292,7 +295,7 @@ def mirrored_devices(inputs: PlanInputs) -> str:
                 original(self, chosen, cross_device_ops)
                 return
             if not _called_by_tfstrategy():  # select() and the patches' probes list their devices on purpose
-                devices = _check_listed(devices, chosen)
+                devices = _check_listed(devices, chosen, inputs)
             original(self, devices, cross_device_ops)
 
         return __init__
@@ -315,7 +318,7 @@ def chosen_devices(inputs: PlanInputs) -> list[str] | None:
     return [device.tf_name for device in choice.devices]
 
 
-def _check_listed(devices: object, chosen: list[str] | None) -> object:
+def _check_listed(devices: object, chosen: list[str] | None, inputs: PlanInputs) -> object:
     """The devices a script's ``MirroredStrategy(devices)`` gets under ``run``: the policy of :func:`device_lists.decide_listed`.
 
     ``[]`` is every device tfstrategy would use; a listed device the host lacks stops the
@@ -325,20 +328,16 @@ def _check_listed(devices: object, chosen: list[str] | None) -> object:
     from tfstrategy.selection.devices import parse_devices
     from tfstrategy.selection.host import HostInfo
 
-    mode = (os.environ.get(ENV_DEVICE_CHECK) or "stop").strip().lower()
-    if mode not in ("stop", "warn"):
-        raise TFStrategyError(f"Received {ENV_DEVICE_CHECK}={os.environ[ENV_DEVICE_CHECK]!r}; expected stop (a device "
-                              "list naming a device this host lacks is an error) or warn (report it and go on).")
-    settings = [f"{flag} {os.environ[name]}" for flag, name in (("--devices", ENV_DEVICES), ("--cpu-replicas", ENV_CPU_REPLICAS))
-                if os.environ.get(name)]
+    mode = DEVICE_CHECK.value(inputs.device_check, error=TFStrategyError)
+    settings = [f"{flag} {text}" for flag, text in inputs.flags.items()]
     chosen_parsed = parse_devices(chosen) if chosen else None
     decision = device_lists.decide_listed(
         device_lists.read_device_list(devices), where=_script_line(), host=HostInfo.detect(), settings=settings,
         chosen=chosen_parsed.devices if chosen_parsed is not None else None, warn_only=mode == "warn")
     if decision.stop:
-        stop(f"{decision.stop} ({ENV_DEVICE_CHECK}=warn lets the script go on as plain TensorFlow would)")
+        stop(f"{decision.stop} ({DEVICE_CHECK.name}=warn lets the script go on as plain TensorFlow would)")
     if decision.note:
-        warned = f" ({ENV_DEVICE_CHECK}=warn: going on as plain TensorFlow would)" if mode == "warn" else ""
+        warned = f" ({DEVICE_CHECK.name}=warn: going on as plain TensorFlow would)" if mode == "warn" else ""
         RUNTIME.hook.notes.append(decision.note)
         print(f"tfstrategy: {decision.note}{warned}", file=sys.stderr, flush=True)
     if decision.change:

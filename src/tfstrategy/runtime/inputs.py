@@ -19,12 +19,13 @@ from tfstrategy.multiworker.cluster import ClusterConfig
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
 from tfstrategy.selection.devices import DeviceRequest, DeviceSpec, parse_devices
 from tfstrategy.settings import (
-    ENV_AUDIT,
-    ENV_CPU_REPLICAS,
-    ENV_DEVICES,
-    ENV_JOIN_FILE,
-    ENV_PROFILE,
-    ENV_STRATEGY,
+    AUDIT,
+    CPU_REPLICAS,
+    DEVICE_CHECK,
+    DEVICES,
+    JOIN_FILE,
+    PROFILE,
+    STRATEGY,
     StrategyKind,
     resolve_collective_timeout,
     resolve_setting,
@@ -67,6 +68,11 @@ class PlanInputs:
     precision: str | None = None
     #: The performance report's directory (``--profile``/``TFSTRATEGY_PROFILE``), or ``None``.
     profile: str | None = None
+    #: The settings that came from the environment, as the command line names them (``--devices gpu:0``,
+    #: ``--cpu-replicas 4``): what the hook's notes about a script's own device list quote.
+    flags: Mapping[str, str] = field(default_factory=dict, compare=False)
+    #: ``TFSTRATEGY_DEVICE_CHECK`` as given (checked where the hook acts on a device list: ``stop`` or ``warn``).
+    device_check: str | None = field(default=None, compare=False)
 
     @property
     def multi_worker(self) -> bool:
@@ -107,19 +113,19 @@ def derive_inputs(
     if consumer not in (SELECT, HOOK):
         raise ValueError(f"unknown consumer {consumer!r}")
     env = os.environ if env is None else env
-    kind_setting = resolve_setting("strategy", strategy, ENV_STRATEGY, StrategyKind.AUTO, env,
+    kind_setting = resolve_setting("strategy", strategy, STRATEGY.name, StrategyKind.AUTO, env,
                                    normalise=lambda v, n: StrategyKind.parse(v, name=n).value)
-    devices_setting = resolve_setting("devices", devices, ENV_DEVICES, None, env,
+    devices_setting = resolve_setting("devices", devices, DEVICES.name, None, env,
                                       normalise=lambda v, n: str(parse_devices(v, name=n)))
-    replicas_setting = resolve_setting("cpu_replicas", cpu_replicas, ENV_CPU_REPLICAS, None, env,
+    replicas_setting = resolve_setting("cpu_replicas", cpu_replicas, CPU_REPLICAS.name, None, env,
                                        normalise=lambda v, n: str(validate_cpu_replicas(v, name=n)))
     # Errors name where a bad value came from: TFSTRATEGY_CPU_REPLICAS='abc', not cpu_replicas='abc'.
-    kind = StrategyKind.parse(kind_setting.value, name=setting_name("strategy", kind_setting, ENV_STRATEGY))
-    request = parse_devices(devices_setting.value, name=setting_name("devices", devices_setting, ENV_DEVICES))
+    kind = StrategyKind.parse(kind_setting.value, name=setting_name("strategy", kind_setting, STRATEGY.name))
+    request = parse_devices(devices_setting.value, name=setting_name("devices", devices_setting, DEVICES.name))
     replicas = validate_cpu_replicas(replicas_setting.value,
-                                     name=setting_name("cpu_replicas", replicas_setting, ENV_CPU_REPLICAS))
+                                     name=setting_name("cpu_replicas", replicas_setting, CPU_REPLICAS.name))
     timeout, timeout_source = resolve_collective_timeout(collective_timeout, env)
-    audit = validate_audit_mode(env.get(ENV_AUDIT) or "warn", name=ENV_AUDIT)
+    audit = validate_audit_mode(env.get(AUDIT.name) or AUDIT.default, name=AUDIT.name)
     chosen_precision, precision_source = resolve_precision(precision, env)
     # An environment that derives the cluster (a Slurm step, ...) is read only when a multi-worker job can
     # use it: a layout it refuses must not break select(strategy='mirrored'). The hook always may.
@@ -136,14 +142,17 @@ def derive_inputs(
         sources["precision"] = precision_source
     if environment is not None:
         sources["cluster" if cluster is not None else "environment"] = environment.name
-    profile = (env.get(ENV_PROFILE) or "").strip()
+    profile = PROFILE.text(env)
+    flags = {flag: text for flag, variable in (("--devices", DEVICES), ("--cpu-replicas", CPU_REPLICAS))
+             if (text := env.get(variable.name))}
     return PlanInputs(
         consumer=consumer, kind=kind if consumer == SELECT else None, devices=request, cpu_replicas=replicas,
         cluster_tasks=cluster.num_workers if cluster is not None else 0,
         cluster_source=environment.name if environment is not None else None, environment=environment,
         cluster=cluster,
-        collective_timeout=timeout, sources=sources, under_launcher=bool(env.get(ENV_JOIN_FILE)), audit=audit,
+        collective_timeout=timeout, sources=sources, under_launcher=bool(env.get(JOIN_FILE.name)), audit=audit,
         precision=chosen_precision, profile=profile if profile and profile.lower() != "off" else None,
+        flags=flags, device_check=env.get(DEVICE_CHECK.name),
     )
 
 

@@ -48,9 +48,9 @@ from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime import tracebacks, worker_watch
 from tfstrategy.settings import (
     AUDIT_MODES,
-    ENV_DEBUG,
-    ENV_HOOK_PID,
-    ENV_HOOK_SUMMARY,
+    DEBUG,
+    HOOK_PID,
+    HOOK_SUMMARY,
     validate_audit_mode,
 )
 from tfstrategy.state.registry import RUNTIME
@@ -68,18 +68,16 @@ def install() -> None:
 
     Does nothing in a Python child of the hooked process (``TFSTRATEGY_HOOK_PID`` names another pid).
     """
-    owner = os.environ.get(ENV_HOOK_PID)
+    owner = HOOK_PID.text(os.environ)
     if owner and owner != str(os.getpid()):
         return
-    os.environ[ENV_HOOK_PID] = str(os.getpid())
-    if os.environ.get(ENV_HOOK_SUMMARY) == "1":
+    os.environ[HOOK_PID.name] = str(os.getpid())
+    if HOOK_SUMMARY.read(os.environ):
         atexit.register(_print_summary)
-    from tfstrategy.multiworker.file_races import install_excepthook
-
-    with RUNTIME.taking("supervision"):  # listed by patch_status() and env; the summary names the steps
-        worker_watch.install()  # die with the launcher, error file, stacks, heartbeat
-        install_excepthook()  # one line naming a path two workers wrote, after the traceback
-        tracebacks.install()  # last, so the error file and the line above get the trimmed traceback too
+    _supervise()
+    # The hook lives as long as the process: after tfstrategy.reset() a second job is supervised and
+    # planned as the first was (batches counted, ledger kept, strategies joined).
+    RUNTIME.keep_armed("hook", _rearm)
     if "tensorflow" in sys.modules:
         on_tensorflow_imported()
     else:
@@ -88,6 +86,26 @@ def install() -> None:
         # A script may import keras first; keras imports TensorFlow half-way through its own
         # import, so the Keras steps wait for keras to finish (see on_tensorflow_imported).
         sys.meta_path.insert(0, _AfterImport("keras", on_keras_imported))
+
+
+def _supervise() -> None:
+    from tfstrategy.multiworker.file_races import install_excepthook
+
+    with RUNTIME.taking("supervision"):  # listed by patch_status() and env; the summary names the steps
+        worker_watch.install()  # die with the launcher, error file, stacks, heartbeat
+        install_excepthook()  # one line naming a path two workers wrote, after the traceback
+        tracebacks.install()  # last, so the error file and the line above get the trimmed traceback too
+
+
+#: The plan's phases this process reached (TensorFlow imported, Keras imported): taken again after a reset.
+_REACHED: list[str] = []
+
+
+def _rearm() -> None:
+    """After :func:`reset`: supervision re-armed, then the hook's plan derived anew and taken up to where it was."""
+    _supervise()
+    for phase in tuple(_REACHED):
+        RUNTIME.hook.steps += _plan().take(phase, on_error=_report)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -133,6 +151,8 @@ class _RunAfter(importlib.abc.Loader):
 def on_tensorflow_imported() -> None:
     """Take the hook's steps in this process; a step that fails is reported and skipped, never raised."""
     for phase in ("tensorflow", "strategy"):
+        if phase not in _REACHED:
+            _REACHED.append(phase)
         RUNTIME.hook.steps += _plan().take(phase, on_error=_report)
     keras = sys.modules.get("keras")
     if keras is not None and getattr(getattr(keras, "__spec__", None), "_initializing", False):
@@ -144,6 +164,8 @@ def on_keras_imported() -> None:
     """The steps that need Keras, once (after TensorFlow's own steps)."""
     if "tensorflow" not in sys.modules:
         return  # keras failed before importing TensorFlow; on_tensorflow_imported will call back
+    if "keras" not in _REACHED:
+        _REACHED.append("keras")
     RUNTIME.hook.steps += _plan().take("keras", on_error=_report)
 
 
@@ -196,7 +218,7 @@ def _print_summary() -> None:
     from tfstrategy.runtime.plan import current_plan
 
     plan = current_plan(HOOK)
-    debug = os.environ.get(ENV_DEBUG, "").strip() == "1"
+    debug = bool(DEBUG.read(os.environ))
     line = RUNTIME.hook.summary(changes(plan.steps if plan is not None else (), debug=debug), debug=debug,
                                 replacements=tuple(item.name for item in RUNTIME.unowned()))
     print(line, file=sys.stderr, flush=True)

@@ -52,16 +52,24 @@ _PR_SET_PDEATHSIG = 1
 
 
 def install(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Take every step this process's environment asks for (a no-op outside ``tfstrategy launch``)."""
+    """Take every step this process's environment asks for (a no-op outside ``tfstrategy launch``).
+
+    Called again after :func:`tfstrategy.reset` (the hook's :meth:`~tfstrategy.state.registry.ProcessRuntime.keep_armed`),
+    it re-arms the job's side (the progress writer in ``RUNTIME.progress``, the error file's excepthook) from the
+    contract read the first time; what lives as long as the process (threads, signal handlers) is set up once.
+    """
+    own = env is None or env is os.environ
     env = os.environ if env is None else env
     try:
-        contract = WorkerContract.from_environ(env)
+        contract = _CONTRACT[0] if own and _CONTRACT else WorkerContract.from_environ(env)
     except TFStrategyError as error:  # supervision must never stop the user's program from starting
         print(f"tfstrategy: hook: {error}", file=sys.stderr, flush=True)
         return dict(RUNTIME.supervision)
+    if own and not _CONTRACT:
+        _CONTRACT.append(contract)  # the variables leave the environment below; a re-arm reads them here
     steps: tuple[tuple[str, Callable[[WorkerContract], str | None]], ...] = (
-        ("die_with_launcher", _die_with_launcher), ("record_errors", _record_errors),
-        ("dump_stacks", _dump_stacks), ("heartbeat", _heartbeat),
+        ("die_with_launcher", _once(_die_with_launcher)), ("record_errors", _record_errors),
+        ("dump_stacks", _once(_dump_stacks)), ("heartbeat", _heartbeat),
     )
     for name, step in steps:
         if name in RUNTIME.supervision:
@@ -79,6 +87,24 @@ def install(env: Mapping[str, str] | None = None) -> dict[str, str]:
         for name in SUPERVISION_VARIABLES:
             os.environ.pop(name, None)
     return dict(RUNTIME.supervision)
+
+
+# What supervision set up for the life of the process, which reset() leaves alone: the contract this
+# process was started with, what each once-only step did, the progress file's one writer.
+_CONTRACT: list[WorkerContract] = []
+_DONE_ONCE: dict[str, str | None] = {}
+_WRITER: list[ProgressWriter] = []
+
+
+def _once(step: Callable[[WorkerContract], str | None]) -> Callable[[WorkerContract], str | None]:
+    """``step`` taken once per process (a thread, a signal handler); later calls say what it did."""
+
+    def once(contract: WorkerContract) -> str | None:
+        if step.__name__ not in _DONE_ONCE:
+            _DONE_ONCE[step.__name__] = step(contract)
+        return _DONE_ONCE[step.__name__]
+
+    return once
 
 
 def _die_with_launcher(contract: WorkerContract) -> str | None:
@@ -191,20 +217,23 @@ def _heartbeat(contract: WorkerContract) -> str | None:
     if contract.progress_file is None:
         return None
     path = str(contract.progress_file)
-    writer = ProgressWriter(path)
-    RUNTIME.progress.append(writer)
+    if not _WRITER:  # the file, its thread and its exit handler: once per process
+        writer = ProgressWriter(path)
+        _WRITER.append(writer)
 
-    def beat() -> None:
-        while True:
-            writer.beat()
-            _sample_ledger()
-            time.sleep(HEARTBEAT_SECONDS)
+        def beat() -> None:
+            while True:
+                writer.beat()
+                _sample_ledger()
+                time.sleep(HEARTBEAT_SECONDS)
 
-    threading.Thread(target=beat, name="tfstrategy-heartbeat", daemon=True).start()
-    # Exit handlers run once every non-daemon thread has ended: the script is done. Registered before
-    # TensorFlow is imported, this one runs after TensorFlow's own handlers (quick); the slow part, the
-    # interpreter's and TensorFlow's teardown, comes after every handler, while the heartbeat is still.
-    atexit.register(writer.finishing)
+        threading.Thread(target=beat, name="tfstrategy-heartbeat", daemon=True).start()
+        # Exit handlers run once every non-daemon thread has ended: the script is done. Registered before
+        # TensorFlow is imported, this one runs after TensorFlow's own handlers (quick); the slow part, the
+        # interpreter's and TensorFlow's teardown, comes after every handler, while the heartbeat is still.
+        atexit.register(writer.finishing)
+    if _WRITER[0] not in RUNTIME.progress:
+        RUNTIME.progress.append(_WRITER[0])  # job state: reset() clears it, the re-arm puts it back
     return f"heartbeat and batches in {path}"
 
 

@@ -179,6 +179,7 @@ class ProcessRuntime:
         self._taking: list[str] = []
         self._states: dict[str, Callable[[], None]] = {}
         self._counters: dict[str, Iterator[int]] = {}
+        self._armed: dict[str, Callable[[], None]] = {}
         self._fresh()
 
     def _fresh(self) -> None:
@@ -262,6 +263,15 @@ class ProcessRuntime:
     def state_names(self) -> tuple[str, ...]:
         return tuple(self._states)
 
+    def keep_armed(self, name: str, arm: Callable[[], None]) -> None:
+        """Have :meth:`reset` call ``arm`` once it cleared the job state: what lives as long as the process.
+
+        The start-up hook of ``tfstrategy run``/``launch`` registers here: its supervision (the heartbeat thread,
+        the signal handlers, the launcher's files) outlives a job, so a second job in a launched worker is
+        supervised, counted and ledgered as the first was.
+        """
+        self._armed[name] = arm
+
     def once(self, key: str) -> bool:
         """True the first time ``key`` is asked for in this job (a message said once)."""
         with self._lock:
@@ -283,7 +293,8 @@ class ProcessRuntime:
     def reset(self) -> tuple[PatchStatus, ...]:
         """Undo every plan's steps and every replacement (newest first), clear every job state; return what was removed.
 
-        Logical CPU devices and collective keys stay: TensorFlow's runtime cannot forget them.
+        Logical CPU devices and collective keys stay: TensorFlow's runtime cannot forget them; what
+        :meth:`keep_armed` registered is armed again afterwards.
         """
         with self._lock:
             removed = tuple(item.status() for item in reversed(self.replacements()))
@@ -296,7 +307,9 @@ class ProcessRuntime:
             for clear in self._states.values():
                 clear()
             self._fresh()
-            return removed
+        for arm in list(self._armed.values()):
+            arm()  # what the process keeps (the hook's supervision and plan), armed again for the next job
+        return removed
 
 
 #: The runtime of this process.
@@ -306,6 +319,7 @@ RUNTIME = ProcessRuntime()
 def reset() -> None:
     """Undo every replacement tfstrategy installed in this process and clear every job state.
 
-    A second job in the same process then starts as the first did (its plan is derived anew).
+    A second job in the same process then starts as the first did (its plan is derived anew; under
+    ``tfstrategy run``/``launch`` the start-up hook re-arms its supervision and takes its plan again).
     """
     RUNTIME.reset()

@@ -198,9 +198,9 @@ class TrainStep:
             >>> backup.finish()
         """
         from tfstrategy.multiworker.backups import LoopBackup
-        from tfstrategy.settings import ENV_BACKUP_DIR
+        from tfstrategy.settings import BACKUP_DIR
 
-        base = backup_dir if backup_dir is not None else os.environ.get(ENV_BACKUP_DIR) or None
+        base = backup_dir if backup_dir is not None else BACKUP_DIR.text(os.environ)
         if base is not None and getattr(self.model, "optimizer", None) is not self.optimizer:
             raise TrainingError(
                 f"Received a model whose optimizer is {type(getattr(self.model, 'optimizer', None)).__name__}, not this "
