@@ -206,6 +206,19 @@ CELLS: tuple[Cell, ...] = (
 HOOK_CELLS = ("entry:fit", "entry:predict", "entry:predict_on_batch", "entry:custom_train_step", "entry:custom_loop",
               "inputs:numpy_uneven_1", "optimizers:clipnorm", "optimizers:gradient_accumulation")
 
+#: Cells run together in one ``tfstrategy launch -n 2`` job of the same script (2 workers of a
+#: MultiWorkerMirroredStrategy, one replica each): every entry point of ``fit``'s family but the ones another
+#: cell of the group already runs (``tf_data`` is ``fit``, ``evaluate`` and ``predict``; ``sample_weight`` is
+#: ``fit`` and ``evaluate`` on NumPy), a custom ``train_step`` and loop, two optimizer options, a random layer and
+#: mixed precision. Kept to what one job runs well inside the per-test ceiling; an uneven last batch under
+#: ``launch`` is tests/patches/test_issue36_launch.py's.
+WORKER_CELLS = ("entry:predict", "entry:train_on_batch", "entry:predict_on_batch", "entry:custom_train_step",
+                "entry:custom_loop", "inputs:tf_data", "inputs:sample_weight", "optimizers:clipnorm",
+                "optimizers:gradient_accumulation", "layers:dropout", "compile:mixed_float16")
+#: The groups run in one process or job, by the prefix of their rows' ids, and what runs them (for the page).
+GROUPS = {"hook": (HOOK_CELLS, "the same, in one process under `tfstrategy run --cpu-replicas 2`"),
+          "workers": (WORKER_CELLS, "the same, on 2 workers (one replica each) of one `tfstrategy launch -n 2` job")}
+
 
 @dataclass(frozen=True)
 class Known:
@@ -218,8 +231,8 @@ class Known:
 
 
 #: Cells that differ on 2 replicas (TF 2.21.0, Keras 3.15.1, tfstrategy's patches applied). Keys are
-#: cell ids; ``hook:`` + a cell id for the group run under ``tfstrategy run``. Measured values read
-#: "2 replicas vs one device".
+#: cell ids; ``hook:`` + a cell id for the group run under ``tfstrategy run``, ``workers:`` + a cell id for the
+#: group run under ``tfstrategy launch -n 2``. Measured values read "2 replicas vs one device".
 KNOWN: dict[str, Known] = {
     "layers:batch_norm": Known(
         "by Keras' documented design, not a bug: `synchronized=False` (the default) normalizes each replica's 8 "
@@ -386,9 +399,20 @@ def params(area: str) -> list[Any]:
     return [_param(one, KNOWN.get(one.id)) for one in CELLS if one.area == area]
 
 
-def hook_params() -> list[Any]:
-    """The hook group's cells as pytest params (a failing cell fails its comparison: an AssertionError)."""
-    return [_param(cell(cell_id), KNOWN.get(f"hook:{cell_id}")) for cell_id in HOOK_CELLS]
+def group_params(group: str) -> list[Any]:
+    """A group's cells (``hook``, ``workers``) as pytest params (a failing cell fails its comparison)."""
+    return [_param(cell(cell_id), KNOWN.get(f"{group}:{cell_id}")) for cell_id in GROUPS[group][0]]
+
+
+def group_rows() -> list[str]:
+    """The ids of the groups' rows: ``hook:entry:fit``, ``workers:entry:predict``, ..."""
+    return [f"{group}:{cell_id}" for group, (cells, _) in GROUPS.items() for cell_id in cells]
+
+
+def _cell_id(row: str) -> str:
+    """A row's cell id: ``workers:entry:fit`` -> ``entry:fit``."""
+    group, _, rest = row.partition(":")
+    return rest if group in GROUPS else row
 
 
 # --------------------------------------------------------------------------- JSON for the hook's worker
@@ -422,10 +446,10 @@ def _outcome(cell_id: str) -> tuple[str, str]:
     known = KNOWN.get(cell_id)
     if known is not None:
         return f"**differs**: {known.wrong}", known.measured
-    refused = REFUSED.get(cell_id.removeprefix("hook:"))
+    refused = REFUSED.get(_cell_id(cell_id))
     if refused is not None:
         return f"refused in one line before the first step, by {refused.why}", "-"
-    fixed = FIXED.get(cell_id.removeprefix("hook:"))
+    fixed = FIXED.get(_cell_id(cell_id))
     return ("equal" if fixed is None else f"equal, fixed by tfstrategy: {fixed}"), MEASURED_EQUAL.get(cell_id, "-")
 
 
@@ -433,7 +457,7 @@ _CLIPPED = ("`keras_clipping` (tensorflow/tensorflow#33929; plain Keras clips ea
             "before the all-reduce sums them, so the step is not the clipped global gradient")
 
 #: Cells plain Keras gets wrong on 2 replicas and tfstrategy's patches make equal: the patch, the public issue
-#: (if any), and plain Keras' difference. The hook's row of a cell shares its entry.
+#: (if any), and plain Keras' difference. A group's row of a cell (``hook:``, ``workers:``) shares its entry.
 FIXED: dict[str, str] = {
     "entry:predict_on_batch": "`keras_predict_on_batch` (no public report found; plain Keras: 32 rows for a batch of "
                               "16, rows 16-31 repeat rows 0-15)",
@@ -517,6 +541,17 @@ MEASURED_EQUAL: dict[str, str] = {
     "hook:inputs:numpy_uneven_1": "1.9e-6 (epoch-1 loss 9.465)",
     "hook:optimizers:clipnorm": "9.5e-7 (epoch-2 loss 11.90)",
     "hook:optimizers:gradient_accumulation": "4.8e-7 (epoch-2 loss 4.274)",
+    "workers:entry:predict": "0",
+    "workers:entry:train_on_batch": "0",
+    "workers:entry:predict_on_batch": "0",
+    "workers:entry:custom_train_step": "4.8e-7 (epoch-1 loss 7.696)",
+    "workers:entry:custom_loop": "9.5e-7 (step-1 loss 15.85)",
+    "workers:inputs:tf_data": "4.8e-7 (epoch-1 loss 7.696)",
+    "workers:inputs:sample_weight": "4.8e-7 (epoch-1 loss 7.339)",
+    "workers:optimizers:clipnorm": "9.5e-7 (epoch-2 loss 11.90)",
+    "workers:optimizers:gradient_accumulation": "4.8e-7 (epoch-2 loss 4.274)",
+    "workers:layers:dropout": "0 (every fact holds on both)",
+    "workers:compile:mixed_float16": "3.9e-3 (a prediction, -5.043: one float16 ulp)",
 }
 
 
@@ -527,11 +562,11 @@ def render_table() -> str:
     for one in CELLS:
         verdict, measured = _outcome(one.id)
         rows.append(f"| `{one.id}` | {one.what} | {one.compares} | {_tolerance(one)} | {verdict} | {measured} |")
-    for cell_id in HOOK_CELLS:
-        one = cell(cell_id)
-        verdict, measured = _outcome(f"hook:{cell_id}")
-        rows.append(f"| `hook:{cell_id}` | the same, in one process under `tfstrategy run --cpu-replicas 2` | "
-                    f"{one.compares} | {_tolerance(one)} | {verdict} | {measured} |")
+    for row in group_rows():
+        one = cell(_cell_id(row))
+        verdict, measured = _outcome(row)
+        rows.append(f"| `{row}` | {GROUPS[row.partition(':')[0]][1]} | {one.compares} | {_tolerance(one)} | {verdict} "
+                    f"| {measured} |")
     reasons = sorted({one.why for one in CELLS})
     return "\n".join([*rows, "", "Why each tolerance:", "", *(f"- *{key}*: {WHY[key]}." for key in reasons)])
 
