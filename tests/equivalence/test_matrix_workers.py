@@ -21,7 +21,7 @@ def worker_results(tmp_path_factory) -> dict:
     # Ports come from this pytest worker's TFSTRATEGY_PORT_RANGE (conftest), which launch reads by default.
     out = tmp_path_factory.mktemp("workers") / "equivalence.json"
     done = run_cli("launch", "-n", "2", "--timeout", "90", "--", sys.executable, str(WORKER), "--out", str(out),
-                   *matrix_cells.WORKER_CELLS, timeout=110)
+                   *matrix_cells.WORKER_CELLS, timeout=115)
     assert done.returncode == 0 and out.exists(), f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     return json.loads(out.read_text())
 
