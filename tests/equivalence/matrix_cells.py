@@ -5,8 +5,11 @@ option). Its driver (``matrix_drivers.py``) runs it on a strategy and returns wh
 Keras reports (History, ``evaluate``'s dict, ``*_on_batch``'s return), the predictions (values and
 order) and the optimizer's step count. Each cell runs on one device (TensorFlow's default strategy)
 and on 2 replicas (MirroredStrategy over 2 logical CPUs, from ``tfstrategy.select(cpu_replicas=2)``,
-or under ``tfstrategy run --cpu-replicas 2`` for the hook's group), and the two must agree within the
-cell's stated tolerance. Same model, same initial weights, same global batch, no shuffling.
+or under ``tfstrategy run --cpu-replicas 2`` for the hook's group, or on 2 workers of ``tfstrategy launch -n 2``
+for the workers' group), and the two must agree within the
+cell's stated tolerance. Same model, same initial weights, same global batch, no shuffling. Where the
+replicas must differ from one device by design (``BatchNormalization(synchronized=False)``), the cell's
+``reference`` is the documented behaviour, run on one device, and the 2 replicas must equal that instead.
 
 A cell known to differ is in :data:`KNOWN` with what is wrong and the difference measured; its test
 is ``xfail(strict=True)``, so the day a fix makes it equal, the suite says so and the row moves.
@@ -65,6 +68,8 @@ FLOAT16 = "float16"
 RANDOM_FACTS = "facts (examples and calls draw differently, mean, std)"
 FIT_EVAL_PREDICT = "weights, History logs, evaluate logs, predictions, steps"
 FIT_PREDICT = "weights, History logs, predictions, steps"
+PER_REPLICA = ("the documented per-replica behaviour: one device normalizing each replica's 8 examples of the batch by "
+               "their own statistics (`matrix_drivers_models.per_replica_batch_normalization`)")
 
 
 # --------------------------------------------------------------------------- the table
@@ -82,6 +87,9 @@ class Cell:
     rtol: float = 1e-5
     atol: float = 1e-6
     why: str = FLOAT32
+    #: Where the replicas must differ from one device by design: the documented behaviour, on one device, that the
+    #: 2-replica run must equal instead (the default: the cell's own driver on one device).
+    reference: Callable[[Any], dict[str, Any]] | None = None
 
     @property
     def id(self) -> str:
@@ -174,9 +182,17 @@ CELLS: tuple[Cell, ...] = (
          driver=models.seed_generator, compares=RANDOM_FACTS, why=RANDOM),
     Cell(area="layers", name="dropout_rate_0", what="a model with `Dropout(0.0)` trained (no randomness: weights compare)",
          driver=models.dropout_rate_0, compares=WEIGHTS_LOGS_STEPS),
-    Cell(area="layers", name="batch_norm", what="`BatchNormalization()` (the default, `synchronized=False`) trained, "
-                                                "then `predict`",
-         driver=models.batch_norm, compares=FIT_PREDICT),
+    Cell(area="layers", name="batch_norm", what="`BatchNormalization()` (the default, `synchronized=False`) trained: "
+                                                "by Keras' documented design each replica normalizes its 8 examples "
+                                                "by their own mean and variance",
+         driver=models.batch_norm_training, reference=functools.partial(models.batch_norm_training, reference=True),
+         compares=f"trainable weights, History logs, steps, against {PER_REPLICA}"),
+    Cell(area="layers", name="batch_norm_moving_statistics",
+         what="the same training's moving statistics, each replica's copy, then `predict` on them",
+         driver=models.batch_norm_moving_statistics,
+         reference=functools.partial(models.batch_norm_moving_statistics, reference=True),
+         compares=f"each replica's moving mean and variance, predictions, against {PER_REPLICA} (its moving "
+                  "statistics move by the replicas' mean statistics, the same on every replica)"),
     Cell(area="layers", name="batch_norm_synchronized", what="`BatchNormalization(synchronized=True)` trained, then "
                                                              "`predict`",
          driver=functools.partial(models.batch_norm, synchronized=True), compares=FIT_PREDICT),
@@ -206,6 +222,19 @@ CELLS: tuple[Cell, ...] = (
 HOOK_CELLS = ("entry:fit", "entry:predict", "entry:predict_on_batch", "entry:custom_train_step", "entry:custom_loop",
               "inputs:numpy_uneven_1", "optimizers:clipnorm", "optimizers:gradient_accumulation")
 
+#: Cells run together in one ``tfstrategy launch -n 2`` job of the same script (2 workers of a
+#: MultiWorkerMirroredStrategy, one replica each): every entry point of ``fit``'s family but the ones another
+#: cell of the group already runs (``tf_data`` is ``fit``, ``evaluate`` and ``predict``; ``sample_weight`` is
+#: ``fit`` and ``evaluate`` on NumPy), a custom ``train_step`` and loop, two optimizer options, a random layer and
+#: mixed precision. Kept to what one job runs well inside the per-test ceiling; an uneven last batch under
+#: ``launch`` is tests/patches/test_issue36_launch.py's.
+WORKER_CELLS = ("entry:predict", "entry:train_on_batch", "entry:predict_on_batch", "entry:custom_train_step",
+                "entry:custom_loop", "inputs:tf_data", "inputs:sample_weight", "optimizers:clipnorm",
+                "optimizers:gradient_accumulation", "layers:dropout", "compile:mixed_float16")
+#: The groups run in one process or job, by the prefix of their rows' ids, and what runs them (for the page).
+GROUPS = {"hook": (HOOK_CELLS, "the same, in one process under `tfstrategy run --cpu-replicas 2`"),
+          "workers": (WORKER_CELLS, "the same, on 2 workers (one replica each) of one `tfstrategy launch -n 2` job")}
+
 
 @dataclass(frozen=True)
 class Known:
@@ -218,14 +247,17 @@ class Known:
 
 
 #: Cells that differ on 2 replicas (TF 2.21.0, Keras 3.15.1, tfstrategy's patches applied). Keys are
-#: cell ids; ``hook:`` + a cell id for the group run under ``tfstrategy run``. Measured values read
-#: "2 replicas vs one device".
+#: cell ids; ``hook:`` + a cell id for the group run under ``tfstrategy run``, ``workers:`` + a cell id for the
+#: group run under ``tfstrategy launch -n 2``. Measured values read "2 replicas vs one device".
 KNOWN: dict[str, Known] = {
-    "layers:batch_norm": Known(
-        "by Keras' documented design, not a bug: `synchronized=False` (the default) normalizes each replica's 8 "
-        "examples by their own mean and variance, one device all 16 by theirs; `synchronized=True` is one device's "
-        "answer (the next row)",
-        "weights up to 0.44 away after 2 epochs, epoch-1 loss 0.69 apart, a prediction 2.6 (-8.74 vs -6.14)"),
+    "layers:batch_norm_moving_statistics": Known(
+        "the replicas' copies of the moving statistics drift apart (no public report found): Keras 3 creates them "
+        "with `aggregation=\"none\"`, so each replica's update of the `MirroredVariable` writes its own copy only; "
+        "`get_weights` and a saved model hold replica 0's, while `predict` normalizes the examples replica 1 gets by "
+        "replica 1's copy, so the model in memory predicts other numbers than the one saved (tf.keras kept them "
+        "`ON_READ` with `MEAN` aggregation: one value, the replicas' mean)",
+        "moving statistics up to 0.16 away (a moving mean: copies -0.175 and -0.309, the replicas' mean -0.242), a "
+        "prediction 2.3 (-8.74 vs -6.42)"),
 }
 
 
@@ -331,10 +363,12 @@ def two_replicas() -> Any:
 
 @functools.cache
 def one_device_results(cell_id: str) -> dict[str, Any]:
-    """The cell on TensorFlow's default strategy (one device), once per process."""
+    """The cell on TensorFlow's default strategy (one device), once per process: its documented behaviour's driver
+    (``Cell.reference``) if it has one."""
     import tensorflow as tf
 
-    return cell(cell_id).driver(tf.distribute.get_strategy())
+    one = cell(cell_id)
+    return (one.reference or one.driver)(tf.distribute.get_strategy())
 
 
 def run_cell(one: Cell) -> Outcome:
@@ -386,9 +420,20 @@ def params(area: str) -> list[Any]:
     return [_param(one, KNOWN.get(one.id)) for one in CELLS if one.area == area]
 
 
-def hook_params() -> list[Any]:
-    """The hook group's cells as pytest params (a failing cell fails its comparison: an AssertionError)."""
-    return [_param(cell(cell_id), KNOWN.get(f"hook:{cell_id}")) for cell_id in HOOK_CELLS]
+def group_params(group: str) -> list[Any]:
+    """A group's cells (``hook``, ``workers``) as pytest params (a failing cell fails its comparison)."""
+    return [_param(cell(cell_id), KNOWN.get(f"{group}:{cell_id}")) for cell_id in GROUPS[group][0]]
+
+
+def group_rows() -> list[str]:
+    """The ids of the groups' rows: ``hook:entry:fit``, ``workers:entry:predict``, ..."""
+    return [f"{group}:{cell_id}" for group, (cells, _) in GROUPS.items() for cell_id in cells]
+
+
+def _cell_id(row: str) -> str:
+    """A row's cell id: ``workers:entry:fit`` -> ``entry:fit``."""
+    group, _, rest = row.partition(":")
+    return rest if group in GROUPS else row
 
 
 # --------------------------------------------------------------------------- JSON for the hook's worker
@@ -422,10 +467,10 @@ def _outcome(cell_id: str) -> tuple[str, str]:
     known = KNOWN.get(cell_id)
     if known is not None:
         return f"**differs**: {known.wrong}", known.measured
-    refused = REFUSED.get(cell_id.removeprefix("hook:"))
+    refused = REFUSED.get(_cell_id(cell_id))
     if refused is not None:
         return f"refused in one line before the first step, by {refused.why}", "-"
-    fixed = FIXED.get(cell_id.removeprefix("hook:"))
+    fixed = FIXED.get(_cell_id(cell_id))
     return ("equal" if fixed is None else f"equal, fixed by tfstrategy: {fixed}"), MEASURED_EQUAL.get(cell_id, "-")
 
 
@@ -433,7 +478,7 @@ _CLIPPED = ("`keras_clipping` (tensorflow/tensorflow#33929; plain Keras clips ea
             "before the all-reduce sums them, so the step is not the clipped global gradient")
 
 #: Cells plain Keras gets wrong on 2 replicas and tfstrategy's patches make equal: the patch, the public issue
-#: (if any), and plain Keras' difference. The hook's row of a cell shares its entry.
+#: (if any), and plain Keras' difference. A group's row of a cell (``hook:``, ``workers:``) shares its entry.
 FIXED: dict[str, str] = {
     "entry:predict_on_batch": "`keras_predict_on_batch` (no public report found; plain Keras: 32 rows for a batch of "
                               "16, rows 16-31 repeat rows 0-15)",
@@ -502,6 +547,7 @@ MEASURED_EQUAL: dict[str, str] = {
     "layers:gaussian_noise": "0 (every fact holds on both)",
     "layers:seed_generator": "0 (every fact holds on both)",
     "layers:dropout_rate_0": "4.8e-7 (epoch-1 loss 7.696)",
+    "layers:batch_norm": "2.4e-7 (epoch-2 loss 3.074)",
     "layers:batch_norm_synchronized": "1.9e-6 (a prediction, 4.733)",
     "layers:batch_norm_inference": "9.5e-7 (evaluate loss 12.73)",
     "layers:fixed_batch_input": "4.8e-7 (epoch-1 loss 7.696)",
@@ -517,6 +563,17 @@ MEASURED_EQUAL: dict[str, str] = {
     "hook:inputs:numpy_uneven_1": "1.9e-6 (epoch-1 loss 9.465)",
     "hook:optimizers:clipnorm": "9.5e-7 (epoch-2 loss 11.90)",
     "hook:optimizers:gradient_accumulation": "4.8e-7 (epoch-2 loss 4.274)",
+    "workers:entry:predict": "0",
+    "workers:entry:train_on_batch": "0",
+    "workers:entry:predict_on_batch": "0",
+    "workers:entry:custom_train_step": "4.8e-7 (epoch-1 loss 7.696)",
+    "workers:entry:custom_loop": "9.5e-7 (step-1 loss 15.85)",
+    "workers:inputs:tf_data": "4.8e-7 (epoch-1 loss 7.696)",
+    "workers:inputs:sample_weight": "4.8e-7 (epoch-1 loss 7.339)",
+    "workers:optimizers:clipnorm": "9.5e-7 (epoch-2 loss 11.90)",
+    "workers:optimizers:gradient_accumulation": "4.8e-7 (epoch-2 loss 4.274)",
+    "workers:layers:dropout": "0 (every fact holds on both)",
+    "workers:compile:mixed_float16": "3.9e-3 (a prediction, -5.043: one float16 ulp)",
 }
 
 
@@ -527,11 +584,11 @@ def render_table() -> str:
     for one in CELLS:
         verdict, measured = _outcome(one.id)
         rows.append(f"| `{one.id}` | {one.what} | {one.compares} | {_tolerance(one)} | {verdict} | {measured} |")
-    for cell_id in HOOK_CELLS:
-        one = cell(cell_id)
-        verdict, measured = _outcome(f"hook:{cell_id}")
-        rows.append(f"| `hook:{cell_id}` | the same, in one process under `tfstrategy run --cpu-replicas 2` | "
-                    f"{one.compares} | {_tolerance(one)} | {verdict} | {measured} |")
+    for row in group_rows():
+        one = cell(_cell_id(row))
+        verdict, measured = _outcome(row)
+        rows.append(f"| `{row}` | {GROUPS[row.partition(':')[0]][1]} | {one.compares} | {_tolerance(one)} | {verdict} "
+                    f"| {measured} |")
     reasons = sorted({one.why for one in CELLS})
     return "\n".join([*rows, "", "Why each tolerance:", "", *(f"- *{key}*: {WHY[key]}." for key in reasons)])
 

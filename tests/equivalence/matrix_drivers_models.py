@@ -7,6 +7,7 @@ behaviour on the global batch guarantees, as 0/1 facts (:func:`random_facts`), a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -110,13 +111,51 @@ def dropout_rate_0(strategy: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- layers with state
 
 
-def _batch_norm_model(strategy: Any, synchronized: bool) -> Any:
+#: The replicas whose shares of the batch ``BatchNormalization(synchronized=False)`` normalizes separately.
+REPLICAS = 2
+
+
+@functools.cache
+def per_replica_batch_normalization() -> Any:
+    """The documented behaviour of ``BatchNormalization(synchronized=False)`` on REPLICAS replicas, on one device.
+
+    Keras' docs: with ``synchronized=False`` "each replica uses its own local batch statistics". In training this
+    layer splits the global batch into the REPLICAS consecutive shares the replicas get, normalizes each share by
+    its own mean and variance (``ops.moments``, ``ops.batch_normalization``, as Keras' layer does for the whole
+    batch), and moves the moving statistics, which a ``MirroredVariable`` keeps the same on every replica, by the
+    replicas' mean of their statistics (what tf.keras' ``MEAN``-aggregated moving statistics held). Gradients flow
+    through each share's statistics, as on each replica. Inference is Keras' own (the moving statistics).
+    """
+    import keras
+    from keras import ops
+
+    class PerReplicaBatchNormalization(keras.layers.BatchNormalization):
+        def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
+            if mask is not None:
+                raise NotImplementedError("Received a mask; the per-replica reference computes unmasked statistics.")
+            if not training:
+                return super().call(inputs, training=training)
+            shares = ops.split(ops.cast(inputs, "float32"), REPLICAS, axis=0)
+            axes = [i for i in range(len(inputs.shape)) if i != self.axis % len(inputs.shape)]
+            moments = [ops.moments(share, axes=axes) for share in shares]
+            outputs = [ops.batch_normalization(share, mean, variance, axis=self.axis, offset=self.beta,
+                                               scale=self.gamma, epsilon=self.epsilon)
+                       for share, (mean, variance) in zip(shares, moments, strict=True)]
+            for moving, index in ((self.moving_mean, 0), (self.moving_variance, 1)):
+                replicas_mean = ops.mean(ops.stack([one[index] for one in moments]), axis=0)
+                moving.assign(moving * self.momentum + replicas_mean * (1.0 - self.momentum))
+            return ops.cast(ops.concatenate(outputs, axis=0), self.compute_dtype)
+
+    return PerReplicaBatchNormalization
+
+
+def _batch_norm_model(strategy: Any, synchronized: bool, layer: Any = None) -> Any:
     import keras
 
     with strategy.scope():
         inputs = keras.Input((FEATURES,))
         hidden = keras.layers.Dense(8, activation="tanh")(inputs)
-        normal = keras.layers.BatchNormalization(momentum=0.5, synchronized=synchronized)(hidden)
+        normal = (layer or keras.layers.BatchNormalization)(momentum=0.5, synchronized=synchronized)(hidden)
         built = _set_initial_weights(keras.Model(inputs, keras.layers.Dense(1)(normal)))
         variance = built.layers[2].moving_variance
         variance.assign(np.abs(variance.numpy()) + 0.5)  # a variance, positive
@@ -130,6 +169,42 @@ def batch_norm(strategy: Any, synchronized: bool = False) -> dict[str, Any]:
     fitted = _batch_norm_model(strategy, synchronized)
     history = fitted.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
     return _trained(fitted, history, predictions=fitted.predict(x, batch_size=BATCH, verbose=0))
+
+
+@functools.cache
+def _batch_norm_per_replica(strategy: Any, reference: bool) -> dict[str, Any]:
+    """``BatchNormalization()`` (``synchronized=False``) trained, then ``predict``: everything both cells compare.
+
+    ``reference``: on one device with :func:`per_replica_batch_normalization`, the documented per-replica
+    behaviour, whose moving statistics every replica holds (so the one device's copy stands for each of REPLICAS).
+    Else Keras' own layer on ``strategy``, each replica's copy of the moving statistics read on its own
+    (``experimental_local_results``: a ``MirroredVariable``'s copies should be one value).
+    """
+    x, y = data()
+    fitted = _batch_norm_model(strategy, False, per_replica_batch_normalization() if reference else None)
+    history = fitted.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    layer = fitted.layers[2]
+    copies = [[np.asarray(one) for one in strategy.experimental_local_results(moving.value)]
+              for moving in (layer.moving_mean, layer.moving_variance)]
+    if reference:
+        copies = [kept * REPLICAS for kept in copies]
+    return {"trainable": [np.asarray(w) for w in fitted.trainable_weights], "logs": _lists(history.history),
+            "steps": int(fitted.optimizer.iterations.numpy()),
+            "moving_statistics": np.stack([np.stack(one) for one in copies], axis=1),  # (replica, mean/var, unit)
+            "predictions": fitted.predict(x, batch_size=BATCH, verbose=0)}
+
+
+def batch_norm_training(strategy: Any, reference: bool = False) -> dict[str, Any]:
+    """``BatchNormalization()`` trained: its trainable weights, History logs, steps (the moving statistics and the
+    predictions on them are :func:`batch_norm_moving_statistics`')."""
+    trained = _batch_norm_per_replica(strategy, reference)
+    return {"weights": trained["trainable"], "logs": trained["logs"], "steps": trained["steps"]}
+
+
+def batch_norm_moving_statistics(strategy: Any, reference: bool = False) -> dict[str, Any]:
+    """The same training's moving statistics, each replica's copy, and ``predict`` on them."""
+    trained = _batch_norm_per_replica(strategy, reference)
+    return {"moving_statistics": trained["moving_statistics"], "predictions": trained["predictions"]}
 
 
 def batch_norm_inference(strategy: Any) -> dict[str, Any]:

@@ -43,3 +43,21 @@ def test_results_survive_the_hook_workers_json():
     as_json = matrix_cells.to_json(ONE)
     assert matrix_cells.compare(ONE, as_json, rtol=0, atol=0).equal
     assert math.isclose(matrix_cells.compare(ONE, ONE, 0, 0).largest, 0.0)
+
+
+@pytest.mark.parametrize("halves_alike", [True, False], ids=["halves-alike", "halves-differ"])
+def test_the_per_replica_batch_norm_reference_is_keras_own_layer_on_each_half(halves_alike):
+    # The batch_norm rows' reference: on a batch whose two halves are the same rows, each half's statistics are the
+    # whole batch's, so it must be Keras' own layer (outputs, moving statistics, within float32's sum order); on
+    # halves that differ it must not be (else the rows would compare with one device on the global batch).
+    import keras
+
+    import matrix_drivers_models as models
+
+    half = np.random.RandomState(0).randn(8, 4).astype("float32")
+    batch = np.concatenate([half, half if halves_alike else 3 * half + 1])
+    layers = [cls(momentum=0.5) for cls in (keras.layers.BatchNormalization, models.per_replica_batch_normalization())]
+    outputs = [np.asarray(layer(batch, training=True)) for layer in layers]
+    moving = [np.concatenate([np.asarray(layer.moving_mean), np.asarray(layer.moving_variance)]) for layer in layers]
+    same = np.allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-6) and np.allclose(*moving, rtol=1e-5, atol=1e-6)
+    assert same is halves_alike

@@ -29,7 +29,7 @@ def test_the_hook_gave_the_script_two_replicas(hook_results):
     assert hook_results["replicas"] == 2  # else the comparisons below compare one device with itself
 
 
-@pytest.mark.parametrize("cell", matrix_cells.hook_params())
+@pytest.mark.parametrize("cell", matrix_cells.group_params("hook"))
 def test_two_replicas_under_the_hook_match_one_device(cell, hook_results):
     results = hook_results[cell.id]
     assert "error" not in results, f"hook:{cell.id} raised {results['error']}"
