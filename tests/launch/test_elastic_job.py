@@ -213,7 +213,7 @@ def _worker_pid(tag: str, index: int, restart: int = 0) -> int | None:
 
 @pytest.mark.over_ceiling(seconds=180, reason="three groups start in turn: 3 workers, the 2 left after the loss, 3 "
                           "again with the replacement (measured 107 s on 2 loaded cores, 76 s before the take-back)")
-def test_three_local_workers_lose_one_to_sigkill_and_the_two_left_end_with_one_devices_weights(tmp_path):
+def test_three_local_workers_lose_one_to_sigkill_go_on_take_it_back_and_end_with_one_devices_weights(tmp_path):
     """``launch -n 2:3`` on one machine: worker 2 SIGKILLed (the OOM killer, a device gone) once step 10 is committed;
     workers 0 and 1 re-form without it from step 10, which is not a restart; a replacement for worker 2 (restart 1 of
     1) is taken back at a step the workers agree on, and the three end with one device's weights."""
