@@ -375,11 +375,16 @@ def run_cell(one: Cell) -> Outcome:
     """The cell on one device and on 2 replicas, compared.
 
     The 2-replica strategy is selected first, so both sides run with tfstrategy's patches installed (they
-    change nothing on one device), whichever cell of the process comes first.
+    change nothing on one device), whichever cell of the process comes first; and they are installed again
+    for each cell, as a test of another module that called ``tfstrategy.reset()`` after the strategy was
+    selected (and cached) left none (idempotent: a cell costs nothing more when they are in place).
     """
     import keras
 
+    from tfstrategy.patches import apply_patches
+
     strategy = two_replicas()
+    apply_patches()
     policy = keras.config.dtype_policy().name
     if policy != "float32":  # the tolerances are float32's
         raise RuntimeError(f"Received Keras dtype policy {policy!r}; the matrix's tolerances are float32's. A test "
