@@ -611,3 +611,11 @@ def write_docs() -> None:
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write-docs"]:
     write_docs()
+
+
+def assert_group_cell_equal(group: str, cell: Cell, results: dict[str, Any]) -> None:
+    """A cell's results from a group's process (``hook``, ``workers``) equal the cell on one device in this one."""
+    found = results[cell.id]
+    assert "error" not in found, f"{group}:{cell.id} raised {found['error']}"
+    outcome = compare(one_device_results(cell.id), found, cell.rtol, cell.atol)
+    assert outcome.equal, f"{group}:{cell.id}: {outcome.line()}"

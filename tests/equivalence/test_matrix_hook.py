@@ -31,7 +31,4 @@ def test_the_hook_gave_the_script_two_replicas(hook_results):
 
 @pytest.mark.parametrize("cell", matrix_cells.group_params("hook"))
 def test_two_replicas_under_the_hook_match_one_device(cell, hook_results):
-    results = hook_results[cell.id]
-    assert "error" not in results, f"hook:{cell.id} raised {results['error']}"
-    outcome = matrix_cells.compare(matrix_cells.one_device_results(cell.id), results, cell.rtol, cell.atol)
-    assert outcome.equal, f"hook:{cell.id}: {outcome.line()}"
+    matrix_cells.assert_group_cell_equal("hook", cell, hook_results)

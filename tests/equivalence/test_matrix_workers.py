@@ -33,7 +33,4 @@ def test_the_job_gave_the_script_two_workers(worker_results):
 
 @pytest.mark.parametrize("cell", matrix_cells.group_params("workers"))
 def test_two_workers_match_one_device(cell, worker_results):
-    results = worker_results[cell.id]
-    assert "error" not in results, f"workers:{cell.id} raised {results['error']}"
-    outcome = matrix_cells.compare(matrix_cells.one_device_results(cell.id), results, cell.rtol, cell.atol)
-    assert outcome.equal, f"workers:{cell.id}: {outcome.line()}"
+    matrix_cells.assert_group_cell_equal("workers", cell, worker_results)
