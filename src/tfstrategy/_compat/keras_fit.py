@@ -119,3 +119,44 @@ def class_build_peek(model: Model, iterator: object = None, data_batch: object =
 def build_peek_attribute() -> str:
     """The name of the trainer method that peeks at one batch to build the model (a model may shadow it)."""
     return _BUILD_PEEK
+
+
+@accessor("keras.src.trainers.data_adapters.generator_data_adapter:GeneratorDataAdapter")
+def generator_first_batch(epoch_iterator: object) -> Any:
+    """The first batch Keras 3 already took from a Python generator to make ``epoch_iterator``, or ``None``.
+
+    ``GeneratorDataAdapter`` draws the generator's first batches to learn their spec and replays them at the
+    start of every pass; any other data (arrays, a ``tf.data.Dataset``, a ``PyDataset``) gives ``None``.
+    """
+    try:
+        from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
+    except ImportError:
+        return None
+    adapter = getattr(epoch_iterator, "data_adapter", None)
+    batches = getattr(adapter, "_first_batches", None) if isinstance(adapter, GeneratorDataAdapter) else None
+    return batches[0] if batches else None
+
+
+@accessor("keras.src.backend.tensorflow.trainer:TFEpochIterator")
+def tf_epoch_iterator(strategy: object, x: object, steps_per_epoch: int) -> Any:
+    """The epoch iterator Keras 3's ``fit`` makes for ``x`` on ``strategy`` (one execution a step)."""
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+    return TFEpochIterator(distribute_strategy=strategy, x=x, steps_per_epoch=steps_per_epoch)
+
+
+@accessor("keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build",
+          "keras.src.models.model:Model")
+def trainer_build_peek(model: object, iterator: object = None, data_batch: object = None) -> object:
+    """Run ``TensorFlowTrainer._maybe_symbolic_build`` as installed now (a patch may wrap it), whatever ``Model``
+    itself defines: the method a patch on ``Model._maybe_symbolic_build`` extends."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    return TensorFlowTrainer._maybe_symbolic_build(model, iterator=iterator, data_batch=data_batch)
+
+
+@accessor("keras.src.trainers.epoch_iterator:EpochIterator.reset")
+def epoch_iterator_reader(epoch_iterator: object) -> object:
+    """The iterator over the data that ``epoch_iterator``'s current pass made (``None`` before a pass, or after
+    ``reset``; Keras 3 keeps it between passes when ``steps_per_epoch`` is given)."""
+    return getattr(epoch_iterator, "_current_iterator", None)

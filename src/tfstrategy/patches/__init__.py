@@ -22,7 +22,8 @@ no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_
 :mod:`~tfstrategy.patches.keras_clipping` (``clipnorm``/``global_clipnorm``/``clipvalue`` clip the summed gradient) and
 :mod:`~tfstrategy.patches.keras_gradient_accumulation` (``gradient_accumulation_steps`` on 2+ replicas, keras-team/keras#20582) and
 :mod:`~tfstrategy.patches.keras_replica_seeds` (random layers draw other numbers on each replica) and
-:mod:`~tfstrategy.patches.keras_stateful_rnn` (a stateful RNN on 2+ replicas refused in one line).
+:mod:`~tfstrategy.patches.keras_stateful_rnn` (a stateful RNN on 2+ replicas refused in one line) and
+:mod:`~tfstrategy.patches.keras_generator_peek` (``fit`` on a Python generator under a strategy skips no batch).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one, and every other replacement of upstream
 code installed in this process (the start-up hook's rewrites, instance overrides:
@@ -48,6 +49,7 @@ Example:
     keras_gradient_accumulation: installed (backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients); keras 3.15.1; probes when a model first needs it
     keras_replica_seeds: installed (backend.tensorflow.random.draw_seed, ...); keras 3.15.1; probes when a model first needs it
     keras_stateful_rnn: installed (layers.rnn.rnn.RNN.call); keras 3.15.1; probes when a model first needs it
+    keras_generator_peek: installed (models.model.Model._maybe_symbolic_build); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from tfstrategy.patches import (
     keras_compile_scope,
     keras_compute_loss,
     keras_end_of_data,
+    keras_generator_peek,
     keras_gradient_accumulation,
     keras_jit_compile,
     keras_lazy_optimizer,
@@ -93,6 +96,7 @@ PATCHES: dict[str, Patch] = {
     keras_gradient_accumulation.PATCH.name: keras_gradient_accumulation.PATCH,
     keras_replica_seeds.PATCH.name: keras_replica_seeds.PATCH,
     keras_stateful_rnn.PATCH.name: keras_stateful_rnn.PATCH,
+    keras_generator_peek.PATCH.name: keras_generator_peek.PATCH,
 }
 
 
