@@ -1,6 +1,6 @@
 # Two commands on a fresh machine:
 #   make check       set up .venv and run `tfstrategy check` on the default strategy
-#   make test        set up .venv and run the whole test suite, every tier, on two pytest workers (what CI runs)
+#   make test        set up .venv (and .venvs/extras) and run the whole test suite, every tier, on two pytest workers (what CI runs)
 # For developers:
 #   make test-extended  only the long real-world tier (make test runs it too): the corpus of public scripts, Ray, joins after early ops, backup faults, the benchmark run
 #   make test-fast   the edit-test loop: no worker processes, no long training (CONTRIBUTING: the measured times)
@@ -11,14 +11,20 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The Ray and bench extras (Ray Train pulls pandas and pyarrow; bench, matplotlib) live in a venv of their own:
+# where they are installed, Keras imports pandas and matplotlib.pyplot while TensorFlow imports, 1 s of the
+# 4 s every TensorFlow process of the suite starts with (measured: tests/launch, 117 s -> 101 s). .venv is
+# what `pip install tfstrategy[cpu]` gives a user; the tests marked `extras` run in EXTRAS.
+EXTRAS ?= .venvs/extras
+EXTRAS_BIN := $(EXTRAS)/bin
 
 .PHONY: setup check test test-extended test-fast lint versions bench docs clean
 
-setup: $(VENV)/.test-installed
+setup: $(VENV)/.test-installed $(EXTRAS)/.installed
 
 # What `make check` needs: tfstrategy and tensorflow-cpu (pip shows each download: a cold cache fetches
-# about 600 MB). The tests' extras (pytest, the benchmarks' plotting, Ray: about 2 GB more) come with
-# the first `make test`.
+# about 600 MB). The tests' extras (pytest; in .venvs/extras the benchmarks' plotting and Ray: about 2 GB
+# more) come with the first `make test`.
 $(VENV)/.installed: pyproject.toml
 	@echo "make: installing tfstrategy and tensorflow-cpu into $(VENV) (a few minutes on a cold cache)"
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +33,15 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 $(VENV)/.test-installed: $(VENV)/.installed
-	@echo "make: installing the test, benchmark and Ray extras into $(VENV)"
-	$(BIN)/pip install --progress-bar on -e '.[cpu,test,bench,ray]'
+	@echo "make: installing the test extra into $(VENV)"
+	$(BIN)/pip install --progress-bar on -e '.[cpu,test]'
+	touch $@
+
+$(EXTRAS)/.installed: pyproject.toml
+	@echo "make: installing tfstrategy with the test, benchmark and Ray extras into $(EXTRAS) (for the tests marked extras)"
+	$(PYTHON) -m venv $(EXTRAS)
+	$(EXTRAS_BIN)/pip install --quiet --upgrade pip
+	$(EXTRAS_BIN)/pip install --progress-bar on -e '.[cpu,test,bench,ray]'
 	touch $@
 
 check: $(VENV)/.installed
@@ -43,14 +56,17 @@ check: $(VENV)/.installed
 TEST_WORKERS ?= 2
 TEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --max-worker-restart 0)
 
+# Two sessions, one after the other: every test but those marked extras in .venv, then those in .venvs/extras.
 test: setup lint
-	$(BIN)/python -m pytest $(TEST_PARALLEL) --durations=25
+	$(BIN)/python -m pytest $(TEST_PARALLEL) -m "not extras" --durations=25
+	$(EXTRAS_BIN)/python -m pytest $(TEST_PARALLEL) -m extras --durations=10
 
 test-extended: setup
-	$(BIN)/python -m pytest -m extended
+	$(BIN)/python -m pytest -m "extended and not extras"
+	$(EXTRAS_BIN)/python -m pytest -m "extended and extras"
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow and not multiprocess" -q $(TEST_PARALLEL)
+	$(BIN)/python -m pytest -m "not slow and not multiprocess and not extras" -q $(TEST_PARALLEL)
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
@@ -65,7 +81,7 @@ bench: setup
 	$(BIN)/python benchmarks/run.py
 
 $(VENV)/.docs-installed: $(VENV)/.test-installed
-	$(BIN)/pip install --quiet -e '.[cpu,test,bench,ray,docs]'
+	$(BIN)/pip install --quiet -e '.[cpu,test,docs]'
 	touch $@
 
 docs: $(VENV)/.docs-installed

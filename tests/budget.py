@@ -131,11 +131,17 @@ class BudgetWatch:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+#: The marker expression of ``make test``'s first session (``.venv``: every test but the few marked ``extras``, which
+#: its second session runs in ``.venvs/extras``); for the figures, that session is the whole run.
+MAIN_SESSION = "not extras"
+
+
 def whole_run(config: pytest.Config) -> bool:
-    """Whether this run is all of ``make test``: no paths, markers or keywords select a part."""
+    """Whether this run is all of ``make test`` (or its first session): no paths, keywords or other markers select a
+    part."""
     option = config.option
-    return (config.args_source is pytest.Config.ArgsSource.TESTPATHS and not option.markexpr and not option.keyword
-            and not option.deselect and not getattr(option, "lf", False))
+    return (config.args_source is pytest.Config.ArgsSource.TESTPATHS and option.markexpr in ("", MAIN_SESSION)
+            and not option.keyword and not option.deselect and not getattr(option, "lf", False))
 
 
 def stale_figures(collected: int) -> str | None:

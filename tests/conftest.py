@@ -7,6 +7,7 @@ test runs. Tests then use 1, 2 or 4 of them as replicas.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -38,6 +39,21 @@ WATCHED_ENV_PREFIXES = ("TFSTRATEGY_", "TF_CONFIG", "CUDA_VISIBLE_DEVICES", "SLU
 
 def _watched_env() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key.startswith(WATCHED_ENV_PREFIXES)}
+
+
+def _missing_extras() -> list[str]:
+    return [name for name in ("ray", "matplotlib") if importlib.util.find_spec(name) is None]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``extras`` run where Ray or matplotlib is missing is skipped with where it runs."""
+    missing = _missing_extras()
+    if missing:
+        skip = pytest.mark.skip(reason=f"needs {' and '.join(missing)} (the ray and bench extras): make test runs "
+                                       "it in .venvs/extras")
+        for item in items:
+            if item.get_closest_marker("extras") is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

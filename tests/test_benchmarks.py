@@ -63,6 +63,7 @@ def test_auto_k_load_starts_its_busy_processes_and_stops_them(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.extended  # runs every benchmark workload for real; make bench runs them too
+@pytest.mark.extras  # the plot needs matplotlib (the bench extra)
 @pytest.mark.over_ceiling(seconds=380, reason="every benchmark suite once on its smallest sizes: 14 TensorFlow processes in turn")
 def test_quick_run_writes_tables_json_and_plot(tmp_path):
     result = subprocess.run(

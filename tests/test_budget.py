@@ -66,7 +66,9 @@ def test_a_whole_run_much_larger_than_the_measured_suite_says_to_measure_again()
 @pytest.mark.parametrize(
     ("source", "options", "whole"),
     [
-        pytest.param("TESTPATHS", {}, True, id="make-test"),
+        pytest.param("TESTPATHS", {}, True, id="everything"),
+        pytest.param("TESTPATHS", {"markexpr": "not extras"}, True, id="make-test-first-session"),
+        pytest.param("TESTPATHS", {"markexpr": "extras"}, False, id="make-test-extras-session"),
         pytest.param("ARGS", {}, False, id="a-path"),
         pytest.param("TESTPATHS", {"markexpr": "not slow"}, False, id="test-fast"),
         pytest.param("TESTPATHS", {"keyword": "ray"}, False, id="keyword"),

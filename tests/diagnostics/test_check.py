@@ -170,11 +170,11 @@ print(status, loaded, "keras" in sys.modules)
 """
 
 
+@pytest.mark.extras  # where matplotlib is installed (the bench extra), Keras 3 imports pyplot at start-up
 def test_the_check_skips_keras_plotting_import_and_leaves_matplotlib_importable():
     import subprocess
     import sys
 
-    # matplotlib comes with the bench extra (make setup); where it is installed, Keras 3 imports pyplot at start-up.
     done = subprocess.run([sys.executable, "-c", _CHECK_THEN_PLOT], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "0 False True"

@@ -42,21 +42,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray_driver
+import ray_jobs
+import tensorflow as tf
 
-pytest.importorskip("ray.train")
-
-import ray_driver  # noqa: E402
-import ray_jobs  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import tfstrategy  # noqa: E402
-from helpers import ROOT, mirrored  # noqa: E402
-from tfstrategy import _versions  # noqa: E402
+import tfstrategy
+from helpers import ROOT, mirrored
+from tfstrategy import _versions
+from tfstrategy.errors import ClusterConfigError
+from tfstrategy.integrations import ray as tfs_ray
 
 #: Seconds granted to each test of the module; its first carries ``ray_run`` (265-300 s measured on 2 busy cores).
 GRANT = 700
 pytestmark = [
-    pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.extended,
+    pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.extended, pytest.mark.extras,
     pytest.mark.over_ceiling(seconds=GRANT, reason="one two-node Ray cluster for the whole module: its start, 3 "
                              "TensorflowTrainer jobs (restarted 3 times after faults) and the guide's script"),
 ]
@@ -369,3 +368,9 @@ def test_two_raylets_on_two_loopback_addresses_with_token_auth(ray_run, referenc
     for record in ray_run.records("fit").values():
         np.testing.assert_allclose(record["losses"], reference["fit"][0], **TOLERANCE)
     assert ray_run.leftovers == []
+
+
+def test_prepare_outside_a_ray_worker_is_refused_clearly():
+    """With Ray Train installed (tests/integrations/test_ray_worker_conditions.py has the case without it)."""
+    with pytest.raises(ClusterConfigError, match=r"prepare\(\) outside a Ray Train worker.*TensorflowTrainer"):
+        tfs_ray.prepare(lambda: None)

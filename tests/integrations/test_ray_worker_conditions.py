@@ -119,6 +119,7 @@ def test_importing_the_integration_imports_neither_ray_nor_tensorflow():
 
 
 def test_prepare_outside_a_ray_worker_is_refused_clearly():
+    """In .venv Ray is not installed (make test); tests/integrations/test_ray.py has the case with it."""
     try:
         import ray.train  # noqa: F401
     except ImportError:

@@ -253,10 +253,10 @@ def test_an_unsplit_step_is_drawn_as_one_grey_bar():
     assert dataclasses.asdict(job.recommendations[0])["part"] == UNSPLIT
 
 
+@pytest.mark.extras  # matplotlib measures the font
 def test_every_label_of_the_picture_fits_inside_it():
     """The labels were clipped on the left (``rker 0 (50% of examples)``): measured with a real font's metrics
     (DejaVu Sans, as wide as common sans-serif fonts get), every text lies within the drawing."""
-    pytest.importorskip("matplotlib")
     from matplotlib.font_manager import FontProperties
     from matplotlib.textpath import TextToPath
 
