@@ -140,6 +140,15 @@ class WrongToken(threading.Thread):
             self.result = {"returncode": None, "seconds": time.time() - began, "output": "timed out"}
 
 
+def _free_ports(count: int) -> list[int]:
+    """``count`` ports free on 127.0.0.2 now (from the kernel's ephemeral range)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.2", 0))
+        return [probe.getsockname()[1] for probe in probes]
+
+
 def _ray_start(*args: str) -> subprocess.Popen:
     ray = str(Path(sys.executable).with_name("ray"))
     return subprocess.Popen([ray, "start", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -163,13 +172,12 @@ class TwoNodes:
     """
 
     def __init__(self, temp_dir: str, summary: dict) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.2", 0))
-            port = probe.getsockname()[1]
+        port, client_port = _free_ports(2)
         self.address, self.summary, self.began = f"127.0.0.2:{port}", summary, time.time()
         self.common = ["--num-cpus=1", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats"]
+        # Not Ray's default client port, 10001: make test's other session gives its pytest workers 10000-13999.
         self.head = _ray_start("--head", "--node-ip-address=127.0.0.2", f"--port={port}", "--include-dashboard=false",
-                               f"--temp-dir={temp_dir}", *self.common)
+                               f"--ray-client-server-port={client_port}", f"--temp-dir={temp_dir}", *self.common)
         self.wrong: WrongToken | None = None
         self.joining: subprocess.Popen | None = None
 
