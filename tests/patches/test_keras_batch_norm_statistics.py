@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import tfstrategy
 from tfstrategy import _versions
+from tfstrategy.errors import TrainingError
 from tfstrategy.patches import keras_batch_norm_statistics as statistics
 
 pytestmark = [
@@ -92,17 +93,26 @@ def test_one_device_and_synchronized_are_keras_own_bit_for_bit(two_replicas):
                 np.testing.assert_array_equal(one, other)
 
 
-def test_trained_inside_control_flow_in_strategy_run_it_raises_tensorflows_merge_call_error(two_replicas):
+@pytest.mark.parametrize("inside", ["cond", "while_loop"])
+def test_trained_inside_control_flow_in_strategy_run_it_is_refused_in_one_line(two_replicas, inside):
     """The documented cost: each update is a synchronisation point, which TensorFlow refuses inside a ``tf.cond``
-    in the replica function (as for ``synchronized=True``); plain Keras runs it, with the drift."""
-    in_a_cond = lambda call: tf.cond(tf.constant(True), call, call)  # noqa: E731
-    with pytest.raises(RuntimeError, match="merge_call"):
-        _custom_loop(two_replicas, steps=1, inside=in_a_cond)
-    _, (means, _variances), _ = _without_the_patch(lambda: _custom_loop(two_replicas, steps=1, inside=in_a_cond))
+    or ``tf.while_loop`` in the replica function (as for ``synchronized=True``); plain Keras runs it, with the
+    drift. The refusal names the layer, why, and what to write instead."""
+    def in_a_while_loop(call):
+        return tf.while_loop(lambda i, _: i < 1, lambda i, _: (i + 1, call()), (0, tf.zeros((4, 1))))[1]
+
+    wrap = {"cond": lambda call: tf.cond(tf.constant(True), call, call), "while_loop": in_a_while_loop}[inside]
+    with pytest.raises(TrainingError) as refused:
+        _custom_loop(two_replicas, steps=1, inside=wrap)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("Received BatchNormalization '")
+    assert "tf.cond or tf.while_loop within the function given to strategy.run, on 2 replicas" in message
+    assert "Call the layer outside the tf.cond/tf.while_loop, use LayerNormalization there" in message
+    _, (means, _variances), _ = _without_the_patch(lambda: _custom_loop(two_replicas, steps=1, inside=wrap))
     assert not np.array_equal(means[0], means[1])
 
 
-def test_remove_restores_keras_add_weight():
+def test_remove_restores_keras_add_weight_and_call():
     from keras.src.layers.layer import Layer
     from keras.src.layers.normalization.batch_normalization import BatchNormalization
 
@@ -111,6 +121,7 @@ def test_remove_restores_keras_add_weight():
     statistics.PATCH.remove()
     try:
         assert "add_weight" not in vars(BatchNormalization) and BatchNormalization.add_weight is Layer.add_weight
+        assert BatchNormalization.call is statistics.PATCH.original(statistics.CALL)  # Keras' own, unwrapped
     finally:
         statistics.PATCH.apply()
 

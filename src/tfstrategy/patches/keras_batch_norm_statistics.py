@@ -24,10 +24,13 @@ strategy, any strategy of 1 replica), ``synchronized=True`` (its statistics are 
 replica) and every other weight get Keras' own variables, bit for bit.
 
 What it costs. Each update is a synchronisation point (``merge_call``) on MirroredStrategy, like the gradients'
-all-reduce: a ``BatchNormalization`` trained inside a ``tf.cond`` or ``tf.while_loop`` *inside* the function
-given to ``strategy.run`` then fails with TensorFlow's "`merge_call` called while defining a new graph", as
-``synchronized=True`` and an optimizer step there do (plain Keras runs it, with the drift). ``fit``,
-``steps_per_execution`` and a custom loop calling the model in ``strategy.run`` are unaffected.
+all-reduce, which TensorFlow does not allow inside a ``tf.cond`` or ``tf.while_loop`` *inside* the function
+given to ``strategy.run`` (nor for ``synchronized=True`` or an optimizer step there). Such a layer trained there
+(plain Keras runs it, with the drift) is refused in one line, a ``TrainingError`` raised while the step is traced
+(``BatchNormalization.call`` turns TensorFlow's "`merge_call` called while defining a new graph" of a layer this
+fix made into it): call the layer outside the ``tf.cond``/``tf.while_loop``, normalize there with
+``LayerNormalization``, or train on one device. ``fit``, ``steps_per_execution`` and a custom loop calling the
+model in ``strategy.run`` are unaffected.
 
 The probe. Keras' own ``BatchNormalization.build`` (with Keras' own ``add_weight``) in the scope of a 2-replica
 ``MirroredStrategy`` over two devices of this host, one training call per replica on different rows inside
@@ -41,14 +44,28 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from tfstrategy import _compat
 from tfstrategy._tf import tf
+from tfstrategy.errors import TrainingError
 from tfstrategy.patches.keras_training_api import TrainingApiPatch
 from tfstrategy.patches.mechanism import ProbeResult
 
 TARGET = "layers.normalization.batch_normalization.BatchNormalization.add_weight"
+#: Where a synchronisation TensorFlow refuses (inside control flow in ``strategy.run``) becomes a one-line refusal.
+CALL = "layers.normalization.batch_normalization.BatchNormalization.call"
 
 #: The weights Keras' ``BatchNormalization.build`` creates and its ``call`` moves in a replica context.
 MOVING_STATISTICS = frozenset({"moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev"})
+
+
+def control_flow_refusal(layer: Any) -> TrainingError:
+    replicas = tf().distribute.get_strategy().num_replicas_in_sync
+    return TrainingError(
+        f"Received BatchNormalization {layer.name!r} trained inside a tf.cond or tf.while_loop within the function "
+        f"given to strategy.run, on {replicas} replicas; its moving statistics are kept one value on every replica "
+        "(tfstrategy's keras_batch_norm_statistics: Keras lets each replica's copy drift), which takes a "
+        "synchronisation TensorFlow does not allow there. Call the layer outside the tf.cond/tf.while_loop, use "
+        "LayerNormalization there, or train on one device.")
 
 
 def _drifts(statistic: Any, strategy: Any) -> bool:
@@ -66,7 +83,7 @@ class BatchNormStatisticsPatch(TrainingApiPatch):
                    "each replica's copy drifts, and predict uses a copy the saved model does not hold)")
     upstream = ("no Keras 3 report found; tensorflow/tensorflow#46488 reported the symptom (a saved model predicting "
                 "other numbers than the model in memory) against tf.keras 2.3")
-    targets = (TARGET,)
+    targets = (TARGET, CALL)
 
     def probe_on(self, strategy: Any) -> ProbeResult:
         import keras
@@ -88,6 +105,9 @@ class BatchNormStatisticsPatch(TrainingApiPatch):
         return ProbeResult({TARGET: _drifts(layer.moving_mean, strategy)})
 
     def replacement(self, target: str, original: Any) -> Any:
+        if target == CALL:
+            return _refusing_control_flow(original)
+
         @functools.wraps(original)
         def add_weight(layer: Any, *args: Any, **kwargs: Any) -> Any:
             if kwargs.get("name") in MOVING_STATISTICS and kwargs.get("aggregation", "none") in ("none", None) \
@@ -99,6 +119,19 @@ class BatchNormStatisticsPatch(TrainingApiPatch):
             return original(layer, *args, **kwargs)
 
         return add_weight
+
+
+def _refusing_control_flow(original: Any) -> Any:
+    @functools.wraps(original)
+    def call(layer: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(layer, *args, **kwargs)
+        except RuntimeError as error:
+            if "merge_call" not in str(error) or getattr(layer.moving_mean, "aggregation", None) != "mean":
+                raise
+            raise _compat.keep_keras_error_message(control_flow_refusal(layer)) from error
+
+    return call
 
 
 PATCH = BatchNormStatisticsPatch()
