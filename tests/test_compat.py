@@ -476,10 +476,12 @@ def test_del_path_removes_what_set_path_added():
 
 @pytest.mark.skipif(LEGACY, reason="Keras 3 internals: tf_keras has none of these bugs")
 def test_keras3_internals_the_issue_44_layer_patches_replace():
-    """keras_replica_seeds and keras_stateful_rnn name these; a marked error leaves a layer's call as it is."""
+    """keras_replica_seeds, keras_stateful_rnn and keras_batch_norm_statistics name these; a marked error leaves a
+    layer's call as it is."""
     root = _compat.keras3_training_api_root()
     assert callable(root.backend.tensorflow.random.draw_seed) and callable(root.backend.tensorflow.image.draw_seed)
     assert callable(root.layers.rnn.rnn.RNN.call)
+    assert callable(root.layers.normalization.batch_normalization.BatchNormalization.add_weight)
 
     class Refusing(keras.layers.Layer):
         def call(self, x):

@@ -249,16 +249,7 @@ class Known:
 #: Cells that differ on 2 replicas (TF 2.21.0, Keras 3.15.1, tfstrategy's patches applied). Keys are
 #: cell ids; ``hook:`` + a cell id for the group run under ``tfstrategy run``, ``workers:`` + a cell id for the
 #: group run under ``tfstrategy launch -n 2``. Measured values read "2 replicas vs one device".
-KNOWN: dict[str, Known] = {
-    "layers:batch_norm_moving_statistics": Known(
-        "the replicas' copies of the moving statistics drift apart (no public report found): Keras 3 creates them "
-        "with `aggregation=\"none\"`, so each replica's update of the `MirroredVariable` writes its own copy only; "
-        "`get_weights` and a saved model hold replica 0's, while `predict` normalizes the examples replica 1 gets by "
-        "replica 1's copy, so the model in memory predicts other numbers than the one saved (tf.keras kept them "
-        "`ON_READ` with `MEAN` aggregation: one value, the replicas' mean)",
-        "moving statistics up to 0.16 away (a moving mean: copies -0.175 and -0.309, the replicas' mean -0.242), a "
-        "prediction 2.3 (-8.74 vs -6.42)"),
-}
+KNOWN: dict[str, Known] = {}
 
 
 @dataclass(frozen=True)
@@ -508,6 +499,12 @@ FIXED: dict[str, str] = {
                           "\"Trying to access resource ... located in device CPU:1 from device CPU:0\"): XLA is turned "
                           "off on 2 replicas of one host, with one warning line; one device keeps XLA"
        for name in ("jit_compile", "mixed_float16_jit")},
+    "layers:batch_norm_moving_statistics": (
+        "`keras_batch_norm_statistics` (no Keras 3 report found; tensorflow/tensorflow#46488 reported the symptom "
+        "against tf.keras 2.3; plain Keras: the replicas' copies of the moving statistics drift apart, up to 0.16 (a moving mean: "
+        "copies -0.175 and -0.309, the replicas' mean -0.242), a prediction 2.3 away (-8.74 vs -6.42): Keras 3 "
+        "creates them with `aggregation=\"none\"`, so each replica's update writes its own copy only; `get_weights` "
+        "and a saved model hold replica 0's, while `predict` normalizes replica 1's examples by replica 1's copy)"),
     "compile:steps_per_execution_4": "`keras_steps_per_execution` (plain Keras: the first execution fails, \"You must "
                                      "feed a value for placeholder tensor 'while/cond/Placeholder'\")",
     "inputs:generator": "`keras_generator_peek` (no public report found; plain Keras: under load some runs train on "
@@ -557,6 +554,7 @@ MEASURED_EQUAL: dict[str, str] = {
     "layers:seed_generator": "0 (every fact holds on both)",
     "layers:dropout_rate_0": "4.8e-7 (epoch-1 loss 7.696)",
     "layers:batch_norm": "2.4e-7 (epoch-2 loss 3.074)",
+    "layers:batch_norm_moving_statistics": "1.2e-6 (a prediction, -1.831)",
     "layers:batch_norm_synchronized": "1.9e-6 (a prediction, 4.733)",
     "layers:batch_norm_inference": "9.5e-7 (evaluate loss 12.73)",
     "layers:fixed_batch_input": "4.8e-7 (epoch-1 loss 7.696)",

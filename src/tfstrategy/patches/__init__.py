@@ -23,7 +23,9 @@ no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_
 :mod:`~tfstrategy.patches.keras_gradient_accumulation` (``gradient_accumulation_steps`` on 2+ replicas, keras-team/keras#20582) and
 :mod:`~tfstrategy.patches.keras_replica_seeds` (random layers draw other numbers on each replica) and
 :mod:`~tfstrategy.patches.keras_stateful_rnn` (a stateful RNN on 2+ replicas refused in one line) and
-:mod:`~tfstrategy.patches.keras_generator_peek` (``fit`` on a Python generator under a strategy skips no batch).
+:mod:`~tfstrategy.patches.keras_generator_peek` (``fit`` on a Python generator under a strategy skips no batch) and
+:mod:`~tfstrategy.patches.keras_batch_norm_statistics` (``BatchNormalization``'s moving statistics one value on
+every replica).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one, and every other replacement of upstream
 code installed in this process (the start-up hook's rewrites, instance overrides:
@@ -50,11 +52,13 @@ Example:
     keras_replica_seeds: installed (backend.tensorflow.random.draw_seed, ...); keras 3.15.1; probes when a model first needs it
     keras_stateful_rnn: installed (layers.rnn.rnn.RNN.call); keras 3.15.1; probes when a model first needs it
     keras_generator_peek: installed (models.model.Model._maybe_symbolic_build); keras 3.15.1; probes when a model first needs it
+    keras_batch_norm_statistics: installed (layers.normalization.batch_normalization.BatchNormalization.add_weight); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
 
 from tfstrategy.patches import (
+    keras_batch_norm_statistics,
     keras_chief_files,
     keras_clipping,
     keras_compile_scope,
@@ -97,6 +101,7 @@ PATCHES: dict[str, Patch] = {
     keras_replica_seeds.PATCH.name: keras_replica_seeds.PATCH,
     keras_stateful_rnn.PATCH.name: keras_stateful_rnn.PATCH,
     keras_generator_peek.PATCH.name: keras_generator_peek.PATCH,
+    keras_batch_norm_statistics.PATCH.name: keras_batch_norm_statistics.PATCH,
 }
 
 
