@@ -104,10 +104,11 @@ def test_trained_inside_control_flow_in_strategy_run_it_is_refused_in_one_line(t
     wrap = {"cond": lambda call: tf.cond(tf.constant(True), call, call), "while_loop": in_a_while_loop}[inside]
     with pytest.raises(TrainingError) as refused:
         _custom_loop(two_replicas, steps=1, inside=wrap)
-    message = str(refused.value)
-    assert "\n" not in message and message.startswith("Received BatchNormalization '")
-    assert "tf.cond or tf.while_loop within the function given to strategy.run, on 2 replicas" in message
-    assert "Call the layer outside the tf.cond/tf.while_loop, use LayerNormalization there" in message
+    # Raised while the step is traced: TensorFlow's autograph puts "in user code:" and the call's lines above it.
+    (line,) = [line for line in str(refused.value).splitlines() if "Received BatchNormalization '" in line]
+    assert "tf.cond or tf.while_loop within the function given to strategy.run, on 2 replicas" in line
+    assert line.rstrip().endswith("Call the layer outside the tf.cond/tf.while_loop, use LayerNormalization there, or "
+                                  "train on one device.")
     _, (means, _variances), _ = _without_the_patch(lambda: _custom_loop(two_replicas, steps=1, inside=wrap))
     assert not np.array_equal(means[0], means[1])
 
