@@ -174,8 +174,10 @@ class TwoNodes:
     def __init__(self, temp_dir: str, summary: dict) -> None:
         port, client_port = _free_ports(2)
         self.address, self.summary, self.began = f"127.0.0.2:{port}", summary, time.time()
-        self.common = ["--num-cpus=1", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats"]
-        # Not Ray's default client port, 10001: make test's other session gives its pytest workers 10000-13999.
+        # Not Ray's default ports for its workers (10002-19999) and client server (10001): the pytest workers of make
+        # test's other session take 10000-13999 (tests/conftest.py), and TensorFlow's servers listen on every address.
+        self.common = ["--num-cpus=1", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats",
+                       "--min-worker-port=20000", "--max-worker-port=20999"]
         self.head = _ray_start("--head", "--node-ip-address=127.0.0.2", f"--port={port}", "--include-dashboard=false",
                                f"--ray-client-server-port={client_port}", f"--temp-dir={temp_dir}", *self.common)
         self.wrong: WrongToken | None = None
