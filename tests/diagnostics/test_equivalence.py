@@ -8,6 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from docs_samples import assert_sample
 from helpers import mirrored
 from tfstrategy.cli import main
 from tfstrategy.diagnostics.equivalence import EquivalenceResult, initial_weights, max_difference, train_weights
@@ -34,8 +35,10 @@ def test_result_verdicts(difference, expect_equal, passed, verdict):
 @pytest.mark.slow
 def test_cli_equivalence_passes_on_4_replicas_and_flags_the_planted_bug(capsys):
     status = main(["check", "--cpu-replicas", "4", "--equivalence"])
-    lines = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    lines = out.splitlines()
     assert status == 0, lines
+    assert_sample("check-equivalence-4-replicas", out)  # docs/guides/equivalence.md shows this output
     assert lines[:4] == SEED_LINES
     results = {line.split()[0]: line for line in lines if line.startswith("equivalence_")}
     assert list(results) == ["equivalence_fit", "equivalence_fit_spe8", "equivalence_loop", "equivalence_planted_per_replica_mean"]
