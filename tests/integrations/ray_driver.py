@@ -140,15 +140,6 @@ class WrongToken(threading.Thread):
             self.result = {"returncode": None, "seconds": time.time() - began, "output": "timed out"}
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` ports free on 127.0.0.2 now (from the kernel's ephemeral range)."""
-    with contextlib.ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind(("127.0.0.2", 0))
-        return [probe.getsockname()[1] for probe in probes]
-
-
 def _ray_start(*args: str) -> subprocess.Popen:
     ray = str(Path(sys.executable).with_name("ray"))
     return subprocess.Popen([ray, "start", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -172,10 +163,14 @@ class TwoNodes:
     """
 
     def __init__(self, temp_dir: str, summary: dict) -> None:
-        port, client_port = _free_ports(2)
+        from tfstrategy.launch.processes import free_ports
+
+        port, client_port = free_ports(2, "127.0.0.2")
         self.address, self.summary, self.began = f"127.0.0.2:{port}", summary, time.time()
-        self.common = ["--num-cpus=1", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats"]
-        # Not Ray's default client port, 10001: make test's other session gives its pytest workers 10000-13999.
+        # Not Ray's default ports for its workers (10002-19999) and client server (10001): pytest workers take
+        # 10000-13999 (tests/conftest.py), and TensorFlow's servers listen on every address.
+        self.common = ["--num-cpus=1", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats",
+                       "--min-worker-port=20000", "--max-worker-port=20999"]
         self.head = _ray_start("--head", "--node-ip-address=127.0.0.2", f"--port={port}", "--include-dashboard=false",
                                f"--ray-client-server-port={client_port}", f"--temp-dir={temp_dir}", *self.common)
         self.wrong: WrongToken | None = None
