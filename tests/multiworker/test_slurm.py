@@ -156,11 +156,10 @@ def wait_for_count(path: Path, text: str, count: int, timeout: float) -> None:
                          f"{path.read_text() if path.exists() else ''}")
 
 
-def submit(cluster: SlurmCluster, tmp_path: Path, name: str, epochs: int,
-           layout: tuple[str, ...] = ("-N", "1", "-n", "2", "--ntasks-per-node=2")) -> tuple[int, Path]:
+def submit(cluster: SlurmCluster, tmp_path: Path, name: str, epochs: int) -> tuple[int, Path]:
     out = tmp_path / f"{name}.out"
     result = cluster.run([
-        "sbatch", "--parsable", *layout, f"--output={out}", f"--chdir={ROOT}",
+        "sbatch", "--parsable", "-N", "1", "-n", "2", "--ntasks-per-node=2", f"--output={out}", f"--chdir={ROOT}",
         f"--export=ALL,{QUIET},PYTHON={sys.executable},TFSTRATEGY_BACKUP_DIR={tmp_path / name / 'backup'}",
         SBATCH, "--epochs", str(epochs), "--out", str(tmp_path / name / "model.keras"),
     ], timeout=30)
@@ -205,14 +204,18 @@ def test_preempted_sbatch_job_is_requeued_and_ends_with_the_uninterrupted_weight
 
 def _requeued_with_tasks(cluster: SlurmCluster, job: int, out: Path, restarts: int, tasks: int) -> None:
     """Preempt the running job (TERM to its batch script, as ``--signal=B:TERM@60`` does), and while Slurm holds
-    the requeued job back (``cred_expire``, 5 s here) change its size to ``tasks`` tasks, as an operator, or a
-    scheduler giving a job of ``--nodes=MIN-MAX`` what is free, does."""
+    the requeued job back (``cred_expire``, 5 s here) give it ``tasks`` tasks on as many CPUs, as an operator, or a
+    scheduler giving a job of ``--nodes=MIN-MAX`` what is free, does: the next run's allocation has that size
+    (``SLURM_TASKS_PER_NODE``, ``SLURM_JOB_CPUS_PER_NODE``), while the batch script keeps the submission's
+    ``SLURM_NTASKS=2`` and ``SLURM_NTASKS_PER_NODE=2``."""
     cluster.cancel(job, signal_name="TERM", batch=True)
     wait_for_count(out, "the workers stopped for preemption (status 75)", restarts, timeout=90)
     cluster.wait_state(job, ["PENDING"], timeout=60, restarts=restarts)
     cluster.scontrol("hold", str(job))
     assert cluster.job_state(job) == "PENDING"  # held before it ran again: the new size is the next run's
-    cluster.scontrol("update", f"JobId={job}", f"NumTasks={tasks}")
+    # In this order: TasksPerNode and MinCPUsNode lower the floor NumCPUs may then go down to.
+    cluster.scontrol("update", f"JobId={job}", f"NumTasks={tasks}", f"TasksPerNode={tasks}", f"MinCPUsNode={tasks}",
+                     f"NumCPUs={tasks}")
     cluster.scontrol("release", str(job))
 
 
@@ -222,7 +225,7 @@ def test_a_requeued_job_goes_on_with_the_size_of_its_new_allocation_2_1_2(cluste
     the summation order differs, so within float32 rounding, not bit for bit)."""
     import keras
 
-    job, out = submit(cluster, tmp_path, "resized", EPOCHS, layout=("-n", "2"))  # a count of tasks, no layout
+    job, out = submit(cluster, tmp_path, "resized", EPOCHS)
     wait_for(out, rf"Epoch 2/{EPOCHS}", timeout=120)
     _requeued_with_tasks(cluster, job, out, restarts=1, tasks=1)
     wait_for_count(out, "worker-0 resumes from committed step", 1, timeout=120)
@@ -233,6 +236,8 @@ def test_a_requeued_job_goes_on_with_the_size_of_its_new_allocation_2_1_2(cluste
     reference_dir, (reference, _) = uninterrupted
 
     assert (record.state, record.exit_code) == ("COMPLETED", 0), text[-3000:]
+    # Each run's srun started the tasks of its own allocation, not the submission's SLURM_NTASKS=2.
+    assert re.findall(r"tfstrategy-sbatch: job \d+ run \d+ starts at \S+ with (\d+) task", text) == ["2", "1", "2"]
     runs = re.split(r"tfstrategy-sbatch: job \d+ run \d+ starts", text)[1:]
     assert len(runs) == 3, text[-3000:]
     (one,) = _resumed(runs[1]).values()  # one worker, from the step both workers committed
