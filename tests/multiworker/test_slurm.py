@@ -213,7 +213,7 @@ def _requeued_with_tasks(cluster: SlurmCluster, job: int, out: Path, restarts: i
     cluster.wait_state(job, ["PENDING"], timeout=60, restarts=restarts)
     cluster.scontrol("hold", str(job))
     assert cluster.job_state(job) == "PENDING"  # held before it ran again: the new size is the next run's
-    # In this order: TasksPerNode and MinCPUsNode lower the floor NumCPUs may then go down to.
+    # A job of --ntasks-per-node keeps its tasks per node on NumTasks alone, and its CPUs without MinCPUsNode.
     cluster.scontrol("update", f"JobId={job}", f"NumTasks={tasks}", f"TasksPerNode={tasks}", f"MinCPUsNode={tasks}",
                      f"NumCPUs={tasks}")
     cluster.scontrol("release", str(job))
