@@ -12,6 +12,10 @@ Two limits, so that growth is seen the day it is added, not a round later:
 - **The suite's budget**: a whole run of ``make test`` (every tier, two pytest workers) should take at most
   ``SUITE_MINUTES``. The run prints its wall time against it and each exception's measured time against
   its grant.
+- **Where the time goes**: each test's CPU seconds (its process's and every child process it waited for, the
+  workers a launcher ran included), which unlike its wall time do not depend on what ran beside it. The run ends
+  with its CPU time against its wall time on this machine's cores (how busy the run kept them: a low share says
+  tests wait, a high one that only less work makes the run shorter) and the tests that used the most.
 - **The quoted figures**: the README and CONTRIBUTING quote ``MEASURED`` word for word (``tests/test_budget.py``),
   and a whole run that collects more than ``REMEASURE_GROWTH`` times the tests they were measured with fails,
   saying to measure them anew, so that they cannot go stale.
@@ -19,6 +23,7 @@ Two limits, so that growth is seen the day it is added, not a round later:
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -39,6 +44,17 @@ MEASURED = {
     ".ci/versions": "2 min 17 s (both venvs)",
 }
 REMEASURE_GROWTH = 1.15
+#: How many of the tests that used the most CPU a run lists at its end.
+CPU_LISTED = 15
+#: The report property (``user_properties``, so it crosses from a pytest-xdist worker) holding a test's CPU seconds.
+CPU_PROPERTY = "cpu_seconds"
+_CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+def cpu_seconds() -> float:
+    """CPU seconds this process and its waited-for children used so far (user and system)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 class BudgetError(pytest.UsageError):
@@ -89,6 +105,7 @@ class BudgetWatch:
         self.started = time.monotonic()
         self.granted: dict[str, tuple[float, str]] = {}
         self.taken: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
         #: Set at a whole run's end when the quoted figures were measured on a much smaller suite.
         self.stale: str | None = None
 
@@ -100,8 +117,21 @@ class BudgetWatch:
                 item.add_marker(pytest.mark.timeout(seconds))
                 self.granted[item.nodeid] = (seconds, str(over.kwargs["reason"]))
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        item.stash[_CPU_AT_SETUP] = cpu_seconds()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
+        if call.when == "teardown" and _CPU_AT_SETUP in item.stash:  # before the report copies the properties
+            item.user_properties.append((CPU_PROPERTY, round(cpu_seconds() - item.stash[_CPU_AT_SETUP], 2)))
+        yield
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.taken[report.nodeid] = self.taken.get(report.nodeid, 0.0) + report.duration
+        for name, value in report.user_properties:
+            if name == CPU_PROPERTY:
+                self.cpu[report.nodeid] = float(value)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
         if hasattr(config, "workerinput") or not self.taken:  # a pytest-xdist worker: the controller says it, once
@@ -118,6 +148,8 @@ class BudgetWatch:
             grant = self.granted.get(nodeid)
             why = f"granted {grant[0]:.0f} s: {grant[1]}" if grant else "an over_ceiling exception"
             terminalreporter.write_line(f"  over the ceiling: {seconds:6.1f} s {nodeid} ({why})")
+        for line in cpu_lines(self.cpu, wall, os.cpu_count() or 1):
+            terminalreporter.write_line(line)
         if self.stale is not None:
             terminalreporter.write_line(self.stale, red=True)
 
@@ -129,6 +161,19 @@ class BudgetWatch:
         self.stale = stale_figures(len(self.taken))
         if self.stale is not None and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def cpu_lines(cpu: dict[str, float], wall: float, cores: int) -> list[str]:
+    """The run's CPU time against its wall time on ``cores``, then the tests that used the most CPU."""
+    if not cpu:
+        return []
+    total = sum(cpu.values())
+    lines = [f"{total / 60:.1f} CPU-minutes in {wall / 60:.1f} min on {cores} cores: the tests kept "
+             f"{total / (wall * cores):.0%} of them busy (CPU of each test's process and the processes it waited for)",
+             f"the {min(CPU_LISTED, len(cpu))} tests that used the most CPU:"]
+    lines.extend(f"  {seconds:7.1f} CPU-s {nodeid}" for seconds, nodeid in
+                 sorted(((seconds, nodeid) for nodeid, seconds in cpu.items()), reverse=True)[:CPU_LISTED])
+    return lines
 
 
 #: The marker expression of ``make test``'s first session (``.venv``: every test but the few marked ``extras``, which

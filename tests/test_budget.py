@@ -84,3 +84,35 @@ def test_only_a_whole_run_is_held_to_the_measured_figures(source, options, whole
     option = SimpleNamespace(**{"markexpr": "", "keyword": "", "deselect": None, **options})
     config = SimpleNamespace(args_source=getattr(pytest.Config.ArgsSource, source), option=option)
     assert whole_run(config) is whole  # type: ignore[arg-type]
+
+
+def test_the_run_ends_with_its_cpu_against_its_cores_and_the_tests_that_used_the_most():
+    from budget import CPU_LISTED, cpu_lines
+
+    cpu = {f"tests/t.py::test_{i}": float(i) for i in range(CPU_LISTED + 5)}  # 0 + 1 + ... + 19 = 190 CPU-s
+    lines = cpu_lines(cpu, wall=190.0, cores=2)
+    assert lines[0].startswith("3.2 CPU-minutes in 3.2 min on 2 cores: the tests kept 50% of them busy")
+    assert lines[1] == f"the {CPU_LISTED} tests that used the most CPU:"
+    assert lines[2] == f"     {CPU_LISTED + 4:.1f} CPU-s tests/t.py::test_{CPU_LISTED + 4}" and len(lines) == 2 + CPU_LISTED
+    assert cpu_lines({}, wall=10.0, cores=2) == []
+
+
+def test_each_test_reports_the_cpu_of_the_processes_it_waited_for(pytester):
+    from helpers import ROOT
+
+    pytester.makeconftest(f'import sys\nsys.path.insert(0, {str(ROOT / "tests")!r})\npytest_plugins = ["budget"]')
+    pytester.makepyfile(test_spin="""
+        import subprocess, sys
+        def test_child():
+            subprocess.run([sys.executable, "-c", "import time\\nend = time.process_time() + 0.5\\n"
+                            "while time.process_time() < end: pass"], check=True)
+        def test_idle():
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--junitxml=out.xml")
+    result.assert_outcomes(passed=2)
+    import xml.etree.ElementTree as ET
+
+    spent = {case.get("name"): float(prop.get("value")) for case in ET.parse(pytester.path / "out.xml").iter("testcase")
+             for prop in case.iter("property") if prop.get("name") == "cpu_seconds"}
+    assert spent["test_child"] >= 0.5 and spent["test_idle"] < 0.2, spent
