@@ -145,6 +145,17 @@ def wait_for(path: Path, pattern: str, timeout: float) -> re.Match:
     raise AssertionError(f"{pattern!r} not in {path} after {timeout} s:\n{path.read_text() if path.exists() else ''}")
 
 
+def wait_for_count(path: Path, text: str, count: int, timeout: float) -> None:
+    """Wait until ``text`` occurs ``count`` times in the file at ``path``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count(text) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} not {count} times in {path} after {timeout} s:\n"
+                         f"{path.read_text() if path.exists() else ''}")
+
+
 def submit(cluster: SlurmCluster, tmp_path: Path, name: str, epochs: int) -> tuple[int, Path]:
     out = tmp_path / f"{name}.out"
     result = cluster.run([
@@ -189,6 +200,57 @@ def test_preempted_sbatch_job_is_requeued_and_ends_with_the_uninterrupted_weight
                for path in (reference_dir / "model-0.keras", tmp_path / "preempted" / "model.keras")]
     for a, b in zip(*weights):
         np.testing.assert_array_equal(a, b)
+
+
+def _requeued_with_tasks(cluster: SlurmCluster, job: int, out: Path, restarts: int, tasks: int) -> None:
+    """Preempt the running job (TERM to its batch script, as ``--signal=B:TERM@60`` does), and while Slurm holds
+    the requeued job back (``cred_expire``, 5 s here) give it ``tasks`` tasks on as many CPUs, as an operator, or a
+    scheduler giving a job of ``--nodes=MIN-MAX`` what is free, does: the next run's allocation has that size
+    (``SLURM_TASKS_PER_NODE``, ``SLURM_JOB_CPUS_PER_NODE``), while the batch script keeps the submission's
+    ``SLURM_NTASKS=2`` and ``SLURM_NTASKS_PER_NODE=2``."""
+    cluster.cancel(job, signal_name="TERM", batch=True)
+    wait_for_count(out, "the workers stopped for preemption (status 75)", restarts, timeout=90)
+    cluster.wait_state(job, ["PENDING"], timeout=60, restarts=restarts)
+    cluster.scontrol("hold", str(job))
+    assert cluster.job_state(job) == "PENDING"  # held before it ran again: the new size is the next run's
+    # A job of --ntasks-per-node keeps its tasks per node on NumTasks alone, and its CPUs without MinCPUsNode.
+    cluster.scontrol("update", f"JobId={job}", f"NumTasks={tasks}", f"TasksPerNode={tasks}", f"MinCPUsNode={tasks}",
+                     f"NumCPUs={tasks}")
+    cluster.scontrol("release", str(job))
+
+
+def test_a_requeued_job_goes_on_with_the_size_of_its_new_allocation_2_1_2(cluster, uninterrupted, tmp_path):
+    """Issue 47 under Slurm: requeued on 1 task, then on 2 again, the job resumes each time from the newest step
+    every worker of the run before committed, and ends with the uninterrupted job's model (one global batch: only
+    the summation order differs, so within float32 rounding, not bit for bit)."""
+    import keras
+
+    job, out = submit(cluster, tmp_path, "resized", EPOCHS)
+    wait_for(out, rf"Epoch 2/{EPOCHS}", timeout=120)
+    _requeued_with_tasks(cluster, job, out, restarts=1, tasks=1)
+    wait_for_count(out, "worker-0 resumes from committed step", 1, timeout=120)
+    wait_for_count(out, f"Epoch 3/{EPOCHS}", 1, timeout=120)  # run 0 stopped in epoch 2
+    _requeued_with_tasks(cluster, job, out, restarts=2, tasks=2)
+    record = cluster.wait_job(job, timeout=240)
+    text = out.read_text()
+    reference_dir, (reference, _) = uninterrupted
+
+    assert (record.state, record.exit_code) == ("COMPLETED", 0), text[-3000:]
+    # Each run's srun started the tasks of its own allocation, not the submission's SLURM_NTASKS=2.
+    assert re.findall(r"tfstrategy-sbatch: job \d+ run \d+ starts at \S+ with (\d+) task", text) == ["2", "1", "2"]
+    runs = re.split(r"tfstrategy-sbatch: job \d+ run \d+ starts", text)[1:]
+    assert len(runs) == 3, text[-3000:]
+    (one,) = _resumed(runs[1]).values()  # one worker, from the step both workers committed
+    two = _resumed(runs[2])
+    assert set(two) == {"worker-0", "worker-1"} and set(two.values()) == {max(two.values())} and two["worker-0"] > one
+    print(f"2 workers -> 1 from committed step {one} -> 2 from committed step {two['worker-0']}")
+    (loss, steps), (reference_loss, reference_steps) = finals(runs[2])[0], finals(reference.stdout)[0]
+    assert steps == reference_steps == EPOCHS * STEPS_PER_EPOCH
+    assert loss == pytest.approx(reference_loss, abs=1e-5)
+    weights = [keras.saving.load_model(path).get_weights()
+               for path in (reference_dir / "model-0.keras", tmp_path / "resized" / "model.keras")]
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def _resumed(text: str) -> dict[str, int]:
