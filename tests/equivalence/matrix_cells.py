@@ -225,12 +225,14 @@ HOOK_CELLS = ("entry:fit", "entry:predict", "entry:predict_on_batch", "entry:cus
 #: Cells run together in one ``tfstrategy launch -n 2`` job of the same script (2 workers of a
 #: MultiWorkerMirroredStrategy, one replica each): every entry point of ``fit``'s family but the ones another
 #: cell of the group already runs (``tf_data`` is ``fit``, ``evaluate`` and ``predict``; ``sample_weight`` is
-#: ``fit`` and ``evaluate`` on NumPy), a custom ``train_step`` and loop, two optimizer options, a random layer and
-#: mixed precision. Kept to what one job runs well inside the per-test ceiling; an uneven last batch under
-#: ``launch`` is tests/patches/test_issue36_launch.py's.
+#: ``fit`` and ``evaluate`` on NumPy), a custom ``train_step`` and loop, a generator, two optimizer options, a
+#: random layer, ``BatchNormalization`` (one training: its trainable weights and its moving statistics, every
+#: worker's copies gathered) and mixed precision. Kept to what one job runs well inside the per-test ceiling; an
+#: uneven last batch under ``launch`` is tests/patches/test_issue36_launch.py's.
 WORKER_CELLS = ("entry:predict", "entry:train_on_batch", "entry:predict_on_batch", "entry:custom_train_step",
-                "entry:custom_loop", "inputs:tf_data", "inputs:sample_weight", "optimizers:clipnorm",
-                "optimizers:gradient_accumulation", "layers:dropout", "compile:mixed_float16")
+                "entry:custom_loop", "inputs:tf_data", "inputs:sample_weight", "inputs:generator",
+                "optimizers:clipnorm", "optimizers:gradient_accumulation", "layers:dropout", "layers:batch_norm",
+                "layers:batch_norm_moving_statistics", "compile:mixed_float16")
 #: The groups run in one process or job, by the prefix of their rows' ids, and what runs them (for the page).
 GROUPS = {"hook": (HOOK_CELLS, "the same, in one process under `tfstrategy run --cpu-replicas 2`"),
           "workers": (WORKER_CELLS, "the same, on 2 workers (one replica each) of one `tfstrategy launch -n 2` job")}
@@ -577,9 +579,13 @@ MEASURED_EQUAL: dict[str, str] = {
     "workers:entry:custom_loop": "9.5e-7 (step-1 loss 15.85)",
     "workers:inputs:tf_data": "4.8e-7 (epoch-1 loss 7.696)",
     "workers:inputs:sample_weight": "4.8e-7 (epoch-1 loss 7.339)",
+    "workers:inputs:generator": "4.8e-7 (epoch-1 loss 7.696)",
     "workers:optimizers:clipnorm": "9.5e-7 (epoch-2 loss 11.90)",
     "workers:optimizers:gradient_accumulation": "4.8e-7 (epoch-2 loss 4.274)",
     "workers:layers:dropout": "0 (every fact holds on both)",
+    "workers:layers:batch_norm": "2.4e-7 (epoch-2 loss 3.074)",
+    "workers:layers:batch_norm_moving_statistics": "1.2e-6 (a prediction, -1.831); the workers' copies one value, "
+                                                   "6.0e-8 from the reference's",
     "workers:compile:mixed_float16": "3.9e-3 (a prediction, -5.043: one float16 ulp)",
 }
 

@@ -177,21 +177,33 @@ def _batch_norm_per_replica(strategy: Any, reference: bool) -> dict[str, Any]:
 
     ``reference``: on one device with :func:`per_replica_batch_normalization`, the documented per-replica
     behaviour, whose moving statistics every replica holds (so the one device's copy stands for each of REPLICAS).
-    Else Keras' own layer on ``strategy``, each replica's copy of the moving statistics read on its own
-    (``experimental_local_results``: a ``MirroredVariable``'s copies should be one value).
+    Else Keras' own layer on ``strategy``, each replica's copy of the moving statistics (:func:`replica_copies`:
+    a ``MirroredVariable``'s copies should be one value).
     """
     x, y = data()
     fitted = _batch_norm_model(strategy, False, per_replica_batch_normalization() if reference else None)
     history = fitted.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
     layer = fitted.layers[2]
-    copies = [[np.asarray(one) for one in strategy.experimental_local_results(moving.value)]
-              for moving in (layer.moving_mean, layer.moving_variance)]
-    if reference:
-        copies = [kept * REPLICAS for kept in copies]
+    copies = replica_copies(strategy, (layer.moving_mean, layer.moving_variance))  # (replica, mean/var, unit)
     return {"trainable": [np.asarray(w) for w in fitted.trainable_weights], "logs": _lists(history.history),
             "steps": int(fitted.optimizer.iterations.numpy()),
-            "moving_statistics": np.stack([np.stack(one) for one in copies], axis=1),  # (replica, mean/var, unit)
+            "moving_statistics": np.concatenate([copies] * REPLICAS) if reference else copies,
             "predictions": fitted.predict(x, batch_size=BATCH, verbose=0)}
+
+
+def replica_copies(strategy: Any, variables: tuple[Any, ...]) -> np.ndarray:
+    """Each replica's copy of ``variables`` (of one shape), every replica of the job in order: (replica, variable, ...).
+
+    Each replica reads its own copy inside ``strategy.run`` and ``strategy.gather`` collects them, so on several
+    workers the result holds every worker's copies (``experimental_local_results`` gives this process's only).
+    """
+    import tensorflow as tf
+
+    @tf.function
+    def read() -> Any:
+        return strategy.gather(strategy.run(lambda: tf.stack([tf.identity(one) for one in variables])[None]), axis=0)
+
+    return read().numpy()
 
 
 def batch_norm_training(strategy: Any, reference: bool = False) -> dict[str, Any]:
