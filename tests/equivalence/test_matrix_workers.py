@@ -12,7 +12,9 @@ import pytest
 import matrix_cells
 from helpers import ROOT, run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess,
+              pytest.mark.over_ceiling(seconds=240, reason="the module's first test carries the one launch job of its 14 "
+                                                            "cells (40-45 CPU-s; 47-55 s alone, more beside other jobs)")]
 WORKER = ROOT / "tests" / "workers" / "equivalence_worker.py"
 
 
@@ -21,7 +23,7 @@ def worker_results(tmp_path_factory) -> dict:
     # Ports come from this pytest worker's TFSTRATEGY_PORT_RANGE (conftest), which launch reads by default.
     out = tmp_path_factory.mktemp("workers") / "equivalence.json"
     done = run_cli("launch", "-n", "2", "--timeout", "90", "--", sys.executable, str(WORKER), "--out", str(out),
-                   *matrix_cells.WORKER_CELLS, timeout=115)
+                   *matrix_cells.WORKER_CELLS, timeout=220)
     assert done.returncode == 0 and out.exists(), f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     return json.loads(out.read_text())
 
