@@ -9,7 +9,7 @@ Two limits, so that growth is seen the day it is added, not a round later:
       @pytest.mark.over_ceiling(seconds=400, reason="one Ray cluster for every job of the module")
 
   A bare ``@pytest.mark.timeout(N)`` above the ceiling is refused at collection: the reason is the point.
-- **The suite's budget**: a whole run of ``make test`` (every tier, two pytest workers) should take at most
+- **The suite's budget**: a whole run of ``make test`` (every tier, three pytest workers) should take at most
   ``SUITE_MINUTES``. The run prints its wall time against it and each exception's measured time against
   its grant.
 - **Where the time goes**: each test's CPU seconds (its process's and every child process it waited for, the
@@ -36,9 +36,9 @@ SUITE_MINUTES = 30
 #: The figures the README and CONTRIBUTING quote, each as they write it, measured on this project's 2-core
 #: development machine with nothing else running (CONTRIBUTING: "Measuring the suite"). When the suite grows
 #: past ``REMEASURE_GROWTH`` times ``MEASURED_TESTS``, measure again and update these and the docs together.
-MEASURED_TESTS = 2356
+MEASURED_TESTS = 2362
 MEASURED = {
-    "make test": "31 min 42 s of pytest (2,356 tests: 28 min 23 s in .venv, then 3 min 19 s for the 13 marked extras)",
+    "make test": "28 min 31 s of pytest (2,362 tests: 25 min 10 s in .venv, then 3 min 21 s for the 13 marked extras)",
     "make test-fast": "1 min 50 s (1,903 tests)",
     "make test-extended": "about 19 minutes (its 53 tests' times in the measured make test)",
     ".ci/versions": "2 min 17 s (both venvs)",

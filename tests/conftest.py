@@ -25,7 +25,7 @@ def _ports_of_this_pytest_worker() -> None:
 
     TensorFlow's servers listen on every address, so a port one test picked on 127.0.0.3 could be taken on
     0.0.0.0 by the workers of a test running beside it. With a range each, the launches (``--port-range``
-    from the variable) and the tests' own picks (``helpers.free_ports``) of two pytest workers never meet.
+    from the variable) and the tests' own picks (``helpers.free_ports``) of the pytest workers never meet.
     """
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < 5:
