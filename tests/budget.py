@@ -16,6 +16,9 @@ Two limits, so that growth is seen the day it is added, not a round later:
   workers a launcher ran included), which unlike its wall time do not depend on what ran beside it. The run ends
   with its CPU time against its wall time on this machine's cores (how busy the run kept them: a low share says
   tests wait, a high one that only less work makes the run shorter) and the tests that used the most.
+- **Stalls, shown**: a test still running at ``STACKS_AT`` of its time (the ceiling or its grant) has every
+  Python thread's stack and its process's thread count taken once, and the run's end prints them: a test that
+  takes minutes once in many runs (seen: TensorFlow steps inside a long-lived pytest worker) leaves evidence.
 - **The quoted figures**: the README and CONTRIBUTING quote ``MEASURED`` word for word (``tests/test_budget.py``),
   and a whole run that collects more than ``REMEASURE_GROWTH`` times the tests they were measured with fails,
   saying to measure them anew, so that they cannot go stale.
@@ -23,7 +26,10 @@ Two limits, so that growth is seen the day it is added, not a round later:
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import tempfile
+import threading
 import time
 
 import pytest
@@ -49,6 +55,34 @@ CPU_LISTED = 15
 #: The report property (``user_properties``, so it crosses from a pytest-xdist worker) holding a test's CPU seconds.
 CPU_PROPERTY = "cpu_seconds"
 _CPU_AT_SETUP = pytest.StashKey[float]()
+#: The share of a test's time (the ceiling, or its grant) after which its process's stacks are taken.
+STACKS_AT = 0.75
+#: The report property holding those stacks.
+STACKS_PROPERTY = "stacks_while_slow"
+_STACKS = pytest.StashKey["SlowTestStacks"]()
+
+
+class SlowTestStacks:
+    """Once ``seconds`` have passed (unless stopped first), every Python thread's stack and the process's thread count."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.text: str | None = None
+        self._timer = threading.Timer(seconds, self._take)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _take(self) -> None:
+        with tempfile.TemporaryFile("w+") as out:
+            faulthandler.dump_traceback(out, all_threads=True)
+            out.seek(0)
+            stacks = out.read()
+        threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else threading.active_count()
+        self.text = f"after {self.seconds:.0f} s: {threads} threads in pytest process {os.getpid()}; Python stacks:\n{stacks}"
+
+    def stop(self) -> str | None:
+        self._timer.cancel()
+        return self.text
 
 
 def cpu_seconds() -> float:
@@ -106,6 +140,7 @@ class BudgetWatch:
         self.granted: dict[str, tuple[float, str]] = {}
         self.taken: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
+        self.stacks: dict[str, str] = {}
         #: Set at a whole run's end when the quoted figures were measured on a much smaller suite.
         self.stale: str | None = None
 
@@ -120,11 +155,17 @@ class BudgetWatch:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         item.stash[_CPU_AT_SETUP] = cpu_seconds()
+        timeout = item.get_closest_marker("timeout")
+        limit = float(timeout.args[0]) if timeout is not None and timeout.args else float(CEILING_SECONDS)
+        item.stash[_STACKS] = SlowTestStacks(limit * STACKS_AT)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
         if call.when == "teardown" and _CPU_AT_SETUP in item.stash:  # before the report copies the properties
             item.user_properties.append((CPU_PROPERTY, round(cpu_seconds() - item.stash[_CPU_AT_SETUP], 2)))
+            stacks = item.stash[_STACKS].stop() if _STACKS in item.stash else None
+            if stacks is not None:
+                item.user_properties.append((STACKS_PROPERTY, stacks))
         yield
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -132,6 +173,8 @@ class BudgetWatch:
         for name, value in report.user_properties:
             if name == CPU_PROPERTY:
                 self.cpu[report.nodeid] = float(value)
+            elif name == STACKS_PROPERTY:
+                self.stacks[report.nodeid] = str(value)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
         if hasattr(config, "workerinput") or not self.taken:  # a pytest-xdist worker: the controller says it, once
@@ -150,6 +193,8 @@ class BudgetWatch:
             terminalreporter.write_line(f"  over the ceiling: {seconds:6.1f} s {nodeid} ({why})")
         for line in cpu_lines(self.cpu, wall, os.cpu_count() or 1):
             terminalreporter.write_line(line)
+        for nodeid, stacks in self.stacks.items():
+            terminalreporter.write_line(f"still running at {STACKS_AT:.0%} of its time: {nodeid}, {stacks}")
         if self.stale is not None:
             terminalreporter.write_line(self.stale, red=True)
 

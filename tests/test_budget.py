@@ -116,3 +116,26 @@ def test_each_test_reports_the_cpu_of_the_processes_it_waited_for(pytester):
     spent = {case.get("name"): float(prop.get("value")) for case in ET.parse(pytester.path / "out.xml").iter("testcase")
              for prop in case.iter("property") if prop.get("name") == "cpu_seconds"}
     assert spent["test_child"] >= 0.5 and spent["test_idle"] < 0.2, spent
+
+
+def test_a_test_still_running_at_three_quarters_of_its_time_leaves_its_stacks_in_the_run_s_end(pytester):
+    from helpers import ROOT
+
+    pytester.makeconftest(f'import sys\nsys.path.insert(0, {str(ROOT / "tests")!r})\npytest_plugins = ["budget"]')
+    pytester.makepyfile(test_slow="""
+        import time
+        import pytest
+
+        @pytest.mark.timeout(2)
+        def test_waits_in_a_named_place():
+            time.sleep(1.8)  # past 1.5 s, three quarters of its 2 s
+
+        def test_quick():
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    said = result.stdout.str()
+    assert "still running at 75% of its time: test_slow.py::test_waits_in_a_named_place, after 2 s:" in said
+    assert "threads in pytest process" in said and 'test_slow.py", line 6 in test_waits_in_a_named_place' in said
+    assert "test_quick," not in said

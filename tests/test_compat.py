@@ -482,6 +482,8 @@ def test_keras3_internals_the_issue_44_layer_patches_replace():
     assert callable(root.backend.tensorflow.random.draw_seed) and callable(root.backend.tensorflow.image.draw_seed)
     assert callable(root.layers.rnn.rnn.RNN.call)
     assert callable(root.layers.normalization.batch_normalization.BatchNormalization.add_weight)
+    assert callable(root.losses.loss.scale_loss_for_distribution)  # keras_cross_replica_loss
+    assert callable(root.losses.loss.unscale_loss_for_distribution)
 
     class Refusing(keras.layers.Layer):
         def call(self, x):

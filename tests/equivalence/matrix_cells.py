@@ -120,6 +120,10 @@ CELLS: tuple[Cell, ...] = (
          what="`strategy.run` loop, loss object with `reduction=\"none\"` and `tf.nn.compute_average_loss` "
               "over the global batch, 2 epochs of tf.data",
          driver=drivers.custom_loop, compares="weights, each step's summed loss, steps"),
+    Cell(area="entry", name="loss_object",
+         what="`strategy.run` loop, a loss object with Keras' default reduction (keras.io's loop from scratch), and "
+              "the same object called in the scope outside `strategy.run` on the whole data after each epoch",
+         driver=drivers.loss_object, compares="weights, each step's summed loss, the whole-data losses, steps"),
     # Inputs.
     Cell(area="inputs", name="numpy_uneven_2", what="NumPy, 50 examples, batch_size 16: last batch 2 (1 per replica)",
          driver=functools.partial(drivers.numpy_uneven, examples=50),
@@ -144,6 +148,9 @@ CELLS: tuple[Cell, ...] = (
     Cell(area="inputs", name="string_lookup", what="strings through a `StringLookup` (one-hot) inside the model, "
                                                    "`tf.data` of string tensors",
          driver=drivers.string_lookup, compares=FIT_PREDICT),
+    Cell(area="inputs", name="ragged", what="`keras.Input(shape=(None,), ragged=True)`: rows of 1-5 numbers averaged "
+                                            "inside the model, `tf.data` of ragged rows",
+         driver=drivers.ragged, compares=FIT_PREDICT),
     Cell(area="inputs", name="distribute_dataset_uneven",
          what="custom loop over `experimental_distribute_dataset`, 50 examples by 16 (last batch 2)",
          driver=drivers.distribute_dataset_uneven, compares="weights, each step's summed loss, steps"),
@@ -225,14 +232,15 @@ HOOK_CELLS = ("entry:fit", "entry:predict", "entry:predict_on_batch", "entry:cus
 #: Cells run together in one ``tfstrategy launch -n 2`` job of the same script (2 workers of a
 #: MultiWorkerMirroredStrategy, one replica each): every entry point of ``fit``'s family but the ones another
 #: cell of the group already runs (``tf_data`` is ``fit``, ``evaluate`` and ``predict``; ``sample_weight`` is
-#: ``fit`` and ``evaluate`` on NumPy), a custom ``train_step`` and loop, a generator, two optimizer options, a
-#: random layer, ``BatchNormalization`` (one training: its trainable weights and its moving statistics, every
-#: worker's copies gathered) and mixed precision. Kept to what one job runs well inside the per-test ceiling; an
-#: uneven last batch under ``launch`` is tests/patches/test_issue36_launch.py's.
+#: ``fit`` and ``evaluate`` on NumPy), a custom ``train_step``, a loop, a loss object in and out of
+#: ``strategy.run``, a generator, ragged rows, two optimizer options, a random layer, ``BatchNormalization`` (one
+#: training: its trainable weights and its moving statistics, every worker's copies gathered) and mixed precision.
+#: Kept to what one job runs well inside its time grant; an uneven last batch under ``launch`` is
+#: tests/patches/test_issue36_launch.py's.
 WORKER_CELLS = ("entry:predict", "entry:train_on_batch", "entry:predict_on_batch", "entry:custom_train_step",
-                "entry:custom_loop", "inputs:tf_data", "inputs:sample_weight", "inputs:generator",
-                "optimizers:clipnorm", "optimizers:gradient_accumulation", "layers:dropout", "layers:batch_norm",
-                "layers:batch_norm_moving_statistics", "compile:mixed_float16")
+                "entry:custom_loop", "entry:loss_object", "inputs:tf_data", "inputs:sample_weight", "inputs:generator",
+                "inputs:ragged", "optimizers:clipnorm", "optimizers:gradient_accumulation", "layers:dropout",
+                "layers:batch_norm", "layers:batch_norm_moving_statistics", "compile:mixed_float16")
 #: The groups run in one process or job, by the prefix of their rows' ids, and what runs them (for the page).
 GROUPS = {"hook": (HOOK_CELLS, "the same, in one process under `tfstrategy run --cpu-replicas 2`"),
           "workers": (WORKER_CELLS, "the same, on 2 workers (one replica each) of one `tfstrategy launch -n 2` job")}
@@ -489,6 +497,8 @@ FIXED: dict[str, str] = {
                                   "11.85 vs 12.06, weights up to 0.025 away)",
     "optimizers:clipvalue": f"{_CLIPPED}: epoch-2 loss 11.19 "
                             "vs 11.63, weights up to 0.040 away)",
+    "inputs:ragged": "`keras_mwms` (its bug 5; no public report found; plain Keras: a traceback at the first step, "
+                     "\"'RaggedTensor' object has no attribute 'device'\": Keras' build averages the replicas' first batch)",
     "inputs:string_lookup": "`keras_mwms` (its bug 5; keras-team/keras#21172; plain Keras: a traceback at the first "
                             "step, \"Value for attr 'T' of string is not in the list of allowed values\": Keras' "
                             "build averages the replicas' first batch, strings too)",
@@ -509,6 +519,9 @@ FIXED: dict[str, str] = {
         "and a saved model hold replica 0's, while `predict` normalizes replica 1's examples by replica 1's copy)"),
     "compile:steps_per_execution_4": "`keras_steps_per_execution` (plain Keras: the first execution fails, \"You must "
                                      "feed a value for placeholder tensor 'while/cond/Placeholder'\")",
+    "entry:loss_object": "`keras_cross_replica_loss` (no public report found; plain Keras: the loss object called in "
+                         "the scope outside `strategy.run` returns the loss divided by the replica count, whole-data "
+                         "loss 1.058 vs 2.117 after epoch 1, exactly x0.5; inside `strategy.run` it is right)",
     "inputs:generator": "`keras_generator_peek` (no public report found; plain Keras: under load some runs train on "
                         "other batches, epoch-2 loss 1.244 vs 1.456 in one CI run; with a model that takes a moment "
                         "to build, every run trains on batches 0 1 6 7 ... instead of 0 1 2 3 ...: Keras' build pass "
@@ -530,6 +543,8 @@ MEASURED_EQUAL: dict[str, str] = {
     "entry:predict_on_batch": "0",
     "entry:custom_train_step": "4.8e-7 (epoch-1 loss 7.696)",
     "entry:custom_loop": "9.5e-7 (step-1 loss 15.85)",
+    "entry:loss_object": "9.5e-7 (step-1 loss 15.85)",
+    "inputs:ragged": "2.4e-7 (epoch-1 loss 2.356)",
     "inputs:numpy_uneven_2": "7.2e-7 (a prediction, -2.944)",
     "inputs:numpy_uneven_1": "1.9e-6 (epoch-1 loss 9.465)",
     "inputs:tf_data": "4.8e-7 (epoch-1 loss 7.696)",
@@ -577,6 +592,8 @@ MEASURED_EQUAL: dict[str, str] = {
     "workers:entry:predict_on_batch": "0",
     "workers:entry:custom_train_step": "4.8e-7 (epoch-1 loss 7.696)",
     "workers:entry:custom_loop": "9.5e-7 (step-1 loss 15.85)",
+    "workers:entry:loss_object": "9.5e-7 (step-1 loss 15.85)",
+    "workers:inputs:ragged": "2.4e-7 (epoch-1 loss 2.356)",
     "workers:inputs:tf_data": "4.8e-7 (epoch-1 loss 7.696)",
     "workers:inputs:sample_weight": "4.8e-7 (epoch-1 loss 7.339)",
     "workers:inputs:generator": "4.8e-7 (epoch-1 loss 7.696)",

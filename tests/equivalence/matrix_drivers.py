@@ -167,6 +167,39 @@ def custom_loop(strategy: Any) -> dict[str, Any]:
     return _loop(strategy, strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)))
 
 
+def loss_object(strategy: Any) -> dict[str, Any]:
+    """A loss object with Keras' default reduction, as keras.io's "writing a training loop from scratch" calls it,
+    inside ``strategy.run`` (each replica's value is its share of the global mean: the step SUMs them), and in the
+    strategy's scope outside ``strategy.run`` after each epoch, on the whole data (a script's validation loss)."""
+    import keras
+    import tensorflow as tf
+
+    x, y = data()
+    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH))
+    with strategy.scope():
+        built = model()
+        optimizer = keras.optimizers.SGD(0.1)
+        loss_fn = keras.losses.MeanSquaredError()
+
+    def replica_step(features: Any, targets: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(targets, built(features, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, built.trainable_variables), built.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(batch: Any) -> Any:
+        return strategy.reduce("SUM", strategy.run(replica_step, args=batch), axis=None)
+
+    losses, whole_data = [], []
+    for _ in range(EPOCHS):
+        losses.extend(float(step(batch)) for batch in dataset)
+        with strategy.scope():
+            whole_data.append(float(loss_fn(y, built(x))))
+    return {"weights": built.get_weights(), "logs": {"loss": losses, "whole_data_loss": whole_data},
+            "steps": int(optimizer.iterations.numpy())}
+
+
 # --------------------------------------------------------------------------- drivers: inputs
 
 
@@ -298,6 +331,32 @@ def string_lookup(strategy: Any) -> dict[str, Any]:
     history = fitted.fit(tf.data.Dataset.from_tensor_slices((strings, y)).batch(BATCH), epochs=EPOCHS, verbose=0)
     return _trained(fitted, history,
                     predictions=fitted.predict(tf.data.Dataset.from_tensor_slices(strings).batch(BATCH), verbose=0))
+
+
+def ragged(strategy: Any) -> dict[str, Any]:
+    """Rows of 1 to 5 numbers as ``keras.Input(shape=(None,), ragged=True)``, averaged per row inside the model,
+    from a ``tf.data`` of ragged rows batched by 16."""
+    import keras
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 6, size=64)
+    values = rng.normal(size=int(lengths.sum())).astype("float32")
+    rows = tf.RaggedTensor.from_row_lengths(values, lengths)
+    targets = np.array([row.mean() for row in np.split(values, np.cumsum(lengths)[:-1])], "float32")[:, None] * 2 + 1
+
+    class RowMean(keras.layers.Layer):
+        def call(self, inputs: Any) -> Any:
+            return tf.expand_dims(tf.reduce_mean(inputs, axis=1), -1)
+
+    with strategy.scope():
+        inputs = keras.Input(shape=(None,), ragged=True)
+        hidden = keras.layers.Dense(8, activation="tanh")(RowMean()(inputs))
+        fitted = _set_initial_weights(keras.Model(inputs, keras.layers.Dense(1)(hidden)))
+        fitted.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    history = fitted.fit(tf.data.Dataset.from_tensor_slices((rows, targets)).batch(BATCH), epochs=EPOCHS, verbose=0)
+    return _trained(fitted, history, predictions=fitted.predict(tf.data.Dataset.from_tensor_slices(rows).batch(BATCH),
+                                                                verbose=0))
 
 
 def _loop(strategy: Any, dataset: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What the seven training-API patches of issue 44 share: across workers they act without a probe (up to the
+"""What the eight training-API patches of issue 44 share: across workers they act without a probe (up to the
 verified release), so every worker builds the same step even where a worker has one device and no probe can run."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from tfstrategy.patches import (
     keras_batch_norm_statistics,
     keras_clipping,
     keras_compute_loss,
+    keras_cross_replica_loss,
     keras_gradient_accumulation,
     keras_predict_on_batch,
     keras_replica_seeds,
@@ -26,7 +27,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.mark.parametrize("make", [keras_predict_on_batch.PredictOnBatchPatch, keras_compute_loss.ComputeLossPatch,
                                   keras_clipping.ClippingPatch, keras_gradient_accumulation.GradientAccumulationPatch,
                                   keras_replica_seeds.ReplicaSeedsPatch, keras_stateful_rnn.StatefulRnnPatch,
-                                  keras_batch_norm_statistics.BatchNormStatisticsPatch],
+                                  keras_batch_norm_statistics.BatchNormStatisticsPatch,
+                                  keras_cross_replica_loss.CrossReplicaLossPatch],
                          ids=lambda make: make.__name__)
 def test_across_workers_the_fix_acts_without_a_probe(make):
     patch = make()

@@ -25,7 +25,8 @@ no step from gradients of an unscaled loss) and :mod:`~tfstrategy.patches.keras_
 :mod:`~tfstrategy.patches.keras_stateful_rnn` (a stateful RNN on 2+ replicas refused in one line) and
 :mod:`~tfstrategy.patches.keras_generator_peek` (``fit`` on a Python generator under a strategy skips no batch) and
 :mod:`~tfstrategy.patches.keras_batch_norm_statistics` (``BatchNormalization``'s moving statistics one value on
-every replica).
+every replica) and :mod:`~tfstrategy.patches.keras_cross_replica_loss` (a loss object called in a strategy's scope,
+outside ``strategy.run``, returns one device's loss).
 :func:`apply_patches` is what ``tfstrategy.select`` and the start-up hook call;
 :func:`patch_status` reports each one, and every other replacement of upstream
 code installed in this process (the start-up hook's rewrites, instance overrides:
@@ -53,6 +54,7 @@ Example:
     keras_stateful_rnn: installed (layers.rnn.rnn.RNN.call); keras 3.15.1; probes when a model first needs it
     keras_generator_peek: installed (models.model.Model._maybe_symbolic_build); keras 3.15.1; probes when a model first needs it
     keras_batch_norm_statistics: installed (layers.normalization.batch_normalization.BatchNormalization.add_weight); keras 3.15.1; probes when a model first needs it
+    keras_cross_replica_loss: installed (losses.loss.scale_loss_for_distribution, ...); keras 3.15.1; probes when a model first needs it
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from tfstrategy.patches import (
     keras_clipping,
     keras_compile_scope,
     keras_compute_loss,
+    keras_cross_replica_loss,
     keras_end_of_data,
     keras_generator_peek,
     keras_gradient_accumulation,
@@ -102,6 +105,7 @@ PATCHES: dict[str, Patch] = {
     keras_stateful_rnn.PATCH.name: keras_stateful_rnn.PATCH,
     keras_generator_peek.PATCH.name: keras_generator_peek.PATCH,
     keras_batch_norm_statistics.PATCH.name: keras_batch_norm_statistics.PATCH,
+    keras_cross_replica_loss.PATCH.name: keras_cross_replica_loss.PATCH,
 }
 
 

@@ -59,8 +59,11 @@ worker (keras-team/keras#20585, #20329; seen in Keras 3.0 to 3.15):
    added: strings (a model that takes strings into a ``StringLookup``), booleans. MirroredStrategy sums the
    parts with ``AddN``: "Value for attr 'T' of string is not in the list of allowed values" (on one device
    there is nothing to reduce, so the same model trains; keras-team/keras#21172, a string input under
-   MirroredStrategy). Fix: when, and only when, a leaf is neither a number nor complex, the build takes the
-   largest part as in 4 (a mean of strings has no meaning, and the build reads shapes and dtypes only).
+   MirroredStrategy). A ragged leaf (``keras.Input(shape=(None,), ragged=True)`` fed a ``tf.data`` of ragged
+   rows) fails there too: "'RaggedTensor' object has no attribute 'device'" (no public report found; the
+   matrix's ``inputs:ragged``). Fix: when, and only when, a leaf is not a dense number or complex tensor, the
+   build takes the largest part as in 4 (a mean of strings has no meaning, and the build reads shapes and
+   dtypes only).
 
 Both replacements call the original Keras function unless the strategy is
 MWMS in multi-worker mode (or, for the build, the first batch is uneven), so
@@ -113,7 +116,10 @@ def _reduce_to_first_replica(strategy: Any) -> Iterator[None]:
 
 
 def _addable(part: Any) -> bool:
-    """Whether ``AddN`` can sum this replica's part (a number or complex tensor; a string or bool cannot)."""
+    """Whether ``AddN`` can sum this replica's part: a dense number or complex tensor (a string, a bool, a ragged or
+    sparse tensor cannot)."""
+    if isinstance(part, (tf().RaggedTensor, tf().SparseTensor)):
+        return False
     dtype = getattr(part, "dtype", None)
     return dtype is None or bool(dtype.is_floating or dtype.is_integer or dtype.is_complex)
 
@@ -121,7 +127,7 @@ def _addable(part: Any) -> bool:
 @contextlib.contextmanager
 def _reduce_unless_uneven(strategy: Any) -> Iterator[None]:
     """Within the block, ``strategy.reduce`` of replicas' parts that differ in shape, or that cannot be added
-    (strings, booleans), returns the largest part."""
+    (strings, booleans, ragged or sparse tensors), returns the largest part."""
     tree = _compat.keras3_tree()
     reduce_evenly = strategy.reduce
     distributed = tf().distribute.DistributedValues
