@@ -1,6 +1,6 @@
 # Two commands on a fresh machine:
 #   make check       set up .venv and run `tfstrategy check` on the default strategy
-#   make test        set up .venv (and .venvs/extras) and run the whole test suite, every tier, on three pytest workers (what CI runs)
+#   make test        set up .venv (and .venvs/extras) and run the whole test suite, every tier, on two pytest workers (what CI runs)
 # For developers:
 #   make test-extended  only the long real-world tier (make test runs it too): the corpus of public scripts, Ray, joins after early ops, backup faults, the benchmark run
 #   make test-fast   the edit-test loop: no worker processes, no long training (CONTRIBUTING: the measured times)
@@ -47,18 +47,17 @@ $(EXTRAS)/.installed: pyproject.toml
 check: $(VENV)/.installed
 	$(BIN)/tfstrategy check
 
-# Three pytest workers on the 2 cores, each test module whole on one of them (--dist loadfile: its module fixtures,
-# such as the Ray cluster, are made once; pytest 9.2's Node.nodeid broke xdist 3.8's loadgroup). Most tests wait on
-# processes they started (a join, a stall report, Slurm's scheduler): measured, three workers kept the cores 86% busy
-# and ran the first session in 25:10 (two: 25:37 and 28:23). make test-fast's tests run in-process, CPU-bound: two.
+# Two pytest workers, each test module whole on one of them (--dist loadfile: its module fixtures, such as the Ray
+# cluster, are made once; pytest 9.2's Node.nodeid broke xdist 3.8's loadgroup). Three were measured (2026-12-07):
+# the cores 81-86% busy instead of idle at times, but the first session no shorter (25:10 and 26:05 against 25:37 and
+# 28:23 on two), and the in-process tests that train on 4 replicas 3-4x slower (93 s for a 20 s test, near the
+# 120 s ceiling): the tests' own processes outnumber the cores already.
 # Two Slurm clusters never run at once (tests/slurm_cluster.py). TEST_WORKERS=0: serially.
 # A pytest worker that crashes (a segfault in TensorFlow) ends the run at once: after a crash,
 # xdist 3.8's loadfile scheduler was seen to leave the replacement worker and the controller
 # waiting on each other with tests left, which would hold CI until its time limit.
-TEST_WORKERS ?= 3
-FAST_WORKERS ?= 2
-parallel = $(if $(filter 0,$(1)),,-n $(1) --dist loadfile --max-worker-restart 0)
-TEST_PARALLEL := $(call parallel,$(TEST_WORKERS))
+TEST_WORKERS ?= 2
+TEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --max-worker-restart 0)
 
 # Two sessions, one after the other: every test but those marked extras in .venv, then those (Ray's two-node
 # cluster, the benchmarks' run) in .venvs/extras. Measured: at once, the second in the background, took as long
@@ -72,7 +71,7 @@ test-extended: setup
 	$(EXTRAS_BIN)/python -m pytest -m "extended and extras"
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow and not multiprocess and not extras" -q $(call parallel,$(FAST_WORKERS))
+	$(BIN)/python -m pytest -m "not slow and not multiprocess and not extras" -q $(TEST_PARALLEL)
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples

@@ -9,7 +9,7 @@ Two limits, so that growth is seen the day it is added, not a round later:
       @pytest.mark.over_ceiling(seconds=400, reason="one Ray cluster for every job of the module")
 
   A bare ``@pytest.mark.timeout(N)`` above the ceiling is refused at collection: the reason is the point.
-- **The suite's budget**: a whole run of ``make test`` (every tier, three pytest workers) should take at most
+- **The suite's budget**: a whole run of ``make test`` (every tier, two pytest workers) should take at most
   ``SUITE_MINUTES``. The run prints its wall time against it and each exception's measured time against
   its grant.
 - **Where the time goes**: each test's CPU seconds (its process's and every child process it waited for, the
