@@ -63,26 +63,28 @@ _STACKS = pytest.StashKey["SlowTestStacks"]()
 
 
 class SlowTestStacks:
-    """Once ``seconds`` have passed (unless stopped first), every Python thread's stack and the process's thread count."""
+    """Every Python thread's stack once ``seconds`` have passed, unless stopped first.
+
+    faulthandler's watchdog is a C thread: it writes the stacks even while a C extension holds Python's lock (a stall
+    inside TensorFlow may), where a Python timer would wait for the lock and show the stacks after the stall.
+    """
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.text: str | None = None
-        self._timer = threading.Timer(seconds, self._take)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _take(self) -> None:
-        with tempfile.TemporaryFile("w+") as out:
-            faulthandler.dump_traceback(out, all_threads=True)
-            out.seek(0)
-            stacks = out.read()
-        threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else threading.active_count()
-        self.text = f"after {self.seconds:.0f} s: {threads} threads in pytest process {os.getpid()}; Python stacks:\n{stacks}"
+        self._file = tempfile.TemporaryFile("w+")
+        faulthandler.dump_traceback_later(seconds, file=self._file)
 
     def stop(self) -> str | None:
-        self._timer.cancel()
-        return self.text
+        """The stacks taken, if the time passed (with the process's thread count now), else ``None``."""
+        faulthandler.cancel_dump_traceback_later()
+        self._file.seek(0)
+        stacks = self._file.read()
+        self._file.close()
+        if not stacks:
+            return None
+        threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else threading.active_count()
+        return (f"after {self.seconds:.0f} s; {threads} threads in pytest process {os.getpid()} when it ended; "
+                f"Python stacks:\n{stacks}")
 
 
 def cpu_seconds() -> float:

@@ -136,6 +136,6 @@ def test_a_test_still_running_at_three_quarters_of_its_time_leaves_its_stacks_in
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
     said = result.stdout.str()
-    assert "still running at 75% of its time: test_slow.py::test_waits_in_a_named_place, after 2 s:" in said
+    assert "still running at 75% of its time: test_slow.py::test_waits_in_a_named_place, after 2 s;" in said
     assert "threads in pytest process" in said and 'test_slow.py", line 6 in test_waits_in_a_named_place' in said
     assert "test_quick," not in said
