@@ -79,11 +79,14 @@ def test_upstream_keras_still_reduces_the_replicas_first_batch():
 
 
 def test_without_the_patch_a_custom_train_step_keeps_keras_scaling(selected):
-    """Outside Keras' own train_step the loss scale is Keras' 1/replicas (a user's train_step is left alone)."""
+    """Outside Keras' own train_step the loss scale is Keras' 1/replicas (a user's train_step is left alone): in a
+    replica context, where a train_step runs (in the scope outside ``strategy.run`` no replica shares a loss, and
+    keras_cross_replica_loss leaves it whole)."""
     from keras.src.losses import loss as loss_module
 
-    with selected.strategy.scope():
-        assert float(loss_module.scale_loss_for_distribution(tf.constant(1.0))) == 0.5
+    strategy = selected.strategy
+    scaled = strategy.run(tf.function(lambda: loss_module.scale_loss_for_distribution(tf.constant(1.0))))
+    assert [float(value) for value in strategy.experimental_local_results(scaled)] == [0.5, 0.5]
 
 
 def _fit_even(strategy) -> tuple[list[np.ndarray], list[float]]:
