@@ -6,6 +6,9 @@ chooses (:meth:`~Replacement.apply`, idempotent), keeping each original and
 whether its owner had it or only inherited it, puts exactly that back
 (:meth:`~Replacement.remove`), reports a :class:`~tfstrategy.state.status.PatchStatus`,
 and registers with :data:`~tfstrategy.state.registry.RUNTIME` while installed.
+Two replacements of one function stack (each wraps the one below it), and either
+comes off first: the layers above the one removed are rebuilt on what it had
+replaced (:meth:`~Replacement.remove`), so none is lost with it.
 A :class:`~tfstrategy.patches.mechanism.Patch` chooses its targets by a probe of
 the installed library; a hook :class:`~tfstrategy.runtime.rewrites.Rewrite` takes
 all of them.
@@ -26,6 +29,9 @@ __all__ = ["ORIGINAL", "Replacement", "get_path"]
 
 #: Set on every replacement: the function it replaced, so a probe always reaches the library's own.
 ORIGINAL = "__tfstrategy_original__"
+#: Set on every replacement: the :class:`Replacement` that installed it and its target, so that a replacement
+#: removed from under another one can have that one rebuilt on what it had replaced.
+LAYER = "__tfstrategy_layer__"
 
 
 def get_path(root: object, path: str) -> Any:
@@ -47,6 +53,7 @@ class Replacement:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._originals: dict[str, Any] = {}
+        self._installed: dict[str, Any] = {}
         self._owned: dict[str, bool] = {}
 
     # -- to implement -----------------------------------------------------------------
@@ -90,17 +97,10 @@ class Replacement:
                     owner, attribute = self._owner(module, target)
                     # A target the library lacks (a removed API a patch restores) has no original.
                     original = getattr(owner, attribute, MISSING)
-                    replacement = self.replacement(target, original)
-                    if original is not MISSING:
-                        try:
-                            setattr(replacement, ORIGINAL, original)
-                        except (AttributeError, TypeError):  # a staticmethod or builtin cannot carry attributes
-                            pass
                     # Whether the owner had its own attribute, or inherited it (or lacked it): remove() puts back
                     # exactly that, instead of copying an inherited function onto the owner.
                     self._owned[target] = attribute in vars(owner)
-                    self._originals[target] = original
-                    setattr(owner, attribute, replacement)
+                    setattr(owner, attribute, self._layer(target, original))
             if self._originals:
                 RUNTIME.register(self)
             return self.status()
@@ -112,15 +112,47 @@ class Replacement:
             for target, original in list(self._originals.items()):
                 if module is not None:
                     owner, attribute = self._owner(module, target)
-                    if self._owned.pop(target, False):
+                    above = _layer_above(getattr(owner, attribute, MISSING), self._installed.get(target))
+                    if above is not None:  # another replacement wraps this one: rebuilt on this one's original
+                        layer, layer_target = above
+                        layer._rebuild(owner, attribute, layer_target, original, self._owned.pop(target, False))
+                    elif self._owned.pop(target, False):
                         setattr(owner, attribute, original)
                     elif attribute in vars(owner):
                         delattr(owner, attribute)
                         if attribute == "__new__" and original is object.__new__:
                             setattr(owner, attribute, staticmethod(_allocate))
                 del self._originals[target]
+                self._installed.pop(target, None)
             RUNTIME.unregister(self)
             return self.status()
+
+    def _layer(self, target: str, original: Any) -> Any:
+        """This replacement of ``target`` over ``original``, marked with both (:data:`ORIGINAL`, :data:`LAYER`)."""
+        replacement = self.replacement(target, original)
+        for mark, value in ((ORIGINAL, original), (LAYER, (self, target))):
+            if mark == ORIGINAL and original is MISSING:
+                continue
+            try:
+                setattr(replacement, mark, value)
+            except (AttributeError, TypeError):  # a staticmethod or builtin cannot carry attributes
+                pass
+        self._originals[target] = original
+        self._installed[target] = replacement
+        return replacement
+
+    def _rebuild(self, owner: object, attribute: str, target: str, original: Any, owned: bool) -> None:
+        """Put this replacement of ``target`` over ``original`` (the layer below it came off), and so each above."""
+        with self._lock:
+            old = self._installed.get(target)
+            self._owned[target] = owned
+            new = self._layer(target, original)
+            above = _layer_above(getattr(owner, attribute, MISSING), old)
+            if above is None:
+                setattr(owner, attribute, new)
+            else:
+                layer, layer_target = above
+                layer._rebuild(owner, attribute, layer_target, new, layer._owned.get(layer_target, True))
 
     def status(self) -> PatchStatus:
         """What is installed now."""
@@ -141,6 +173,18 @@ class Replacement:
         except AttributeError:
             return False
         return True
+
+
+def _layer_above(top: Any, installed: Any) -> tuple[Replacement, str] | None:
+    """The replacement (and its target) installed directly over ``installed``, going down from ``top``."""
+    function = top
+    while installed is not None and function is not installed and hasattr(function, ORIGINAL):
+        below = getattr(function, ORIGINAL)
+        if below is installed:
+            layer: tuple[Replacement, str] | None = getattr(function, LAYER, None)
+            return layer
+        function = below
+    return None
 
 
 def _allocate(cls: type, *args: object, **kwargs: object) -> object:
