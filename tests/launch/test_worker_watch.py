@@ -21,6 +21,18 @@ def users_function():
     raise RuntimeError("the user's own bug")
 if sys.argv[1] == "raise":
     users_function()
+if sys.argv[1] == "raise-watched":  # says on each traceback line whether the launcher could see the error file
+    class Watched:
+        def __init__(self, stream):
+            self.stream = stream
+        def write(self, text):
+            seen = os.path.exists(os.environ.get("WATCHED_ERROR_FILE", ""))
+            return self.stream.write(text.replace("\\n", " [file seen]\\n" if seen else " [file not yet]\\n"))
+        def flush(self):
+            self.stream.flush()
+    os.environ["WATCHED_ERROR_FILE"] = os.path.join(os.path.dirname(sys.argv[0]), "error.json")
+    sys.stderr = Watched(sys.stderr)
+    users_function()
 if sys.argv[1] == "child":
     child = subprocess.run([sys.executable, "-c", "import os; print('child env', os.environ.get('TFSTRATEGY_ERROR_FILE'))"],
                            capture_output=True, text=True)
@@ -77,6 +89,17 @@ def test_the_first_uncaught_exception_is_recorded_with_the_users_frame(tmp_path)
     assert (record.type, record.message) == ("RuntimeError", "the user's own bug")
     assert record.frame == f"{tmp_path / 'script.py'}:5 in users_function"
     assert abs(record.time - time.time()) < 60
+
+
+def test_the_traceback_is_out_before_the_error_file_that_makes_the_launcher_stop_the_group(tmp_path):
+    """The launcher stops every worker once the error file is there: a worker that wrote it first was stopped
+    with one line of its traceback shown (CI, 2026-12-07)."""
+    process = _worker(tmp_path, "raise-watched")
+    _, err = process.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.endswith(("[file seen]", "[file not yet]"))]
+    assert lines[0].startswith("Traceback") and lines[-1].startswith("RuntimeError: the user's own bug"), err
+    assert all(line.endswith("[file not yet]") for line in lines), err
+    assert read_error(tmp_path / "error.json").message == "the user's own bug"
 
 
 def test_a_python_process_the_worker_starts_does_not_inherit_its_supervision(tmp_path):

@@ -25,6 +25,7 @@ Nothing here imports TensorFlow; the Keras callback class is made when Keras is 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import faulthandler
 import functools
@@ -145,11 +146,17 @@ def _record_errors(contract: WorkerContract) -> str | None:
     previous = sys.excepthook
 
     def excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        # The traceback first: the launcher stops the group as soon as the file is there, and a worker
+        # stopped mid-traceback showed its first line only (CI, 2026-12-07).
         try:
-            write_error(path, error.with_traceback(tb))
-        except Exception:  # a full disk must not hide the user's own traceback
-            pass
-        previous(kind, error, tb)
+            previous(kind, error, tb)
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # a closed or missing stderr
+                sys.stderr.flush()
+        finally:
+            try:
+                write_error(path, error.with_traceback(tb))
+            except Exception:  # a full disk must not lose the launcher its report; the traceback is out
+                pass
 
     RUNTIME.override_attribute(sys, "excepthook", excepthook, name="record_errors",
                                note="the first uncaught exception goes to the launcher's error file")
