@@ -56,13 +56,17 @@ from tfstrategy.settings import (
     validate_audit_mode,
 )
 
-__all__ = ["WorkerSettings", "WorkerContract", "SUPERVISION_VARIABLES", "PRECISIONS", "STACK_SIGNAL", "STARTUP_DIR",
-           "hook_environment", "STOP_PREFIXES", "EXIT_STOPPED", "stop_line"]
+__all__ = ["WorkerSettings", "WorkerContract", "SUPERVISION_VARIABLES", "PRECISIONS", "STACK_SIGNAL",
+           "FROZEN_STACK_SIGNAL", "STARTUP_DIR", "hook_environment", "STOP_PREFIXES", "EXIT_STOPPED", "stop_line"]
 
 #: The directory whose ``sitecustomize`` installs the start-up hook; first on the workers' PYTHONPATH.
 STARTUP_DIR = Path(__file__).resolve().parent / "runtime" / "startup"
 #: The signal on which a launched Python worker prints every thread's stack to its stderr.
 STACK_SIGNAL = signal.SIGUSR2
+#: The same for a frozen worker (its heartbeat stopped: a thread holds Python's lock inside a C extension), which
+#: cannot run the thread that answers :data:`STACK_SIGNAL`: ``faulthandler``'s own handler prints the stacks from
+#: inside the signal, without the lock. Unsafe while Python runs, safe enough when no Python thread can.
+FROZEN_STACK_SIGNAL = signal.SIGUSR1
 #: How a worker's one line begins when the hook stops it on a user error (a refused strategy, a missing device),
 #: and its exit status (:data:`EXIT_STOPPED`, from :mod:`tfstrategy.contract.exits`): the launcher makes that line
 #: its headline, once, and does not restart the job.

@@ -46,6 +46,7 @@ class FakeWorker:
     lines: tuple[str, ...] = ()
     signals: list[int] = field(default_factory=list)
     stacks_dumped: int = 0
+    frozen_stacks_dumped: int = 0
     #: What SIGTERM does: None ignores it, else the exit code it ends with.
     on_term: int | None = -signal.SIGTERM
     beating: bool = False
@@ -77,8 +78,9 @@ class FakeWorker:
         elif signum in (signal.SIGTERM, signal.SIGINT) and self.on_term is not None:
             self.returncode = self.on_term if signum == signal.SIGTERM else -signum
 
-    def dump_stacks(self) -> None:
+    def dump_stacks(self, *, frozen: bool = False) -> None:
         self.stacks_dumped += 1
+        self.frozen_stacks_dumped += frozen
 
     def wait(self) -> int:
         if self.returncode is None:

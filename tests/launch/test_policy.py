@@ -365,6 +365,20 @@ def test_sigterm_to_the_launcher_is_passed_on_and_its_status_is_stated(on_term, 
         assert 2 + 5 <= clock.now < 2 + 5.5 and fleet.at(0, 0).returncode == -signal.SIGKILL
 
 
+def test_a_frozen_workers_stacks_are_asked_of_faulthandler_and_its_peers_of_the_hooks_thread():
+    """A frozen worker cannot run the thread that answers the usual request: it gets the frozen one."""
+    def scenario(fleet, now, launcher):
+        if now < 3:
+            _joined_and_training(fleet, steps=int(now * 10))
+        else:
+            fleet.at(0, 1).beating = False  # its heartbeat stops: a thread holds Python's lock
+
+    result, err, fleet, _ = _run(scenario, stall_report=5, stall_timeout=40)
+    assert "worker 1 has not beaten its heartbeat" in err and "frozen" in err, err
+    assert [(w.stacks_dumped, w.frozen_stacks_dumped) for w in fleet.attempts[0]] == [(1, 0), (1, 1)], err
+    assert _headline(err).startswith("tfstrategy launch: worker 1 "), err
+
+
 def test_a_stopped_worker_is_named_its_peers_stacks_requested_then_the_group_fails_past_the_stall_timeout():
     def scenario(fleet, now, launcher):
         _joined_and_training(fleet, steps=5)
@@ -545,6 +559,7 @@ def test_a_joined_worker_whose_heartbeat_stops_is_still_frozen():
     assert monitor.update(2.0, 2.0, {0: Observation(joined=True, progress=Progress(2, 0, True))}).all_joined
     decision = monitor.update(13.0, 13.0, {0: Observation(joined=True, progress=Progress(2, 0, True))})
     assert any("has not beaten its heartbeat for 11 s: frozen" in note for note in decision.notes)
+    assert decision.dump_stacks and decision.frozen == {0}  # asked through faulthandler's handler
 
 
 def test_a_still_heartbeat_after_the_script_ended_is_the_teardown_not_a_freeze():

@@ -13,6 +13,7 @@ import pytest
 from helpers import ROOT
 from tfstrategy.launch.reports import read_error, read_progress
 from tfstrategy.runtime.worker_hook import hook_environment
+from tfstrategy.worker_contract import FROZEN_STACK_SIGNAL
 
 SCRIPT = """
 import os, sys, time, subprocess
@@ -56,6 +57,12 @@ if sys.argv[1] == "late":
             time.sleep(0.5)
             print("survived", flush=True)
     late = Late()
+if sys.argv[1] == "frozen":  # a C call that keeps Python's lock: ctypes.PyDLL does not release it
+    import ctypes
+    def users_frozen_call():
+        print("frozen", flush=True)
+        ctypes.PyDLL(None).sleep(120)
+    users_frozen_call()
 if sys.argv[1] == "wait":
     print("waiting", flush=True)
     time.sleep(60)
@@ -134,6 +141,24 @@ def test_the_heartbeat_beats_and_a_stack_signal_prints_every_threads_stack(tmp_p
     _, err = process.communicate(timeout=30)
     assert "tfstrategy-heartbeat" in err or "Thread 0x" in err
     assert 'script.py", line' in err and "in <module>" in err
+
+
+def test_a_frozen_worker_holding_pythons_lock_prints_its_stack_on_the_frozen_stack_signal(tmp_path):
+    """No thread of Python's runs in a frozen worker (its heartbeat is still), so the thread that answers
+    STACK_SIGNAL cannot; faulthandler's handler answers FROZEN_STACK_SIGNAL without Python's lock."""
+    process = _worker(tmp_path, "frozen")
+    try:
+        assert process.stdout.readline().startswith("env") and process.stdout.readline() == "frozen\n"
+        process.send_signal(FROZEN_STACK_SIGNAL)
+        lines = []
+        while not any("in users_frozen_call" in line for line in lines):  # waits on the line, not on a time
+            line = process.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+    finally:
+        process.kill()
+        process.communicate(timeout=30)
+    assert any(line.startswith(("Current thread", "Thread 0x")) for line in lines), "".join(lines)
 
 
 def test_stacks_are_printed_by_a_thread_holding_the_gil_and_a_busy_worker_survives_many_requests(tmp_path):

@@ -444,6 +444,7 @@ class GroupMonitor:
             elif now - w.beat_at > self.policy.heartbeat_timeout and self._joined_here(w):
                 found.append((w, f"has not beaten its heartbeat for {now - w.beat_at:.0f} s: frozen (a C extension "
                               "holding Python's lock, or the machine swapping)", w.beat_at))
+                decision.frozen.add(w.index)
         threshold = self.stall_threshold()
         counted = [w for w in tracked if w.steps >= 0]
         last_advance = max((w.steps_at for w in counted), default=now)

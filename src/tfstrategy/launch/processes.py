@@ -34,7 +34,7 @@ from tfstrategy.launch.diagnosis import LOOPBACK, describe_status, exception_lin
 from tfstrategy.launch.monitor import Observation
 from tfstrategy.launch.output import Console, Pump, Tail
 from tfstrategy.settings import ENV_LAUNCH_SECRET
-from tfstrategy.worker_contract import STACK_SIGNAL
+from tfstrategy.worker_contract import FROZEN_STACK_SIGNAL, STACK_SIGNAL
 
 __all__ = [
     "LOOPBACK", "free_ports", "become_subreaper", "WorkerSpec", "WorkerHandle", "LocalProcess", "Lifeline",
@@ -160,7 +160,7 @@ class WorkerHandle(Protocol):
 
     def signal_group(self, signum: int) -> None: ...
 
-    def dump_stacks(self) -> None: ...
+    def dump_stacks(self, *, frozen: bool = False) -> None: ...
 
     def wait(self) -> int: ...
 
@@ -311,11 +311,12 @@ class LocalProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def dump_stacks(self) -> None:
-        """Ask the worker's hook for every thread's stack (only a hooked Python worker, which handles it)."""
+    def dump_stacks(self, *, frozen: bool = False) -> None:
+        """Ask the worker's hook for every thread's stack (only a hooked Python worker, which handles it);
+        a ``frozen`` one through faulthandler's handler, which needs no thread of Python's to run."""
         if self.process.poll() is None and self.spec.progress_file.exists():
             try:
-                os.kill(self.process.pid, STACK_SIGNAL)
+                os.kill(self.process.pid, FROZEN_STACK_SIGNAL if frozen else STACK_SIGNAL)
             except (ProcessLookupError, PermissionError):
                 pass
 

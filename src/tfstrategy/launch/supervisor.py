@@ -316,7 +316,7 @@ class Launcher:
                     self._say(line)
             if decision.dump_stacks:
                 for worker in self._workers:
-                    worker.dump_stacks()
+                    worker.dump_stacks(frozen=worker.index in decision.frozen)
             if decision.all_joined and failed_at is not None:
                 result.rejoin_seconds.append(now - failed_at)
                 self._say(f"all workers joined again {now - failed_at:.1f} s after the failure")

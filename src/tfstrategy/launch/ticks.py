@@ -59,5 +59,7 @@ class Decision:
     notes: list[str] = field(default_factory=list)
     #: Ask every worker for its Python stacks (a stall was just found).
     dump_stacks: bool = False
+    #: The workers among them found frozen (their heartbeat stopped), asked with faulthandler's own handler.
+    frozen: set[int] = field(default_factory=set)
     #: Every worker joined on this tick.
     all_joined: bool = False

@@ -13,7 +13,10 @@ Each part is one small named step, recorded in ``RUNTIME.supervision`` (:mod:`tf
   launcher sends it to every worker when one stalls) and on a crash. On the signal, a thread of
   ours prints them while holding the GIL (woken by the signal's wakeup byte), because
   ``faulthandler``'s own handler reads the other threads' frames from inside the signal, while
-  they run: a worker tracing its step was seen to die of SIGSEGV there.
+  they run: a worker tracing its step was seen to die of SIGSEGV there. A frozen worker (a
+  thread holding the GIL in a C extension) cannot run that thread: on
+  :data:`FROZEN_STACK_SIGNAL`, which the launcher sends it instead, faulthandler's handler prints
+  them, and then no Python frame moves under it.
 - ``heartbeat``: a thread bumps the progress file's heartbeat (a frozen or stopped process
   stops beating); :func:`progress_callbacks` count batches and marks "inside a step". An exit
   handler marks the worker "finishing" once its script ended: the heartbeat then stops while
@@ -42,7 +45,7 @@ from tfstrategy.contract.reports import HEARTBEAT_SECONDS, ProgressWriter, write
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper
 from tfstrategy.state.registry import RUNTIME
-from tfstrategy.worker_contract import STACK_SIGNAL, SUPERVISION_VARIABLES, WorkerContract
+from tfstrategy.worker_contract import FROZEN_STACK_SIGNAL, STACK_SIGNAL, SUPERVISION_VARIABLES, WorkerContract
 
 if TYPE_CHECKING:
     from tfstrategy._protocols import Logs, Model
@@ -168,6 +171,7 @@ def _dump_stacks(contract: WorkerContract) -> str | None:
         return None
     faulthandler.enable(file=sys.stderr, all_threads=True)  # a crash: the process is ending anyway
     stderr_fd = sys.stderr.fileno()
+    faulthandler.register(FROZEN_STACK_SIGNAL, file=stderr_fd, all_threads=True, chain=False)
     if threading.current_thread() is not threading.main_thread():
         # Only the main thread can set the wakeup descriptor: faulthandler's handler, unsafe as it is.
         faulthandler.register(STACK_SIGNAL, file=stderr_fd, all_threads=True, chain=False)
