@@ -35,6 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from tfstrategy.launch.states import Outcome
+
 __all__ = [
     "PROTOCOL", "ProtocolError", "LineReader", "Join", "Failed", "Done", "Stop", "Leave", "Abort", "Heartbeat", "Views", "Cluster", "Reform", "RoundFailed", "Stopped", "Timeout",
     "Finished", "Closing", "Message", "parse_message", "OUTCOMES",
@@ -171,7 +173,7 @@ class Failed(Message):
         """A failure cut to what the wire carries (the newest lines, the first log files), so it never breaks the protocol."""
         return cls(round=round, worker=worker, reason=reason[:_TEXT], status=min(max(status, 0), 1023),
                    time=time if math.isfinite(time) and 0 <= time <= _WALL else 0.0, consequential=consequential,
-                   outcome=outcome if outcome in OUTCOMES else "failed",
+                   outcome=outcome if outcome in OUTCOMES else Outcome.FAILED.value,
                    lines=[line[:LINE_CHARS] for line in lines][-LINES:], logs=[path[:_PATH] for path in logs][:_LOGS],
                    diagnosis=[line[:LINE_CHARS] for line in diagnosis][:DIAGNOSIS_LINES], views=list(views)[:VIEWS])
 
@@ -324,8 +326,9 @@ _PATH = 4096
 _WALL = 1e11
 #: The most seconds per step a worker's view may carry.
 _STEP_SECONDS = 1e6
-#: How a failure ends the job (:class:`tfstrategy.launch.states.Outcome`'s values a failure can have).
-OUTCOMES = ("failed", "join-timeout", "stalled", "preempted", "stopped")
+#: How a failure ends the job (the :class:`~tfstrategy.launch.states.Outcome` values a failure can have).
+OUTCOMES = tuple(outcome.value for outcome in (Outcome.FAILED, Outcome.JOIN_TIMEOUT, Outcome.STALLED,
+                                                Outcome.PREEMPTED, Outcome.STOPPED))
 
 #: A field check: the value (of the type the message declares) or :class:`ProtocolError`.
 Check = Callable[[object, str], Any]
