@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 __all__ = [
     "COUNT", "TEXT", "STEP_SECONDS", "WALL", "Count", "Text", "StepSeconds", "WallClock", "Last", "Pair", "Nested",
-    "Local", "Bound", "on_wire", "bounds", "to_wire", "from_wire", "finite",
+    "Local", "Bound", "on_wire", "sent_fields", "to_wire", "from_wire", "finite",
 ]
 
 #: The largest count a record carries (steps, batches, an epoch).
@@ -104,7 +104,7 @@ def on_wire(bound: Bound) -> dict[str, Bound]:
     return {_BOUND: bound}
 
 
-def bounds(record: type[Any]) -> tuple[tuple[str, Bound], ...]:
+def sent_fields(record: type[Any]) -> tuple[tuple[str, Bound], ...]:
     """``(name, bound)`` of each field of the dataclass ``record`` that crosses the wire (not :class:`Local`).
 
     Raises:
@@ -132,7 +132,7 @@ def finite(value: object, high: float) -> float | None:
 
 def to_wire(record: object) -> dict[str, object]:
     """The fields of ``record`` (a dataclass instance) that cross the wire, each cut to its bound, as JSON values."""
-    return {name: _cut(bound, getattr(record, name)) for name, bound in bounds(type(record))}
+    return {name: _cut(bound, getattr(record, name)) for name, bound in sent_fields(type(record))}
 
 
 def _cut(bound: Bound, value: Any) -> object:
@@ -157,7 +157,7 @@ def _cut(bound: Bound, value: Any) -> object:
 def from_wire(record: type[_Record], data: Mapping[str, Any], **local: object) -> _Record:
     """The ``record`` that :func:`to_wire` sent as ``data`` (checked on receipt), with its :class:`Local` fields
     from ``local`` (the rest take their defaults)."""
-    sent = {name: _rebuild(bound, data[name]) for name, bound in bounds(record)}
+    sent = {name: _rebuild(bound, data[name]) for name, bound in sent_fields(record)}
     return record(**sent, **local)
 
 

@@ -48,7 +48,7 @@ from tfstrategy.contract.bounds import (
     StepSeconds,
     Text,
     WallClock,
-    bounds,
+    sent_fields,
 )
 from tfstrategy.contract.ledger import Ledger
 from tfstrategy.launch.ledger_diagnosis import WIRE_WEIGHTS
@@ -459,7 +459,7 @@ def _bound_check(bound: Bound) -> Check:
 def record_check(record: type[Any], **beside: Check) -> Check:
     """The check of a dataclass ``record`` as :func:`tfstrategy.contract.bounds.to_wire` sends it: exactly the
     fields it sends, each within the bound it declares, and the keys ``beside`` (what a sender adds to it)."""
-    return _record({**{name: _bound_check(bound) for name, bound in bounds(record)}, **beside})
+    return _record({**{name: _bound_check(bound) for name, bound in sent_fields(record)}, **beside})
 
 
 _COUNTER = _int(0, COUNT)
