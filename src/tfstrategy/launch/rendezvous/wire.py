@@ -20,7 +20,8 @@ sender fails the MAC; one replayed, reordered or dropped fails the sequence numb
 at the latest with the next heartbeat).
 
 The payload is then parsed into one of the frozen message classes below, with every field
-checked; anything else is a :class:`ProtocolError`.
+checked; anything else is a :class:`ProtocolError`. A worker's ledger inside a view is checked as
+each of its fields declares (:func:`record_check`, from :mod:`tfstrategy.contract.bounds`).
 """
 
 from __future__ import annotations
