@@ -13,6 +13,9 @@ Read from the source (``ast``), no TensorFlow: `make lint` runs this module besi
 - Every ``TFSTRATEGY_*`` variable is declared once, as a ``settings.Variable`` (a cluster environment's in its
   module): its name is spelled as a string in that declaration and nowhere else in the code, and every name
   the code's messages, the docs or the CLI's help mention is a declared one.
+- Every field of the ledger is declared once, in ``contract/ledger.py`` (with what of it crosses the wire):
+  a module that reads or writes a ledger reaches its fields by attribute or derives them from the declaration
+  (``contract/bounds.py``), never by a name spelled as a string.
 """
 
 from __future__ import annotations
@@ -209,3 +212,58 @@ def test_each_variable_says_who_reads_it_what_it_means_and_what_a_valid_value_is
 
     for name, variable in _declared().items():
         assert isinstance(variable.side, Side) and variable.help.strip() and variable.expected.strip(), name
+
+
+#: Where a ledger field's name is spelled on purpose: its declaration.
+LEDGER_DECLARATION = "contract/ledger.py"
+#: (module, word) -> what the word names there, in a module that handles ledgers, other than a ledger's field.
+OTHER_WORDS = {
+    ("launch/elastic.py", "time"): "a re-formation record's wall-clock time (reformations.jsonl)",
+    ("launch/elastic.py", "step"): "a re-formation record's newest committed step",
+    ("launch/ledger_diagnosis.py", "steps"): "WorkerView.steps on the wire: the progress file's count, beside the ledger",
+    ("launch/rendezvous/wire.py", "steps"): "the check of WorkerView.steps",
+    ("launch/rendezvous/wire.py", "time"): "the check of Failed.time, a message's field",
+    ("launch/stragglers.py", "py_function"): "the name of a measure the straggler watch compares",
+}
+
+
+def _ledger_fields() -> set[str]:
+    import dataclasses
+
+    from tfstrategy.contract.ledger import FunctionTrace, Ledger
+
+    return {field.name for record in (Ledger, FunctionTrace) for field in dataclasses.fields(record)}
+
+
+def _handles_ledgers(tree: ast.Module) -> bool:
+    """Whether ``tree`` imports the ledger (anywhere: a function's import or a ``TYPE_CHECKING`` one too)."""
+    modules = ("tfstrategy.contract.ledger", "tfstrategy.launch.ledger")
+    return any((isinstance(node, ast.ImportFrom) and node.module in modules)
+               or (isinstance(node, ast.Import) and any(alias.name in modules for alias in node.names))
+               for node in ast.walk(tree))
+
+
+def test_each_ledger_field_is_spelled_as_a_string_only_in_its_declaration():
+    """A ledger field spelled as a key (``record["py_function_seconds"]``) is a second place to edit when a field is
+    added; the wire's converters and checks derive from the declaration instead. Only the modules that import the
+    ledger are read: elsewhere ``epoch``, ``steps`` or ``time`` are other records' words (Keras' params, a backup's
+    sidecar, the performance report)."""
+    fields = _ledger_fields()
+    seen = set()
+    spelled = []
+    for path, tree in _modules():
+        if path == LEDGER_DECLARATION or not _handles_ledgers(tree):
+            continue
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in fields and id(node) not in docstrings:
+                seen.add((path, node.value))
+                if (path, node.value) not in OTHER_WORDS:
+                    spelled.append(f"{path}:{node.lineno} {node.value!r}")
+    assert not spelled, (
+        f"ledger fields spelled as strings outside {LEDGER_DECLARATION}: {spelled}. Read the field by attribute, or "
+        "derive from its declaration (tfstrategy.contract.bounds: to_wire, from_wire, bounds); if the word names "
+        "something else there, add it to OTHER_WORDS saying what."
+    )
+    stale = set(OTHER_WORDS) - seen
+    assert not stale, f"no longer spelled, strike from OTHER_WORDS: {sorted(stale)}"

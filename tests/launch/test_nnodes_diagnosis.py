@@ -4,6 +4,7 @@ failure; node 0 diagnoses over every node's views, and checks each view on recei
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 import re
@@ -11,6 +12,7 @@ import re
 import pytest
 from planted_causes import GOES_ON, HEADLINES, PREFIX
 
+from tfstrategy.contract import bounds
 from tfstrategy.launch.ledger import FunctionTrace, Ledger
 from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, WorkerView, view_from_wire, view_to_wire
 from tfstrategy.launch.monitor import GroupMonitor, Observation, Policy
@@ -126,6 +128,107 @@ def test_too_many_views_is_a_protocol_error_and_a_sender_cuts_them_to_the_bound(
                               outcome="failed", lines=(), logs=(), views=[GOOD] * 100)
     assert len(cut.views) == wire.VIEWS == 64
 
+
+
+# --- each ledger field crosses the wire as its declaration says (tfstrategy.contract.bounds) ------------------
+
+
+def _inside(bound: bounds.Bound) -> object:
+    """A value at the edge of ``bound`` (never a field's default, so a field left behind shows)."""
+    if isinstance(bound, bounds.Count):
+        return bound.low + 5
+    if isinstance(bound, bounds.Text):
+        return "t" * bound.limit
+    if isinstance(bound, bounds.StepSeconds):
+        return 0.25
+    if isinstance(bound, bounds.WallClock):
+        return 1.7e9
+    if isinstance(bound, bounds.Last):
+        return tuple(_inside(bound.item) for _ in range(bound.limit))
+    if isinstance(bound, bounds.Pair):
+        return (_inside(bound.first), _inside(bound.second))
+    assert isinstance(bound, bounds.Nested), bound
+    return bound.record(**{name: _inside(item) for name, item in bounds.sent_fields(bound.record)})
+
+
+def _beyond(bound: bounds.Bound) -> object:
+    """A value past ``bound``, as a worker's file may hold one."""
+    if isinstance(bound, bounds.Count):
+        return bound.low - 7
+    if isinstance(bound, bounds.Text):
+        return "o" * (bound.limit + 9)
+    if isinstance(bound, bounds.StepSeconds):
+        return float("inf")
+    if isinstance(bound, bounds.WallClock):
+        return float("nan")
+    if isinstance(bound, bounds.Last):
+        return tuple(_beyond(bound.item) for _ in range(bound.limit + 3))
+    if isinstance(bound, bounds.Pair):
+        return (_beyond(bound.first), _beyond(bound.second))
+    assert isinstance(bound, bounds.Nested), bound
+    return bound.record(**{name: _beyond(item) for name, item in bounds.sent_fields(bound.record)})
+
+
+def _received(ledger: Ledger) -> Ledger:
+    view = WorkerView(index=0, ledger=ledger, steps=3, joined=True)
+    message = wire.parse_message(_failed([view], 0, 1.0), wire.TO_SERVER)
+    assert isinstance(message, wire.Failed)
+    back = view_from_wire(message.views[0]).ledger
+    assert back is not None
+    return back
+
+
+def test_every_ledger_field_crosses_the_wire_whole_as_it_declares():
+    sent = {name: _inside(bound) for name, bound in bounds.sent_fields(Ledger)}
+    back = _received(Ledger(**sent))
+    assert {name: getattr(back, name) for name in sent} == sent
+    assert set(view_to_wire(WorkerView(index=0, ledger=Ledger()))["ledger"]) == {*sent, "epoch_steps", "weights"}
+
+
+def test_a_worker_file_past_every_bound_is_cut_to_what_node_0_accepts():
+    back = _received(Ledger(**{name: _beyond(bound) for name, bound in bounds.sent_fields(Ledger)}))
+    assert (back.epoch, back.steps, back.step_seconds, back.time) == (-1, 0, None, 0.0)
+    assert len(back.functions) == 8 and back.functions[-1].summary == "o" * 300
+    assert back.py_function == "o" * 300 and len(back.end_of_data) == 8
+
+
+def test_a_field_added_to_the_ledger_crosses_the_wire_with_no_edit_but_its_declaration():
+    rate = dataclasses.field(default=None, metadata=bounds.on_wire(bounds.StepSeconds()))
+    optimizer = dataclasses.field(default="", metadata=bounds.on_wire(bounds.Text(40)))
+    grown = dataclasses.make_dataclass("Grown", [("learning_rate", "float | None", rate), ("optimizer", str, optimizer)],
+                                       bases=(Ledger,), frozen=True, kw_only=True)
+    ledger = grown(**{name: _inside(bound) for name, bound in bounds.sent_fields(grown)})
+    sent = json.loads(json.dumps(bounds.to_wire(ledger)))
+    assert sent["learning_rate"] == 0.25 and sent["optimizer"] == "t" * 40
+    check = wire.record_check(grown)
+    assert bounds.from_wire(grown, check(sent, "ledger")) == ledger
+    with pytest.raises(wire.ProtocolError, match=r"ledger\.optimizer is 'x+'; expected text of at most 40"):
+        check({**sent, "optimizer": "x" * 41}, "ledger")
+    assert bounds.to_wire(dataclasses.replace(ledger, optimizer="x" * 41))["optimizer"] == "x" * 40
+
+
+def test_a_field_that_declares_no_bound_is_refused_with_how_to_declare_it():
+    forgot = dataclasses.make_dataclass("Forgot", [("learning_rate", float, dataclasses.field(default=0.0))],
+                                        bases=(Ledger,), frozen=True, kw_only=True)
+    with pytest.raises(TypeError, match=r"Received Forgot\.learning_rate with no bound .* metadata=on_wire\("):
+        bounds.to_wire(forgot())
+
+
+#: What each ledger field carries between nodes under each version of the protocol (a digest of the declaration):
+#: node 0 refuses a view whose keys or bounds differ, so a change to them raises ``wire.PROTOCOL``.
+LEDGER_VIEW_OF_PROTOCOL = {"tfstrategy-rendezvous/8": "5517e6c152d57252"}
+
+
+def _declared(record: type) -> list[tuple[str, str]]:
+    return [(name, repr(_declared(bound.record)) if isinstance(bound, bounds.Nested) else repr(bound))
+            for name, bound in bounds.sent_fields(record)]
+
+
+def test_a_change_to_what_a_ledger_carries_between_nodes_raises_the_protocol():
+    digest = hashlib.sha256(repr(_declared(Ledger)).encode()).hexdigest()[:16]
+    assert LEDGER_VIEW_OF_PROTOCOL.get(wire.PROTOCOL) == digest, (
+        f"the ledger's fields on the wire changed (digest {digest}): raise wire.PROTOCOL and record "
+        f"{{PROTOCOL: {digest!r}}} in LEDGER_VIEW_OF_PROTOCOL")
 
 def test_a_node_whose_worker_only_waits_shares_its_views_and_node_0_diagnoses_with_them():
     """Uneven shards: worker 1 fails after its data ran out; worker 0 (node 0) waits, alive, and reports no

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
+from tfstrategy.contract.exits import EXIT_INVALID
 from tfstrategy.settings import closest, did_you_mean
 
 __all__ = ["Parser"]
@@ -63,7 +64,7 @@ class Parser(argparse.ArgumentParser):
         if valued is not None:  # argparse: "argument --tee: ignored explicit argument '3'"
             flag = valued["flag"].split("/")[-1]
             message = f"{flag} takes no value (received '{flag}={valued['value']}'); pass {flag} alone"
-        self.exit(2, f"{self.prog}: error: {message}\n{self.short_usage()}\n")
+        self.exit(EXIT_INVALID, f"{self.prog}: error: {message}\n{self.short_usage()}\n")
 
     def short_usage(self) -> str:
         """``usage: tfstrategy launch -n N [options] -- COMMAND ...`` and where the rest is."""

@@ -7,6 +7,8 @@ Both sides import it, and it imports nothing of tfstrategy back but :mod:`tfstra
 - :mod:`~tfstrategy.contract.files`: the names of the files a worker shares with its launcher;
 - :mod:`~tfstrategy.contract.reports`, :mod:`~tfstrategy.contract.ledger`: the formats of those files
   (error, progress, ledger), both sides of each;
+- :mod:`~tfstrategy.contract.bounds`: what a ledger's field carries between nodes, declared on the field,
+  from which the views' converters and the rendezvous' checks derive;
 - :mod:`~tfstrategy.contract.pod`: the variables a generated Kubernetes Job gives each pod.
 
 The ``TFSTRATEGY_*`` variables of a launched worker are :mod:`tfstrategy.worker_contract`'s.

@@ -18,6 +18,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tfstrategy.contract.bounds import Count, Last, Local, Nested, Pair, StepSeconds, Text, WallClock, on_wire
 from tfstrategy.contract.files import ledger_path
 
 __all__ = ["Ledger", "FunctionTrace", "ledger_path", "read_ledger", "write_ledger"]
@@ -31,46 +32,52 @@ class FunctionTrace:
     """One traced train/eval function, enough to tell two workers' functions apart."""
 
     #: ``train``, ``test`` or ``predict`` (Keras), or ``custom`` (a ``strategy.run`` loop).
-    kind: str
+    kind: str = field(metadata=on_wire(Text(20)))
     #: A short hash of what the function computes (its variables' shapes and dtypes, its ops).
-    fingerprint: str
+    fingerprint: str = field(metadata=on_wire(Text(64)))
     #: The collectives one call of it issues (all-reduces, all-gathers), where TensorFlow exposes them.
-    collectives: int | None = None
+    collectives: int | None = field(default=None, metadata=on_wire(Count(optional=True)))
     #: The epoch and step at which it was traced.
-    epoch: int = 0
-    step: int = 0
+    epoch: int = field(default=0, metadata=on_wire(Count()))
+    step: int = field(default=0, metadata=on_wire(Count()))
     #: A few words a user recognises: ``"Sequential: 3 variables, 2 all-reduces"``.
-    summary: str = ""
+    summary: str = field(default="", metadata=on_wire(Text()))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Ledger:
-    """One worker's account of its training, as last written."""
+    """One worker's account of its training, as last written.
+
+    Each field declares, once, what of it crosses the wire between nodes (``on_wire``:
+    :mod:`tfstrategy.contract.bounds`); the views a node sends node 0 and their checks derive from that.
+    """
 
     #: The epoch in progress (0-based; -1 before the first).
-    epoch: int = -1
+    epoch: int = field(default=-1, metadata=on_wire(Count(low=-1)))
     #: Batches begun and steps ended in that epoch, and in all epochs.
-    batches: int = 0
-    steps: int = 0
-    total_steps: int = 0
+    batches: int = field(default=0, metadata=on_wire(Count()))
+    steps: int = field(default=0, metadata=on_wire(Count()))
+    total_steps: int = field(default=0, metadata=on_wire(Count()))
     #: ``(epoch, batches)`` each time the data ran out inside a begun batch (the last few).
-    end_of_data: tuple[tuple[int, int], ...] = ()
+    end_of_data: tuple[tuple[int, int], ...] = field(default=(), metadata=on_wire(Last(8, Pair(Count(), Count()))))
     #: The functions traced, in order (the last few).
-    functions: tuple[FunctionTrace, ...] = ()
+    functions: tuple[FunctionTrace, ...] = field(default=(), metadata=on_wire(Last(8, Nested(FunctionTrace))))
     #: ``file:line in function`` of the deepest frame in the user's code on the main thread.
-    frame: str = ""
-    #: Mean seconds per recent step, and the part of it spent waiting for input (``None``: unknown).
-    step_seconds: float | None = None
-    input_seconds: float | None = None
+    frame: str = field(default="", metadata=on_wire(Text()))
+    #: Mean seconds per recent step, and the part of it spent waiting for input (``None``: unknown; between
+    #: nodes, :meth:`input_wait`, since ``extra`` stays on the worker's node).
+    step_seconds: float | None = field(default=None, metadata=on_wire(StepSeconds()))
+    input_seconds: float | None = field(default=None, metadata=on_wire(StepSeconds()))
     #: Process CPU seconds per recent step (a worker waiting in a collective spends little).
-    cpu_seconds: float | None = None
+    cpu_seconds: float | None = field(default=None, metadata=on_wire(StepSeconds()))
     #: Seconds per recent step TensorFlow ran the user's ``tf.py_function``/``tf.numpy_function`` (in a
     #: ``dataset.map`` or in the step; not in ``input_seconds``), and the one seen most, ``file:line in name``.
-    py_function_seconds: float | None = None
-    py_function: str = ""
+    py_function_seconds: float | None = field(default=None, metadata=on_wire(StepSeconds()))
+    py_function: str = field(default="", metadata=on_wire(Text(from_end=True)))
     #: Wall-clock time of the write.
-    time: float = 0.0
-    extra: dict[str, object] = field(default_factory=dict)
+    time: float = field(default=0.0, metadata=on_wire(WallClock()))
+    extra: dict[str, object] = field(default_factory=dict, metadata=on_wire(Local(
+        "the launcher's diagnosis sends the planned steps and the last weights of it beside the fields")))
 
     def input_wait(self) -> float | None:
         """Seconds a step spends waiting for its input (``input_seconds``, else the worker's ``outside_seconds``)."""

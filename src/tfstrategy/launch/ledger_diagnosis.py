@@ -19,11 +19,11 @@ Epochs and batches are said as Keras prints them (epoch 1 is the first). Nothing
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from tfstrategy.contract.bounds import TEXT, from_wire, to_wire
 from tfstrategy.contract.ledger import FunctionTrace, Ledger
 
 __all__ = ["WorkerView", "Diagnosis", "diagnose", "PREPARE_HINT", "view_to_wire", "view_from_wire"]
@@ -294,52 +294,32 @@ def _describe(trace: FunctionTrace) -> str:
 
 # --- a worker's view between nodes (--nnodes) --------------------------------------------------------
 
-#: What one view on the wire carries at most: functions, end-of-data events, weights, characters of text.
-WIRE_FUNCTIONS, WIRE_ENDS, WIRE_WEIGHTS, WIRE_TEXT = 8, 8, 64, 300
-#: The largest per-step seconds and wall-clock second a view carries (a ledger's larger or odd values are sent as unknown).
-WIRE_STEP_SECONDS, WIRE_WALL = 1e6, 1e11
+#: The model weights a view carries at most (the first ones by ordinal: the first that differs names the cause).
+WIRE_WEIGHTS = 64
 
 
 def view_to_wire(view: WorkerView) -> dict[str, object]:
     """The part of ``view`` :func:`diagnose` needs, bounded, as a node sends it to node 0 (``--nnodes``).
 
-    Its counterpart is :func:`view_from_wire`; the rendezvous checks every field on receipt
-    (:mod:`tfstrategy.launch.rendezvous.wire`).
+    The ledger's fields go as each declares (:func:`tfstrategy.contract.bounds.to_wire`), its input wait as
+    ``input_seconds`` (``extra``, where a custom loop's wait may be, stays here), with the planned steps and
+    the last weights beside them. Its counterpart is :func:`view_from_wire`; the rendezvous checks every field
+    on receipt (:mod:`tfstrategy.launch.rendezvous.wire`).
     """
     ledger = view.ledger
     data: dict[str, object] = {
         "index": view.index, "steps": max(view.steps, -1), "in_step": view.in_step,
         "returncode": view.returncode, "joined": view.joined, "joining": view.joining, "stopped": view.stopped,
-        "error_type": None if view.error_type is None else view.error_type[:WIRE_TEXT], "ledger": None}
+        "error_type": None if view.error_type is None else view.error_type[:TEXT], "ledger": None}
     if ledger is None:
         return data
     weights = _weights(view)
-    planned = _planned(view)
     data["ledger"] = {
-        "epoch": max(ledger.epoch, -1), "batches": max(ledger.batches, 0), "steps": max(ledger.steps, 0),
-        "total_steps": max(ledger.total_steps, 0), "frame": ledger.frame[:WIRE_TEXT],
-        "end_of_data": [[max(e, 0), max(b, 0)] for e, b in ledger.end_of_data][-WIRE_ENDS:],
-        "functions": [{"kind": t.kind[:20], "fingerprint": t.fingerprint[:64], "collectives": t.collectives,
-                       "epoch": max(t.epoch, 0), "step": max(t.step, 0), "summary": t.summary[:WIRE_TEXT]}
-                      for t in ledger.functions][-WIRE_FUNCTIONS:],
-        "epoch_steps": planned,
-        "weights": [[ordinal, name[:WIRE_TEXT], shape[:WIRE_TEXT]]
-                    for ordinal, (name, shape) in sorted(weights.items())][:WIRE_WEIGHTS],
-        # What StragglerWatch reads, so that node 0 can watch every worker of the job.
-        "time": _bounded(ledger.time, WIRE_WALL) or 0.0,
-        "step_seconds": _bounded(ledger.step_seconds, WIRE_STEP_SECONDS),
-        "input_seconds": _bounded(ledger.input_wait(), WIRE_STEP_SECONDS),
-        "cpu_seconds": _bounded(ledger.cpu_seconds, WIRE_STEP_SECONDS),
-        "py_function_seconds": _bounded(ledger.py_function_seconds, WIRE_STEP_SECONDS),
-        "py_function": ledger.py_function[-WIRE_TEXT:]}
+        **to_wire(replace(ledger, input_seconds=ledger.input_wait())),
+        "epoch_steps": _planned(view),
+        "weights": [[ordinal, name[:TEXT], shape[:TEXT]]
+                    for ordinal, (name, shape) in sorted(weights.items())][:WIRE_WEIGHTS]}
     return data
-
-
-def _bounded(value: object, high: float) -> float | None:
-    """``value`` as a float when it is a finite number 0..``high`` (a worker's file may hold anything), else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value) if 0 <= value <= high else None
 
 
 def view_from_wire(data: Mapping[str, Any]) -> WorkerView:
@@ -350,13 +330,7 @@ def view_from_wire(data: Mapping[str, Any]) -> WorkerView:
         extra: dict[str, object] = {"weights": {"last": [list(item) for item in record["weights"]]}}
         if record["epoch_steps"] is not None:
             extra["epoch_steps"] = record["epoch_steps"]
-        ledger = Ledger(epoch=record["epoch"], batches=record["batches"], steps=record["steps"],
-                        total_steps=record["total_steps"], frame=record["frame"],
-                        end_of_data=tuple((e, b) for e, b in record["end_of_data"]),
-                        functions=tuple(FunctionTrace(**trace) for trace in record["functions"]), extra=extra,
-                        time=record["time"], step_seconds=record["step_seconds"],
-                        input_seconds=record["input_seconds"], cpu_seconds=record["cpu_seconds"],
-                        py_function_seconds=record["py_function_seconds"], py_function=record["py_function"])
+        ledger = from_wire(Ledger, record, extra=extra)
     return WorkerView(index=data["index"], ledger=ledger, steps=data["steps"], in_step=data["in_step"],
                       returncode=data["returncode"], joined=data["joined"], joining=data["joining"],
                       stopped=data["stopped"], error_type=data["error_type"])

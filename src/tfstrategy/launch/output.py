@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tfstrategy.launch.console import Console
+from tfstrategy.launch.states import Outcome
 from tfstrategy.worker_contract import STOP_PREFIXES
 
 __all__ = ["Console", "Tail", "Pump", "AnsiStripper", "status_line", "MAX_LINE", "TAIL_LINES", "TAIL_LINE_CHARS"]
@@ -72,15 +73,15 @@ def _duration(seconds: float) -> str:
     return f"{int(seconds // 60)} min {int(seconds % 60)} s"
 
 
-#: How the status line words each way a job ends (states.EndReason values).
+#: How the status line words each way a job ends (by :class:`~tfstrategy.launch.states.Outcome` value).
 _ENDINGS = {
-    "failed": "failed",
-    "join-timeout": "did not start: not every worker joined within --timeout",
-    "stalled": "stalled",
-    "interrupted": "was interrupted",
-    "preempted": "was preempted (every worker saved; requeue it)",
-    "lost": "lost its connection to node 0",
-    "stopped": "was stopped by a worker (the line above)",
+    Outcome.FAILED.value: "failed",
+    Outcome.JOIN_TIMEOUT.value: "did not start: not every worker joined within --timeout",
+    Outcome.STALLED.value: "stalled",
+    Outcome.INTERRUPTED.value: "was interrupted",
+    Outcome.PREEMPTED.value: "was preempted (every worker saved; requeue it)",
+    Outcome.LOST.value: "lost its connection to node 0",
+    Outcome.STOPPED.value: "was stopped by a worker (the line above)",
 }
 
 
@@ -89,7 +90,7 @@ def status_line(*, reason: str, returncode: int, workers: int, seconds: float, r
     """The launcher's last line: ``2 workers exited 0 in 31 s``, or how the job ended and its status.
 
     Args:
-        reason: how the run ended (a :class:`~tfstrategy.launch.states.EndReason` value).
+        reason: how the run ended (an :class:`~tfstrategy.launch.states.Outcome` value).
         returncode: the launcher's exit status.
         workers: this machine's workers.
         seconds: from the launch to now.
@@ -99,7 +100,7 @@ def status_line(*, reason: str, returncode: int, workers: int, seconds: float, r
     """
     whose = f"this node's {workers}" if nodes > 1 else str(workers)
     noun = "worker" if workers == 1 else "workers"
-    if reason == "succeeded":
+    if reason == Outcome.SUCCEEDED.value:
         text = f"{whose} {noun} exited 0 in {_duration(seconds)}"
     else:
         text = f"the job {_ENDINGS.get(reason, reason)} after {_duration(seconds)}; exit status {returncode}"

@@ -68,6 +68,7 @@ from tfstrategy.launch.rendezvous.wire import (
     encode,
     read_json,
 )
+from tfstrategy.launch.states import Outcome
 from tfstrategy.settings import ENV_LAUNCH_SECRET
 
 __all__ = ["ServerLimits", "JobState", "RendezvousServer"]
@@ -328,7 +329,7 @@ class RendezvousServer:
             if closed.broken and state is not JobState.ENDED:
                 self.state = JobState.ENDED
                 broke = Failed.bounded(round=self.round, worker=None, status=1, time=time.time(), consequential=False,
-                                       outcome="failed", lines=[], logs=[],
+                                       outcome=Outcome.FAILED.value, lines=[], logs=[],
                                        reason=f"broke the rendezvous protocol ({peer.address}): it {closed.reason}; "
                                        "node 0 closed its connection and stopped the job")
                 self._broadcast(RoundFailed.of(rank, broke, restart=False))
@@ -341,7 +342,7 @@ class RendezvousServer:
                                     reason=f"node {rank} lost ({peer.address}: it {closed.reason})")
             elif state is JobState.RUNNING and rank in self.members and rank not in self._done:
                 self._failed_locked(rank, Failed.bounded(
-                    round=self.round, worker=None, status=1, time=time.time(), consequential=False, outcome="failed",
+                    round=self.round, worker=None, status=1, time=time.time(), consequential=False, outcome=Outcome.FAILED.value,
                     lines=[], logs=[], reason=f"lost its control connection ({peer.address}): it {closed.reason}"))
         if closed.broken:
             self.say(f"rendezvous: {who} {closed.reason}; closed its connection")
@@ -433,7 +434,7 @@ class RendezvousServer:
             return
         reported = sorted(self._failures.items(), key=lambda item: item[1].time)
         rank, cause = root_cause(reported, self._views)
-        restart = self.restarts < self.max_restarts and not self._done and cause.outcome != "stopped"
+        restart = self.restarts < self.max_restarts and not self._done and cause.outcome != Outcome.STOPPED.value
         self._broadcast(RoundFailed.of(rank, cause, restart=restart))
         self._failures, self._first_failure_at, self._views = {}, None, {}
         if restart:

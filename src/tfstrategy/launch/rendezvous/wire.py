@@ -20,7 +20,8 @@ sender fails the MAC; one replayed, reordered or dropped fails the sequence numb
 at the latest with the next heartbeat).
 
 The payload is then parsed into one of the frozen message classes below, with every field
-checked; anything else is a :class:`ProtocolError`.
+checked; anything else is a :class:`ProtocolError`. A worker's ledger inside a view is checked as
+each of its fields declares (:func:`record_check`, from :mod:`tfstrategy.contract.bounds`).
 """
 
 from __future__ import annotations
@@ -35,9 +36,28 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from tfstrategy.contract.bounds import (
+    COUNT,
+    STEP_SECONDS,
+    TEXT,
+    WALL,
+    Bound,
+    Count,
+    Last,
+    Nested,
+    Pair,
+    StepSeconds,
+    Text,
+    WallClock,
+    sent_fields,
+)
+from tfstrategy.contract.ledger import Ledger
+from tfstrategy.launch.ledger_diagnosis import WIRE_WEIGHTS
+from tfstrategy.launch.states import Outcome
+
 __all__ = [
     "PROTOCOL", "ProtocolError", "LineReader", "Join", "Failed", "Done", "Stop", "Leave", "Abort", "Heartbeat", "Views", "Cluster", "Reform", "RoundFailed", "Stopped", "Timeout",
-    "Finished", "Closing", "Message", "parse_message", "OUTCOMES",
+    "Finished", "Closing", "Message", "parse_message", "OUTCOMES", "record_check",
 ]
 
 PROTOCOL = "tfstrategy-rendezvous/8"
@@ -170,8 +190,8 @@ class Failed(Message):
                 views: tuple[dict[str, object], ...] | list[dict[str, object]] = ()) -> Failed:
         """A failure cut to what the wire carries (the newest lines, the first log files), so it never breaks the protocol."""
         return cls(round=round, worker=worker, reason=reason[:_TEXT], status=min(max(status, 0), 1023),
-                   time=time if math.isfinite(time) and 0 <= time <= _WALL else 0.0, consequential=consequential,
-                   outcome=outcome if outcome in OUTCOMES else "failed",
+                   time=time if math.isfinite(time) and 0 <= time <= WALL else 0.0, consequential=consequential,
+                   outcome=outcome if outcome in OUTCOMES else Outcome.FAILED.value,
                    lines=[line[:LINE_CHARS] for line in lines][-LINES:], logs=[path[:_PATH] for path in logs][:_LOGS],
                    diagnosis=[line[:LINE_CHARS] for line in diagnosis][:DIAGNOSIS_LINES], views=list(views)[:VIEWS])
 
@@ -315,17 +335,12 @@ LINE_CHARS = 2_000
 DIAGNOSIS_LINES = 20
 #: A failure's worker views (node -> node 0): at most this many workers.
 VIEWS = 64
-#: A view's bounds (as :func:`tfstrategy.launch.ledger_diagnosis.view_to_wire` cuts it).
-_VIEW_TEXT, _VIEW_FUNCTIONS, _VIEW_ENDS, _VIEW_WEIGHTS, _COUNT = 300, 8, 8, 64, 1 << 40
 #: A failure's log files: at most this many paths, each at most this long.
 _LOGS = 4
 _PATH = 4096
-#: The latest wall-clock second a failure may carry (the year 5138).
-_WALL = 1e11
-#: The most seconds per step a worker's view may carry.
-_STEP_SECONDS = 1e6
-#: How a failure ends the job (:class:`tfstrategy.launch.states.Outcome`'s values a failure can have).
-OUTCOMES = ("failed", "join-timeout", "stalled", "preempted", "stopped")
+#: How a failure ends the job (the :class:`~tfstrategy.launch.states.Outcome` values a failure can have).
+OUTCOMES = tuple(outcome.value for outcome in (Outcome.FAILED, Outcome.JOIN_TIMEOUT, Outcome.STALLED,
+                                                Outcome.PREEMPTED, Outcome.STOPPED))
 
 #: A field check: the value (of the type the message declares) or :class:`ProtocolError`.
 Check = Callable[[object, str], Any]
@@ -342,10 +357,10 @@ def _int(low: int, high: int, *, optional: bool = False) -> Check:
 
 
 def _seconds(value: object, where: str) -> float:
-    """A wall-clock second: a finite number 0..``_WALL`` (JSON has no separate integers and floats)."""
+    """A wall-clock second: a finite number 0..``WALL`` (JSON has no separate integers and floats)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
-                                                                               and 0 <= value <= _WALL):
-        raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected seconds since the epoch, 0..{_WALL:.0f}")
+                                                                               and 0 <= value <= WALL):
+        raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected seconds since the epoch, 0..{WALL:.0f}")
     return float(value)
 
 
@@ -414,30 +429,50 @@ def _triple(first: Check, second: Check, third: Check) -> Check:
 
 
 def _step_seconds(value: object, where: str) -> float | None:
-    """Seconds per step as a ledger times them: unknown (``null``), or a finite number 0..``_STEP_SECONDS``."""
+    """Seconds per step as a ledger times them: unknown (``null``), or a finite number 0..``STEP_SECONDS``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
-                                                                               and 0 <= value <= _STEP_SECONDS):
-        raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected null or seconds per step, 0..{_STEP_SECONDS:g}")
+                                                                               and 0 <= value <= STEP_SECONDS):
+        raise ProtocolError(f"{where} is {str(value)[:60]!r}; expected null or seconds per step, 0..{STEP_SECONDS:g}")
     return float(value)
 
 
-_COUNTER = _int(0, _COUNT)
-_LEDGER_VIEW = _record({
-    "epoch": _int(-1, _COUNT), "batches": _COUNTER, "steps": _COUNTER, "total_steps": _COUNTER,
-    "frame": _text(_VIEW_TEXT), "end_of_data": _list(_pair(_COUNTER, _COUNTER), _VIEW_ENDS),
-    "functions": _list(_record({"kind": _text(20), "fingerprint": _text(64), "collectives": _int(0, _COUNT, optional=True),
-                                "epoch": _COUNTER, "step": _COUNTER, "summary": _text(_VIEW_TEXT)}), _VIEW_FUNCTIONS),
-    "epoch_steps": _int(1, _COUNT, optional=True),
-    "weights": _list(_triple(_COUNTER, _text(_VIEW_TEXT), _text(_VIEW_TEXT)), _VIEW_WEIGHTS),
-    "time": _seconds, "step_seconds": _step_seconds, "input_seconds": _step_seconds, "cpu_seconds": _step_seconds,
-    "py_function_seconds": _step_seconds, "py_function": _text(_VIEW_TEXT),
-})
+def _bound_check(bound: Bound) -> Check:
+    """The check of a value declared within ``bound`` (:mod:`tfstrategy.contract.bounds`)."""
+    if isinstance(bound, Count):
+        return _int(bound.low, COUNT, optional=bound.optional)
+    if isinstance(bound, Text):
+        return _text(bound.limit)
+    if isinstance(bound, StepSeconds):
+        return _step_seconds
+    if isinstance(bound, WallClock):
+        return _seconds
+    if isinstance(bound, Last):
+        return _list(_bound_check(bound.item), bound.limit)
+    if isinstance(bound, Pair):
+        return _pair(_bound_check(bound.first), _bound_check(bound.second))
+    if isinstance(bound, Nested):
+        return record_check(bound.record)
+    raise TypeError(f"Received {bound!r} inside another bound; expected a bound that is sent (a Local field is not)")
+
+
+def record_check(record: type[Any], **beside: Check) -> Check:
+    """The check of a dataclass ``record`` as :func:`tfstrategy.contract.bounds.to_wire` sends it: exactly the
+    fields it sends, each within the bound it declares, and the keys ``beside`` (what a sender adds to it)."""
+    return _record({**{name: _bound_check(bound) for name, bound in sent_fields(record)}, **beside})
+
+
+_COUNTER = _int(0, COUNT)
+#: A worker's ledger in its view: the fields as :class:`~tfstrategy.contract.ledger.Ledger` declares them, and
+#: the planned steps and the last weights that :func:`tfstrategy.launch.ledger_diagnosis.view_to_wire` adds.
+_LEDGER_VIEW = record_check(
+    Ledger, epoch_steps=_int(1, COUNT, optional=True),
+    weights=_list(_triple(_COUNTER, _text(TEXT), _text(TEXT)), WIRE_WEIGHTS))
 #: One worker's view as a node sends it (:func:`tfstrategy.launch.ledger_diagnosis.view_to_wire`).
 _WORKER_VIEW = _record({
-    "index": _int(0, 1 << 20), "steps": _int(-1, _COUNT), "in_step": _bool, "returncode": _int(-64, 1023, optional=True),
-    "joined": _bool, "joining": _bool, "stopped": _bool, "error_type": _optional(_text(_VIEW_TEXT)),
+    "index": _int(0, 1 << 20), "steps": _int(-1, COUNT), "in_step": _bool, "returncode": _int(-64, 1023, optional=True),
+    "joined": _bool, "joining": _bool, "stopped": _bool, "error_type": _optional(_text(TEXT)),
     "ledger": _optional(_LEDGER_VIEW),
 })
 
