@@ -115,7 +115,8 @@ class Variable:
     """One ``TFSTRATEGY_*`` variable: its name, who reads it, what it means, how its text is parsed.
 
     Every variable is declared once, here (a cluster environment's own in its module, with this type),
-    and read and written through its declaration, so a name or a parser is never spelled twice.
+    and read and written through its declaration (:meth:`read`, :meth:`to_environ`), so a name, a parser or a
+    format is never spelled twice.
     """
 
     name: str
@@ -152,6 +153,19 @@ class Variable:
             shown = text if len(text) <= 80 else f"{text[:80]}..."
             raise error(f"Received {self.name}={shown!r}; expected {self.expected}"
                         f"{f' ({fix})' if fix else ''}.") from None
+
+    def format(self, value: Any) -> str:
+        """The text :meth:`read` parses back to ``value``: ``True`` as ``1``, a float without trailing zeros, an
+        enum as its value."""
+        if value is True:
+            return "1"
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value.value if isinstance(value, Enum) else value)
+
+    def to_environ(self, value: Any) -> dict[str, str]:
+        """``{name: text}`` to put into an environment; empty for ``None`` and ``False`` (the variable left unset)."""
+        return {} if value is None or value is False else {self.name: self.format(value)}
 
 
 # Settings (argument > variable > default).

@@ -90,14 +90,12 @@ def _variable(spec: Variable, default: object = None) -> Any:
 
 
 def _to_environ(record: object, skip: tuple[str, ...] = ()) -> dict[str, str]:
-    """The variables of ``record``'s fields that are set (``True`` as ``"1"``; ``None`` and ``False`` left out)."""
+    """The variables of ``record``'s fields that are set, each written by its Variable (``None``/``False`` left out)."""
     environ: dict[str, str] = {}
     for item in fields(record):  # type: ignore[arg-type]
         spec = item.metadata.get("variable")
-        value = getattr(record, item.name)
-        if spec is None or item.name in skip or value is None or value is False:
-            continue
-        environ[spec.name] = "1" if value is True else f"{value:g}" if isinstance(value, float) else str(value)
+        if spec is not None and item.name not in skip:
+            environ.update(spec.to_environ(getattr(record, item.name)))
     return environ
 
 

@@ -19,7 +19,7 @@ from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import ConsoleView
 from tfstrategy.launch.diagnosis import LOOPBACK
 from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
-from tfstrategy.settings import ENV_PROFILE, ENV_PROFILE_PROBES, validate_audit_mode
+from tfstrategy.settings import validate_audit_mode
 from tfstrategy.worker_contract import WorkerSettings
 
 __all__ = ["LaunchOptions", "validate_launch_options", "worker_settings", "parse_port_range", "parse_run_id",
@@ -183,7 +183,7 @@ def worker_settings(options: LaunchOptions, environ: Mapping[str, str]) -> Worke
         SettingsConflictError: ``precision`` and ``TFSTRATEGY_PRECISION`` differ.
         LaunchError: another ``TFSTRATEGY_*`` setting in ``environ`` is not valid.
     """
-    from tfstrategy.performance.environment import profile_environment, tracker_from_environment
+    from tfstrategy.performance.environment import profile_settings, tracker_from_environment
     from tfstrategy.training.precision import parse_precision, resolve_precision
     from tfstrategy.training.sentinel import parse_sentinel
 
@@ -195,11 +195,10 @@ def worker_settings(options: LaunchOptions, environ: Mapping[str, str]) -> Worke
     profile_every: float | None
     probes: float | None = None
     if options.profile_dir is not None:
-        profile = profile_environment(True, options.profile_dir, options.profile_every, options.profile_probes)
-        profile_dir, profile_every = Path(profile[ENV_PROFILE]), options.profile_every
-        probes = float(profile[ENV_PROFILE_PROBES]) if ENV_PROFILE_PROBES in profile else None
+        profile_dir, profile_every, probes = profile_settings(True, options.profile_dir, options.profile_every,
+                                                              options.profile_probes)
     else:
-        profile_environment(False, ".", options.profile_every, options.profile_probes)  # --profile-probes alone
+        profile_settings(False, ".", options.profile_every, options.profile_probes)  # --profile-probes alone
         tracker = tracker_from_environment(dict(environ))
         profile_dir = None if tracker is None else Path(tracker["directory"])
         profile_every = None if tracker is None else float(tracker["every_minutes"])
