@@ -53,7 +53,6 @@ from tfstrategy.settings import (
     SENTINEL,
     WORKER_INDEX,
     Variable,
-    validate_audit_mode,
 )
 
 __all__ = ["WorkerSettings", "WorkerContract", "SUPERVISION_VARIABLES", "PRECISIONS", "STACK_SIGNAL", "STARTUP_DIR",
@@ -203,25 +202,19 @@ class WorkerContract:
         return contract
 
 
-def hook_environment(
-    *,
-    audit: str = "warn",
-    cpu_replicas: int | None = None,
-    devices: str | None = None,
-    summary: bool = False,
-    debug: bool = False,
-    env: Mapping[str, str] | None = None,
-) -> dict[str, str]:
+def hook_environment(settings: WorkerSettings | None = None, *, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment that runs a process with the start-up hook (what ``run`` and ``launch`` set).
 
-    Raises:
-        TFStrategyError: ``audit`` is not one of :data:`~tfstrategy.settings.AUDIT_MODES`.
+    Args:
+        settings: the job's settings, written by :meth:`WorkerSettings.to_environ` (``--audit warn`` alone when
+            omitted); ``run`` and ``launch`` build them from their flags.
+        env: the environment to extend (``os.environ`` when omitted).
     """
+    settings = WorkerSettings(audit="warn") if settings is None else settings
     env = dict(os.environ if env is None else env)
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(STARTUP_DIR) + (os.pathsep + path if path else "")
-    env[HOOK.name] = "1"
+    env.update(HOOK.to_environ(True))
     env.pop(HOOK_PID.name, None)  # the process started with this environment is the one to hook
-    env.update(WorkerSettings(audit=validate_audit_mode(audit), cpu_replicas=cpu_replicas, devices=devices,
-                              summary=summary, debug=debug).to_environ())
+    env.update(settings.to_environ())
     return env
