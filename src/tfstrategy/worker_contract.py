@@ -83,9 +83,10 @@ _FIX = "they are set by tfstrategy launch; unset the variable or fix its value"
 T = TypeVar("T")
 
 
-def _variable(spec: Variable, default: object = None) -> Any:
-    """A field carried by ``spec`` (its declaration in :mod:`tfstrategy.settings` parses and names it)."""
-    return field(default=default, metadata={"variable": spec})
+def _variable(spec: Variable, default: object = None, *, as_text: bool = False) -> Any:
+    """A field carried by ``spec`` (its declaration in :mod:`tfstrategy.settings` parses and names it); ``as_text``:
+    the variable's text, handed on as the user wrote it for the worker's hook to parse (and to quote)."""
+    return field(default=default, metadata={"variable": spec, "as_text": as_text})
 
 
 def _to_environ(record: object, skip: tuple[str, ...] = ()) -> dict[str, str]:
@@ -101,7 +102,7 @@ def _to_environ(record: object, skip: tuple[str, ...] = ()) -> dict[str, str]:
 def _from_environ(kind: type[T], environ: Mapping[str, str], **given: object) -> T:
     """``kind`` with each field read from its variable in ``environ`` (checked), but those ``given``; a field
     whose variable is unset or blank keeps its default."""
-    values = {item.name: spec.read(environ, error=LaunchError, fix=_FIX)
+    values = {item.name: spec.text(environ) if item.metadata["as_text"] else spec.read(environ, error=LaunchError, fix=_FIX)
               for item in fields(kind)  # type: ignore[arg-type]
               if (spec := item.metadata.get("variable")) is not None and item.name not in given
               and spec.text(environ) is not None}
@@ -132,7 +133,7 @@ class WorkerSettings:
     job_id: str | None = _variable(JOB_ID)
     #: The logical CPU split and the device list the hook applies.
     cpu_replicas: int | None = _variable(CPU_REPLICAS)
-    devices: str | None = _variable(DEVICES)
+    devices: str | None = _variable(DEVICES, as_text=True)
 
     def to_environ(self) -> dict[str, str]:
         """The variables of the settings that are set."""
