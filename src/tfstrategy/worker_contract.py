@@ -198,7 +198,7 @@ class WorkerContract:
         contract = _from_environ(cls, environ, settings=WorkerSettings.from_environ(environ))
         if contract.index is not None and (contract.num_workers is None or contract.index >= contract.num_workers):
             raise LaunchError(f"Received {WORKER_INDEX.name}={contract.index} with {NUM_WORKERS.name}="
-                              f"{environ.get(NUM_WORKERS.name, '')!r}; expected an index below the number of workers "
+                              f"{NUM_WORKERS.text(environ) or ''!r}; expected an index below the number of workers "
                               f"({_FIX}).")
         return contract
 
