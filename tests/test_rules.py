@@ -13,6 +13,9 @@ Read from the source (``ast``), no TensorFlow: `make lint` runs this module besi
 - Every ``TFSTRATEGY_*`` variable is declared once, as a ``settings.Variable`` (a cluster environment's in its
   module): its name is spelled as a string in that declaration and nowhere else in the code, and every name
   the code's messages, the docs or the CLI's help mention is a declared one.
+- And it is read and written only through that declaration (``.text``, ``.read``, ``.to_environ``): no code
+  indexes an environment with a variable's name (its string, an ``ENV_*`` constant or ``X.name``), so no
+  reader skips its parser and no writer its format.
 - Every field of the ledger is declared once, in ``contract/ledger.py`` (with what of it crosses the wire):
   a module that reads or writes a ledger reaches its fields by attribute or derives them from the declaration
   (``contract/bounds.py``), never by a name spelled as a string.
@@ -267,3 +270,64 @@ def test_each_ledger_field_is_spelled_as_a_string_only_in_its_declaration():
     )
     stale = set(OTHER_WORDS) - seen
     assert not stale, f"no longer spelled, strike from OTHER_WORDS: {sorted(stale)}"
+
+
+#: Where an environment is indexed by a variable's name by design: the declarations themselves, and the cluster
+#: environments, which read their own variables (and the launcher's) with their own errors.
+DECLARING_MODULES = ("settings.py", "environments/", "contract/pod.py")
+_ENVIRONMENTS = ("os.environ", "environ", "env", "self.environ")
+
+
+def _names_a_variable(node: ast.AST) -> bool:
+    """``"TFSTRATEGY_..."``, an ``ENV_*`` constant or a declaration's ``X.name``."""
+    return ((isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(_NAME.fullmatch(node.value)))
+            or (isinstance(node, ast.Name) and node.id.startswith("ENV_"))
+            or (isinstance(node, ast.Attribute) and node.attr == "name" and isinstance(node.value, ast.Name)
+                and node.value.id.isupper()))
+
+
+def _environ_by_name(tree: ast.Module) -> list[str]:
+    """Each place ``tree`` reads or writes an environment by a variable's name: ``environ[X]`` (but ``del``),
+    ``environ.get(X)``/``setdefault(X)``, ``X in environ`` and a dict keyed by ``X``. Removing one
+    (``pop``, ``del``) parses and writes nothing, so it may name the variable."""
+    found = []
+    for node in ast.walk(tree):
+        keys: list[ast.AST] = []
+        if (isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Del)
+                and ast.unparse(node.value) in _ENVIRONMENTS):
+            keys = [node.slice]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+              and node.func.attr in ("get", "setdefault") and ast.unparse(node.func.value) in _ENVIRONMENTS):
+            keys = [node.args[0]]
+        elif isinstance(node, ast.Compare) and any(ast.unparse(item) in _ENVIRONMENTS for item in node.comparators):
+            keys = [node.left]
+        elif isinstance(node, ast.Dict):
+            keys = [key for key in node.keys if key is not None]
+        found += [f"line {node.lineno}: {ast.unparse(node)[:80]}" for key in keys if _names_a_variable(key)]
+    return found
+
+
+def test_variables_are_read_and_written_only_through_their_declaration():
+    offenders = {path: uses for path, tree in _modules()
+                 if not path.startswith(DECLARING_MODULES) and path not in NAMES_SPELLED_OUTSIDE
+                 and (uses := _environ_by_name(tree))}
+    assert not offenders, (
+        f"an environment indexed by a variable's name: {offenders}. Read it with its Variable (settings.X.text(env), "
+        ".read(env): its parser and its error) and write it with X.to_environ(value) (or WorkerSettings.to_environ)."
+    )
+
+
+@pytest.mark.parametrize("source, expected", [
+    pytest.param("os.environ[ENV_ISOLATED] = '1'", 1, id="write-by-constant"),
+    pytest.param("x = os.environ.get(BACKUP_DIR.name)", 1, id="get-by-declaration-name"),
+    pytest.param("x = env['TFSTRATEGY_PORT_RANGE']", 1, id="mapping-by-string"),
+    pytest.param("x = ENV_NODE_RANK in environ", 1, id="membership"),
+    pytest.param("env.update({ENV_PRECISION: 'float32'})", 1, id="dict-written-by-hand"),
+    pytest.param("x = BACKUP_DIR.text(os.environ)", 0, id="through-the-variable"),
+    pytest.param("os.environ.update(ISOLATED.to_environ(True))", 0, id="written-by-the-variable"),
+    pytest.param("env.pop(HOOK_PID.name, None)", 0, id="removal"),
+    pytest.param("x = os.environ.get('TF_CONFIG')", 0, id="not-a-tfstrategy-variable"),
+    pytest.param("x = environ[spec.name]", 0, id="a-declaration-in-a-loop"),
+])
+def test_the_environment_reader(source, expected):
+    assert len(_environ_by_name(ast.parse(source))) == expected

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tfstrategy.cli.check import _check_collective_timeout
-from tfstrategy.errors import SettingsConflictError, StrategyError
+from tfstrategy.errors import DeviceError, LaunchError, SettingsConflictError, StrategyError
 from tfstrategy.runtime.hook_steps import WatchStrategies
 from tfstrategy.runtime.inputs import PlanInputs
 from tfstrategy.runtime.select import Selection, resolve_request
@@ -157,3 +157,85 @@ def test_the_hook_reads_its_device_check_and_the_settings_it_quotes_from_its_inp
     inputs = derive_inputs(HOOK, env={"TFSTRATEGY_DEVICE_CHECK": "warn", "TFSTRATEGY_CPU_REPLICAS": "2"})
     assert (inputs.device_check, dict(inputs.flags), inputs.cpu_replicas) == ("warn", {"--cpu-replicas": "2"}, 2)
     assert derive_inputs(HOOK, env={}).flags == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        pytest.param("TFSTRATEGY_STRATEGY", "Multi-Worker", StrategyKind.MULTI_WORKER, id="strategy"),
+        pytest.param("TFSTRATEGY_STRATEGY", None, StrategyKind.AUTO, id="strategy-default-auto"),
+        pytest.param("TFSTRATEGY_DEVICES", "gpu:1,0", "/gpu:1,/gpu:0", id="devices"),
+        pytest.param("TFSTRATEGY_PORT_RANGE", " 31000-31099 ", (31000, 31099), id="port-range"),
+        pytest.param("TFSTRATEGY_RUN_ID", "exp1", "exp1", id="run-id"),
+    ],
+)
+def test_a_variable_the_cli_also_takes_parses_as_its_flag_does(name, text, expected):
+    from tfstrategy.settings import variable
+
+    value = variable(name).read({} if text is None else {name: text})
+    assert (str(value) if name == "TFSTRATEGY_DEVICES" else value) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "error", "message"),
+    [
+        pytest.param("TFSTRATEGY_STRATEGY", "mirored", StrategyError,
+                     r"^Received TFSTRATEGY_STRATEGY='mirored'; expected one of: .* Did you mean 'mirrored'\?",
+                     id="strategy"),
+        pytest.param("TFSTRATEGY_DEVICES", "gpu0", DeviceError, r"^Received TFSTRATEGY_DEVICES='gpu0'; 'gpu0' is not",
+                     id="devices"),
+        pytest.param("TFSTRATEGY_PORT_RANGE", "lots", LaunchError,
+                     r"^Received TFSTRATEGY_PORT_RANGE 'lots'; expected LOW-HIGH", id="port-range"),
+        pytest.param("TFSTRATEGY_RUN_ID", "a/b", LaunchError,
+                     r"^Received TFSTRATEGY_RUN_ID 'a/b'; expected one folder name", id="run-id"),
+    ],
+)
+def test_its_error_is_the_flags_naming_the_variable_whatever_error_the_reader_asks_for(name, text, error, message):
+    """The parser words its own message (what each flag's says), so ``read(error=...)`` does not rewrite it."""
+    from tfstrategy.settings import variable
+
+    with pytest.raises(error, match=message):
+        variable(name).read({name: text}, error=SettingsConflictError, fix="never shown")
+
+
+def test_a_variable_writes_the_text_it_reads_back():
+    from pathlib import Path
+
+    from tfstrategy.settings import variable
+
+    for name, value in (("TFSTRATEGY_STRATEGY", StrategyKind.ONE_DEVICE), ("TFSTRATEGY_DEBUG", True),
+                        ("TFSTRATEGY_PROFILE_EVERY", 2.5), ("TFSTRATEGY_PROFILE_EVERY", 10.0),
+                        ("TFSTRATEGY_BACKUP_DIR", Path("/b/k")), ("TFSTRATEGY_CPU_REPLICAS", 4)):
+        spec = variable(name)
+        assert spec.read(spec.to_environ(value)) == value, name
+    assert variable("TFSTRATEGY_PROFILE_EVERY").to_environ(10.0) == {"TFSTRATEGY_PROFILE_EVERY": "10"}
+    assert variable("TFSTRATEGY_DEBUG").to_environ(False) == variable("TFSTRATEGY_JOB_ID").to_environ(None) == {}
+
+
+@pytest.mark.parametrize(
+    ("argument", "env", "expected", "source"),
+    [
+        pytest.param(None, {}, StrategyKind.AUTO, "default", id="default"),
+        pytest.param(None, {"TFSTRATEGY_STRATEGY": "one-device"}, StrategyKind.ONE_DEVICE, "env TFSTRATEGY_STRATEGY",
+                     id="variable"),
+        pytest.param("mirrored", {}, StrategyKind.MIRRORED, "argument", id="argument"),
+        pytest.param(StrategyKind.MIRRORED, {"TFSTRATEGY_STRATEGY": "Mirrored"}, StrategyKind.MIRRORED, "argument",
+                     id="both-agree"),
+    ],
+)
+def test_resolve_takes_argument_then_variable_then_default(argument, env, expected, source):
+    from tfstrategy.settings import STRATEGY
+
+    setting = STRATEGY.resolve("strategy", argument, env, StrategyKind.parse)
+    assert (setting.value, setting.source) == (expected, source)
+
+
+def test_resolve_refuses_code_and_variable_that_differ_and_names_a_bad_value_where_it_came_from():
+    from tfstrategy.settings import STRATEGY
+
+    with pytest.raises(SettingsConflictError, match="Received strategy='mirrored' in code and TFSTRATEGY_STRATEGY='tpu'"):
+        STRATEGY.resolve("strategy", "mirrored", {"TFSTRATEGY_STRATEGY": "tpu"}, StrategyKind.parse)
+    with pytest.raises(StrategyError, match="^Received strategy='mirored'"):
+        STRATEGY.resolve("strategy", "mirored", {}, StrategyKind.parse)
+    with pytest.raises(StrategyError, match="^Received TFSTRATEGY_STRATEGY='mirored'"):
+        STRATEGY.resolve("strategy", "mirrored", {"TFSTRATEGY_STRATEGY": "mirored"}, StrategyKind.parse)

@@ -15,16 +15,24 @@ contract's ``TFSTRATEGY_K8S_*``) are declared with the same type in their module
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from tfstrategy.errors import SettingsConflictError, StrategyError
+from tfstrategy.errors import SettingsConflictError, StrategyError, TFStrategyError
+
+# The wording every parser's errors share, and the parsers of device specs, port ranges and run ids, live
+# beneath this module so that the Variables below can name them (their old homes import them from there).
+from tfstrategy.parsing import DeviceRequest, parse_devices, parse_port_range, parse_run_id
+from tfstrategy.parsing import closest as closest  # re-exported, as the five below: they moved there
+from tfstrategy.parsing import did_you_mean as did_you_mean
+from tfstrategy.parsing import received as received
+from tfstrategy.parsing import shorten as shorten
+from tfstrategy.parsing import spell as spell
 
 
 class Side(str, Enum):
@@ -115,13 +123,17 @@ class Variable:
     """One ``TFSTRATEGY_*`` variable: its name, who reads it, what it means, how its text is parsed.
 
     Every variable is declared once, here (a cluster environment's own in its module, with this type),
-    and read and written through its declaration, so a name or a parser is never spelled twice.
+    and read and written through its declaration (:meth:`read`, :meth:`to_environ`), so a name, a parser or a
+    format is never spelled twice. A parser that raises a :class:`~tfstrategy.errors.TFStrategyError` words its
+    own message (the one ``--flag`` and ``argument=`` get, naming the variable); a plain ``ValueError`` becomes
+    the message :meth:`value` words.
     """
 
     name: str
     side: Side
     help: str
-    #: The value from the variable's (stripped, non-empty) text; ``ValueError`` when it is not valid.
+    #: The value from the variable's (stripped, non-empty) text; ``ValueError`` (or the package's own error, naming
+    #: the variable) when it is not valid.
     parse: Callable[[str], Any] = _text
     #: What a valid value is, for the error on one that is not.
     expected: str = "a value"
@@ -148,27 +160,110 @@ class Variable:
             return self.default
         try:
             return self.parse(text)
+        except TFStrategyError:
+            raise  # a parser of the package's own words its message, naming the variable
         except ValueError:
             shown = text if len(text) <= 80 else f"{text[:80]}..."
             raise error(f"Received {self.name}={shown!r}; expected {self.expected}"
                         f"{f' ({fix})' if fix else ''}.") from None
 
+    def resolve(self, name: str, argument: object, environ: Mapping[str, str], parse: Callable[..., Any]) -> Setting:
+        """``argument`` > this variable > :attr:`default`, parsed: the argument by ``parse(argument, name=name)``, the
+        variable by :meth:`read` (so each error names where the bad value came from).
+
+        Raises:
+            TFStrategyError: a value is not valid.
+            SettingsConflictError: the code and the variable both set it, to different values.
+        """
+        text, from_env = self.text(environ), self.read(environ)
+        if argument is None:
+            return Setting(value=from_env, source="default" if text is None else f"env {self.name}")
+        value = parse(argument, name=name)
+        if text is not None and value != from_env:
+            raise _conflict(name, argument, self.name, text)
+        return Setting(value=value, source="argument")
+
+    def format(self, value: Any) -> str:
+        """The text :meth:`read` parses back to ``value``: ``True`` as ``1``, a float without trailing zeros, an
+        enum as its value."""
+        if value is True:
+            return "1"
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value.value if isinstance(value, Enum) else value)
+
+    def to_environ(self, value: Any) -> dict[str, str]:
+        """``{name: text}`` to put into an environment; empty for ``None`` and ``False`` (the variable left unset)."""
+        return {} if value is None or value is False else {self.name: self.format(value)}
+
+
+class StrategyKind(str, Enum):
+    """The strategies tfstrategy can select; values are what users type."""
+
+    AUTO = "auto"
+    MIRRORED = "mirrored"
+    ONE_DEVICE = "one_device"
+    DEFAULT = "default"
+    MULTI_WORKER = "multi_worker"
+    TPU = "tpu"
+
+    @classmethod
+    def parse(cls, value: object, *, name: str = "strategy") -> StrategyKind:
+        """Accept a kind or its name in any case, with ``-`` or ``_``.
+
+        Args:
+            value: the kind or its name.
+            name: what the value is called in messages (``TFSTRATEGY_STRATEGY`` when read from there).
+
+        Raises:
+            StrategyError: not one of the known kinds.
+        """
+        if isinstance(value, cls):
+            return value
+        text = str(value).strip().lower().replace("-", "_") if isinstance(value, str) else None
+        for kind in cls:
+            if kind.value == text:
+                return kind
+        names = [kind.value for kind in cls]
+        hint = did_you_mean(text, names) if text else ""
+        raise StrategyError(
+            f"Received {received(name, value)}; expected one of: {', '.join(names)}.{hint} "
+            f"Pass {spell(name, 'strategy', 'auto')} to let tfstrategy choose."
+        )
+
+
+# The parsers a flag and an argument go through, given the variable's name for their errors.
+def _strategy(text: str) -> StrategyKind:
+    return StrategyKind.parse(text, name=STRATEGY.name)
+
+
+def _devices(text: str) -> DeviceRequest | None:
+    return parse_devices(text, name=DEVICES.name)
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    return parse_port_range(text, source=PORT_RANGE.name)
+
+
+def _run_id(text: str) -> str:
+    return parse_run_id(text, source=RUN_ID.name)
+
 
 # Settings (argument > variable > default).
-STRATEGY = Variable(name="TFSTRATEGY_STRATEGY", side=Side.USER, help="the strategy select() builds (--strategy)",
-                    expected="a strategy kind")
-DEVICES = Variable(name="TFSTRATEGY_DEVICES", side=Side.USER, help="the devices to replicate over (--devices)",
-                   expected="a device list")
+STRATEGY = Variable(name="TFSTRATEGY_STRATEGY", side=Side.USER, parse=_strategy, default=StrategyKind.AUTO,
+                    help="the strategy select() builds (--strategy)", expected="a strategy kind")
+DEVICES = Variable(name="TFSTRATEGY_DEVICES", side=Side.USER, parse=_devices,
+                   help="the devices to replicate over (--devices)", expected="a device list")
 CPU_REPLICAS = Variable(name="TFSTRATEGY_CPU_REPLICAS", side=Side.USER, parse=integer(1),
                         help="split the CPU into N logical devices used as replicas (--cpu-replicas)",
                         expected="a number of logical CPU devices, 1 or more")
 COLLECTIVE_TIMEOUT = Variable(name="TFSTRATEGY_COLLECTIVE_TIMEOUT", side=Side.USER,
                               help="seconds a multi-worker collective waits for a peer before raising",
                               expected="seconds > 0, or none")
-PORT_RANGE = Variable(name="TFSTRATEGY_PORT_RANGE", side=Side.USER,
+PORT_RANGE = Variable(name="TFSTRATEGY_PORT_RANGE", side=Side.USER, parse=_port_range,
                       help="the ports tfstrategy launch gives its workers, LOW-HIGH, when --port-range is not given",
                       expected="LOW-HIGH")
-RUN_ID = Variable(name="TFSTRATEGY_RUN_ID", side=Side.USER,
+RUN_ID = Variable(name="TFSTRATEGY_RUN_ID", side=Side.USER, parse=_run_id,
                   help="the run's folder under --log-dir (tfstrategy launch --run-id), e.g. the same on every node "
                        "of one job", expected="a run id")
 PRECISION = Variable(name="TFSTRATEGY_PRECISION", side=Side.USER, parse=_precision,
@@ -287,89 +382,12 @@ _BY_NAME = {item.name: item for item in VARIABLES}
 DEFAULT_COLLECTIVE_TIMEOUT: float | None = None
 
 
-class StrategyKind(str, Enum):
-    """The strategies tfstrategy can select; values are what users type."""
-
-    AUTO = "auto"
-    MIRRORED = "mirrored"
-    ONE_DEVICE = "one_device"
-    DEFAULT = "default"
-    MULTI_WORKER = "multi_worker"
-    TPU = "tpu"
-
-    @classmethod
-    def parse(cls, value: object, *, name: str = "strategy") -> StrategyKind:
-        """Accept a kind or its name in any case, with ``-`` or ``_``.
-
-        Args:
-            value: the kind or its name.
-            name: what the value is called in messages (``TFSTRATEGY_STRATEGY`` when read from there).
-
-        Raises:
-            StrategyError: not one of the known kinds.
-        """
-        if isinstance(value, cls):
-            return value
-        text = str(value).strip().lower().replace("-", "_") if isinstance(value, str) else None
-        for kind in cls:
-            if kind.value == text:
-                return kind
-        names = [kind.value for kind in cls]
-        hint = did_you_mean(text, names) if text else ""
-        raise StrategyError(
-            f"Received {received(name, value)}; expected one of: {', '.join(names)}.{hint} "
-            f"Pass {spell(name, 'strategy', 'auto')} to let tfstrategy choose."
-        )
-
-
 @dataclass(frozen=True, kw_only=True)
 class Setting:
     """A resolved value and where it came from (``argument``, ``env`` or ``default``)."""
 
     value: Any
     source: str
-
-
-def closest(received: str, options: Iterable[str]) -> str | None:
-    """The option a mistyped ``received`` most likely meant (``mirored`` -> ``mirrored``), or None."""
-    matches = difflib.get_close_matches(received.lower(), list(options), n=1, cutoff=0.6)
-    return matches[0] if matches else None
-
-
-def did_you_mean(received: str, options: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` for the closest option, or ``''``: the hint every error message appends."""
-    match = closest(received, options)
-    return f" Did you mean {match!r}?" if match else ""
-
-
-def shorten(value: object, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters, so a 10 KB value makes a one-line message."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def received(name: str, value: object) -> str:
-    """A value as an error message names it: ``--devices cpu:9`` for a flag (a name starting ``--``, as the
-    CLI passes), ``devices='cpu:9'`` for a keyword argument or ``TFSTRATEGY_DEVICES='cpu:9'`` for a variable.
-
-    Example:
-        >>> received("--strategy", "mirored")
-        '--strategy mirored'
-        >>> received("strategy", "mirored")
-        "strategy='mirored'"
-    """
-    if name.startswith("--"):
-        text = str(value)
-        return f"{name} {text if len(text) <= 80 else f'{text[:80]}... ({len(text)} characters)'}"
-    return f"{name}={shorten(value)}"
-
-
-def spell(name: str, setting: str, value: str) -> str:
-    """How a fix names ``setting=value`` in the vocabulary of ``name``: ``--cpu-replicas 4`` when ``name`` is a
-    flag, else the keyword argument ``cpu_replicas=4`` (a string value quoted)."""
-    if name.startswith("--"):
-        return f"--{setting.replace('_', '-')} {value}"
-    return f"{setting}={value if value.isdigit() else repr(value)}"
 
 
 def setting_name(name: str, setting: Setting, env_var: str) -> str:
@@ -410,12 +428,16 @@ def resolve_setting(
         return Setting(value=from_env, source=f"env {env_var}")
     normalise = normalise or _normalise
     if from_env is not None and normalise(from_env, env_var) != normalise(argument, name):
-        raise SettingsConflictError(
-            f"Received {name}={argument!r} in code and {env_var}={from_env!r} in the environment (set by you or "
-            f"by a tfstrategy command). Remove {name}= from the code to let the command line decide, or unset "
-            f"{env_var} to keep the code's choice."
-        )
+        raise _conflict(name, argument, env_var, from_env)
     return Setting(value=argument, source="argument")
+
+
+def _conflict(name: str, argument: object, env_var: str, text: str) -> SettingsConflictError:
+    return SettingsConflictError(
+        f"Received {name}={argument!r} in code and {env_var}={text!r} in the environment (set by you or "
+        f"by a tfstrategy command). Remove {name}= from the code to let the command line decide, or unset "
+        f"{env_var} to keep the code's choice."
+    )
 
 
 def _normalise(value: object, name: str = "") -> str:

@@ -53,7 +53,6 @@ from tfstrategy.settings import (
     SENTINEL,
     WORKER_INDEX,
     Variable,
-    validate_audit_mode,
 )
 
 __all__ = ["WorkerSettings", "WorkerContract", "SUPERVISION_VARIABLES", "PRECISIONS", "STACK_SIGNAL",
@@ -88,27 +87,26 @@ _FIX = "they are set by tfstrategy launch; unset the variable or fix its value"
 T = TypeVar("T")
 
 
-def _variable(spec: Variable, default: object = None) -> Any:
-    """A field carried by ``spec`` (its declaration in :mod:`tfstrategy.settings` parses and names it)."""
-    return field(default=default, metadata={"variable": spec})
+def _variable(spec: Variable, default: object = None, *, as_text: bool = False) -> Any:
+    """A field carried by ``spec`` (its declaration in :mod:`tfstrategy.settings` parses and names it); ``as_text``:
+    the variable's text, handed on as the user wrote it for the worker's hook to parse (and to quote)."""
+    return field(default=default, metadata={"variable": spec, "as_text": as_text})
 
 
 def _to_environ(record: object, skip: tuple[str, ...] = ()) -> dict[str, str]:
-    """The variables of ``record``'s fields that are set (``True`` as ``"1"``; ``None`` and ``False`` left out)."""
+    """The variables of ``record``'s fields that are set, each written by its Variable (``None``/``False`` left out)."""
     environ: dict[str, str] = {}
     for item in fields(record):  # type: ignore[arg-type]
         spec = item.metadata.get("variable")
-        value = getattr(record, item.name)
-        if spec is None or item.name in skip or value is None or value is False:
-            continue
-        environ[spec.name] = "1" if value is True else f"{value:g}" if isinstance(value, float) else str(value)
+        if spec is not None and item.name not in skip:
+            environ.update(spec.to_environ(getattr(record, item.name)))
     return environ
 
 
 def _from_environ(kind: type[T], environ: Mapping[str, str], **given: object) -> T:
     """``kind`` with each field read from its variable in ``environ`` (checked), but those ``given``; a field
     whose variable is unset or blank keeps its default."""
-    values = {item.name: spec.read(environ, error=LaunchError, fix=_FIX)
+    values = {item.name: spec.text(environ) if item.metadata["as_text"] else spec.read(environ, error=LaunchError, fix=_FIX)
               for item in fields(kind)  # type: ignore[arg-type]
               if (spec := item.metadata.get("variable")) is not None and item.name not in given
               and spec.text(environ) is not None}
@@ -139,7 +137,7 @@ class WorkerSettings:
     job_id: str | None = _variable(JOB_ID)
     #: The logical CPU split and the device list the hook applies.
     cpu_replicas: int | None = _variable(CPU_REPLICAS)
-    devices: str | None = _variable(DEVICES)
+    devices: str | None = _variable(DEVICES, as_text=True)
 
     def to_environ(self) -> dict[str, str]:
         """The variables of the settings that are set."""
@@ -204,30 +202,24 @@ class WorkerContract:
         contract = _from_environ(cls, environ, settings=WorkerSettings.from_environ(environ))
         if contract.index is not None and (contract.num_workers is None or contract.index >= contract.num_workers):
             raise LaunchError(f"Received {WORKER_INDEX.name}={contract.index} with {NUM_WORKERS.name}="
-                              f"{environ.get(NUM_WORKERS.name, '')!r}; expected an index below the number of workers "
+                              f"{NUM_WORKERS.text(environ) or ''!r}; expected an index below the number of workers "
                               f"({_FIX}).")
         return contract
 
 
-def hook_environment(
-    *,
-    audit: str = "warn",
-    cpu_replicas: int | None = None,
-    devices: str | None = None,
-    summary: bool = False,
-    debug: bool = False,
-    env: Mapping[str, str] | None = None,
-) -> dict[str, str]:
+def hook_environment(settings: WorkerSettings | None = None, *, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment that runs a process with the start-up hook (what ``run`` and ``launch`` set).
 
-    Raises:
-        TFStrategyError: ``audit`` is not one of :data:`~tfstrategy.settings.AUDIT_MODES`.
+    Args:
+        settings: the job's settings, written by :meth:`WorkerSettings.to_environ` (``--audit warn`` alone when
+            omitted); ``run`` and ``launch`` build them from their flags.
+        env: the environment to extend (``os.environ`` when omitted).
     """
+    settings = WorkerSettings(audit="warn") if settings is None else settings
     env = dict(os.environ if env is None else env)
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(STARTUP_DIR) + (os.pathsep + path if path else "")
-    env[HOOK.name] = "1"
+    env.update(HOOK.to_environ(True))
     env.pop(HOOK_PID.name, None)  # the process started with this environment is the one to hook
-    env.update(WorkerSettings(audit=validate_audit_mode(audit), cpu_replicas=cpu_replicas, devices=devices,
-                              summary=summary, debug=debug).to_environ())
+    env.update(settings.to_environ())
     return env

@@ -163,8 +163,8 @@ def strategy_flags(strategy: str | None, devices: str | None, cpu_replicas: str 
         raise StrategyError(f"Received --cpu-replicas {replicas} with --devices {devices}; CPU replicas and GPU devices "
                             "exclude each other. Drop --cpu-replicas to train on GPUs, or pass --devices cpu.")
     split, split_by = replicas, "--cpu-replicas"
-    if replicas is None and CPU_REPLICAS.text(env):
-        split, split_by = validate_cpu_replicas(env[ENV_CPU_REPLICAS], name=ENV_CPU_REPLICAS), ENV_CPU_REPLICAS
+    if replicas is None and (text := CPU_REPLICAS.text(env)):
+        split, split_by = validate_cpu_replicas(text, name=ENV_CPU_REPLICAS), ENV_CPU_REPLICAS
     if request is not None and devices is not None and not names_gpus(request):
         host = HostInfo(cpus=split or 1, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
         error = device_flag_error(devices, request, host, cpu_replicas=split, split_by=split_by)

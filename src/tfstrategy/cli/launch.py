@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -263,7 +264,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         LaunchError: invalid values.
     """
     from tfstrategy.launch import backup_dir
-    from tfstrategy.launch.options import parse_port_range, parse_run_id
+    from tfstrategy.launch.options import parse_port_range
     from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
 
     program = program_from_args(args)
@@ -272,14 +273,10 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         args, _ = node_arguments(args, os.environ)
     nodes = node_options_from_args(args, os.environ)
     view = console_view(args.console_workers, debug=args.debug)
-    port_range = None
-    if args.port_range is not None:
-        port_range = parse_port_range(args.port_range)
-    elif PORT_RANGE.text(os.environ):
-        port_range = parse_port_range(os.environ[ENV_PORT_RANGE], source=ENV_PORT_RANGE)
+    port_range = PORT_RANGE.read(os.environ) if args.port_range is None else parse_port_range(args.port_range)
     run_id = args.run_id
-    if run_id is None and args.log_dir is not None and (text := RUN_ID.text(os.environ)):
-        run_id = parse_run_id(text, source=ENV_RUN_ID)
+    if run_id is None and args.log_dir is not None:
+        run_id = RUN_ID.read(os.environ)
     return validate_launch_options(
         LaunchOptions(
             command=tuple(program),
@@ -411,11 +408,12 @@ def node_options_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> 
         raise LaunchError(f"Received --nnodes {args.nnodes} without --master; expected node 0's HOST:PORT, {example}.")
     rank = args.node_rank
     if rank is None:
-        text = NODE_RANK.text(env) or ""
-        if not text.lstrip("-").isdigit():
-            raise LaunchError(f"Received --nnodes {args.nnodes} without --node-rank, and {ENV_NODE_RANK}={text!r}; "
-                              f"expected this machine's rank 0..{args.nnodes - 1} in either, {example}.")
-        rank = int(text)
+        with contextlib.suppress(LaunchError):  # the message below says what both may hold
+            rank = NODE_RANK.read(env, error=LaunchError)
+        if rank is None:
+            raise LaunchError(f"Received --nnodes {args.nnodes} without --node-rank, and {ENV_NODE_RANK}="
+                              f"{NODE_RANK.text(env) or ''!r}; expected this machine's rank 0..{args.nnodes - 1} in "
+                              f"either, {example}.")
     host, port = parse_master(args.master)
     node = validate_node_options(NodeOptions(nnodes=args.nnodes, node_rank=rank, master_host=host, master_port=port,
                                              secret=b"", node_address=args.node_address,

@@ -18,7 +18,8 @@ from tfstrategy.cli._common import (
 )
 from tfstrategy.errors import LaunchError
 from tfstrategy.selection.cpu_split import validate_cpu_replicas
-from tfstrategy.training.precision import precision_environment
+from tfstrategy.training.precision import precision_setting
+from tfstrategy.worker_contract import WorkerSettings, hook_environment
 
 __all__ = ["DESCRIPTION", "EPILOG", "run_parser", "check_device_flag", "device_flag_error", "visible_gpus"]
 
@@ -85,20 +86,30 @@ def run_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     if not program:
         raise LaunchError(f"Received no command to run; expected it after '--', e.g. {example}.")
     from tfstrategy.launch.supervisor import LaunchOptions, validate_launch_options
-    from tfstrategy.worker_contract import hook_environment
 
     replicas = validate_cpu_replicas(args.cpu_replicas, name="--cpu-replicas")
     if args.devices is not None:
         check_device_flag(args.devices, replicas)
     validate_launch_options(LaunchOptions(command=tuple(program), num_workers=1, audit=args.audit))
-    env = hook_environment(audit=args.audit, cpu_replicas=replicas, devices=args.devices, summary=True,
-                           debug=args.debug)
-    env.update(precision_environment(args.precision, env))
-    from tfstrategy.performance.environment import profile_environment
-
-    env.update(profile_environment(args.profile, args.profile_dir, args.profile_every, args.profile_probes))
+    env = hook_environment(run_settings(args, replicas))
     env.update(tensorflow_log_environment(args.debug, env))
     return program, env
+
+
+def run_settings(args: argparse.Namespace, cpu_replicas: int | None) -> WorkerSettings:
+    """The settings ``run`` hands the script, from its flags (``--audit`` checked by the launch options).
+
+    Raises:
+        PrecisionError, SettingsConflictError: a bad ``--precision``, or one ``TFSTRATEGY_PRECISION`` contradicts.
+        TrainingError: a bad ``--profile-every``, ``--profile-dir`` or ``--profile-probes``.
+    """
+    from tfstrategy.performance.environment import profile_settings
+
+    precision = precision_setting(args.precision, os.environ)
+    profile_dir, every, probes = profile_settings(args.profile, args.profile_dir, args.profile_every,
+                                                  args.profile_probes)
+    return WorkerSettings(audit=args.audit, summary=True, debug=args.debug, precision=precision, profile_dir=profile_dir,
+                          profile_every=every, profile_probes=probes, cpu_replicas=cpu_replicas, devices=args.devices)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ from tfstrategy.environments.ray import Ray
 from tfstrategy.environments.slurm import Slurm
 from tfstrategy.environments.tf_config import TFConfig
 from tfstrategy.errors import TFStrategyError
-from tfstrategy.settings import ENV_JOB_ID
+from tfstrategy.settings import ENV_JOB_ID, JOB_ID
 
 __all__ = [
     "ENVIRONMENTS",
@@ -88,7 +88,7 @@ def job_identity(environ: Mapping[str, str] | None = None) -> tuple[str, str] | 
     else the first environment present with a job id (``slurm-7`` from ``SLURM_JOB_ID``).
     """
     environ = _environ(environ)
-    explicit = environ.get(ENV_JOB_ID, "").strip()
+    explicit = JOB_ID.text(environ)
     if explicit:
         return explicit, ENV_JOB_ID
     for environment in _present(environ):

@@ -283,7 +283,7 @@ def pod_environment(options: K8sOptions) -> list[dict[str, Any]]:
             {"name": ENV_NODE_RANK, **_field(f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']")},
             {"name": ENV_LAUNCH_SECRET, "valueFrom": {"secretKeyRef": {"name": options.launch_secret, "key": "secret"}}},
             {"name": JOB_ID.name, **_field(f"metadata.labels['{JOB_NAME_LABEL}']")},
-            *({"name": key, "value": value} for key, value in options.env.items()),
+            *_values(options.env),
         ]
     env: list[dict[str, Any]] = [
         {"name": ENV_K8S_JOB, **_field(f"metadata.labels['{JOB_NAME_LABEL}']")},
@@ -296,9 +296,13 @@ def pod_environment(options: K8sOptions) -> list[dict[str, Any]]:
         {"name": JOB_ID.name, **_field(f"metadata.labels['{JOB_NAME_LABEL}']")},
     ]
     if options.backup_pvc is not None:
-        env.append({"name": BACKUP_DIR.name, "value": options.backup_dir})
-    env.extend({"name": key, "value": value} for key, value in options.env.items())
+        env.extend(_values(BACKUP_DIR.to_environ(options.backup_dir)))
+    env.extend(_values(options.env))
     return env
+
+
+def _values(environ: Mapping[str, str]) -> list[dict[str, Any]]:
+    return [{"name": key, "value": value} for key, value in environ.items()]
 
 
 def pod_command(options: K8sOptions) -> list[str]:

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from tfstrategy.errors import PlatformError
-from tfstrategy.settings import ENV_ISOLATED, ISOLATED
+from tfstrategy.settings import ISOLATED
 
 __all__ = ["is_isolated", "reexec_isolated", "bring_up_loopback"]
 
@@ -63,7 +63,7 @@ def reexec_isolated(argv: Sequence[str]) -> None:
         PlatformError: namespaces are not available (see :func:`check_isolation_available`).
     """
     check_isolation_available()
-    os.environ[ENV_ISOLATED] = "1"
+    os.environ.update(ISOLATED.to_environ(True))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvp(UNSHARE[0], [*UNSHARE, "--", sys.executable, "-m", "tfstrategy", *argv])

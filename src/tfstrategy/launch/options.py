@@ -6,7 +6,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import secrets
 import shutil
 import sys
@@ -19,14 +18,13 @@ from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import ConsoleView
 from tfstrategy.launch.diagnosis import LOOPBACK
 from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
-from tfstrategy.settings import ENV_PROFILE, ENV_PROFILE_PROBES, validate_audit_mode
+from tfstrategy.parsing import parse_port_range as parse_port_range  # re-exported, as the one below: they moved there
+from tfstrategy.parsing import parse_run_id as parse_run_id
+from tfstrategy.settings import validate_audit_mode
 from tfstrategy.worker_contract import WorkerSettings
 
 __all__ = ["LaunchOptions", "validate_launch_options", "worker_settings", "parse_port_range", "parse_run_id",
            "new_run_id", "worker_tf_config", "cluster_tf_config"]
-
-#: A run id: a folder name (letters, digits, ``.``, ``_``, ``-``), not starting with a dot.
-_RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,18 +84,6 @@ def new_run_id(now: float | None = None) -> str:
     """A new run's id, its start time and a short random part: ``20261206-103000-3f9a`` (as torchrun's rdzv_id names
     a run), so a second run with the same ``--log-dir`` writes a folder of its own."""
     return f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{secrets.token_hex(2)}"
-
-
-def parse_run_id(text: str, source: str = "--run-id") -> str:
-    """``text`` as a run id, the name of one folder; ``source`` names where it came from.
-
-    Raises:
-        LaunchError: a path, an empty name, or characters other than letters, digits, ``.``, ``_`` and ``-``.
-    """
-    if not _RUN_ID.fullmatch(text):
-        raise LaunchError(f"Received {source} {text!r}; expected one folder name of letters, digits, '.', '_' and '-' "
-                          "(not starting with '.'), e.g. --run-id exp1 or --run-id \"$SLURM_JOB_ID\".")
-    return text
 
 
 def validate_launch_options(options: LaunchOptions) -> LaunchOptions:
@@ -183,7 +169,7 @@ def worker_settings(options: LaunchOptions, environ: Mapping[str, str]) -> Worke
         SettingsConflictError: ``precision`` and ``TFSTRATEGY_PRECISION`` differ.
         LaunchError: another ``TFSTRATEGY_*`` setting in ``environ`` is not valid.
     """
-    from tfstrategy.performance.environment import profile_environment, tracker_from_environment
+    from tfstrategy.performance.environment import profile_settings, tracker_from_environment
     from tfstrategy.training.precision import parse_precision, resolve_precision
     from tfstrategy.training.sentinel import parse_sentinel
 
@@ -195,11 +181,10 @@ def worker_settings(options: LaunchOptions, environ: Mapping[str, str]) -> Worke
     profile_every: float | None
     probes: float | None = None
     if options.profile_dir is not None:
-        profile = profile_environment(True, options.profile_dir, options.profile_every, options.profile_probes)
-        profile_dir, profile_every = Path(profile[ENV_PROFILE]), options.profile_every
-        probes = float(profile[ENV_PROFILE_PROBES]) if ENV_PROFILE_PROBES in profile else None
+        profile_dir, profile_every, probes = profile_settings(True, options.profile_dir, options.profile_every,
+                                                              options.profile_probes)
     else:
-        profile_environment(False, ".", options.profile_every, options.profile_probes)  # --profile-probes alone
+        profile_settings(False, ".", options.profile_every, options.profile_probes)  # --profile-probes alone
         tracker = tracker_from_environment(dict(environ))
         profile_dir = None if tracker is None else Path(tracker["directory"])
         profile_every = None if tracker is None else float(tracker["every_minutes"])
@@ -212,19 +197,6 @@ def worker_settings(options: LaunchOptions, environ: Mapping[str, str]) -> Worke
         profile_probes=probes,
         backup_dir=options.backup_dir if options.backup_dir is not None else given.backup_dir,
     )
-
-
-def parse_port_range(text: str, source: str = "--port-range") -> tuple[int, int]:
-    """``LOW-HIGH`` (or one port) as ``(low, high)``; ``source`` names where the text came from.
-
-    Raises:
-        LaunchError: anything but one or two integers joined by '-'.
-    """
-    parts = [part.strip() for part in text.split("-")]
-    if not 1 <= len(parts) <= 2 or not all(part.isdigit() for part in parts):
-        raise LaunchError(f"Received {source} {text!r}; expected LOW-HIGH, the ports the workers may listen on, "
-                          "e.g. --port-range 29500-29599.")
-    return int(parts[0]), int(parts[-1])
 
 
 def _check_elastic_workers(options: LaunchOptions) -> None:

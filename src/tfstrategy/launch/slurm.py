@@ -33,7 +33,7 @@ from tfstrategy.environments.slurm import (
 )
 from tfstrategy.environments.slurm_lists import PLAIN_PARSERS
 from tfstrategy.errors import LaunchError, TFStrategyError
-from tfstrategy.settings import ENV_LAUNCH_SECRET
+from tfstrategy.settings import ENV_LAUNCH_SECRET, LAUNCH_SECRET
 
 __all__ = ["SlurmNodes", "slurm_nodes"]
 
@@ -95,7 +95,7 @@ def slurm_nodes(env: Mapping[str, str], *, explicit: bool, secret_file: bool,
         ports, port_source = step_ports(step, None, env)
     except TFStrategyError as error:
         raise LaunchError(f"{error} (tfstrategy launch inside a Slurm job step: {_OPT_OUT}.)") from None
-    if not secret_file and not env.get(ENV_LAUNCH_SECRET, "").strip():
+    if not secret_file and LAUNCH_SECRET.text(env) is None:
         raise LaunchError(
             f"Received a Slurm job step of {step.num_tasks} tasks (job {step.job_id or '?'} step {step.step_id or '?'}), "
             f"so this launcher is node {rank} of {step.num_tasks}, but no shared secret; expected {ENV_LAUNCH_SECRET} "

@@ -239,7 +239,7 @@ class Launcher:
             lifeline_fd=None if self._lifeline is None else self._lifeline.read_fd, job_tag=self.tag,
             node_rank=coordinator.rank, settings=settings)
         env = {
-            **hook_environment(audit=self.options.audit, summary=True, env=secret_free_environment(self.env)),
+            **hook_environment(settings, env=secret_free_environment(self.env)),
             **contract.to_environ(),
             "TF_CONFIG": cluster_tf_config(list(addresses), index),
             # Line-by-line output, so prefixes and failure tails are current; UTF-8 whatever the

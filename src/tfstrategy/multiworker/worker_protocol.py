@@ -124,7 +124,7 @@ def backup_callbacks(backup_dir: str | os.PathLike[str] | None = None, **options
             raise PermissionError(errno.EACCES, "permission denied", str(directory))
     except OSError as error:
         source = "backup_dir" if backup_dir is not None else BACKUP_DIR.name
-        base = backup_dir if backup_dir is not None else os.environ.get(BACKUP_DIR.name)
+        base = backup_dir if backup_dir is not None else BACKUP_DIR.text(os.environ)
         raise SaveError(
             f"Received {source}={str(base)!r}; the backup directory {str(directory)!r} cannot be created or written "
             f"({error.strerror or error}: {error.filename or directory}). Pass a writable directory "

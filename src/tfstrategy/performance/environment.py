@@ -36,10 +36,10 @@ def valid_probe_share(value: object, source: str = "probe_share") -> float:
     return number
 
 
-def profile_environment(profile: bool, directory: str | os.PathLike[str], every_minutes: float,
-                        probes: str | float | None = None) -> dict[str, str]:
-    """``TFSTRATEGY_PROFILE``, ``TFSTRATEGY_PROFILE_EVERY`` and, given ``probes`` (``--profile-probes``),
-    ``TFSTRATEGY_PROFILE_PROBES`` for ``--profile`` (empty without it), validated.
+def profile_settings(profile: bool, directory: str | os.PathLike[str], every_minutes: float,
+                     probes: str | float | None = None) -> tuple[Path | None, float | None, float | None]:
+    """The report's directory (resolved), the minutes between reports and, given ``probes`` (``--profile-probes``),
+    the probes' share for ``--profile`` (``None`` each without it), validated: what ``run`` and ``launch`` hand on.
 
     Raises:
         TrainingError: minutes not above 0, a directory that is an existing file, a probe share not above 0,
@@ -50,7 +50,7 @@ def profile_environment(profile: bool, directory: str | os.PathLike[str], every_
         if share is not None:
             raise TrainingError(f"Received --profile-probes {probes} without --profile; expected it with the report it "
                                 f"sets the probes' share of: add --profile (--profile --profile-probes {probes}).")
-        return {}
+        return None, None, None
     if isinstance(every_minutes, bool) or not isinstance(every_minutes, (int, float)) or not every_minutes > 0:
         raise TrainingError(f"Received --profile-every {every_minutes!r}; expected a number of minutes above 0, "
                             "e.g. --profile-every 10.")
@@ -58,10 +58,19 @@ def profile_environment(profile: bool, directory: str | os.PathLike[str], every_
     if path.exists() and not path.is_dir():
         raise TrainingError(f"Received --profile-dir {str(directory)!r}, which is a file; expected a directory "
                             "(made if missing) for the report's files. Name another one.")
-    found = {PROFILE.name: str(path), PROFILE_EVERY.name: f"{every_minutes:g}"}
-    if share is not None:
-        found[PROFILE_PROBES.name] = f"{share:g}"
-    return found
+    return path, float(every_minutes), share
+
+
+def profile_environment(profile: bool, directory: str | os.PathLike[str], every_minutes: float,
+                        probes: str | float | None = None) -> dict[str, str]:
+    """``TFSTRATEGY_PROFILE``, ``TFSTRATEGY_PROFILE_EVERY`` and, given ``probes``, ``TFSTRATEGY_PROFILE_PROBES``
+    for ``--profile`` (empty without it), from :func:`profile_settings`.
+
+    Raises:
+        TrainingError: as :func:`profile_settings`.
+    """
+    path, every, share = profile_settings(profile, directory, every_minutes, probes)
+    return {**PROFILE.to_environ(path), **PROFILE_EVERY.to_environ(every), **PROFILE_PROBES.to_environ(share)}
 
 
 def tracker_from_environment(env: dict[str, str] | None = None) -> dict[str, Any] | None:

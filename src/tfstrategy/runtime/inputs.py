@@ -113,19 +113,20 @@ def derive_inputs(
     if consumer not in (SELECT, HOOK):
         raise ValueError(f"unknown consumer {consumer!r}")
     env = os.environ if env is None else env
-    kind_setting = resolve_setting("strategy", strategy, STRATEGY.name, StrategyKind.AUTO, env,
-                                   normalise=lambda v, n: StrategyKind.parse(v, name=n).value)
-    devices_setting = resolve_setting("devices", devices, DEVICES.name, None, env,
-                                      normalise=lambda v, n: str(parse_devices(v, name=n)))
+    # Errors name where a bad value came from: TFSTRATEGY_DEVICES='gpu0', not devices='gpu0'.
+    kind_setting = STRATEGY.resolve("strategy", strategy, env, StrategyKind.parse)
+    devices_setting = DEVICES.resolve("devices", devices, env, parse_devices)
+    kind: StrategyKind = kind_setting.value
+    request: DeviceRequest | None = devices_setting.value
+    # TFSTRATEGY_CPU_REPLICAS' own parser is the launch contract's (any count of 1 or more); select() and the hook
+    # also refuse more than MAX_CPU_REPLICAS, with validate_cpu_replicas' advice.
     replicas_setting = resolve_setting("cpu_replicas", cpu_replicas, CPU_REPLICAS.name, None, env,
                                        normalise=lambda v, n: str(validate_cpu_replicas(v, name=n)))
-    # Errors name where a bad value came from: TFSTRATEGY_CPU_REPLICAS='abc', not cpu_replicas='abc'.
-    kind = StrategyKind.parse(kind_setting.value, name=setting_name("strategy", kind_setting, STRATEGY.name))
-    request = parse_devices(devices_setting.value, name=setting_name("devices", devices_setting, DEVICES.name))
     replicas = validate_cpu_replicas(replicas_setting.value,
                                      name=setting_name("cpu_replicas", replicas_setting, CPU_REPLICAS.name))
     timeout, timeout_source = resolve_collective_timeout(collective_timeout, env)
-    audit = validate_audit_mode(env.get(AUDIT.name) or AUDIT.default, name=AUDIT.name)
+    # The flag's validator, whose message says what each mode does (the contract's parser only lists them).
+    audit = validate_audit_mode(AUDIT.text(env) or AUDIT.default, name=AUDIT.name)
     chosen_precision, precision_source = resolve_precision(precision, env)
     # An environment that derives the cluster (a Slurm step, ...) is read only when a multi-worker job can
     # use it: a layout it refuses must not break select(strategy='mirrored'). The hook always may.
@@ -144,15 +145,15 @@ def derive_inputs(
         sources["cluster" if cluster is not None else "environment"] = environment.name
     profile = PROFILE.text(env)
     flags = {flag: text for flag, variable in (("--devices", DEVICES), ("--cpu-replicas", CPU_REPLICAS))
-             if (text := env.get(variable.name))}
+             if (text := variable.text(env))}
     return PlanInputs(
         consumer=consumer, kind=kind if consumer == SELECT else None, devices=request, cpu_replicas=replicas,
         cluster_tasks=cluster.num_workers if cluster is not None else 0,
         cluster_source=environment.name if environment is not None else None, environment=environment,
         cluster=cluster,
-        collective_timeout=timeout, sources=sources, under_launcher=bool(env.get(JOIN_FILE.name)), audit=audit,
+        collective_timeout=timeout, sources=sources, under_launcher=JOIN_FILE.text(env) is not None, audit=audit,
         precision=chosen_precision, profile=profile if profile and profile.lower() != "off" else None,
-        flags=flags, device_check=env.get(DEVICE_CHECK.name),
+        flags=flags, device_check=DEVICE_CHECK.text(env),
     )
 
 

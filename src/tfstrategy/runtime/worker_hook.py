@@ -71,7 +71,7 @@ def install() -> None:
     owner = HOOK_PID.text(os.environ)
     if owner and owner != str(os.getpid()):
         return
-    os.environ[HOOK_PID.name] = str(os.getpid())
+    os.environ.update(HOOK_PID.to_environ(os.getpid()))
     if HOOK_SUMMARY.read(os.environ):
         atexit.register(_print_summary)
     _supervise()

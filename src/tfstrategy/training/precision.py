@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tfstrategy.errors import PrecisionError, TrainingError
-from tfstrategy.settings import ENV_PRECISION, did_you_mean, received, resolve_setting, setting_name
+from tfstrategy.settings import ENV_PRECISION, PRECISION, did_you_mean, received, resolve_setting, setting_name
 
 if TYPE_CHECKING:
     from tfstrategy._protocols import Model, Optimizer
@@ -79,17 +79,27 @@ def resolve_precision(argument: str | None = None, env: Mapping[str, str] | None
     return parse_precision(setting.value, name=setting_name("precision", setting, ENV_PRECISION)), setting.source
 
 
-def precision_environment(precision: str | None, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``{TFSTRATEGY_PRECISION: policy}`` for ``--precision`` (empty without it), validated.
+def precision_setting(precision: str | None, env: Mapping[str, str] | None = None) -> str | None:
+    """The policy ``--precision`` asks for (``None`` without it), validated against ``TFSTRATEGY_PRECISION``.
 
     Raises:
         PrecisionError: not a precision.
         SettingsConflictError: the environment already asks for another one.
     """
     if precision is None:
-        return {}
+        return None
     value, _ = resolve_precision(parse_precision(precision, name="--precision"), env)
-    return {ENV_PRECISION: str(value)}
+    return value
+
+
+def precision_environment(precision: str | None, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{TFSTRATEGY_PRECISION: policy}`` for ``--precision`` (empty without it), as :func:`precision_setting`.
+
+    Raises:
+        PrecisionError: not a precision.
+        SettingsConflictError: the environment already asks for another one.
+    """
+    return PRECISION.to_environ(precision_setting(precision, env))
 
 
 def _kerases() -> list[Any]:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import DivergenceError, TrainingError
-from tfstrategy.settings import ENV_SENTINEL, received, resolve_setting, setting_name
+from tfstrategy.settings import ENV_SENTINEL, SENTINEL, received, resolve_setting, setting_name
 
 if TYPE_CHECKING:
     from tfstrategy._protocols import Logs, Model, Strategy
@@ -84,7 +84,7 @@ def sentinel_environment(value: object) -> dict[str, str]:
         TrainingError: not an interval.
     """
     parsed = parse_sentinel(value, name="--sentinel")
-    return {ENV_SENTINEL: "off" if parsed is None else str(parsed)}
+    return SENTINEL.to_environ("off" if parsed is None else str(parsed))
 
 
 class Sentinel:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfstrategy.errors import LaunchError
-from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, parse_min_max
+from tfstrategy.settings import ENV_LAUNCH_SECRET, ENV_NODE_RANK, LAUNCH_SECRET, parse_min_max
 
 __all__ = ["NodeOptions", "ServerLimits", "parse_master", "parse_nnodes", "read_secret", "validate_node_options", "MIN_SECRET_BYTES"]
 
@@ -98,8 +98,8 @@ def read_secret(secret_file: Path | None, env: Mapping[str, str]) -> bytes:
     """
     if secret_file is not None:
         secret, origin = _read_secret_file(secret_file), f"--secret-file {secret_file}"
-    elif env.get(ENV_LAUNCH_SECRET):
-        secret, origin = env[ENV_LAUNCH_SECRET].strip().encode(), ENV_LAUNCH_SECRET
+    elif (text := LAUNCH_SECRET.text(env)) is not None:
+        secret, origin = text.encode(), ENV_LAUNCH_SECRET
     else:
         raise LaunchError(
             f"Received --nnodes > 1 without a shared secret; expected {ENV_LAUNCH_SECRET} or --secret-file FILE "
