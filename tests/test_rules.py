@@ -30,9 +30,6 @@ PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tf_keras.src")
 WRITERS = ("state/", "_compat/")
 #: (module, the written object) -> why it is not yet a registered replacement.
 KNOWN_WRITES = {
-    ("training/sentinel.py", "model"): "the divergence sentinel hung on the user's model (issue 46 point 5)",
-    ("training/steps_per_execution.py", "model"): "the tuner's choice hung on the user's model (issue 46 point 5)",
-    ("performance/report.py", "model"): "the report's tracker hung on the user's model (issue 46 point 5)",
     ("multiworker/chief_files.py", "writer"): "keep_per_worker's public mark on a callback the script passes",
     ("patches/keras_mwms.py", "model"): "drops Keras' cached train/test function so Keras rebuilds it patched",
     ("patches/keras_chief_files.py", "callback"): "a patched callback's paths, put back by the same patch",

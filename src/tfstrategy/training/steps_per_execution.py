@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
-from tfstrategy.state.registry import RUNTIME
+from tfstrategy.state.registry import RUNTIME, Attachments
 from tfstrategy.training.no_trace import dataset_copy, skip_build_peek, snapshot
 
 if TYPE_CHECKING:
@@ -340,17 +340,18 @@ def tune_steps_per_execution(
 
 def _set(model: Model, choice: StepsPerExecutionChoice) -> StepsPerExecutionChoice:
     _compat.set_steps_per_execution(model, choice.steps)
-    object.__setattr__(model, _CHOICE, choice)  # untracked by Keras
+    CHOICES.set(model, choice)
     logger.info("tfstrategy: %s", choice.line())
     return choice
 
 
-_CHOICE = "_tfstrategy_steps_per_execution_choice"
+#: Each tuned model's choice, held by the process runtime (``tfstrategy.reset()`` forgets it), not on the model.
+CHOICES: Attachments[StepsPerExecutionChoice] = RUNTIME.attachments("steps_per_execution_choice")
 
 
 def last_choice(model: Model) -> StepsPerExecutionChoice | None:
     """The choice :func:`tune_steps_per_execution` (or ``steps_per_execution="auto"``) made for ``model``."""
-    return getattr(model, _CHOICE, None)
+    return CHOICES.get(model)
 
 
 def tune_at_first_fit(model: Model) -> None:
