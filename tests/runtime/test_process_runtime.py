@@ -164,3 +164,17 @@ def test_a_value_kept_for_an_object_does_not_keep_the_object_alive(clean_runtime
     reference = weakref.ref(owner)
     del owner
     assert reference() is None
+
+
+def test_a_patch_installed_without_a_plan_counts_as_the_plans_apply_patches_step(clean_runtime):
+    from tfstrategy.patches import APPLY_STEP, keras_steps_per_execution
+    from tfstrategy.runtime.steps import ApplyPatches
+
+    assert ApplyPatches.name == APPLY_STEP
+    # As the steps_per_execution tuner, the performance probes and keras_mwms install the one fix they need.
+    (status,) = apply_patches(keras_steps_per_execution.PATCH.name)
+    assert status.installed and RUNTIME.plans == {}
+    assert [item.name for item in RUNTIME.replacements(step=APPLY_STEP)] == ["keras_steps_per_execution"]
+    assert RUNTIME.unowned() == ()
+    reset()
+    assert not keras_steps_per_execution.PATCH.status().installed

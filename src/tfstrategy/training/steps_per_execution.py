@@ -316,9 +316,9 @@ def tune_steps_per_execution(
         return _set(model, choose_steps_per_execution(float, cap=1, cap_reason=cap_reason))
     if not _compat.is_tf_keras_object(model):
         # K > 1 on 2+ replicas (and on 2+ workers) needs tfstrategy's multi-step loop.
-        from tfstrategy.patches import keras_steps_per_execution
+        from tfstrategy.patches import apply_patches, keras_steps_per_execution
 
-        keras_steps_per_execution.PATCH.apply()
+        apply_patches(keras_steps_per_execution.PATCH.name)
     copy, no_copy = dataset_copy(dataset)
     if no_copy is not None:
         logger.warning("tfstrategy: tuning steps_per_execution on the dataset itself, which moves its shuffle "
