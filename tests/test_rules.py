@@ -8,6 +8,8 @@ Read from the source (``ast``), no TensorFlow: `make lint` runs this module besi
   ``RUNTIME.override_attribute``) or a ``_compat`` accessor, so ``reset()`` can undo it: no bare
   ``setattr``/``object.__setattr__``/``delattr`` elsewhere. The writes below predate the rule; each says
   why it stays, and the list may only shrink (an entry that no longer matches fails too).
+- A Keras workaround is installed only through ``patches.apply_patches`` (every one, or those named), so
+  wherever it is installed from it counts as the plan's ``apply_patches`` step: no ``PATCH.apply()`` elsewhere.
 - ``_protocols`` (the TensorFlow/Keras objects as typing protocols) is imported only under ``TYPE_CHECKING``:
   types cost a worker nothing at run time.
 - Every ``TFSTRATEGY_*`` variable is declared once, as a ``settings.Variable`` (a cluster environment's in its
@@ -36,9 +38,6 @@ PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tf_keras.src")
 WRITERS = ("state/", "_compat/")
 #: (module, the written object) -> why it is not yet a registered replacement.
 KNOWN_WRITES = {
-    ("training/sentinel.py", "model"): "the divergence sentinel hung on the user's model (issue 46 point 5)",
-    ("training/steps_per_execution.py", "model"): "the tuner's choice hung on the user's model (issue 46 point 5)",
-    ("performance/report.py", "model"): "the report's tracker hung on the user's model (issue 46 point 5)",
     ("multiworker/chief_files.py", "writer"): "keep_per_worker's public mark on a callback the script passes",
     ("patches/keras_mwms.py", "model"): "drops Keras' cached train/test function so Keras rebuilds it patched",
     ("patches/keras_chief_files.py", "callback"): "a patched callback's paths, put back by the same patch",
@@ -122,6 +121,22 @@ def test_no_bare_attribute_write_on_objects_tfstrategy_does_not_own():
     )
     stale = set(KNOWN_WRITES) - seen
     assert not stale, f"no longer written, strike from KNOWN_WRITES: {sorted(stale)}"
+
+
+def _patch_applications(tree: ast.Module) -> list[int]:
+    """The lines of ``PATCH.apply()`` or ``module.PATCH.apply()`` calls."""
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "apply"
+            and ast.unparse(node.func.value).split(".")[-1] == "PATCH"]
+
+
+def test_a_patch_is_applied_only_through_apply_patches():
+    offenders = {path: lines for path, tree in _modules()
+                 if path != "patches/__init__.py" and (lines := _patch_applications(tree))}
+    assert not offenders, (
+        f"patches applied directly: {offenders}. Call tfstrategy.patches.apply_patches(PATCH.name), so the plan's "
+        "apply_patches step counts the fix (tfstrategy env, the exit summary) wherever it was installed from."
+    )
 
 
 def _runtime_imports_of(tree: ast.Module, module: str) -> list[int]:

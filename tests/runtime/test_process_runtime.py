@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 
 import keras
 import pytest
@@ -128,3 +129,52 @@ def test_reset_clears_every_registered_job_state_and_keeps_the_collective_key_co
     reset()
     assert chief_files._COUNTS == {} and creation_sites._SITES == {} and RUNTIME.once("said")
     assert RUNTIME.next_number("t:keys") == before + 1, "TensorFlow remembers collective keys: never reused"
+
+
+def test_what_tfstrategy_kept_for_a_model_goes_with_reset(clean_runtime):
+    import tensorflow as tf
+
+    from tfstrategy.performance.report import tracker_for
+    from tfstrategy.training.sentinel import sentinel_for
+    from tfstrategy.training.steps_per_execution import last_choice
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=True)  # the tuner answers K = 1 without timing
+    strategy = tf.distribute.get_strategy()
+    sentinel = sentinel_for(model, strategy)
+    choice = tfstrategy.tune_steps_per_execution(model, tf.data.Dataset.from_tensor_slices(tf.ones((4, 3))).batch(2))
+    tracker = tracker_for(model)
+    assert set(RUNTIME.attached(model)) == {"sentinel", "steps_per_execution_choice", "performance_tracker"}
+    assert sentinel_for(model, strategy) is sentinel and last_choice(model) is choice and tracker_for(model) is tracker
+    assert not [name for name in vars(model) if name.startswith("_tfstrategy")], "nothing is written on the model"
+
+    reset()
+
+    assert RUNTIME.attached(model) == () and last_choice(model) is None
+    assert sentinel_for(model, strategy) is not sentinel and tracker_for(model) is not tracker  # made anew
+
+
+def test_a_value_kept_for_an_object_does_not_keep_the_object_alive(clean_runtime):
+    class Owner:
+        pass
+
+    owner = Owner()
+    RUNTIME.attachments("t:kept").set(owner, "value")
+    assert RUNTIME.attached(owner) == ("t:kept",)
+    reference = weakref.ref(owner)
+    del owner
+    assert reference() is None
+
+
+def test_a_patch_installed_without_a_plan_counts_as_the_plans_apply_patches_step(clean_runtime):
+    from tfstrategy.patches import APPLY_STEP, keras_steps_per_execution
+    from tfstrategy.runtime.steps import ApplyPatches
+
+    assert ApplyPatches.name == APPLY_STEP
+    # As the steps_per_execution tuner, the performance probes and keras_mwms install the one fix they need.
+    (status,) = apply_patches(keras_steps_per_execution.PATCH.name)
+    assert status.installed and RUNTIME.plans == {}
+    assert [item.name for item in RUNTIME.replacements(step=APPLY_STEP)] == ["keras_steps_per_execution"]
+    assert RUNTIME.unowned() == ()
+    reset()
+    assert not keras_steps_per_execution.PATCH.status().installed

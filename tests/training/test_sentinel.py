@@ -9,7 +9,7 @@ import pytest
 import tfstrategy
 from helpers import mirrored
 from tfstrategy.errors import DivergenceError, TrainingError
-from tfstrategy.training.sentinel import Sentinel, add_sentinel, parse_sentinel, resolve_sentinel
+from tfstrategy.training.sentinel import SENTINELS, Sentinel, add_sentinel, parse_sentinel, resolve_sentinel
 
 
 def _model(strategy):
@@ -60,7 +60,7 @@ def test_the_callback_stops_fit_at_the_first_epoch_end_after_the_drift():
     kernel = model.weights[0]._value
     x, y = np.ones((64, 3), "float32"), np.zeros((64, 2), "float32")
     model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[tfstrategy.divergence_sentinel()])
-    traced = model._tfstrategy_sentinel  # each fit's new callback reuses the model's traced check
+    traced = SENTINELS.get(model)  # each fit's new callback reuses the model's traced check
 
     class Drift(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -69,7 +69,7 @@ def test_the_callback_stops_fit_at_the_first_epoch_end_after_the_drift():
 
     with pytest.raises(DivergenceError, match=r"at step 16: replica 1 has checksum"):
         model.fit(x, y, epochs=3, batch_size=16, verbose=0, callbacks=[Drift(), tfstrategy.divergence_sentinel()])
-    assert model._tfstrategy_sentinel is traced and traced.checks == 4
+    assert SENTINELS.get(model) is traced and traced.checks == 4
 
 
 def test_make_train_step_checks_at_each_epoch_end():

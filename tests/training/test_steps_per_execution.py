@@ -281,6 +281,7 @@ import sys
 import keras
 import numpy as np
 import tfstrategy
+from tfstrategy.state.registry import RUNTIME
 
 MACHINERY = ("tfstrategy.training.no_trace", "tfstrategy.training.steps_per_execution",
              "tfstrategy.performance.report", "tfstrategy.performance.probes")
@@ -291,7 +292,8 @@ def loaded():
 
 
 def overridden(model):
-    names = [name for name in ("_maybe_symbolic_build", "_tfstrategy_steps_per_execution_choice") if name in vars(model)]
+    names = [name for name in ("_maybe_symbolic_build",) if name in vars(model)]
+    names += [kind for kind in RUNTIME.attached(model) if kind == "steps_per_execution_choice"]
     fit = vars(model).get("fit")
     return names + (["fit"] if fit is not None and not getattr(fit, "__tfstrategy_guard__", False) else [])
 
@@ -321,4 +323,4 @@ def test_the_default_path_loads_none_of_the_auto_k_machinery():
     lines = done.stdout.splitlines()
     assert "default [] []" in lines, done.stdout
     assert ("auto ['tfstrategy.training.no_trace', 'tfstrategy.training.steps_per_execution'] "
-            "['_maybe_symbolic_build', '_tfstrategy_steps_per_execution_choice']") in lines, done.stdout
+            "['_maybe_symbolic_build', 'steps_per_execution_choice']") in lines, done.stdout

@@ -109,14 +109,28 @@ PATCHES: dict[str, Patch] = {
 }
 
 
-def apply_patches() -> tuple[PatchStatus, ...]:
-    """Install every workaround the installed Keras needs (process-wide, idempotent); return their statuses.
+#: The plan step that installs the workarounds (:class:`tfstrategy.runtime.steps.ApplyPatches`).
+APPLY_STEP = "apply_patches"
+
+
+def apply_patches(*names: str) -> tuple[PatchStatus, ...]:
+    """Install every workaround the installed Keras needs, or only those ``names`` (process-wide, idempotent).
+
+    The one way a workaround is installed: code that needs one fix before a plan took its ``apply_patches``
+    step, or without a plan (a strategy the script built itself, a second job after ``reset()``), calls this
+    with its name, so the fix is counted as that step's wherever it was installed from: ``tfstrategy env``, the
+    exit summary and the step's undo see it with the others, and ``reset()`` removes it.
 
     Never raises because of the library: a patch whose probe fails warns once
     and leaves Keras alone. A tf_keras (``TF_USE_LEGACY_KERAS=1``) process gets
     no patch, as tf_keras has none of these bugs.
+
+    Returns:
+        The status of each patch asked for, in the order asked (all of them: :data:`PATCHES` order).
     """
-    return tuple(patch.apply() for patch in PATCHES.values())
+    chosen = [PATCHES[name] for name in names] if names else list(PATCHES.values())
+    with RUNTIME.taking(APPLY_STEP):
+        return tuple(patch.apply() for patch in chosen)
 
 
 def patch_status() -> tuple[PatchStatus, ...]:

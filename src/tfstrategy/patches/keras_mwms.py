@@ -152,10 +152,10 @@ def _reduce_unless_uneven(strategy: Any) -> Iterator[None]:
 
 def _require_multi_step_loop(model: Model, steps: int) -> None:
     """Bug 3: several steps per execution need the steps_per_execution patch's loop; install it or refuse."""
-    # Imported here: that module's patch is independent of this one, and either may be used alone.
-    from tfstrategy.patches import keras_steps_per_execution
+    # Imported here: the package imports this module (that patch is independent of this one: either may be used alone).
+    from tfstrategy.patches import apply_patches, keras_steps_per_execution
 
-    keras_steps_per_execution.PATCH.apply()
+    apply_patches(keras_steps_per_execution.PATCH.name)
     if keras_steps_per_execution.fix_needed(model):
         for which in ("train", "test"):
             if getattr(model, f"{which}_function", None) is not None and not keras_steps_per_execution.uses_fixed_loop(
@@ -324,4 +324,7 @@ def apply_keras_mwms_fix() -> PatchStatus:
     if you create the strategy without tfstrategy. Other strategies keep running
     Keras' own code.
     """
-    return PATCH.apply()
+    from tfstrategy.patches import apply_patches  # the package imports this module
+
+    (status,) = apply_patches(PATCH.name)
+    return status

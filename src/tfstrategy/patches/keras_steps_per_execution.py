@@ -261,7 +261,9 @@ def fix_steps_per_execution(model: Model) -> bool:
     """
     if _compat.is_tf_keras_object(model) or PATCH.target_module() is None:
         return False
-    PATCH.apply()
+    from tfstrategy.patches import apply_patches  # the package imports this module
+
+    apply_patches(PATCH.name)
     # Functions built before the patch would keep the nested tf.function.
     model.train_function = None
     model.test_function = None

@@ -129,9 +129,9 @@ def _input_probes(model: Model, strategy: Strategy, function: Any, copy: Any, pl
     calls = {"cached": lambda: function(iterators["cached"])}
     if larger_k is not None:
         if not _compat.is_tf_keras_object(model):  # K > 1 on 2+ replicas needs tfstrategy's loop
-            from tfstrategy.patches import keras_steps_per_execution
+            from tfstrategy.patches import apply_patches, keras_steps_per_execution
 
-            keras_steps_per_execution.PATCH.apply()
+            apply_patches(keras_steps_per_execution.PATCH.name)
         _compat.set_steps_per_execution(model, larger_k)
         model.make_train_function(force=True)
         larger = model.train_function

@@ -57,6 +57,7 @@ from tfstrategy.performance.sampler import StackSampler, ledger_gauges
 from tfstrategy.performance.timing import ProbePlan, StepTimes, median_seconds, plan_probes
 from tfstrategy.performance.verdict import Measurements, Report, verdict
 from tfstrategy.settings import PROFILE_PROBES
+from tfstrategy.state.registry import RUNTIME, Attachments
 from tfstrategy.training.no_trace import snapshot
 from tfstrategy.training.steps_per_execution import job_mean
 
@@ -128,7 +129,7 @@ def _probe_share(given: float | None) -> float:
 
 
 class Tracker:
-    """When a report is due, and making it: one per model (kept on it), shared by each ``fit``'s callback."""
+    """When a report is due, and making it: one per model (kept for it by the process runtime), shared by each ``fit``'s callback."""
 
     def __init__(self, *, every_minutes: float | None = EVERY_MINUTES, directory: str | os.PathLike[str] | None = None,
                  larger_k: bool | None = None, probe_share: float | None = None) -> None:
@@ -296,7 +297,8 @@ class Tracker:
             self.stop_gauges()
 
 
-_ATTRIBUTE = "_tfstrategy_performance"
+#: Each model's tracker, held by the process runtime (``tfstrategy.reset()`` forgets it), not on the model.
+TRACKERS: Attachments[Tracker] = RUNTIME.attachments("performance_tracker")
 
 
 class _Settings(TypedDict):
@@ -310,10 +312,10 @@ class _Settings(TypedDict):
 
 def tracker_for(model: Model, **settings: Any) -> Tracker:
     """The model's :class:`Tracker`, made at its first report callback (so one report covers several fits)."""
-    found = getattr(model, _ATTRIBUTE, None)
+    found = TRACKERS.get(model)
     if found is None:
         found = Tracker(**settings)
-        object.__setattr__(model, _ATTRIBUTE, found)  # not a tracked Keras attribute
+        TRACKERS.set(model, found)
     return found
 
 

@@ -11,9 +11,11 @@ object's attribute) registers with :data:`RUNTIME` while it is installed, so
 ``patch_status()``, ``tfstrategy env`` and the hook's exit summary list them all.
 State other modules keep for the life of a job (recorded creation sites, write
 counters, once-only messages) is either held here or registered with
-:meth:`ProcessRuntime.own_state`; :meth:`ProcessRuntime.reset` undoes every
-replacement, newest first, and clears all of it, so a second job in the same
-process starts as the first one did.
+:meth:`ProcessRuntime.own_state`; what they keep for one user object (a model's
+divergence sentinel, its tuned ``steps_per_execution``, its performance tracker)
+is an :class:`Attachments` of the runtime, never an attribute written on the
+object. :meth:`ProcessRuntime.reset` undoes every replacement, newest first, and
+clears all of it, so a second job in the same process starts as the first one did.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from tfstrategy.state.status import MISSING, PatchStatus
 
-__all__ = ["KEY_STRIDE", "RUNTIME", "HookState", "Override", "ProcessRuntime", "Undoable", "UndoablePlan", "reset"]
+__all__ = ["KEY_STRIDE", "RUNTIME", "Attachments", "HookState", "Override", "ProcessRuntime", "Undoable", "UndoablePlan",
+           "reset"]
+
+T = TypeVar("T")
 
 
 class Undoable(Protocol):
@@ -115,6 +120,28 @@ def _delete(owner: object, attribute: str) -> None:
         object.__delattr__(owner, attribute)
 
 
+class Attachments(Generic[T]):
+    """One kind of value tfstrategy keeps per user object (a model's sentinel), held here rather than on the object.
+
+    Keyed weakly, so an entry goes with its object (Keras models hash by identity); the value must not refer
+    back to its object, or the object would live as long as the entry. :meth:`ProcessRuntime.reset` clears
+    every kind, so nothing tfstrategy kept for a model outlives the job that made it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._values: weakref.WeakKeyDictionary[object, T] = weakref.WeakKeyDictionary()
+
+    def get(self, owner: object) -> T | None:
+        return self._values.get(owner)
+
+    def set(self, owner: object, value: T) -> None:
+        self._values[owner] = value
+
+    def clear(self) -> None:
+        self._values.clear()
+
+
 @dataclass
 class HookState:
     """What the start-up hook did in this process, for the exit summary and for tests."""
@@ -180,6 +207,7 @@ class ProcessRuntime:
         self._states: dict[str, Callable[[], None]] = {}
         self._counters: dict[str, Iterator[int]] = {}
         self._armed: dict[str, Callable[[], None]] = {}
+        self._attachments: dict[str, Attachments[Any]] = {}
         self._fresh()
 
     def _fresh(self) -> None:
@@ -263,6 +291,16 @@ class ProcessRuntime:
     def state_names(self) -> tuple[str, ...]:
         return tuple(self._states)
 
+    def attachments(self, name: str) -> Attachments[Any]:
+        """The per-object values of kind ``name`` (made at the first ask; :meth:`reset` empties them)."""
+        with self._lock:
+            return self._attachments.setdefault(name, Attachments(name))
+
+    def attached(self, owner: object) -> tuple[str, ...]:
+        """The kinds of value kept for ``owner`` in this job, so a test or a debugging session can see them."""
+        with self._lock:
+            return tuple(name for name, attachments in self._attachments.items() if attachments.get(owner) is not None)
+
     def keep_armed(self, name: str, arm: Callable[[], None]) -> None:
         """Have :meth:`reset` call ``arm`` once it cleared the job state: what lives as long as the process.
 
@@ -306,6 +344,8 @@ class ProcessRuntime:
             self._step_of.clear()
             for clear in self._states.values():
                 clear()
+            for attachments in self._attachments.values():
+                attachments.clear()
             self._fresh()
         for arm in list(self._armed.values()):
             arm()  # what the process keeps (the hook's supervision and plan), armed again for the next job

@@ -34,6 +34,7 @@ from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import DivergenceError, TrainingError
 from tfstrategy.settings import ENV_SENTINEL, SENTINEL, received, resolve_setting, setting_name
+from tfstrategy.state.registry import RUNTIME, Attachments
 
 if TYPE_CHECKING:
     from tfstrategy._protocols import Logs, Model, Strategy
@@ -169,19 +170,20 @@ class Sentinel:
         return f"replica {replica} (worker {replica // per_worker})"
 
 
-#: Where a model keeps its sentinel, so each fit's new callback reuses the traced check.
-_ATTRIBUTE = "_tfstrategy_sentinel"
+#: Each model's sentinel, so each fit's new callback reuses the traced check; held by the process
+#: runtime, so ``tfstrategy.reset()`` drops it with the rest of the job.
+SENTINELS: Attachments[Sentinel] = RUNTIME.attachments("sentinel")
 
 
 def sentinel_for(model: Model, strategy: Strategy) -> Sentinel:
     """The model's :class:`Sentinel` for ``strategy``, made once per model and set of weights."""
     weights = [_compat.tf_variable(variable) for variable in model.weights]
-    found = getattr(model, _ATTRIBUTE, None)
+    found = SENTINELS.get(model)
     if (found is not None and found.strategy is getattr(strategy, "strategy", strategy)
             and len(found.variables) == len(weights) and all(a is b for a, b in zip(found.variables, weights))):
-        return found  # type: ignore[no-any-return]  # our own attribute, set below
+        return found
     sentinel = Sentinel(strategy, model.weights)
-    object.__setattr__(model, _ATTRIBUTE, sentinel)  # not a tracked Keras attribute
+    SENTINELS.set(model, sentinel)
     return sentinel
 
 

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from tfstrategy import _compat
 from tfstrategy._tf import tf
 from tfstrategy.errors import TrainingError
-from tfstrategy.state.registry import RUNTIME
+from tfstrategy.state.registry import RUNTIME, Attachments
 from tfstrategy.training.no_trace import dataset_copy, skip_build_peek, snapshot
 
 if TYPE_CHECKING:
@@ -316,9 +316,9 @@ def tune_steps_per_execution(
         return _set(model, choose_steps_per_execution(float, cap=1, cap_reason=cap_reason))
     if not _compat.is_tf_keras_object(model):
         # K > 1 on 2+ replicas (and on 2+ workers) needs tfstrategy's multi-step loop.
-        from tfstrategy.patches import keras_steps_per_execution
+        from tfstrategy.patches import apply_patches, keras_steps_per_execution
 
-        keras_steps_per_execution.PATCH.apply()
+        apply_patches(keras_steps_per_execution.PATCH.name)
     copy, no_copy = dataset_copy(dataset)
     if no_copy is not None:
         logger.warning("tfstrategy: tuning steps_per_execution on the dataset itself, which moves its shuffle "
@@ -340,17 +340,18 @@ def tune_steps_per_execution(
 
 def _set(model: Model, choice: StepsPerExecutionChoice) -> StepsPerExecutionChoice:
     _compat.set_steps_per_execution(model, choice.steps)
-    object.__setattr__(model, _CHOICE, choice)  # untracked by Keras
+    CHOICES.set(model, choice)
     logger.info("tfstrategy: %s", choice.line())
     return choice
 
 
-_CHOICE = "_tfstrategy_steps_per_execution_choice"
+#: Each tuned model's choice, held by the process runtime (``tfstrategy.reset()`` forgets it), not on the model.
+CHOICES: Attachments[StepsPerExecutionChoice] = RUNTIME.attachments("steps_per_execution_choice")
 
 
 def last_choice(model: Model) -> StepsPerExecutionChoice | None:
     """The choice :func:`tune_steps_per_execution` (or ``steps_per_execution="auto"``) made for ``model``."""
-    return getattr(model, _CHOICE, None)
+    return CHOICES.get(model)
 
 
 def tune_at_first_fit(model: Model) -> None:
