@@ -12,6 +12,7 @@ counter (:func:`share_counter`), so a process takes one set of samples. Nothing 
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import sys
 import sysconfig
@@ -23,7 +24,7 @@ from types import FrameType
 
 from tfstrategy.state.registry import RUNTIME
 
-__all__ = ["TensorFlowRuns", "UsersCodeSeconds", "main_thread_user_frame", "share_counter", "shared_counter",
+__all__ = ["TensorFlowRuns", "UsersCodeSeconds", "current_frames", "main_thread_user_frame", "share_counter", "shared_counter",
            "tensorflow_runs_users_code", "user_frame_of", "users_code_tensorflow_runs"]
 
 
@@ -132,16 +133,35 @@ def users_code_tensorflow_runs(frame: FrameType | None) -> tuple[str, str] | Non
     return None
 
 
+def current_frames() -> dict[int, FrameType]:
+    """``sys._current_frames()``, with the garbage collector off while it runs.
+
+    CPython before 3.11.9 and 3.12.3 (python/cpython#106883) holds its lock of the thread list while it
+    makes the frame objects; an allocation there may start a collection, and a ``threading.local`` the
+    collection frees takes that same lock: the sampling thread then waits on itself holding the GIL, and the
+    whole process freezes. Seen in launched workers, whose heartbeat samples the stacks every beat: one job
+    in three froze in ``reset_metrics`` beside other jobs (`tests/test_stacks.py` reproduces it). The
+    fix CPython made: no collection during the call (and none re-enabled that was off).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def tensorflow_runs_users_code() -> TensorFlowRuns:
     """What every thread runs of the user's code for TensorFlow now (its input, its ``py_function`` s)."""
-    found = [users_code_tensorflow_runs(frame) for frame in sys._current_frames().values()]
+    found = [users_code_tensorflow_runs(frame) for frame in current_frames().values()]
     return TensorFlowRuns(input=any(item is not None and item[0] == "input" for item in found),
                           py_functions=tuple(item[1] for item in found if item is not None and item[0] == "py_function"))
 
 
 def main_thread_user_frame() -> str:
     """The user's innermost frame on the main thread, now."""
-    return user_frame_of(sys._current_frames().get(threading.main_thread().ident or 0))
+    return user_frame_of(current_frames().get(threading.main_thread().ident or 0))
 
 
 # -- the counter this process shares ---------------------------------------------------------------

@@ -13,7 +13,7 @@ import matrix_cells
 from helpers import ROOT, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess,
-              pytest.mark.over_ceiling(seconds=240, reason="the module's first test carries the one launch job of its 15 "
+              pytest.mark.over_ceiling(seconds=240, reason="the module's first test carries the one launch job of its 16 "
                                                             "cells (40-45 CPU-s; 47-55 s alone, more beside other jobs)")]
 WORKER = ROOT / "tests" / "workers" / "equivalence_worker.py"
 
