@@ -59,6 +59,9 @@ _CPU_AT_SETUP = pytest.StashKey[float]()
 STACKS_AT = 0.75
 #: The report property holding those stacks.
 STACKS_PROPERTY = "stacks_while_slow"
+#: The report property holding a test's grant, ``(seconds, reason)``: a pytest-xdist controller collects no items,
+#: so it learns the grants from the workers' reports.
+GRANT_PROPERTY = "over_ceiling_grant"
 _STACKS = pytest.StashKey["SlowTestStacks"]()
 
 
@@ -168,6 +171,8 @@ class BudgetWatch:
             stacks = item.stash[_STACKS].stop() if _STACKS in item.stash else None
             if stacks is not None:
                 item.user_properties.append((STACKS_PROPERTY, stacks))
+            if item.nodeid in self.granted:
+                item.user_properties.append((GRANT_PROPERTY, list(self.granted[item.nodeid])))
         yield
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -177,6 +182,8 @@ class BudgetWatch:
                 self.cpu[report.nodeid] = float(value)
             elif name == STACKS_PROPERTY:
                 self.stacks[report.nodeid] = str(value)
+            elif name == GRANT_PROPERTY:
+                self.granted[report.nodeid] = (float(value[0]), str(value[1]))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
         if hasattr(config, "workerinput") or not self.taken:  # a pytest-xdist worker: the controller says it, once
@@ -191,7 +198,8 @@ class BudgetWatch:
                       reverse=True)
         for seconds, nodeid in over:
             grant = self.granted.get(nodeid)
-            why = f"granted {grant[0]:.0f} s: {grant[1]}" if grant else "an over_ceiling exception"
+            why = (f"granted {grant[0]:.0f} s: {grant[1]}" if grant else
+                   "no grant: pytest-timeout could not stop it, a thread held Python's lock in C code")
             terminalreporter.write_line(f"  over the ceiling: {seconds:6.1f} s {nodeid} ({why})")
         for line in cpu_lines(self.cpu, wall, os.cpu_count() or 1):
             terminalreporter.write_line(line)

@@ -139,3 +139,28 @@ def test_a_test_still_running_at_three_quarters_of_its_time_leaves_its_stacks_in
     assert "still running at 75% of its time: test_slow.py::test_waits_in_a_named_place, after 2 s;" in said
     assert "threads in pytest process" in said and 'test_slow.py", line 6 in test_waits_in_a_named_place' in said
     assert "test_quick," not in said
+
+
+def test_the_runs_end_tells_a_granted_test_from_one_the_timeout_could_not_stop_also_on_two_workers(pytester):
+    """The grants are known where the items are collected: on two workers, the controller learns them from the
+    reports (it once called every test past the ceiling "an over_ceiling exception", a grant it never had)."""
+    from helpers import ROOT
+
+    pytester.makeconftest(f'import sys\nsys.path.insert(0, {str(ROOT / "tests")!r})\nimport budget\n'
+                          'budget.CEILING_SECONDS = 1\npytest_plugins = ["budget"]')
+    pytester.makepyfile(test_over="""
+        import time
+        import pytest
+
+        @pytest.mark.over_ceiling(seconds=30, reason="a named exception")
+        def test_granted():
+            time.sleep(1.2)
+
+        def test_not_granted():
+            time.sleep(1.2)  # past the 1 s ceiling, with no timeout to stop it here
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
+    result.assert_outcomes(passed=2)
+    said = result.stdout.str()
+    assert "test_over.py::test_granted (granted 30 s: a named exception)" in said, said
+    assert "test_over.py::test_not_granted (no grant: pytest-timeout could not stop it" in said, said
