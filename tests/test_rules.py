@@ -239,8 +239,8 @@ OTHER_WORDS = {
     ("launch/elastic.py", "time"): "a re-formation record's wall-clock time (reformations.jsonl)",
     ("launch/elastic.py", "step"): "a re-formation record's newest committed step",
     ("launch/ledger_diagnosis.py", "steps"): "WorkerView.steps on the wire: the progress file's count, beside the ledger",
-    ("launch/rendezvous/wire.py", "steps"): "the check of WorkerView.steps",
-    ("launch/rendezvous/wire.py", "time"): "the check of Failed.time, a message's field",
+    ("launch/rendezvous/checks.py", "steps"): "the check of WorkerView.steps",
+    ("launch/rendezvous/checks.py", "time"): "the check of Failed.time, a message's field",
     ("launch/stragglers.py", "py_function"): "the name of a measure the straggler watch compares",
 }
 
