@@ -27,15 +27,12 @@ up to ``settle`` seconds for the real one); join timeout; stalled past ``stall_t
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from tfstrategy.contract.exits import EXIT_PREEMPTED, shell_status
 from tfstrategy.contract.ledger import Ledger
-from tfstrategy.contract.reports import ErrorRecord
 from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
 from tfstrategy.launch.ledger_diagnosis import (
     Diagnosis,
@@ -44,6 +41,7 @@ from tfstrategy.launch.ledger_diagnosis import (
     view_from_wire,
     view_to_wire,
 )
+from tfstrategy.launch.stalls import HEARTBEAT_STOPPED, WatchedWorker, still_workers, stuck_in_steps
 from tfstrategy.launch.states import Failure, Outcome, WorkerState
 from tfstrategy.launch.stragglers import StragglerWatch
 from tfstrategy.launch.ticks import Decision, Observation, Policy
@@ -56,33 +54,6 @@ NEVER_MEET = frozenset({"different-functions", "different-models"})
 
 #: Every worker inside the first batch this many stall thresholds long is said (tracing takes long).
 FIRST_BATCH_FACTOR = 3
-
-
-@dataclass
-class _Worker:
-    index: int
-    state: WorkerState = WorkerState.STARTING
-    joined: bool = False
-    listening: bool = False
-    returncode: int | None = None
-    ended_at: float = 0.0
-    wall_ended: float = 0.0
-    error: ErrorRecord | None = None
-    heartbeat: int = -1
-    beat_at: float = 0.0
-    steps: int = -1
-    in_step: bool = False
-    steps_at: float = 0.0
-    intervals: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=20))
-    stopped_since: float | None = None
-    #: When the launcher saw its script end (the exit handlers ran): the teardown follows.
-    finishing_since: float | None = None
-    stall: str | None = None
-    stall_wall: float = 0.0
-    left_early: str | None = None
-    ledger: Ledger | None = None
-    #: It signalled that it creates its strategy (the hook's ``.starting`` marker): it signals joining too.
-    hooked: bool = False
 
 
 class GroupMonitor:
@@ -103,7 +74,7 @@ class GroupMonitor:
                  ports: dict[int, int] | None = None, peers_elsewhere: bool = False) -> None:
         self.policy, self.started = policy, started
         self.peers_elsewhere = peers_elsewhere
-        self.workers = {index: _Worker(index) for index in indices}
+        self.workers = {index: WatchedWorker(index) for index in indices}
         for worker in self.workers.values():
             worker.beat_at = worker.steps_at = started
         self._lines, self._ports = lines, ports or {}
@@ -209,7 +180,7 @@ class GroupMonitor:
         # listens while its strategy waits for peers (on another node, perhaps): only its join file counts.
         return all(w.joined or (w.listening and not w.state.ended and not w.hooked) for w in workers)
 
-    def _observe(self, worker: _Worker, seen: Observation, now: float, wall: float, decision: Decision) -> None:
+    def _observe(self, worker: WatchedWorker, seen: Observation, now: float, wall: float, decision: Decision) -> None:
         if worker.state.ended:
             return
         worker.error = seen.error or worker.error
@@ -243,7 +214,7 @@ class GroupMonitor:
 
     # --- how an attempt ends ----------------------------------------------------------------------
 
-    def _alive(self) -> list[_Worker]:
+    def _alive(self) -> list[WatchedWorker]:
         return [w for w in self.workers.values() if not w.state.ended]
 
     def _early_exits(self, now: float, decision: Decision) -> None:
@@ -281,7 +252,7 @@ class GroupMonitor:
             if self._first_failure_at is None:
                 self._first_failure_at = now
 
-    def _failure(self, worker: _Worker) -> Failure:
+    def _failure(self, worker: WatchedWorker) -> Failure:
         if worker.left_early:
             return Failure(index=worker.index, reason=worker.left_early, status=0, time=worker.wall_ended)
         code = worker.returncode if worker.returncode is not None else 1
@@ -345,7 +316,7 @@ class GroupMonitor:
         missing = missing or [w for w in self.workers.values() if not w.joined]
         port = self._ports.get
 
-        def state(w: _Worker) -> str:
+        def state(w: WatchedWorker) -> str:
             if w.returncode is not None:
                 return f"{describe_status(w.returncode)} before joining"
             if w.state is WorkerState.JOINING:
@@ -371,7 +342,7 @@ class GroupMonitor:
 
     # --- stalls -----------------------------------------------------------------------------------
 
-    def _first_batch(self, now: float, wall: float, decision: Decision, counted: list[_Worker], since: float,
+    def _first_batch(self, now: float, wall: float, decision: Decision, counted: list[WatchedWorker], since: float,
                      threshold: float) -> None:
         """Every worker inside its first batch, or not yet begun it, for long: said once, with stacks.
 
@@ -420,7 +391,7 @@ class GroupMonitor:
         return max(self.policy.stall_report, self.policy.stall_factor * step) if step else self.policy.stall_report
 
     @staticmethod
-    def _joined_here(worker: _Worker) -> bool:
+    def _joined_here(worker: WatchedWorker) -> bool:
         """Whether ``worker``'s heartbeat should beat: not while it creates its strategy.
 
         TensorFlow holds Python's lock while a strategy waits for its peers (on other nodes, under
@@ -433,18 +404,8 @@ class GroupMonitor:
         tracked = [w for w in alive if w.heartbeat >= 0]
         if not tracked:
             return  # no worker reports progress (not Python, or no hook): TensorFlow's heartbeats (or a set timeout) decide
-        found: list[tuple[_Worker, str, float]] = []
-        for w in tracked:
-            if w.stopped_since is not None and now - w.stopped_since > 1.0:
-                found.append((w, "is stopped (state T: SIGSTOP, SIGTSTP or a debugger) and does not run", w.beat_at))
-            elif w.finishing_since is not None:
-                if now - w.finishing_since > self.policy.teardown_timeout:
-                    found.append((w, f"finished its script {now - w.finishing_since:.0f} s ago but has not exited: "
-                                  "stuck in TensorFlow's teardown (its training is over)", w.finishing_since))
-            elif now - w.beat_at > self.policy.heartbeat_timeout and self._joined_here(w):
-                found.append((w, f"has not beaten its heartbeat for {now - w.beat_at:.0f} s: frozen (a C extension "
-                              "holding Python's lock, or the machine swapping)", w.beat_at))
-                decision.frozen.add(w.index)
+        found = still_workers(tracked, now, self.policy, self._joined_here)
+        decision.frozen.update(w.index for w, why, _ in found if why.startswith(HEARTBEAT_STOPPED))
         threshold = self.stall_threshold()
         counted = [w for w in tracked if w.steps >= 0]
         last_advance = max((w.steps_at for w in counted), default=now)
@@ -452,26 +413,7 @@ class GroupMonitor:
         # out), is the cause of every wait: no stall guessed from the steps meanwhile would blame the right one.
         stopping = any(w.stopped_since is not None for w in tracked) or bool(self._remote_stops)
         if not found and not stopping and counted and len(counted) == len(tracked) and now - last_advance > threshold:
-            waiting = [w for w in counted if w.in_step]
-            outside = [w for w in counted if not w.in_step]
-            batch = max(w.steps for w in counted)
-            if waiting and outside and batch == 0:
-                pass  # no batch done yet: a worker still building its model or input is starting, said below
-            elif waiting and outside:
-                names = ", ".join(str(w.index) for w in waiting)
-                for w in outside:
-                    found.append((w, f"has been outside its step for {now - last_advance:.0f} s (in its own code: a "
-                                  f"callback, input, a busy loop) after batch {w.steps}, while worker(s) {names} wait "
-                                  "for it inside the next step's collectives", last_advance))
-            elif waiting and all(w.steps >= 1 for w in counted):
-                fewest = min(w.steps for w in counted)
-                laggards = [w for w in counted if w.steps == fewest]
-                blame = laggards if len(laggards) < len(counted) else []
-                for w in blame or counted[:1]:
-                    what = (f"is stuck inside batch {w.steps + 1} while its peers passed it" if blame else
-                            f"and every other worker have been inside batch {batch + 1} for {now - last_advance:.0f} s "
-                            "with no progress (a stuck input pipeline or collective)")
-                    found.append((w, what, last_advance))
+            found.extend(stuck_in_steps(counted, now, last_advance))
         if not found and not stopping and counted and len(counted) == len(tracked):
             self._first_batch(now, wall, decision, counted, last_advance, threshold)
         for w, why, since in found:
