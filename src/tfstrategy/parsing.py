@@ -1,4 +1,5 @@
-"""The parsers of what users write in settings (device specs, port ranges, run ids) and the wording their errors share.
+"""The parsers of what users write in settings (device specs, port ranges, run ids, node counts, collective
+timeouts, audit modes) and the wording their errors share.
 
 Beneath :mod:`tfstrategy.settings`, so a ``Variable`` there names its parser and nothing is parsed twice:
 the same function reads ``--devices``, ``devices=`` and ``TFSTRATEGY_DEVICES``, each error naming the one
@@ -9,14 +10,16 @@ TensorFlow, no host; checking a spec against the host is :mod:`tfstrategy.select
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tfstrategy.errors import DeviceError, LaunchError
+from tfstrategy.errors import DeviceError, LaunchError, StrategyError
 
 __all__ = ["closest", "did_you_mean", "shorten", "received", "spell", "Device", "DeviceRequest", "DeviceSpec",
-           "parse_devices", "parse_port_range", "parse_run_id"]
+           "parse_devices", "parse_port_range", "parse_run_id", "AUDIT_MODES", "parse_min_max", "parse_collective_timeout",
+           "validate_audit_mode"]
 
 
 def closest(received: str, options: Iterable[str]) -> str | None:
@@ -240,3 +243,58 @@ def parse_port_range(text: str, source: str = "--port-range") -> tuple[int, int]
         raise LaunchError(f"Received {source} {text!r}; expected LOW-HIGH, the ports the workers may listen on, "
                           "e.g. --port-range 29500-29599.")
     return int(parts[0]), int(parts[-1])
+
+
+#: The values of ``--audit`` / ``TFSTRATEGY_AUDIT`` (here, below the hook's module, so the CLI's parser
+#: offers them without loading the hook).
+AUDIT_MODES = ("warn", "stop", "off")
+
+
+def parse_min_max(text: str) -> tuple[int | None, int] | None:
+    """``N`` as ``(None, N)`` and ``MIN:MAX`` as ``(MIN, MAX)`` (torchrun's node counts); ``None`` if neither.
+
+    Only the shape: each caller checks the counts against what it runs (``--nnodes``, ``k8s --elastic``).
+    """
+    low, sep, high = text.strip().partition(":")
+    if not sep:
+        return (None, int(low)) if low.isdigit() else None
+    return (int(low), int(high)) if low.isdigit() and high.isdigit() else None
+
+
+
+def parse_collective_timeout(value: object, *, name: str = "collective_timeout") -> float | None:
+    """Seconds > 0 as a float; ``None`` for "wait forever" (``"none"``, ``0`` or ``inf``).
+
+    Raises:
+        StrategyError: not a finite positive number, ``0``, ``inf`` or ``"none"``.
+    """
+    text = str(value).strip().lower()
+    if text in ("none", "0", "0.0", "inf", "infinity"):
+        return None
+    number = math.nan
+    if not isinstance(value, bool) and len(text) <= 32:
+        try:
+            number = float(text)
+        except ValueError:
+            pass
+    if not math.isfinite(number) or number <= 0:
+        raise StrategyError(
+            f"Received {name}={shorten(value)}; expected seconds > 0 (e.g. 120), or 'none' to wait forever "
+            "as TensorFlow does by default."
+        )
+    return number
+
+
+def validate_audit_mode(mode: object, *, name: str = "--audit") -> str:
+    """``warn``, ``stop`` or ``off``.
+
+    Raises:
+        StrategyError: anything else.
+    """
+    text = str(mode).strip().lower()
+    if text not in AUDIT_MODES:
+        raise StrategyError(
+            f"Received {name} {mode!r}; expected one of {', '.join(AUDIT_MODES)}: warn reports variables made outside "
+            "the strategy's scope and trains on, stop refuses to train, off skips the audit."
+        )
+    return text

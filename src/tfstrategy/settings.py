@@ -24,15 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from tfstrategy.errors import SettingsConflictError, StrategyError, TFStrategyError
+from tfstrategy.parsing import AUDIT_MODES as AUDIT_MODES  # re-exported, as the ones below: they moved there
 
 # The wording every parser's errors share, and the parsers of device specs, port ranges and run ids, live
 # beneath this module so that the Variables below can name them (their old homes import them from there).
 from tfstrategy.parsing import DeviceRequest, parse_devices, parse_port_range, parse_run_id
-from tfstrategy.parsing import closest as closest  # re-exported, as the five below: they moved there
+from tfstrategy.parsing import closest as closest  # re-exported, as the ones below: they moved there
 from tfstrategy.parsing import did_you_mean as did_you_mean
+from tfstrategy.parsing import parse_collective_timeout as parse_collective_timeout
+from tfstrategy.parsing import parse_min_max as parse_min_max
 from tfstrategy.parsing import received as received
 from tfstrategy.parsing import shorten as shorten
 from tfstrategy.parsing import spell as spell
+from tfstrategy.parsing import validate_audit_mode as validate_audit_mode
 
 
 class Side(str, Enum):
@@ -91,9 +95,6 @@ def one_of(values: tuple[str, ...]) -> Callable[[str], str]:
 
 #: The values of ``TFSTRATEGY_PRECISION`` (as :func:`tfstrategy.training.precision.parse_precision` accepts them).
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-#: The values of ``--audit`` / ``TFSTRATEGY_AUDIT`` (here, not in the hook's module, so the CLI's parser
-#: offers them without loading the hook).
-AUDIT_MODES = ("warn", "stop", "off")
 
 
 def _precision(text: str) -> str:
@@ -448,38 +449,6 @@ def _normalise(value: object, name: str = "") -> str:
     return str(value).strip().lower().replace(" ", "")
 
 
-def parse_min_max(text: str) -> tuple[int | None, int] | None:
-    """``N`` as ``(None, N)`` and ``MIN:MAX`` as ``(MIN, MAX)`` (torchrun's node counts); ``None`` if neither.
-
-    Only the shape: each caller checks the counts against what it runs (``--nnodes``, ``k8s --elastic``).
-    """
-    low, sep, high = text.strip().partition(":")
-    if not sep:
-        return (None, int(low)) if low.isdigit() else None
-    return (int(low), int(high)) if low.isdigit() and high.isdigit() else None
-
-
-def parse_collective_timeout(value: object, *, name: str = "collective_timeout") -> float | None:
-    """Seconds > 0 as a float; ``None`` for "wait forever" (``"none"``, ``0`` or ``inf``).
-
-    Raises:
-        StrategyError: not a finite positive number, ``0``, ``inf`` or ``"none"``.
-    """
-    text = str(value).strip().lower()
-    if text in ("none", "0", "0.0", "inf", "infinity"):
-        return None
-    number = math.nan
-    if not isinstance(value, bool) and len(text) <= 32:
-        try:
-            number = float(text)
-        except ValueError:
-            pass
-    if not math.isfinite(number) or number <= 0:
-        raise StrategyError(
-            f"Received {name}={shorten(value)}; expected seconds > 0 (e.g. 120), or 'none' to wait forever "
-            "as TensorFlow does by default."
-        )
-    return number
 
 
 def resolve_collective_timeout(
@@ -512,18 +481,3 @@ def collective_timeout_cost(seconds: float) -> str:
     """
     return (f"collective timeout {seconds:g} s: TensorFlow keeps a thread per collective op alive for {seconds:g} s "
             f"(a long, fast job can run out of threads)")
-
-
-def validate_audit_mode(mode: object, *, name: str = "--audit") -> str:
-    """``warn``, ``stop`` or ``off``.
-
-    Raises:
-        StrategyError: anything else.
-    """
-    text = str(mode).strip().lower()
-    if text not in AUDIT_MODES:
-        raise StrategyError(
-            f"Received {name} {mode!r}; expected one of {', '.join(AUDIT_MODES)}: warn reports variables made outside "
-            "the strategy's scope and trains on, stop refuses to train, off skips the audit."
-        )
-    return text
