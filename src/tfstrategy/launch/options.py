@@ -79,6 +79,11 @@ class LaunchOptions:
             return None
         return self.log_dir / (self.run_id or "")
 
+    def attempt_log_dir(self, attempt: int) -> Path | None:
+        """Attempt ``attempt``'s folder in this run's, ``log_dir/run_id/attempt-K`` (``None`` without ``log_dir``)."""
+        run_log_dir = self.run_log_dir
+        return None if run_log_dir is None else run_log_dir / f"attempt-{attempt}"
+
 
 def new_run_id(now: float | None = None) -> str:
     """A new run's id, its start time and a short random part: ``20261206-103000-3f9a`` (as torchrun's rdzv_id names

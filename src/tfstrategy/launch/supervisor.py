@@ -26,7 +26,6 @@ lifeline and the reaper stops the job if the launcher dies (:mod:`tfstrategy.lau
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -64,6 +63,7 @@ from tfstrategy.launch.processes import (
     stop_workers,
 )
 from tfstrategy.launch.replacement import Replacements
+from tfstrategy.launch.run_log import keep_failure, keep_reformation
 from tfstrategy.launch.states import Failure, Outcome, RunResult
 from tfstrategy.worker_contract import WorkerContract, WorkerSettings, hook_environment
 
@@ -212,8 +212,7 @@ class Launcher:
         where = "" if coordinator.rank is None else f" (worker{span} of {len(addresses)})"
         self._say(f"starting {count} worker(s){where} on " + ", ".join(addresses[first:first + count])
                   + (f" (restart {restarts} of {self.options.max_restarts})" if restarts else ""))
-        run_log_dir = self.options.run_log_dir
-        log_dir = None if run_log_dir is None else run_log_dir / f"attempt-{attempt}"
+        log_dir = self.options.attempt_log_dir(attempt)
         if log_dir is not None:  # a run of its own (--run-id): a second run never overwrites the first's files
             self._say(f"run {self.options.run_id}: each worker's output goes to {log_dir}/worker-<i>/stdout.log and "
                       "stderr.log" + (" (and to the console)" if self.options.tee else ""))
@@ -230,8 +229,7 @@ class Launcher:
     def _spawn_worker(self, coordinator: Coordinator, attempt_dir: Path, settings: WorkerSettings, attempt: int,
                       index: int, port: int, addresses: Sequence[str]) -> WorkerHandle:
         """Start worker ``index`` of ``attempt``'s cluster ``addresses`` (its files in ``attempt_dir``)."""
-        run_log_dir = self.options.run_log_dir
-        log_dir = None if run_log_dir is None else run_log_dir / f"attempt-{attempt}"
+        log_dir = self.options.attempt_log_dir(attempt)
         files = worker_files(attempt_dir, index)
         contract = WorkerContract(
             index=index, num_workers=len(addresses), restart=attempt, join_file=files.join_file,
@@ -443,29 +441,15 @@ class Launcher:
         if planned is not None:
             self._planned = (self._group, planned)
         run_log_dir = self.options.run_log_dir
-        if run_log_dir is not None:
-            try:
-                run_log_dir.mkdir(parents=True, exist_ok=True)
-                with open(run_log_dir / "reformations.jsonl", "a") as records:
-                    records.write(json.dumps(record) + "\n")
-            except OSError as error:
-                self._say(f"could not add the re-formation to {run_log_dir}/reformations.jsonl ({error.strerror})")
+        if run_log_dir is not None and (trouble := keep_reformation(run_log_dir, record)) is not None:
+            self._say(trouble)
         return reform.round
 
     def _keep_failure(self, attempt: int, failure: Failure, consequences: tuple[Failure, ...]) -> None:
         """With ``--log-dir``: the attempt's failure as reported (``failure.txt``) and as JSON (``failure.json``)."""
-        run_log_dir = self.options.run_log_dir
-        if run_log_dir is None:
-            return
-        where = run_log_dir / f"attempt-{attempt}"
-        try:
-            where.mkdir(parents=True, exist_ok=True)
-            (where / "failure.txt").write_text(failure.report(consequences) + "\n")
-            record = {**failure.as_dict(), "attempt": attempt,
-                      "consequences": [other.as_dict() for other in consequences]}
-            (where / "failure.json").write_text(json.dumps(record, indent=2) + "\n")
-        except OSError as error:
-            self._say(f"could not write the failure's report under {where} ({error.strerror}); it is above")
+        where = self.options.attempt_log_dir(attempt)
+        if where is not None and (trouble := keep_failure(where, attempt, failure, consequences)) is not None:
+            self._say(trouble)
 
     def _with_output(self, failure: Failure) -> Failure:
         """``failure`` with its worker's last lines and log files."""
