@@ -15,7 +15,7 @@ import pytest
 from helpers import CPU_REPLICAS, PORT_RANGE_VARIABLE
 from tfstrategy.selection.cpu_split import configure_cpu_replicas
 
-pytest_plugins = ["budget", "pytester"]  # the per-test ceiling and the suite's time budget (tests/budget.py); pytester: tests/test_budget.py runs a suite of its own
+pytest_plugins = ["budget", "iterator_lifetimes", "pytester"]  # budget: the per-test ceiling and the suite's time budget; iterator_lifetimes: each test's multi-device iterators freed when it ends; pytester: tests/test_budget.py runs a suite of its own
 
 configure_cpu_replicas(CPU_REPLICAS)
 
