@@ -9,9 +9,11 @@ A distributed dataset's iterator (a ``MultiDeviceIterator``, what ``fit`` on 2+ 
 reference cycles: the per-device generators' functions capture it. Only the collector frees it, and in a long
 pytest worker with a large heap the full collections are minutes apart, so it was freed minutes old inside some
 later test: a test that takes seconds was seen to take 96 to 208 s, its main thread in that teardown, 2 to 4
-missed wake-ups of 60 s each. Collected when the test that made it ends, it is as old as that test, and a missed
-wake-up costs no more than that, within the test that made it.
+missed wake-ups of 60 s each. Collected when the test that made it ends (or, held by a module's fixture, when the
+module ends), it is as old as that test (or module), and a missed wake-up costs no more than that, right after it.
 
+The collection runs once pytest has dropped the test's fixture values, after its timed phases: no timeout could
+stop a missed wake-up anyway (the main thread waits in TensorFlow's C++ holding the GIL, so no signal handler runs).
 Only tests that made one pay for the collection (0.1 to 1.5 s, growing with the pytest worker's heap); the others
 pay nothing. Nothing is frozen (``gc.freeze()`` would halve each collection): the suite's processes keep the
 collector as a user's process has it, which ``tfstrategy check``'s own use of ``gc.freeze()`` is tested against.
@@ -25,7 +27,8 @@ import sys
 import pytest
 
 _MODULE = "tensorflow.python.data.ops.multi_device_iterator_ops"
-_made = [0]
+#: Multi-device iterators made by the running test, and by its module's tests so far (a module fixture's go with it).
+_made = {"test": 0, "module": 0}
 
 
 def _count_multi_device_iterators() -> None:
@@ -39,22 +42,24 @@ def _count_multi_device_iterators() -> None:
     made = owned.__init__
 
     def counting_init(self, *args, **kwargs):
-        _made[0] += 1
+        _made["test"] += 1
+        _made["module"] += 1
         made(self, *args, **kwargs)
 
     counting_init.__counted__ = True  # type: ignore[attr-defined]
     owned.__init__ = counting_init
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Collect once the test is over: its fixtures torn down (its module's too, when it is the module's last) and
+    dropped by pytest, which holds their values until the tear-down hooks have run."""
     _count_multi_device_iterators()
-    _made[0] = 0
-
-
-@pytest.hookimpl(hookwrapper=True, trylast=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    _made["test"] = 0
     yield
-    if _made[0]:
-        _made[0] = 0
+    module_ends = nextitem is None or nextitem.path != item.path
+    if _made["test"] or (module_ends and _made["module"]):
         gc.collect()
+    _made["test"] = 0
+    if module_ends:
+        _made["module"] = 0
