@@ -199,6 +199,22 @@ def test_a_shared_py_function_that_waits_behind_a_cpu_burning_thread_is_not_the_
                                            "against 0.04 s: a slower or busier host, or more work on this worker)"]
 
 
+def test_a_straggler_is_named_for_what_most_of_its_slow_readings_found_not_the_last_ones():
+    # Measured (the planted slow step in a loaded full run): the warning came at the reading where worker 1's
+    # sleeping numpy_function took 2.4x its peers' (0.11 s against 0.046 s) and its CPU only 0.12 s a step more,
+    # so that reading alone named the function; its other readings had found the CPU.
+    def make(index, written):
+        slow, last = index == 1, written == 8.0
+        cpu = (0.16 if last else 0.3) if slow else 0.04
+        return replace(_steady(index, written, input_seconds=0.001, cpu=cpu, step=0.3),
+                       py_function_seconds=(0.11 if last else 0.1) if slow else 0.046 if last else 0.1,
+                       py_function=DECODE)
+
+    found = _watch(8, make)
+    assert [d.headline for d in found] == ["worker 1 is a straggler: its steps take 7.5x its peers' CPU (0.30 s a step "
+                                           "against 0.04 s: a slower or busier host, or more work on this worker)"]
+
+
 def test_a_py_function_place_without_a_line_is_left_out_of_the_warning():
     def make(index, written):
         return replace(_steady(index, written, input_seconds=0.001, cpu=0.1),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,8 +25,17 @@ __all__ = ["CPU_OVER_WAIT", "StragglerWatch"]
 @dataclass
 class _Readings:
     written: float = -1.0
-    #: Whether each of the worker's last timed readings was slow, the oldest first.
-    slow: deque[bool] = field(default_factory=deque)
+    #: How each of the worker's last timed readings was slow (``None``: it was not), the oldest first.
+    slow: deque[str | None] = field(default_factory=deque)
+    #: What the latest reading slow in each way said.
+    said: dict[str, str] = field(default_factory=dict)
+
+    def cause(self) -> str:
+        """What most slow readings said (of two as frequent, the later): one noisy reading does not name it."""
+        counts = Counter(way for way in self.slow if way is not None)
+        most = max(counts.values())
+        latest = next(way for way in reversed(self.slow) if way is not None and counts[way] == most)
+        return self.said[latest]
 
 
 #: A slower py_function or input wait is the cause unless the worker's extra CPU is over this many times its
@@ -46,7 +55,8 @@ class StragglerWatch:
     (its window saw no step: an epoch's end, an evaluation, a checkpoint; or no peer's is known yet)
     is no evidence either way, and one fast reading now and then (the end of an epoch, where every
     worker does the same work) does not hide a straggler, while a worker slow only every other
-    reading (noise) is never named.
+    reading (noise) is never named. It is named for what most of its slow readings found (its input, a
+    ``py_function``, its CPU), not for the last one's: under load a reading now and then finds another.
     """
 
     ratio: float = 1.5
@@ -70,11 +80,14 @@ class StragglerWatch:
             if not _timed(ledger, peers):
                 continue
             slow = _slower(ledger, peers, self.ratio, self.share, self.floor)
-            readings.slow.append(slow is not None)
-            if slow is not None and sum(readings.slow) >= self.needed and index not in self._named:
+            readings.slow.append(None if slow is None else slow[0])
+            if slow is not None:
+                readings.said[slow[0]] = slow[1]
+            count = sum(way is not None for way in readings.slow)
+            if slow is not None and count >= self.needed and index not in self._named:
                 self._named.add(index)
-                found.append(Diagnosis("straggler", index, f"worker {index} is a straggler: {slow}", (
-                    f"slow in {sum(readings.slow)} of its last {len(readings.slow)} readings; its peers wait for it "
+                found.append(Diagnosis("straggler", index, f"worker {index} is a straggler: {readings.cause()}", (
+                    f"slow in {count} of its last {len(readings.slow)} readings; its peers wait for it "
                     "inside every step's collectives, so the whole job runs at its pace",)))
         return found
 
@@ -85,9 +98,11 @@ def _timed(ledger: Ledger, peers: Sequence[Ledger]) -> bool:
             and any(peer.step_seconds is not None and peer.step_seconds > 0 for peer in peers))
 
 
-def _slower(ledger: Ledger, peers: Sequence[Ledger], ratio: float, share: float, floor: float) -> str | None:
-    """How ``ledger``'s worker is slower than its peers, or ``None``: in its ``py_function`` s, else its input
-    wait, else its CPU per step (a slow ``py_function`` burns CPU too: it is named for what it is).
+def _slower(ledger: Ledger, peers: Sequence[Ledger], ratio: float, share: float,
+            floor: float) -> tuple[str, str] | None:
+    """How ``ledger``'s worker is slower than its peers (the way, and what to say), or ``None``: in its
+    ``py_function`` s, else its input wait, else its CPU per step (a slow ``py_function`` burns CPU too: it is
+    named for what it is), else its own part of the step.
 
     A ``py_function`` or an input wait that is slower by far less than the worker's extra CPU (under
     :data:`CPU_OVER_WAIT` times it) is not the cause: something else on the worker burns the CPU, and the
@@ -106,17 +121,17 @@ def _slower(ledger: Ledger, peers: Sequence[Ledger], ratio: float, share: float,
             typical = statistics.median(theirs)
             if mine >= ratio * typical and mine - typical >= margin:
                 slower[name] = (mine - typical, say(ledger, mine, typical))
-    own = slower.get("py_function") or slower.get("input")
+    own = next(((name, slower[name]) for name in ("py_function", "input") if name in slower), None)
     cpu = slower.get("cpu")
-    if own is not None and (cpu is None or cpu[0] <= CPU_OVER_WAIT * own[0]):
-        return own[1]
+    if own is not None and (cpu is None or cpu[0] <= CPU_OVER_WAIT * own[1][0]):
+        return own[0], own[1][1]
     if cpu is not None:
-        return cpu[1]
+        return "cpu", cpu[1]
     # Where the ledger times a worker's own part of the step (peers' waits apart), the step itself.
     times = [peer.step_seconds for peer in peers if peer.step_seconds is not None]
     usual = statistics.median(times) if times else None
     if usual is not None and step >= ratio * usual and step - usual >= max(share * usual, floor):
-        return f"its steps take {step / max(usual, 1e-3):.1f}x its peers' time ({step:.2f} s against {usual:.2f} s)"
+        return "step", f"its steps take {step / max(usual, 1e-3):.1f}x its peers' time ({step:.2f} s against {usual:.2f} s)"
     return None
 
 
@@ -144,9 +159,6 @@ def _function_place(place: str) -> str:
         return ""
     path, _, line = where.rpartition(":")
     return f"{name} at {os.path.basename(path)}:{line}"
-
-
-# --- helpers ----------------------------------------------------------------------------------------
 
 
 # --- helpers ----------------------------------------------------------------------------------------
