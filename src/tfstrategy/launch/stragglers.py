@@ -131,7 +131,7 @@ def _slower(ledger: Ledger, peers: Sequence[Ledger], ratio: float, share: float,
     times = [peer.step_seconds for peer in peers if peer.step_seconds is not None]
     usual = statistics.median(times) if times else None
     if usual is not None and step >= ratio * usual and step - usual >= max(share * usual, floor):
-        return "step", f"its steps take {step / max(usual, 1e-3):.1f}x its peers' time ({step:.2f} s against {usual:.2f} s)"
+        return "step-time", f"its steps take {step / max(usual, 1e-3):.1f}x its peers' time ({step:.2f} s against {usual:.2f} s)"
     return None
 
 
