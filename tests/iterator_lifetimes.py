@@ -60,6 +60,5 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     module_ends = nextitem is None or nextitem.path != item.path
     if _made["test"] or (module_ends and _made["module"]):
         gc.collect()
-    _made["test"] = 0
     if module_ends:
         _made["module"] = 0

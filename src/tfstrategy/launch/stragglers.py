@@ -25,17 +25,16 @@ __all__ = ["CPU_OVER_WAIT", "StragglerWatch"]
 @dataclass
 class _Readings:
     written: float = -1.0
-    #: How each of the worker's last timed readings was slow (``None``: it was not), the oldest first.
-    slow: deque[str | None] = field(default_factory=deque)
-    #: What the latest reading slow in each way said.
-    said: dict[str, str] = field(default_factory=dict)
+    #: How each of the worker's last timed readings was slow, and what it said (``None``: it was not), the oldest
+    #: first.
+    slow: deque[tuple[str, str] | None] = field(default_factory=deque)
 
     def cause(self) -> str:
-        """What most slow readings said (of two as frequent, the later): one noisy reading does not name it."""
-        counts = Counter(way for way in self.slow if way is not None)
-        most = max(counts.values())
-        latest = next(way for way in reversed(self.slow) if way is not None and counts[way] == most)
-        return self.said[latest]
+        """What the latest reading of the way most slow readings found said (of two as frequent, the later's): one
+        noisy reading does not name the cause."""
+        found = [reading for reading in self.slow if reading is not None]
+        counts = Counter(way for way, _ in found)
+        return next(said for way, said in reversed(found) if counts[way] == max(counts.values()))
 
 
 #: A slower py_function or input wait is the cause unless the worker's extra CPU is over this many times its
@@ -80,10 +79,8 @@ class StragglerWatch:
             if not _timed(ledger, peers):
                 continue
             slow = _slower(ledger, peers, self.ratio, self.share, self.floor)
-            readings.slow.append(None if slow is None else slow[0])
-            if slow is not None:
-                readings.said[slow[0]] = slow[1]
-            count = sum(way is not None for way in readings.slow)
+            readings.slow.append(slow)
+            count = sum(reading is not None for reading in readings.slow)
             if slow is not None and count >= self.needed and index not in self._named:
                 self._named.add(index)
                 found.append(Diagnosis("straggler", index, f"worker {index} is a straggler: {readings.cause()}", (
@@ -121,10 +118,10 @@ def _slower(ledger: Ledger, peers: Sequence[Ledger], ratio: float, share: float,
             typical = statistics.median(theirs)
             if mine >= ratio * typical and mine - typical >= margin:
                 slower[name] = (mine - typical, say(ledger, mine, typical))
-    own = next(((name, slower[name]) for name in ("py_function", "input") if name in slower), None)
+    own = next((name for name in ("py_function", "input") if name in slower), None)
     cpu = slower.get("cpu")
-    if own is not None and (cpu is None or cpu[0] <= CPU_OVER_WAIT * own[1][0]):
-        return own[0], own[1][1]
+    if own is not None and (cpu is None or cpu[0] <= CPU_OVER_WAIT * slower[own][0]):
+        return own, slower[own][1]
     if cpu is not None:
         return "cpu", cpu[1]
     # Where the ledger times a worker's own part of the step (peers' waits apart), the step itself.
