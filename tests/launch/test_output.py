@@ -438,3 +438,16 @@ def test_the_tail_keeps_a_workers_stop_line_whole_for_the_headline_and_bounds_it
     assert kept[0] == stop
     assert kept[1].endswith("[... 1 more characters]")
     assert len(kept[2]) < STOP_LINE_CHARS + 50 and kept[2].endswith("more characters]")
+
+
+@pytest.mark.parametrize(("first", "count", "several_nodes", "restart", "line"), [
+    (0, 2, False, (0, 3), "starting 2 worker(s) on a:1, b:2"),
+    (2, 2, True, (1, 3), "starting 2 worker(s) (workers 2..3 of 4) on c:3, d:4 (restart 1 of 3)"),
+    (3, 1, True, (0, 0), "starting 1 worker(s) (worker 3 of 4) on d:4"),
+])
+def test_the_starting_line_names_this_machines_workers_of_the_cluster_and_the_restart(first, count, several_nodes,
+                                                                                       restart, line):
+    from tfstrategy.launch.console import starting_line
+
+    addresses = ["a:1", "b:2", "c:3", "d:4"]
+    assert starting_line(addresses, first, count, several_nodes=several_nodes, restart=restart) == line

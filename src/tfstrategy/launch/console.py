@@ -24,7 +24,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -83,6 +83,17 @@ class _Held:
 
 def _visible(text: str) -> str:
     return _ANSI.sub("", text)
+
+
+def starting_line(addresses: Sequence[str], first: int, count: int, *, several_nodes: bool,
+                  restart: tuple[int, int]) -> str:
+    """``starting 2 worker(s) (workers 2..3 of 4) on ...``: this machine's ``count`` workers of the cluster
+    ``addresses`` from ``first``, and ``restart`` (the restart's number, of ``--max-restarts``; 0 for none)."""
+    span = f" {first}" if count == 1 else f"s {first}..{first + count - 1}"
+    where = f" (worker{span} of {len(addresses)})" if several_nodes else ""
+    number, most = restart
+    return (f"starting {count} worker(s){where} on " + ", ".join(addresses[first:first + count])
+            + (f" (restart {number} of {most})" if number else ""))
 
 
 def stopped_line(index: int, status: int, signum: int, grace: float) -> str:

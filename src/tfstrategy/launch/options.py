@@ -1,4 +1,5 @@
-"""What ``tfstrategy launch`` runs and how it supervises it: :class:`LaunchOptions`, validated before anything starts."""
+"""What ``tfstrategy launch`` runs and how it supervises it: :class:`LaunchOptions`, validated before anything starts,
+and what they make of each worker (:func:`worker_spec`) and of the monitor's thresholds (:func:`policy_of`)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfstrategy.contract.files import WorkerFiles
 from tfstrategy.errors import LaunchError
 from tfstrategy.launch.console import ConsoleView
 from tfstrategy.launch.diagnosis import LOOPBACK
+from tfstrategy.launch.processes import WorkerSpec
 from tfstrategy.launch.rendezvous import NodeOptions, validate_node_options
+from tfstrategy.launch.ticks import Policy
 from tfstrategy.parsing import parse_port_range as parse_port_range  # re-exported, as the one below: they moved there
 from tfstrategy.parsing import parse_run_id as parse_run_id
 from tfstrategy.settings import validate_audit_mode
-from tfstrategy.worker_contract import WorkerSettings
+from tfstrategy.worker_contract import WorkerContract, WorkerSettings, hook_environment
 
 __all__ = ["LaunchOptions", "validate_launch_options", "worker_settings", "parse_port_range", "parse_run_id",
            "new_run_id", "worker_tf_config", "cluster_tf_config"]
@@ -83,6 +87,12 @@ class LaunchOptions:
         """Attempt ``attempt``'s folder in this run's, ``log_dir/run_id/attempt-K`` (``None`` without ``log_dir``)."""
         run_log_dir = self.run_log_dir
         return None if run_log_dir is None else run_log_dir / f"attempt-{attempt}"
+
+    def on_console(self, index: int) -> bool:
+        """Whether worker ``index``'s lines go to the console: ``--console-workers`` names workers for it, with
+        ``--log-dir`` too (no ``--tee`` needed)."""
+        shown = self.console_workers
+        return (self.log_dir is None or self.tee or shown is not None) and (shown is None or index in shown)
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -273,3 +283,34 @@ def worker_tf_config(ports: Sequence[int], index: int) -> str:
 def cluster_tf_config(addresses: Sequence[str], index: int) -> str:
     """The ``TF_CONFIG`` of worker ``index`` of the workers at ``addresses`` (``host:port``)."""
     return json.dumps({"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}})
+
+
+def worker_spec(options: LaunchOptions, contract: WorkerContract, files: WorkerFiles, addresses: Sequence[str],
+                port: int, *, env: Mapping[str, str]) -> WorkerSpec:
+    """How to start the worker ``contract`` describes, one of the cluster ``addresses``, on ``port``.
+
+    Its environment: ``env`` (the launcher's, without its secret), the start-up hook's, its contract's and its
+    ``TF_CONFIG``; its files; its log files with ``--log-dir``; whether its lines go to the console.
+    """
+    index = contract.index if contract.index is not None else 0
+    worker_env = {
+        **hook_environment(contract.settings, env=env),
+        **contract.to_environ(),
+        "TF_CONFIG": cluster_tf_config(list(addresses), index),
+        # Line-by-line output, so prefixes and failure tails are current; UTF-8 whatever the
+        # terminal's encoding, as the launcher reads it (and re-encodes for the terminal).
+        "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8",
+    }
+    log_dir = options.attempt_log_dir(contract.restart)
+    logs = None if log_dir is None else (log_dir / f"worker-{index}" / "stdout.log",
+                                         log_dir / f"worker-{index}" / "stderr.log")
+    return WorkerSpec(index=index, command=options.command, env=worker_env, port=port, join_file=files.join_file,
+                      error_file=files.error_file, progress_file=files.progress_file, logs=logs,
+                      console=options.on_console(index))
+
+
+def policy_of(options: LaunchOptions) -> Policy:
+    """The monitor's thresholds from the launch options."""
+    return Policy(join_timeout=options.join_timeout, stall_report=options.stall_report,
+                  stall_timeout=options.stall_timeout,
+                  heartbeat_timeout=max(2.0, min(10.0, options.stall_report)))

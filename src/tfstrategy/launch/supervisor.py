@@ -41,16 +41,18 @@ from typing import Any, TextIO
 from tfstrategy.contract.exits import EXIT_JOIN_TIMEOUT, EXIT_PREEMPTED
 from tfstrategy.contract.files import worker_files
 from tfstrategy.errors import LaunchError
-from tfstrategy.launch.console import Console, stopped_line
+from tfstrategy.launch.console import Console, starting_line, stopped_line
 from tfstrategy.launch.coordinator import Coordinator, Event, LocalCoordinator, Reformation, Vacancy
 from tfstrategy.launch.elastic import pipeline_line, planned_steps, reformation_line, reformation_record, steps_line
-from tfstrategy.launch.monitor import Decision, GroupMonitor, Policy
+from tfstrategy.launch.monitor import Decision, GroupMonitor
 from tfstrategy.launch.nodes import RendezvousCoordinator, secret_free_environment
 from tfstrategy.launch.options import (
     LaunchOptions,
     cluster_tf_config,
+    policy_of,
     validate_launch_options,
     worker_settings,
+    worker_spec,
     worker_tf_config,
 )
 from tfstrategy.launch.processes import (
@@ -65,7 +67,7 @@ from tfstrategy.launch.processes import (
 from tfstrategy.launch.replacement import Replacements
 from tfstrategy.launch.run_log import keep_failure, keep_reformation
 from tfstrategy.launch.states import Failure, Outcome, RunResult
-from tfstrategy.worker_contract import WorkerContract, WorkerSettings, hook_environment
+from tfstrategy.worker_contract import WorkerContract, WorkerSettings
 
 __all__ = [
     "JOIN_TIMEOUT_STATUS", "LaunchOptions", "validate_launch_options", "LaunchResult", "RunResult", "Launcher",
@@ -80,13 +82,6 @@ _POLL_SECONDS = 0.1
 _SHARE_SECONDS = 1.0
 
 Spawn = Callable[[WorkerSpec], WorkerHandle]
-
-
-def policy_of(options: LaunchOptions) -> Policy:
-    """The monitor's thresholds from the launch options."""
-    return Policy(join_timeout=options.join_timeout, stall_report=options.stall_report,
-                  stall_timeout=options.stall_timeout,
-                  heartbeat_timeout=max(2.0, min(10.0, options.stall_report)))
 
 
 class Launcher:
@@ -208,10 +203,8 @@ class Launcher:
                  for local, address in enumerate(addresses[first:first + count])}
         attempt_dir = run_dir / f"attempt-{attempt}"
         attempt_dir.mkdir(exist_ok=True)  # a replacement for this round may have made it
-        span = f" {first}" if count == 1 else f"s {first}..{first + count - 1}"
-        where = "" if coordinator.rank is None else f" (worker{span} of {len(addresses)})"
-        self._say(f"starting {count} worker(s){where} on " + ", ".join(addresses[first:first + count])
-                  + (f" (restart {restarts} of {self.options.max_restarts})" if restarts else ""))
+        self._say(starting_line(addresses, first, count, several_nodes=coordinator.rank is not None,
+                                restart=(restarts, self.options.max_restarts)))
         log_dir = self.options.attempt_log_dir(attempt)
         if log_dir is not None:  # a run of its own (--run-id): a second run never overwrites the first's files
             self._say(f"run {self.options.run_id}: each worker's output goes to {log_dir}/worker-<i>/stdout.log and "
@@ -229,26 +222,13 @@ class Launcher:
     def _spawn_worker(self, coordinator: Coordinator, attempt_dir: Path, settings: WorkerSettings, attempt: int,
                       index: int, port: int, addresses: Sequence[str]) -> WorkerHandle:
         """Start worker ``index`` of ``attempt``'s cluster ``addresses`` (its files in ``attempt_dir``)."""
-        log_dir = self.options.attempt_log_dir(attempt)
         files = worker_files(attempt_dir, index)
         contract = WorkerContract(
             index=index, num_workers=len(addresses), restart=attempt, join_file=files.join_file,
             error_file=files.error_file, progress_file=files.progress_file, launcher_pid=os.getpid(),
             lifeline_fd=None if self._lifeline is None else self._lifeline.read_fd, job_tag=self.tag,
             node_rank=coordinator.rank, settings=settings)
-        env = {
-            **hook_environment(settings, env=secret_free_environment(self.env)),
-            **contract.to_environ(),
-            "TF_CONFIG": cluster_tf_config(list(addresses), index),
-            # Line-by-line output, so prefixes and failure tails are current; UTF-8 whatever the
-            # terminal's encoding, as the launcher reads it (and re-encodes for the terminal).
-            "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8",
-        }
-        worker_logs = None if log_dir is None else (log_dir / f"worker-{index}" / "stdout.log",
-                                                    log_dir / f"worker-{index}" / "stderr.log")
-        spec = WorkerSpec(index=index, command=self.options.command, env=env, port=port,
-                          join_file=files.join_file, error_file=files.error_file, progress_file=files.progress_file,
-                          logs=worker_logs, console=self._on_console(index))
+        spec = worker_spec(self.options, contract, files, addresses, port, env=secret_free_environment(self.env))
         spawn = self._spawn
         if spawn is None:
             raise RuntimeError("Launcher._start() runs only inside run()")
@@ -273,17 +253,10 @@ class Launcher:
         return self._spawn_worker(coordinator, attempt_dir, self._settings, vacancy.round, vacancy.index,
                                   int(address.rsplit(":", 1)[1]), vacancy.cluster.addresses)
 
-    def _on_console(self, index: int) -> bool:
-        """Whether worker ``index``'s lines go to the console."""
-        shown = self.options.console_workers
-        # --console-workers names workers for the console, with --log-dir too (no --tee needed).
-        return ((self.options.log_dir is None or self.options.tee or shown is not None)
-                and (shown is None or index in shown))
-
     def _shown_live(self, failure: Failure, local: Sequence[int], rank: int | None) -> bool:
         """Whether ``failure``'s worker is one of this machine's whose lines reached the console."""
         here = failure.node is None or failure.node == rank
-        return (here and failure.index is not None and failure.index in local and self._on_console(failure.index)
+        return (here and failure.index is not None and failure.index in local and self.options.on_console(failure.index)
                 and self._console.lost is None)
 
     def _watch(self, coordinator: Coordinator, attempt: int, monitor: GroupMonitor, failed_at: float | None,
@@ -403,7 +376,9 @@ class Launcher:
         """Stop the workers left, then say the attempt's failure and keep it (``--log-dir``)."""
         self._stop(grace=0.0)
         self._console.settle()  # the workers' held lines above the report, not after it
-        self._keep_failure(attempt, failure, consequences)
+        where = self.options.attempt_log_dir(attempt)  # with --log-dir: failure.txt as reported, failure.json
+        if where is not None and (trouble := keep_failure(where, attempt, failure, consequences)) is not None:
+            self._say(trouble)
         whose = "every worker" if coordinator.rank is None else "this node's workers"
         if failure.outcome is Outcome.STOPPED:  # the worker's one line, once: its peers stopped with it
             self._say(failure.report())
@@ -444,12 +419,6 @@ class Launcher:
         if run_log_dir is not None and (trouble := keep_reformation(run_log_dir, record)) is not None:
             self._say(trouble)
         return reform.round
-
-    def _keep_failure(self, attempt: int, failure: Failure, consequences: tuple[Failure, ...]) -> None:
-        """With ``--log-dir``: the attempt's failure as reported (``failure.txt``) and as JSON (``failure.json``)."""
-        where = self.options.attempt_log_dir(attempt)
-        if where is not None and (trouble := keep_failure(where, attempt, failure, consequences)) is not None:
-            self._say(trouble)
 
     def _with_output(self, failure: Failure) -> Failure:
         """``failure`` with its worker's last lines and log files."""
