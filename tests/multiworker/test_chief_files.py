@@ -159,6 +159,38 @@ def test_a_worker_stops_waiting_for_a_name_the_chief_never_writes(tmp_path, priv
     assert "stopped waiting for the chief to write" in capsys.readouterr().err
 
 
+class _GoneStore(_Store):
+    """The store once the chief's process, which hosts the coordination service, has exited."""
+
+    def get_config_key_value(self, key, timeout_in_ms=0):
+        import tensorflow as tf
+
+        self.asked.append((key, timeout_in_ms))
+        raise tf.errors.UnavailableError(None, None, "the coordination service is gone")
+
+
+@pytest.mark.parametrize("chief_wrote", [True, False], ids=["chief-wrote-it-then-left", "chief-never-wrote-it"])
+def test_a_worker_whose_chief_has_left_says_so_only_when_no_file_shows_the_chief_wrote_it(
+        tmp_path, private_tmp, monkeypatch, capsys, chief_wrote):
+    """CI, stop 52: the chief wrote out/model.keras, published it and exited before worker 1 looked; worker 1 said
+    "the chief left the job without writing that name", which was not true, and a clean launch's console had a
+    line too many. A file of the name newer than the worker's start, in a file system both share, is the chief's."""
+    from tfstrategy import _compat
+
+    monkeypatch.setattr(_compat, "coordination_store", lambda: _GoneStore(misses=0))
+    target = tmp_path / "gone-unique.keras"
+    if chief_wrote:
+        target.write_bytes(b"the chief's model")
+    with chief_files.chief_write(str(target), env=_env(index=1)):
+        pass
+    err = capsys.readouterr().err
+    if chief_wrote:
+        assert err == ""
+    else:
+        assert "the chief left the job before this worker saw it write that name" in err and str(target) in err
+    assert target.exists() is chief_wrote  # the worker's own copy went to its private directory, then away
+
+
 def test_the_chief_publishes_each_write_even_a_failed_one(tmp_path, monkeypatch):
     from tfstrategy import _compat
 

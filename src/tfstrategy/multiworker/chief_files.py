@@ -26,7 +26,8 @@ The chief's n-th write of a file name is matched with the other worker's n-th
 write of the same name (whatever its directory), so the tutorial pattern of a
 per-worker directory (``workertemp_1/model.keras``) matches too. A worker that
 writes a name the chief never writes waits until the chief leaves the job, at most :data:`WAIT_LIMIT` seconds,
-and says so.
+and says so. A chief that wrote the name and left the job before the worker looked is seen in the file
+itself when the workers share a file system (a file of that name newer than this process): no line then.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,9 @@ WAIT_LIMIT = 1800.0
 KEY_PREFIX = "tfstrategy/chief_files"
 #: Set on a writer (a callback) whose path is already this worker's own: it writes on every worker.
 PER_WORKER = "_tfstrategy_per_worker"
+#: When this module was loaded (with tfstrategy, before any training): a file newer than this that a worker did not
+#: write itself (its own writes go to a private directory) was written by the chief during this job.
+_LOADED = time.time()
 
 
 def is_chief(env: Mapping[str, str] | None = None) -> bool:
@@ -204,6 +209,13 @@ def _publish(key: str, outcome: str) -> None:
         store.set_config_key_value(key, outcome)
 
 
+def _written_during_this_job(path: str) -> bool:
+    try:
+        return os.path.getmtime(path) >= _LOADED
+    except OSError:
+        return False
+
+
 def _wait_for_chief(key: str, path: str, config: ClusterConfig) -> None:
     from tfstrategy import _compat
 
@@ -221,10 +233,13 @@ def _wait_for_chief(key: str, path: str, config: ClusterConfig) -> None:
         except deadline_error:
             waited += step
         except gone_error:
-            # The chief left the job (its script ended) without writing this name, e.g. the per-worker
-            # export paths of tf_keras-era scripts: nothing more to wait for, and no error of this worker's.
-            print(f"tfstrategy: {config.task_name} wrote {path} to a private copy; the chief left the job "
-                  "without writing that name, so there is nothing to wait for.", file=sys.stderr, flush=True)
+            # The chief left the job (its script ended): nothing more to wait for, and no error of this worker's.
+            # Either it wrote the name and ended before this worker looked (seen in a shared file system), or
+            # it never writes it (the per-worker export paths of tf_keras-era scripts): only that is said.
+            if not _written_during_this_job(path):
+                print(f"tfstrategy: {config.task_name} wrote {path} to a private copy; the chief left the job "
+                      "before this worker saw it write that name, so there is nothing to wait for.",
+                      file=sys.stderr, flush=True)
             return
         if waited >= WAIT_LIMIT:
             print(f"tfstrategy: {config.task_name} stopped waiting for the chief to write {path} after "
