@@ -31,14 +31,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from tfstrategy.contract.ledger import FunctionTrace, Ledger, ledger_path, write_ledger
+from tfstrategy.contract.ledger import WRITE_SECONDS, FunctionTrace, Ledger, ledger_path, write_ledger
 from tfstrategy.stacks import TensorFlowRuns, UsersCodeSeconds, main_thread_user_frame, share_counter
 from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["LedgerKeeper", "current_keeper", "keep_ledger", "stop_ledger"]
 
-#: At most one write of the ledger file per this many seconds (plus one at exit).
-WRITE_SECONDS = 1.0
 #: The samples the step statistics span (about two seconds at the heartbeat's 4 per second).
 _WINDOW = 9
 #: The last end-of-data events and traced functions kept.
