@@ -388,6 +388,22 @@ def test_a_malformed_message_from_an_authenticated_peer_ends_the_job_naming_it(j
     assert set(job.server.connected()) == {0}
 
 
+def test_node_0s_own_launcher_joining_after_node_1_broke_the_protocol_is_told_why_the_job_ended(job):
+    """A full run's flake (stop 52's session): node 1's forged message ended the job before node 0's own launcher
+    had joined its in-process rendezvous, which then refused it ("the job has ended"): node 0 exited 2 without
+    naming node 1. A node that arrives after a failure ended the job is welcomed and told that failure."""
+    sock, reader, sealer, _ = raw_handshake(job.port)
+    with sock:
+        sock.sendall(_sealed(sealer, {"type": "teleport"}))
+        job.said_line(r"node 1 at 127\.0\.0\.3:\d+ .*closed its connection")
+    c0 = job.client(0)  # asserts that it was welcomed
+    verdict = c0.form(0, [41000])
+    assert verdict is not None and verdict.kind is EventKind.FAILED, verdict
+    assert verdict.data["node"] == 1 and verdict.data["restart"] is False
+    assert "broke the rendezvous protocol (127.0.0.3:" in verdict.data["reason"]
+    assert not any("refused" in line for line in job.said), job.said
+
+
 def test_an_authentic_line_over_the_size_limit_is_a_protocol_error_not_a_dead_thread(job):
     job.client(0)
     sock, reader, sealer, _ = raw_handshake(job.port)

@@ -139,6 +139,8 @@ class RendezvousServer:
         #: Each node's latest worker views of the running round (:class:`Views`), for a diagnosis across nodes.
         self._views: dict[int, list[dict[str, object]]] = {}
         self._first_failure_at: float | None = None
+        #: The message that ended the job, for a node that connects after it (node 0's own launcher among them).
+        self._ended_by: Message | None = None
         self._closed = False
         for target in (self._accept_loop, self._tick_loop):
             threading.Thread(target=self._guarded, args=(target,), daemon=True, name=f"rendezvous {target.__name__}").start()
@@ -258,7 +260,7 @@ class RendezvousServer:
             elif claimed in self._peers:
                 why = (f"rank {claimed} is taken by the node at {self._peers[claimed].address}. Give each machine its "
                        f"own --node-rank 0..{self.node.nnodes - 1}")
-            elif self.state is JobState.ENDED:
+            elif self.state is JobState.ENDED and not isinstance(self._ended_by, (RoundFailed, Stopped)):
                 why = "the job has ended"
             if why is None:
                 if self.node.elastic and self.state is JobState.RUNNING and claimed not in self.members:
@@ -276,6 +278,10 @@ class RendezvousServer:
                                   queue_limit=limits.queue_limit)
                 peer = _Peer(claimed, address, channel)
                 self._peers[claimed] = peer  # broadcasts queue for it from now on
+                if self.state is JobState.ENDED and self._ended_by is not None:
+                    # A node arriving after a failure or a stop ended the job (node 0's own launcher, joining its
+                    # rendezvous while node 1 already broke it) ends as the others did, told why.
+                    channel.send(self._ended_by)
         if why is not None:
             self._refuse(sock, address, claimed, why)
             return None
@@ -327,12 +333,11 @@ class RendezvousServer:
             self._leaving.discard(rank)
             state = self.state
             if closed.broken and state is not JobState.ENDED:
-                self.state = JobState.ENDED
                 broke = Failed.bounded(round=self.round, worker=None, status=1, time=time.time(), consequential=False,
                                        outcome=Outcome.FAILED.value, lines=[], logs=[],
                                        reason=f"broke the rendezvous protocol ({peer.address}): it {closed.reason}; "
                                        "node 0 closed its connection and stopped the job")
-                self._broadcast(RoundFailed.of(rank, broke, restart=False))
+                self._end_locked(RoundFailed.of(rank, broke, restart=False))
             elif state is JobState.FORMING:
                 self._joins.pop(rank, None)  # it may come back before the deadline
                 self._form_if_ready_locked(time.monotonic())  # elastic: the others need not wait for it
@@ -376,8 +381,7 @@ class RendezvousServer:
             elif isinstance(message, Done) and current and self.state is JobState.RUNNING:
                 self._done.add(rank)
                 if self._done >= set(self.members):
-                    self.state = JobState.ENDED
-                    self._broadcast(Finished(round=self.round))
+                    self._end_locked(Finished(round=self.round))
             elif isinstance(message, Leave) and self.state is not JobState.ENDED and may_leave(self.node, rank, set(self._peers), self._leaving):
                 self._leaving.add(rank)
                 self._joins.pop(rank, None)
@@ -387,8 +391,7 @@ class RendezvousServer:
                 else:
                     self._form_if_ready_locked(time.monotonic())
             elif isinstance(message, (Stop, Leave)) and self.state is not JobState.ENDED:
-                self.state = JobState.ENDED
-                self._broadcast(Stopped(node=rank, signal=message.signal))
+                self._end_locked(Stopped(node=rank, signal=message.signal))
             # Anything else is a message of an earlier round or state that crossed ours: nothing to do.
 
     def _form_if_ready_locked(self, now: float, *, late: bool = False) -> None:
@@ -435,13 +438,19 @@ class RendezvousServer:
         reported = sorted(self._failures.items(), key=lambda item: item[1].time)
         rank, cause = root_cause(reported, self._views)
         restart = self.restarts < self.max_restarts and not self._done and cause.outcome != Outcome.STOPPED.value
-        self._broadcast(RoundFailed.of(rank, cause, restart=restart))
+        ended = RoundFailed.of(rank, cause, restart=restart)
         self._failures, self._first_failure_at, self._views = {}, None, {}
         if restart:
+            self._broadcast(ended)
             self.restarts += 1
             self._new_round_locked()
         else:
-            self.state = JobState.ENDED
+            self._end_locked(ended)
+
+    def _end_locked(self, message: Message) -> None:
+        """The job ends with ``message``: every node hears it, and so does one that connects later."""
+        self.state, self._ended_by = JobState.ENDED, message
+        self._broadcast(message)
 
     def _broadcast(self, message: Message) -> None:
         for peer in list(self._peers.values()):
@@ -465,8 +474,7 @@ class RendezvousServer:
                 if late and self.state is JobState.FORMING:
                     missing = [r for r in range(self.node.nnodes) if r not in self._joins]
                     arrived = {str(r): address for r, (address, _) in sorted(self._joins.items())}
-                    self.state = JobState.ENDED
-                    self._broadcast(Timeout(round=self.round, missing=missing, arrived=arrived))
+                    self._end_locked(Timeout(round=self.round, missing=missing, arrived=arrived))
 
     def wait_for_nodes_to_leave(self, timeout: float) -> None:
         """Give the other nodes up to ``timeout`` seconds to act on the last message and disconnect."""
