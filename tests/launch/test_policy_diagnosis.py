@@ -48,7 +48,9 @@ def test_the_diagnosed_worker_is_the_root_cause_not_the_peer_whose_collective_ab
                               f"was in batch 8: the shards differ by one batch ({HINT})")
     assert "  what the launcher saw: worker 0 exited with status 1: tensorflow" in err
     assert "a consequence of a failure elsewhere" not in err
-    assert clock.now < 3.5  # diagnosed: no settle wait for another failure to show
+    # Diagnosed: no settle wait (3 s) for another failure to show; only the live worker 1's ledger (written long
+    # before, so no write is due) is given a sample and a read (0.5 s) to show it as of the failure.
+    assert clock.now < 3 + 0.5 + 0.2
 
 
 def test_different_train_functions_are_named_when_every_worker_waits_in_its_first_batch():

@@ -22,14 +22,19 @@ from tfstrategy.contract.bounds import Count, Last, Local, Nested, Pair, StepSec
 from tfstrategy.contract.files import ledger_path
 from tfstrategy.contract.reports import HEARTBEAT_SECONDS
 
-__all__ = ["Ledger", "FunctionTrace", "WRITE_SECONDS", "WRITTEN_WITHIN", "ledger_path", "read_ledger", "write_ledger"]
+__all__ = ["Ledger", "FunctionTrace", "WRITE_SECONDS", "ledger_path", "read_ledger", "shows_by", "write_ledger"]
 
 #: The worker writes its ledger at most once per this many seconds (plus once at exit), when it changed.
 WRITE_SECONDS = 1.0
-#: So a change is on disk this many seconds after it at the latest (the heartbeat samples every
-#: :data:`~tfstrategy.contract.reports.HEARTBEAT_SECONDS`): how long the launcher waits for a live worker's
-#: ledger to catch up with a failure before it quotes it as evidence.
-WRITTEN_WITHIN = WRITE_SECONDS + HEARTBEAT_SECONDS
+
+
+def shows_by(written: float, moment: float) -> float:
+    """The wall time by which a ledger last written at ``written`` shows its worker as of ``moment`` (later).
+
+    The heartbeat samples every :data:`~tfstrategy.contract.reports.HEARTBEAT_SECONDS` and writes what changed, once
+    :data:`WRITE_SECONDS` have passed since its last write; a ledger not written again by then had not changed.
+    """
+    return max(written + WRITE_SECONDS, moment) + HEARTBEAT_SECONDS
 
 #: 2: ``py_function_seconds`` and ``py_function`` (a ``py_function`` was input in 1).
 _VERSION = 2

@@ -32,7 +32,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 
 from tfstrategy.contract.exits import EXIT_PREEMPTED, shell_status
-from tfstrategy.contract.ledger import Ledger
+from tfstrategy.contract.ledger import Ledger, shows_by
 from tfstrategy.launch.diagnosis import describe_status, failure_reason, is_consequence, root_cause
 from tfstrategy.launch.ledger_diagnosis import (
     Diagnosis,
@@ -80,7 +80,7 @@ class GroupMonitor:
         self._lines, self._ports = lines, ports or {}
         self.all_joined = False
         self._first_failure_at: float | None = None
-        #: When a failure was first seen (a worker's exit or its recorded error).
+        #: The wall time a failure was first seen (a worker's exit or its recorded error).
         self._failure_seen_at: float | None = None
         #: Seconds from the last progress to each stall's report.
         self.stall_seconds: list[float] = []
@@ -186,8 +186,7 @@ class GroupMonitor:
         if worker.state.ended:
             return
         worker.error = seen.error or worker.error
-        if seen.ledger is not None and seen.ledger != worker.ledger:
-            worker.ledger, worker.ledger_at = seen.ledger, now
+        worker.ledger = seen.ledger or worker.ledger
         worker.listening = worker.listening or seen.listening
         worker.hooked = worker.hooked or seen.starting
         if seen.joined and not worker.joined:
@@ -290,9 +289,9 @@ class GroupMonitor:
                      for w in self._alive() if w.stall is not None and failed]
         cause, consequences = root_cause(failures)
         if self._failure_seen_at is None:
-            self._failure_seen_at = now
+            self._failure_seen_at = wall
         found = self.diagnosis()
-        if found is not None and self._ledgers_behind(now):
+        if found is not None and self._ledgers_behind(wall):
             return None  # the evidence would quote a live worker as it was up to a second before the failure
         if found is not None:  # the ledgers name the cause: it is the root, whoever failed first
             named = next((f for f in failures if f.index == found.index), cause)
@@ -309,18 +308,16 @@ class GroupMonitor:
                                         "worker here failed first; on several nodes, see the other nodes' reports)")
         return cause.outcome, cause, consequences
 
-    def _ledgers_behind(self, now: float) -> bool:
-        """A live worker's ledger may not show it as of the failure yet, and can still catch up.
+    def _ledgers_behind(self, wall: float) -> bool:
+        """A live worker's ledger, written before the failure, may still show it as of the failure.
 
-        A worker writes a changed ledger within :data:`~tfstrategy.contract.ledger.WRITTEN_WITHIN` seconds: a peer
-        waiting in its 8th batch when worker 1 aborted was quoted "1 batch begun, 0 done" (CI, stop 52) from its
-        write of a second before. One that does not change is not written again; so the wait ends with every live
-        worker's first ledger after the failure, or ``policy.ledger_catch_up`` seconds after it.
+        A worker writes its ledger at most once a second: a peer waiting in its 8th batch when worker 1 aborted was
+        quoted "1 batch begun, 0 done" (CI, stop 52) from its write of a second before. Its next write comes by
+        :func:`~tfstrategy.contract.ledger.shows_by` (same machine, same clock), or nothing had changed.
         """
-        seen_at = self._failure_seen_at if self._failure_seen_at is not None else now
-        if now - seen_at >= self.policy.ledger_catch_up:
-            return False
-        return any(w.ledger is not None and w.ledger_at < seen_at for w in self._alive())
+        failed = self._failure_seen_at if self._failure_seen_at is not None else wall
+        return any(w.ledger is not None and w.ledger.time < failed
+                   and wall < shows_by(w.ledger.time, failed) + self.policy.ledger_read for w in self._alive())
 
     def _diagnosed(self, failure: Failure) -> Failure:
         """``failure`` with the cause the ledgers show, if any (its worker named: the diagnosed one)."""

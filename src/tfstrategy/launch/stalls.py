@@ -49,8 +49,6 @@ class WatchedWorker:
     stall_wall: float = 0.0
     left_early: str | None = None
     ledger: Ledger | None = None
-    #: When the monitor saw that ledger first (its clock).
-    ledger_at: float = 0.0
     #: It signalled that it creates its strategy (the hook's ``.starting`` marker): it signals joining too.
     hooked: bool = False
 

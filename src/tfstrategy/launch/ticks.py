@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfstrategy.contract.ledger import WRITTEN_WITHIN, Ledger
+from tfstrategy.contract.ledger import Ledger
 from tfstrategy.contract.reports import ErrorRecord, Progress
 from tfstrategy.launch.states import Failure, Outcome
 
@@ -29,9 +29,9 @@ class Policy:
     teardown_timeout: float = 60.0
     #: How long a failure that only echoes a peer's waits for the real one to show.
     settle: float = 3.0
-    #: How long a diagnosis at a failure waits for the live workers' ledgers to show them as of the failure: the
-    #: longest a worker takes to write a change (:data:`~tfstrategy.contract.ledger.WRITTEN_WITHIN`), and a read.
-    ledger_catch_up: float = WRITTEN_WITHIN + 0.25
+    #: A diagnosis at a failure waits for each live worker's ledger to show it as of the failure
+    #: (:func:`~tfstrategy.contract.ledger.shows_by`), and this much more for a slow sample and the launcher's read.
+    ledger_read: float = 0.25
 
 
 @dataclass(frozen=True)
