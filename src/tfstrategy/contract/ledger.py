@@ -36,6 +36,7 @@ def shows_by(written: float, moment: float) -> float:
     """
     return max(written + WRITE_SECONDS, moment) + HEARTBEAT_SECONDS
 
+
 #: 2: ``py_function_seconds`` and ``py_function`` (a ``py_function`` was input in 1).
 _VERSION = 2
 

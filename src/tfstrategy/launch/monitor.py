@@ -22,7 +22,8 @@ transitions (ARCHITECTURE.md has the table):
 
 The attempt ends with an :class:`~tfstrategy.launch.states.Outcome`: succeeded when every
 worker did; else the root cause's (failed, preempted; a failure that only echoes a peer's waits
-up to ``settle`` seconds for the real one); join timeout; stalled past ``stall_timeout``.
+up to ``settle`` seconds for the real one; a cause the ledgers name waits until each live worker's
+ledger shows it as of the failure, a second and a half at most); join timeout; stalled past ``stall_timeout``.
 """
 
 from __future__ import annotations
