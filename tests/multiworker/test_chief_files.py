@@ -169,9 +169,10 @@ class _GoneStore(_Store):
         raise tf.errors.UnavailableError(None, None, "the coordination service is gone")
 
 
-@pytest.mark.parametrize("chief_wrote", [True, False], ids=["chief-wrote-it-then-left", "chief-never-wrote-it"])
+@pytest.mark.parametrize(("found", "chief_wrote"), [("written", True), ("absent", False), ("an-earlier-runs", False)],
+                         ids=["chief-wrote-it-then-left", "chief-never-wrote-it", "only-an-earlier-runs-file"])
 def test_a_worker_whose_chief_has_left_says_so_only_when_no_file_shows_the_chief_wrote_it(
-        tmp_path, private_tmp, monkeypatch, capsys, chief_wrote):
+        tmp_path, private_tmp, monkeypatch, capsys, found, chief_wrote):
     """CI, stop 52: the chief wrote out/model.keras, published it and exited before worker 1 looked; worker 1 said
     "the chief left the job without writing that name", which was not true, and a clean launch's console had a
     line too many. A file of the name newer than the worker's start, in a file system both share, is the chief's."""
@@ -179,8 +180,10 @@ def test_a_worker_whose_chief_has_left_says_so_only_when_no_file_shows_the_chief
 
     monkeypatch.setattr(_compat, "coordination_store", lambda: _GoneStore(misses=0))
     target = tmp_path / "gone-unique.keras"
-    if chief_wrote:
-        target.write_bytes(b"the chief's model")
+    if found != "absent":
+        target.write_bytes(b"a model")
+    if found == "an-earlier-runs":  # written before this process loaded tfstrategy: not this job's chief's
+        os.utime(target, (chief_files._LOADED - 60, chief_files._LOADED - 60))
     with chief_files.chief_write(str(target), env=_env(index=1)):
         pass
     err = capsys.readouterr().err
@@ -188,7 +191,7 @@ def test_a_worker_whose_chief_has_left_says_so_only_when_no_file_shows_the_chief
         assert err == ""
     else:
         assert "the chief left the job before this worker saw it write that name" in err and str(target) in err
-    assert target.exists() is chief_wrote  # the worker's own copy went to its private directory, then away
+    assert target.exists() is (found != "absent")  # the worker's own copy went to its private directory, then away
 
 
 def test_the_chief_publishes_each_write_even_a_failed_one(tmp_path, monkeypatch):
