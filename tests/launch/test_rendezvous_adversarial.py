@@ -388,6 +388,24 @@ def test_a_malformed_message_from_an_authenticated_peer_ends_the_job_naming_it(j
     assert set(job.server.connected()) == {0}
 
 
+@pytest.mark.parametrize(("offered", "claimed", "taken_by", "ended", "why"), [
+    pytest.param("same", 1, None, False, None, id="welcome"),
+    pytest.param({"nnodes": 3}, 1, None, False, r"^it runs --nnodes 3 -n None .*; node 0 runs --nnodes 2 -n 1 "
+                 r"--max-restarts 0\. Use the same", id="other-job"),
+    pytest.param("same", 2, None, False, r"^expected a rank 0\.\.1$", id="rank-out-of-range"),
+    pytest.param("same", 1, "127.0.0.3:5000", False, r"^rank 1 is taken by the node at 127\.0\.0\.3:5000\. Give each",
+                 id="rank-taken"),
+    pytest.param("same", 1, None, True, r"^the job has ended$", id="ended-untold"),
+])
+def test_the_admission_rule_names_what_differs_without_sockets(offered, claimed, taken_by, ended, why):
+    from tfstrategy.launch.rendezvous.rounds import refusal
+
+    job = {"nnodes": 2, "workers_per_node": 1, "max_restarts": 0}
+    node = NodeOptions(nnodes=2, node_rank=0, master_host=MASTER, master_port=1, secret=SECRET, node_address=MASTER)
+    said = refusal(node, job, job if offered == "same" else offered, claimed, taken_by=taken_by, ended=ended)
+    assert (said is None) if why is None else (said is not None and re.search(why, said)), said
+
+
 def test_node_0s_own_launcher_joining_after_node_1_broke_the_protocol_is_told_why_the_job_ended(job):
     """A full run's flake (stop 52's session): node 1's forged message ended the job before node 0's own launcher
     had joined its in-process rendezvous, which then refused it ("the job has ended"): node 0 exited 2 without

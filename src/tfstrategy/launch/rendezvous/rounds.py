@@ -11,7 +11,7 @@ from enum import Enum
 
 from tfstrategy.launch.rendezvous.options import NodeOptions
 
-__all__ = ["JobState", "job_shape", "ready_to_form", "may_leave", "cluster_workers"]
+__all__ = ["JobState", "job_shape", "refusal", "ready_to_form", "may_leave", "cluster_workers"]
 
 
 class JobState(str, Enum):
@@ -27,6 +27,21 @@ def job_shape(job: object) -> str:
     if not isinstance(job, dict):
         return repr(job)[:100]
     return f"--nnodes {job.get('nnodes')} -n {job.get('workers_per_node')} --max-restarts {job.get('max_restarts')}"
+
+
+def refusal(node: NodeOptions, job: Mapping[str, object], offered: object, claimed: int, *, taken_by: str | None,
+            ended: bool) -> str | None:
+    """Why node 0 refuses a launcher that proved the secret, offering job options ``offered`` and rank ``claimed``
+    (``taken_by``: the address of the node holding that rank; ``ended``: the job ended and a late node is not told
+    how), or ``None`` to welcome it."""
+    if offered != job:
+        return (f"it runs {job_shape(offered)}; node 0 runs {job_shape(job)}. Use the same --nnodes, -n and "
+                "--max-restarts on every node")
+    if not 0 <= claimed < node.nnodes:
+        return f"expected a rank 0..{node.nnodes - 1}"
+    if taken_by is not None:
+        return f"rank {claimed} is taken by the node at {taken_by}. Give each machine its own --node-rank 0..{node.nnodes - 1}"
+    return "the job has ended" if ended else None
 
 
 def ready_to_form(node: NodeOptions, joined: Set[int], connected: Set[int], leaving: Set[int], *, first_round: bool,

@@ -43,7 +43,7 @@ from tfstrategy.launch.rendezvous.handshake import (
 )
 from tfstrategy.launch.rendezvous.options import NodeOptions, ServerLimits
 from tfstrategy.launch.rendezvous.root_cause import root_cause
-from tfstrategy.launch.rendezvous.rounds import JobState, cluster_workers, job_shape, may_leave, ready_to_form
+from tfstrategy.launch.rendezvous.rounds import JobState, cluster_workers, may_leave, ready_to_form, refusal
 from tfstrategy.launch.rendezvous.wire import (
     PROTOCOL,
     TO_SERVER,
@@ -251,26 +251,19 @@ class RendezvousServer:
             return None
         job = hello.get("job")
         with self._lock:
-            why = None
-            if job != self.job:
-                why = (f"it runs {job_shape(job)}; node 0 runs {job_shape(self.job)}. Use the same --nnodes, -n and "
-                       "--max-restarts on every node")
-            elif not 0 <= claimed < self.node.nnodes:
-                why = f"expected a rank 0..{self.node.nnodes - 1}"
-            elif claimed in self._peers:
-                why = (f"rank {claimed} is taken by the node at {self._peers[claimed].address}. Give each machine its "
-                       f"own --node-rank 0..{self.node.nnodes - 1}")
-            elif self.state is JobState.ENDED and not isinstance(self._ended_by, (RoundFailed, Stopped)):
-                why = "the job has ended"
+            taken = self._peers.get(claimed)
+            # A node arriving after a failure or a stop ended the job (node 0's own launcher, joining its rendezvous
+            # after node 1 broke it) is welcomed and told that end, as the others were.
+            told = isinstance(self._ended_by, (RoundFailed, Stopped))
+            why = refusal(self.node, self.job, job, claimed, taken_by=None if taken is None else taken.address,
+                          ended=self.state is JobState.ENDED and not told)
             if why is None:
                 if self.node.elastic and self.state is JobState.RUNNING and claimed not in self.members:
                     # Before the welcome, so that the node joins the round that takes it in.
                     self._reform_locked(lost=[], joined=[claimed], graceful=True,
                                         reason=f"node {claimed} joined from {address}")
-                welcome: dict[str, object] = {
-                    "type": "welcome", "job_id": self.job_id, "round": self.round,
-                    "heartbeat": limits.heartbeat_seconds, "dead_after": limits.dead_after,
-                }
+                welcome: dict[str, object] = {"type": "welcome", "job_id": self.job_id, "round": self.round,
+                                              "heartbeat": limits.heartbeat_seconds, "dead_after": limits.dead_after}
                 welcome["proof"] = welcome_proof(self.node.secret, nonce, client_nonce, claimed, welcome)
                 to_server, to_client = session_keys(self.node.secret, nonce, client_nonce, self.job_id, claimed)
                 channel = Channel(sock, reader, address, sealer=Sealer(to_client, self.job_id),
@@ -278,9 +271,7 @@ class RendezvousServer:
                                   queue_limit=limits.queue_limit)
                 peer = _Peer(claimed, address, channel)
                 self._peers[claimed] = peer  # broadcasts queue for it from now on
-                if self.state is JobState.ENDED and self._ended_by is not None:
-                    # A node arriving after a failure or a stop ended the job (node 0's own launcher, joining its
-                    # rendezvous while node 1 already broke it) ends as the others did, told why.
+                if told and self._ended_by is not None:
                     channel.send(self._ended_by)
         if why is not None:
             self._refuse(sock, address, claimed, why)
