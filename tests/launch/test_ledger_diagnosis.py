@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import random
+import statistics
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
 
 from tfstrategy.launch.ledger import FunctionTrace, Ledger
-from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, WorkerView, diagnose
+from tfstrategy.launch.ledger_diagnosis import PREPARE_HINT, Diagnosis, WorkerView, diagnose
 from tfstrategy.launch.stragglers import StragglerWatch
+from tfstrategy.runtime.ledger import LedgerKeeper
+from tfstrategy.runtime.worker_watch import heartbeat_loop
+from tfstrategy.stacks import TensorFlowRuns
 
 TRAIN = FunctionTrace(kind="train", fingerprint="a1b2c3", collectives=2, summary="Sequential: 2 variables")
 
@@ -250,6 +258,82 @@ def test_a_reading_without_step_timing_is_no_evidence_either_way():
 
     found = _watch(12, make)  # 8 timed readings, all slow
     assert [d.index for d in found] == [1]
+
+
+class _Finished(Exception):
+    """The simulated worker's time is up (ends the heartbeat's loop)."""
+
+
+def _heartbeat_ledgers(draw: Callable[[], float], *, step: float, in_function: float, phase: float,
+                       seconds: float = 120.0) -> list[Ledger]:
+    """The ledgers a worker's real keeper writes on the heartbeat's real schedule (``heartbeat_loop``, its pauses
+    drawn with ``draw``) while each of its steps (``step`` seconds, from ``phase``) runs a ``py_function`` for
+    its first ``in_function`` seconds; fake clocks."""
+    now, written = [0.0], []
+
+    def runs() -> TensorFlowRuns:
+        inside = (now[0] - phase) % step < in_function
+        return TensorFlowRuns(py_functions=(DECODE,) if inside else ())
+
+    keeper = LedgerKeeper(Path("unwritten"), clock=lambda: now[0], cpu_clock=lambda: 0.01 * keeper.total_steps,
+                          wall=lambda: now[0], frame=lambda: "", runs=runs,
+                          write=lambda path, ledger: written.append(ledger))
+    keeper.epoch_begins(0)
+    keeper.batch_begins()
+    step_ends = [phase + step]
+
+    def sleep(pause: float) -> None:  # the steps that end meanwhile
+        if now[0] >= seconds:
+            raise _Finished
+        wakes = now[0] + pause
+        while step_ends[0] <= wakes:
+            now[0] = step_ends[0]
+            keeper.batch_ends()
+            keeper.batch_begins()
+            step_ends[0] += step
+        now[0] = wakes
+
+    with pytest.raises(_Finished):
+        heartbeat_loop(keeper.sample, keeper.sample_stacks, sleep=sleep, draw=draw)
+    return written
+
+
+def _watched(workers: list[list[Ledger]]) -> list[Diagnosis]:
+    """What the straggler watch says as the launcher reads the workers' ledgers, each as it is written."""
+    watch, latest, found = StragglerWatch(), {}, []
+    writes = sorted(((ledger.time, index, ledger) for index, ledgers in enumerate(workers) for ledger in ledgers),
+                    key=lambda write: write[:2])
+    for _, index, ledger in writes:
+        latest[index] = ledger
+        found += watch.update(dict(latest))
+    return found
+
+
+@pytest.mark.parametrize(("step", "in_function", "peer_phase"), [
+    pytest.param(0.125, 0.1, 0.0625, id="half-a-heartbeat"), pytest.param(0.25, 0.1, 0.125, id="one-heartbeat"),
+    pytest.param(0.3, 0.1, 0.15, id="slower"), pytest.param(0.1, 0.075, 0.03, id="twice-the-mean-pause")])
+def test_workers_running_one_py_function_alike_are_sampled_alike_whatever_their_steps_period(step, in_function,
+                                                                                           peer_phase):
+    """CI, stop 53: the planted slow step's steps lasted 0.125 s, each sleeping 0.1 s in a ``numpy_function``; a
+    heartbeat every 0.25 s sampled the same moment of every step, saw the function in every sample of one worker's
+    window and in none of its peer's, and the watch named the worker for a function both ran alike (8.2x). The
+    stacks are now sampled 5 times a heartbeat, each pause drawn: each worker's measure is the function's true
+    seconds on average, and nobody is named in two minutes of readings, whatever the step's period against the
+    samples' (fixed pauses of 0.05 s still alias with a step of two of them: ``twice-the-mean-pause``)."""
+    draw = random.Random(53).random
+    workers = [_heartbeat_ledgers(draw, step=step, in_function=in_function, phase=phase) for phase in (0.0, peer_phase)]
+    assert _watched(workers) == []
+    for ledgers in workers:
+        measured = [ledger.py_function_seconds for ledger in ledgers if ledger.py_function_seconds is not None]
+        assert statistics.mean(measured) == pytest.approx(in_function, rel=0.15)
+
+
+def test_a_worker_whose_py_function_is_slower_is_still_named_from_drawn_samples():
+    draw = random.Random(38).random
+    workers = [_heartbeat_ledgers(draw, step=0.3, in_function=seconds, phase=0.0) for seconds in (0.05, 0.05, 0.2)]
+    found = _watched(workers)
+    assert [d.index for d in found] == [2]
+    assert found[0].headline.startswith("worker 2 is a straggler: it spends 0.")
 
 
 def test_a_healthy_job_with_jitter_has_no_straggler():

@@ -645,8 +645,8 @@ def test_a_worker_that_raised_is_the_root_cause_before_its_process_has_exited():
 def test_a_diagnosis_at_a_failure_quotes_a_live_peer_as_of_the_failure_not_its_write_of_a_second_before(catches_up):
     """CI, stop 52: worker 1 (7 batches planned) aborted after its 7th while worker 0 waited in its 8th; the
     evidence said "worker 0: epoch 1, 1 batch(es) begun, 0 done" from worker 0's write of a second before (a
-    worker writes its ledger at most once a second, at a sample four times a second). The report waits for the
-    live worker's next write, due by ``shows_by``: one second after its last write, and a sample; one that
+    worker writes its ledger at most once a second, at a sample about four times a second). The report waits for
+    the live worker's next write, due by ``shows_by``: one second after its last write, and a sample; one that
     changed nothing is not written again, and then the report follows that moment (and the read's allowance)."""
     from tfstrategy.contract.ledger import shows_by
     from tfstrategy.launch.ledger import Ledger
@@ -664,13 +664,13 @@ def test_a_diagnosis_at_a_failure_quotes_a_live_peer_as_of_the_failure_not_its_w
     assert monitor.update(1.5, 1.5, joined).outcome is None
     aborted = Observation(returncode=1, ledger=ledger(7, 7, 7, written=1.9))
     assert monitor.update(2.0, 2.0, {0: Observation(joined=True, progress=Progress(2, 7, True)), 1: aborted}).outcome \
-        is None  # worker 0's ledger is from before the failure: its next write is due by 2.65
-    assert shows_by(1.4, 2.0) == pytest.approx(2.65)
+        is None  # worker 0's ledger is from before the failure: its next write is due by 2.775 (the longest pause)
+    assert shows_by(1.4, 2.0) == pytest.approx(2.775)
     if catches_up:
         decision = monitor.update(2.6, 2.6, {0: Observation(joined=True, progress=Progress(3, 7, True), ledger=waiting)})
     else:
         assert monitor.update(2.8, 2.8, {0: Observation(joined=True, progress=Progress(3, 7, True))}).outcome is None
-        decision = monitor.update(2.9, 2.9, {0: Observation(joined=True, progress=Progress(4, 7, True))})
+        decision = monitor.update(3.0, 3.0, {0: Observation(joined=True, progress=Progress(4, 7, True))})
     assert decision.failure is not None and decision.failure.index == 1
     assert decision.failure.diagnosis[0].startswith("worker 1 plans 7 batch(es) in epoch 1 while worker 0 plans 8")
     quoted = "worker 0: epoch 1, 8 batch(es) begun, 7 done, 8 planned" if catches_up else \

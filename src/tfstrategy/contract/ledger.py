@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tfstrategy.contract.bounds import Count, Last, Local, Nested, Pair, StepSeconds, Text, WallClock, on_wire
 from tfstrategy.contract.files import ledger_path
-from tfstrategy.contract.reports import HEARTBEAT_SECONDS
+from tfstrategy.contract.reports import LONGEST_HEARTBEAT_SECONDS
 
 __all__ = ["Ledger", "FunctionTrace", "WRITE_SECONDS", "ledger_path", "read_ledger", "shows_by", "write_ledger"]
 
@@ -31,10 +31,11 @@ WRITE_SECONDS = 1.0
 def shows_by(written: float, moment: float) -> float:
     """The wall time by which a ledger last written at ``written`` shows its worker as of ``moment`` (later).
 
-    The heartbeat samples every :data:`~tfstrategy.contract.reports.HEARTBEAT_SECONDS` and writes what changed, once
-    :data:`WRITE_SECONDS` have passed since its last write; a ledger not written again by then had not changed.
+    The heartbeat samples at least every :data:`~tfstrategy.contract.reports.LONGEST_HEARTBEAT_SECONDS` and writes
+    what changed, once :data:`WRITE_SECONDS` have passed since its last write; a ledger not written again by then had
+    not changed.
     """
-    return max(written + WRITE_SECONDS, moment) + HEARTBEAT_SECONDS
+    return max(written + WRITE_SECONDS, moment) + LONGEST_HEARTBEAT_SECONDS
 
 
 #: 2: ``py_function_seconds`` and ``py_function`` (a ``py_function`` was input in 1).

@@ -7,7 +7,7 @@ Both sides of this small protocol live here, so they cannot drift apart:
   ``@record`` error files. The launcher reads it to name the root cause.
 - the **progress file** (``TFSTRATEGY_PROGRESS_FILE``): 40 bytes the worker updates in place
   through ``mmap`` (no system call per step): a heartbeat counter its own thread bumps
-  every :data:`HEARTBEAT_SECONDS`, the number of train steps finished, whether it is
+  about every :data:`HEARTBEAT_SECONDS` (:func:`sample_pause`), the number of train steps finished, whether it is
   inside a step (where it waits for its peers in collectives) or outside (callbacks, input,
   the script's own code), and whether its script has ended (its exit handlers run: from
   there TensorFlow's teardown may hold Python's lock, and the heartbeat stops). The launcher
@@ -22,18 +22,41 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import random
 import struct
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ErrorRecord", "write_error", "read_error", "Progress", "ProgressWriter", "read_progress"]
+__all__ = ["ErrorRecord", "write_error", "read_error", "Progress", "ProgressWriter", "read_progress", "HEARTBEAT_SECONDS",
+           "LONGEST_HEARTBEAT_SECONDS", "SAMPLES_PER_HEARTBEAT", "sample_pause"]
 
-#: How often a worker's heartbeat thread bumps its counter.
+#: How often, on average, a worker's heartbeat thread bumps its counter (and samples its ledger).
 HEARTBEAT_SECONDS = 0.25
+#: How many times a heartbeat the thread samples what the worker's threads run (its ledger's sample one of them):
+#: what TensorFlow runs of the user's code (a ``py_function``, a generator) is measured from these samples.
+SAMPLES_PER_HEARTBEAT = 5
+#: The shortest and longest pause between two samples, as fractions of their mean (:func:`sample_pause`).
+_PAUSE_RANGE = (0.5, 1.5)
+#: The longest time between two heartbeats (each of its pauses at their longest).
+LONGEST_HEARTBEAT_SECONDS = HEARTBEAT_SECONDS * _PAUSE_RANGE[1]
+
+
+def sample_pause(mean: float, draw: Callable[[], float] = random.random) -> float:
+    """The next pause of a thread that samples what the process runs: ``mean`` on average, never the same twice.
+
+    Samples at a fixed period alias with a step whose period is near a fraction or a multiple of it, and see the
+    same moment of every step. Measured (CI, the straggler watch's planted slow step): one sample every 0.25 s
+    against steps of 0.125 s, each of which sleeps 0.1 s in a ``numpy_function``, saw the function run in every
+    sample of one worker's two-second window and in none of its peer's, and the worker was named a straggler for a
+    function both ran alike. Drawn uniformly between half and one and a half times ``mean``, the samples fall on
+    every moment of a step alike. ``draw`` gives a number in [0, 1) (a test's own).
+    """
+    low, high = _PAUSE_RANGE
+    return mean * (low + (high - low) * draw())
 _FORMAT = "<5q"  # version, heartbeat, steps, in_step, finishing
 _SIZE = struct.calcsize(_FORMAT)
 _VERSION = 2

@@ -13,9 +13,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from tfstrategy.contract.reports import sample_pause
 from tfstrategy.stacks import TensorFlowRuns, UsersCodeSeconds, shared_counter, tensorflow_runs_users_code
 
-#: Seconds between the report's own samples (20 a second: a few microseconds each, when no ledger samples).
+#: Seconds between the report's own samples on average (20 a second: a few microseconds each, when no ledger samples;
+#: each pause drawn around it, :func:`~tfstrategy.contract.reports.sample_pause`).
 SAMPLE_SECONDS = 0.05
 
 #: Cumulative (CPU seconds, seconds input ran, seconds a ``tf.py_function`` ran).
@@ -40,7 +42,7 @@ class StackSampler(UsersCodeSeconds):
         self._sample_users_code(self._clock())
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(sample_pause(self.interval)):
             self.sample()
 
     def start(self) -> None:

@@ -13,7 +13,8 @@ A :class:`LedgerKeeper` has two sides, and they never wait for each other:
   code and what every thread's Python stack shows TensorFlow running of the
   user's code (:func:`tfstrategy.stacks.users_code_tensorflow_runs`: a ``from_generator`` generator,
   input; a ``tf.py_function``/``tf.numpy_function``, neither input nor the step's
-  own work: a measure of its own), and writes the ledger file
+  own work: a measure of its own; the stacks also between two samples,
+  :meth:`LedgerKeeper.sample_stacks`, 20 times a second in all, each pause drawn), and writes the ledger file
   (:func:`tfstrategy.contract.ledger.write_ledger`, next to the progress file) at most once a second, only when something changed;
   :meth:`LedgerKeeper.flush` writes the last state at exit.
 
@@ -37,7 +38,7 @@ from tfstrategy.state.registry import RUNTIME
 
 __all__ = ["LedgerKeeper", "current_keeper", "keep_ledger", "stop_ledger"]
 
-#: The samples the step statistics span (about two seconds at the heartbeat's 4 per second).
+#: The samples the step statistics span (about two seconds at the heartbeat's 4 a second; the stacks' between them count).
 _WINDOW = 9
 #: The last end-of-data events and traced functions kept.
 _KEPT = 8
@@ -226,6 +227,11 @@ class LedgerKeeper(UsersCodeSeconds):
             if place in self.py_function_places or len(self.py_function_places) < _PLACES:
                 self.py_function_places[place] += 1
         return runs
+
+    def sample_stacks(self) -> None:
+        """Sample what the threads run of the user's code only (more often than :meth:`sample`: its measures of a
+        ``py_function``'s and the input's seconds are counts of samples, and more samples are closer to the truth)."""
+        self._sample_users_code(self._clock())
 
     def sample(self) -> bool:
         """Take one sample; write the ledger if it changed and the last write is old enough. Whether it wrote."""

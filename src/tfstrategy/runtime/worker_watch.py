@@ -32,7 +32,9 @@ import contextlib
 import ctypes
 import faulthandler
 import functools
+import itertools
 import os
+import random
 import signal
 import sys
 import threading
@@ -41,7 +43,13 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tfstrategy.contract.reports import HEARTBEAT_SECONDS, ProgressWriter, write_error
+from tfstrategy.contract.reports import (
+    HEARTBEAT_SECONDS,
+    SAMPLES_PER_HEARTBEAT,
+    ProgressWriter,
+    sample_pause,
+    write_error,
+)
 from tfstrategy.errors import TFStrategyError
 from tfstrategy.runtime.ledger import LedgerKeeper, current_keeper
 from tfstrategy.state.registry import RUNTIME
@@ -233,12 +241,11 @@ def _heartbeat(contract: WorkerContract) -> str | None:
         _WRITER.append(writer)
 
         def beat() -> None:
-            while True:
-                writer.beat()
-                _sample_ledger()
-                time.sleep(HEARTBEAT_SECONDS)
+            writer.beat()
+            _sample_ledger()
 
-        threading.Thread(target=beat, name="tfstrategy-heartbeat", daemon=True).start()
+        threading.Thread(target=heartbeat_loop, args=(beat, _sample_stacks), name="tfstrategy-heartbeat",
+                         daemon=True).start()
         # Exit handlers run once every non-daemon thread has ended: the script is done. Registered before
         # TensorFlow is imported, this one runs after TensorFlow's own handlers (quick); the slow part, the
         # interpreter's and TensorFlow's teardown, comes after every handler, while the heartbeat is still.
@@ -246,6 +253,29 @@ def _heartbeat(contract: WorkerContract) -> str | None:
     if _WRITER[0] not in RUNTIME.progress:
         RUNTIME.progress.append(_WRITER[0])  # job state: reset() clears it, the re-arm puts it back
     return f"heartbeat and batches in {path}"
+
+
+def heartbeat_loop(beat: Callable[[], None], sample_stacks: Callable[[], None], *,
+                   sleep: Callable[[float], None] = time.sleep, draw: Callable[[], float] = random.random) -> None:
+    """The heartbeat thread's schedule: ``beat()`` every :data:`~tfstrategy.contract.reports.HEARTBEAT_SECONDS` or
+    so, ``sample_stacks()`` between, :data:`~tfstrategy.contract.reports.SAMPLES_PER_HEARTBEAT` samples a heartbeat
+    in all, each pause drawn (:func:`~tfstrategy.contract.reports.sample_pause`); runs until ``sleep`` raises."""
+    for sample in itertools.count():
+        if sample % SAMPLES_PER_HEARTBEAT == 0:
+            beat()
+        else:
+            sample_stacks()
+        sleep(sample_pause(HEARTBEAT_SECONDS / SAMPLES_PER_HEARTBEAT, draw))
+
+
+def _sample_stacks() -> None:
+    """Sample what the worker's threads run for its ledger, if kept (between two of its samples); never raises."""
+    keeper = current_keeper()
+    if keeper is not None:
+        try:
+            keeper.sample_stacks()
+        except Exception:  # the heartbeat must go on whatever the ledger does
+            pass
 
 
 def _sample_ledger() -> None:
