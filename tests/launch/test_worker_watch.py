@@ -299,3 +299,31 @@ def test_a_launched_worker_that_resets_and_trains_again_keeps_its_batch_counts_a
     assert (seen["first"], seen["second"]) == (4, 7)  # the second fit's 3 batches counted on
     assert seen["rearmed"] == seen["armed"] == ["die_with_launcher", "dump_stacks", "heartbeat", "record_errors"]
     assert seen["ledger"] == [3, "fit"]  # the second job's ledger, kept by the heartbeat
+
+
+class _Enough(Exception):
+    """Ends the heartbeat's loop."""
+
+
+def test_the_heartbeats_drawn_pauses_leave_pythons_shared_random_numbers_to_the_script():
+    """The full suite, when the pauses were first drawn from Python's shared generator: 13 launched jobs (the corpus,
+    the launch and fault tests) trained to other weights than one process, as Keras draws its layers' seeds from it
+    after the script's ``keras.utils.set_random_seed``. The heartbeat draws from a generator of its own."""
+    import random
+
+    from tfstrategy.runtime.worker_watch import heartbeat_loop
+
+    pauses, calls = [], []
+
+    def sleep(pause):
+        pauses.append(pause)
+        if len(pauses) == 20:
+            raise _Enough
+
+    random.seed(5)
+    state = random.getstate()
+    with pytest.raises(_Enough):
+        heartbeat_loop(lambda: calls.append("beat"), lambda: calls.append("stacks"), sleep=sleep)
+    assert random.getstate() == state
+    assert calls == ["beat", "stacks", "stacks", "stacks", "stacks"] * 4  # 5 samples a beat, the beat's one of them
+    assert len(set(pauses)) == 20 and all(0.025 <= pause <= 0.075 for pause in pauses)  # 0.05 s each on average

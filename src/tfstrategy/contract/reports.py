@@ -43,9 +43,13 @@ SAMPLES_PER_HEARTBEAT = 5
 _PAUSE_RANGE = (0.5, 1.5)
 #: The longest time between two heartbeats (each of its pauses at their longest).
 LONGEST_HEARTBEAT_SECONDS = HEARTBEAT_SECONDS * _PAUSE_RANGE[1]
+#: The pauses' own generator: Python's shared one (``random.random``) is the user's, which ``random.seed`` and
+#: ``keras.utils.set_random_seed`` seed and Keras draws its layers' seeds from; a draw from it in our thread would
+#: change what the script trains (measured: 13 tests' launched jobs trained to other weights than one process).
+_PAUSES = random.Random()
 
 
-def sample_pause(mean: float, draw: Callable[[], float] = random.random) -> float:
+def sample_pause(mean: float, draw: Callable[[], float] | None = None) -> float:
     """The next pause of a thread that samples what the process runs: ``mean`` on average, never the same twice.
 
     Samples at a fixed period alias with a step whose period is near a fraction or a multiple of it, and see the
@@ -53,10 +57,11 @@ def sample_pause(mean: float, draw: Callable[[], float] = random.random) -> floa
     against steps of 0.125 s, each of which sleeps 0.1 s in a ``numpy_function``, saw the function run in every
     sample of one worker's two-second window and in none of its peer's, and the worker was named a straggler for a
     function both ran alike. Drawn uniformly between half and one and a half times ``mean``, the samples fall on
-    every moment of a step alike. ``draw`` gives a number in [0, 1) (a test's own).
+    every moment of a step alike. ``draw`` gives a number in [0, 1) (a test's own; by default a generator of
+    tfstrategy's own, never Python's shared one).
     """
     low, high = _PAUSE_RANGE
-    return mean * (low + (high - low) * draw())
+    return mean * (low + (high - low) * (draw or _PAUSES.random)())
 _FORMAT = "<5q"  # version, heartbeat, steps, in_step, finishing
 _SIZE = struct.calcsize(_FORMAT)
 _VERSION = 2

@@ -34,7 +34,6 @@ import faulthandler
 import functools
 import itertools
 import os
-import random
 import signal
 import sys
 import threading
@@ -256,7 +255,7 @@ def _heartbeat(contract: WorkerContract) -> str | None:
 
 
 def heartbeat_loop(beat: Callable[[], None], sample_stacks: Callable[[], None], *,
-                   sleep: Callable[[float], None] = time.sleep, draw: Callable[[], float] = random.random) -> None:
+                   sleep: Callable[[float], None] = time.sleep, draw: Callable[[], float] | None = None) -> None:
     """The heartbeat thread's schedule: ``beat()`` every :data:`~tfstrategy.contract.reports.HEARTBEAT_SECONDS` or
     so, ``sample_stacks()`` between, :data:`~tfstrategy.contract.reports.SAMPLES_PER_HEARTBEAT` samples a heartbeat
     in all, each pause drawn (:func:`~tfstrategy.contract.reports.sample_pause`); runs until ``sleep`` raises."""
