@@ -163,6 +163,20 @@ def test_each_run_with_a_log_dir_gets_a_folder_of_its_own(monkeypatch, tmp_path)
         options("--log-dir", str(tmp_path))
 
 
+def test_the_ports_of_a_range_are_tried_in_an_order_of_the_launchers_own():
+    """``tfstrategy.launch()`` runs in the caller's process (a notebook): the order it tries a range's ports in
+    leaves Python's shared random numbers, which the notebook may have seeded, alone."""
+    import random
+
+    from tfstrategy.launch.processes import free_ports
+
+    random.seed(3)
+    state = random.getstate()
+    ports = free_ports(2, port_range=(40100, 40199))
+    assert random.getstate() == state
+    assert len(set(ports)) == 2 and all(40100 <= port <= 40199 for port in ports)
+
+
 def test_port_range_comes_from_the_flag_else_the_environment(monkeypatch):
     def port_range(*argv: str):
         return options_from_args(build_parser().parse_args(["launch", "-n", "2", *argv, "--", "true"])).port_range

@@ -41,6 +41,11 @@ __all__ = [
     "stop_workers", "describe_status", "exception_line", "exit_status", "failure_reason",
 ]
 
+#: The order ports of a ``--port-range`` are tried in: a generator of the launcher's own, not Python's shared one,
+#: which a notebook that calls ``tfstrategy.launch()`` may have seeded (two notebooks seeded alike would try the
+#: same ports, and the draws would change the notebook's own random numbers).
+_PORTS = random.Random()
+
 
 def free_ports(count: int, host: str = LOOPBACK, port_range: tuple[int, int] | None = None) -> list[int]:
     """``count`` distinct TCP ports free on ``host`` (127.0.0.1 by default) right now.
@@ -64,7 +69,7 @@ def free_ports(count: int, host: str = LOOPBACK, port_range: tuple[int, int] | N
                 sockets.append(sock)
         else:
             low, high = port_range
-            candidates = random.sample(range(low, high + 1), high - low + 1)
+            candidates = _PORTS.sample(range(low, high + 1), high - low + 1)
             while candidates and len(sockets) < count:
                 sock = socket.socket(family, socket.SOCK_STREAM)
                 # As TensorFlow's gRPC server binds: a port whose last worker's connections linger in TIME_WAIT
