@@ -62,6 +62,8 @@ def sample_pause(mean: float, draw: Callable[[], float] | None = None) -> float:
     """
     low, high = _PAUSE_RANGE
     return mean * (low + (high - low) * (draw or _PAUSES.random)())
+
+
 _FORMAT = "<5q"  # version, heartbeat, steps, in_step, finishing
 _SIZE = struct.calcsize(_FORMAT)
 _VERSION = 2

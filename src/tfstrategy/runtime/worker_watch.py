@@ -57,7 +57,7 @@ from tfstrategy.worker_contract import FROZEN_STACK_SIGNAL, STACK_SIGNAL, SUPERV
 if TYPE_CHECKING:
     from tfstrategy._protocols import Logs, Model
 
-__all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches"]
+__all__ = ["STACK_SIGNAL", "install", "progress_callbacks", "count_batches", "heartbeat_loop"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -269,20 +269,19 @@ def heartbeat_loop(beat: Callable[[], None], sample_stacks: Callable[[], None], 
 
 def _sample_stacks() -> None:
     """Sample what the worker's threads run for its ledger, if kept (between two of its samples); never raises."""
-    keeper = current_keeper()
-    if keeper is not None:
-        try:
-            keeper.sample_stacks()
-        except Exception:  # the heartbeat must go on whatever the ledger does
-            pass
+    _with_keeper(LedgerKeeper.sample_stacks)
 
 
 def _sample_ledger() -> None:
     """Sample the worker's ledger, if kept (it writes its file at most once a second); never raises."""
+    _with_keeper(LedgerKeeper.sample)
+
+
+def _with_keeper(sample: Callable[[LedgerKeeper], object]) -> None:
     keeper = current_keeper()
     if keeper is not None:
         try:
-            keeper.sample()
+            sample(keeper)
         except Exception:  # the heartbeat must go on whatever the ledger does
             pass
 
