@@ -55,7 +55,7 @@ class StackSampler(UsersCodeSeconds):
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop sampling (waits for the thread: at most one interval)."""
+        """Stop sampling (waits for the thread: at most one pause, one and a half intervals)."""
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:
